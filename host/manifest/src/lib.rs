@@ -1,0 +1,541 @@
+//! The Capstan plugin manifest: what a plugin says about itself.
+//!
+//! Every plugin component carries a JSON manifest in a custom section named
+//! [`CUSTOM_SECTION`] (the SDK's `plugin_manifest!` macro embeds it). It names
+//! the plugin, the world it implements, the contract version it was built
+//! against, and the capabilities it asks for: HTTP destinations and the
+//! credential slots the host should fill for them. The same manifest travels
+//! in the OCI artifact config, so it can be read without running anything.
+//!
+//! Start with [`PluginManifest::from_component`] (extract and validate) and
+//! [`DestinationPattern`] (how declared and granted destinations match a
+//! request). This crate is pure: no wasmtime, no I/O.
+
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Name of the custom section that holds the manifest JSON.
+pub const CUSTOM_SECTION: &str = "capstan-manifest";
+
+/// The contract version this host implements (`capstan:plugin@…`).
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// Upper bound on the manifest's size; anything larger is refused unread.
+pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
+
+/// Errors reading or validating a manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error(
+        "the component has no `{CUSTOM_SECTION}` custom section; build the plugin with the Capstan SDK's `plugin_manifest!` macro"
+    )]
+    Missing,
+    #[error("the component has {0} `{CUSTOM_SECTION}` sections; exactly one is allowed")]
+    Duplicate(usize),
+    #[error("the manifest is {0} bytes; at most {MAX_MANIFEST_BYTES} are allowed")]
+    TooLarge(usize),
+    #[error("the manifest is not valid JSON for a Capstan plugin manifest: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("manifest field `{field}` is invalid: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("the file is not a WebAssembly component: {0}")]
+    NotAComponent(String),
+}
+
+/// The world a plugin implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum World {
+    Provider,
+    Updater,
+    Addon,
+}
+
+impl World {
+    /// The world's name in the WIT package.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            World::Provider => "provider",
+            World::Updater => "updater",
+            World::Addon => "addon",
+        }
+    }
+
+    /// The fully qualified interface the component must export.
+    pub fn export_interface(self) -> String {
+        format!("capstan:plugin/{}@{CONTRACT_VERSION}", self.as_str())
+    }
+}
+
+impl fmt::Display for World {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for World {
+    type Err = ManifestError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "provider" => Ok(World::Provider),
+            "updater" => Ok(World::Updater),
+            "addon" => Ok(World::Addon),
+            other => Err(ManifestError::Invalid {
+                field: "world".into(),
+                reason: format!("`{other}` is not one of provider, updater, addon"),
+            }),
+        }
+    }
+}
+
+/// A plugin's manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PluginManifest {
+    /// Plugin name (lowercase letters, digits and `-`).
+    pub name: String,
+    /// Plugin version (semver).
+    pub version: String,
+    /// The world the component implements.
+    pub world: World,
+    /// The contract version it was built against, for example `0.1.0`.
+    pub contract: String,
+    /// What the plugin asks the host for.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// Capabilities a plugin declares. Declaring is asking: the admin's grant
+/// decides what it gets, and it never gets more than it declared.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Capabilities {
+    /// Outbound HTTP destinations.
+    #[serde(default)]
+    pub http: Vec<HttpCapability>,
+}
+
+/// One declared HTTP destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpCapability {
+    /// `scheme://host[:port]`; host may start with `*.`, port may be `*`.
+    pub destination: DestinationPattern,
+    /// Name of a credential slot the host fills for requests to this
+    /// destination (for example `cloud-api`). The plugin never sees the value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+}
+
+impl PluginManifest {
+    /// Parse and validate manifest JSON.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::TooLarge(bytes.len()));
+        }
+        let manifest: PluginManifest = serde_json::from_slice(bytes)?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// Extract the manifest from a component's custom section and validate it.
+    pub fn from_component(component: &[u8]) -> Result<Self, ManifestError> {
+        let sections = custom_sections(component, CUSTOM_SECTION)?;
+        match sections.as_slice() {
+            [] => Err(ManifestError::Missing),
+            [one] => Self::from_json(one),
+            many => Err(ManifestError::Duplicate(many.len())),
+        }
+    }
+
+    /// Check field contents beyond what the JSON shape says.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        let invalid = |field: &str, reason: String| ManifestError::Invalid {
+            field: field.to_string(),
+            reason,
+        };
+        if self.name.is_empty()
+            || self.name.len() > 63
+            || !self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(invalid(
+                "name",
+                format!(
+                    "`{}` must be 1-63 lowercase letters, digits or '-'",
+                    self.name
+                ),
+            ));
+        }
+        if !is_semver(&self.version) {
+            return Err(invalid(
+                "version",
+                format!("`{}` is not a semantic version like 1.2.3", self.version),
+            ));
+        }
+        if !is_semver(&self.contract) {
+            return Err(invalid(
+                "contract",
+                format!("`{}` is not a semantic version like 0.1.0", self.contract),
+            ));
+        }
+        if !contract_supported(&self.contract) {
+            return Err(invalid(
+                "contract",
+                format!(
+                    "contract {} is not supported by this host (it implements {CONTRACT_VERSION})",
+                    self.contract
+                ),
+            ));
+        }
+        for (i, cap) in self.capabilities.http.iter().enumerate() {
+            if let Some(slot) = &cap.credential
+                && (slot.is_empty()
+                    || !slot
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+            {
+                return Err(invalid(
+                    &format!("capabilities.http[{i}].credential"),
+                    format!("`{slot}` must be letters, digits, '-' or '_'"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The credential slots the plugin asks for.
+    pub fn credential_slots(&self) -> impl Iterator<Item = &str> {
+        self.capabilities
+            .http
+            .iter()
+            .filter_map(|c| c.credential.as_deref())
+    }
+}
+
+fn is_semver(v: &str) -> bool {
+    let core = v.split(['-', '+']).next().unwrap_or("");
+    let parts: Vec<_> = core.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether a plugin built against `contract` can run on this host: the same
+/// major and minor version (0.x minors are breaking, as in Cargo).
+pub fn contract_supported(contract: &str) -> bool {
+    let mine: Vec<_> = CONTRACT_VERSION.split('.').collect();
+    let theirs: Vec<_> = contract.split('.').collect();
+    theirs.len() == 3 && theirs[0] == mine[0] && theirs[1] == mine[1]
+}
+
+/// All custom sections called `name` in a component, including those of the
+/// core modules nested inside it (where the Rust toolchain places them).
+pub fn custom_sections(component: &[u8], name: &str) -> Result<Vec<Vec<u8>>, ManifestError> {
+    use wasmparser::{Parser, Payload};
+    let mut found = Vec::new();
+    let mut is_component = false;
+    for payload in Parser::new(0).parse_all(component) {
+        let payload = payload.map_err(|e| ManifestError::NotAComponent(e.to_string()))?;
+        match payload {
+            Payload::Version { encoding, .. } if !is_component => {
+                if encoding != wasmparser::Encoding::Component {
+                    return Err(ManifestError::NotAComponent(
+                        "it is a core WebAssembly module; plugins must be components (build for wasm32-wasip2)"
+                            .into(),
+                    ));
+                }
+                is_component = true;
+            }
+            Payload::CustomSection(reader) if reader.name() == name => {
+                found.push(reader.data().to_vec());
+            }
+            _ => {}
+        }
+    }
+    Ok(found)
+}
+
+/// A concrete destination: what a request resolves to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Destination {
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}:{}", self.scheme, self.host, self.port)
+    }
+}
+
+impl Destination {
+    /// The destination of an absolute `http`/`https` URI's scheme and
+    /// authority (the authority may carry a port; userinfo is refused).
+    pub fn new(scheme: &str, authority: &str) -> Result<Self, String> {
+        let scheme = scheme.to_ascii_lowercase();
+        let default_port = default_port(&scheme)
+            .ok_or_else(|| format!("scheme `{scheme}` is not http or https"))?;
+        if authority.contains('@') {
+            return Err("credentials in the URL are not allowed".into());
+        }
+        let (host, port) = split_host_port(authority)?;
+        Ok(Destination {
+            scheme,
+            host: host.to_ascii_lowercase(),
+            port: port.unwrap_or(default_port),
+        })
+    }
+}
+
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    }
+}
+
+fn split_host_port(authority: &str) -> Result<(&str, Option<u16>), String> {
+    // Bracketed IPv6 literal: [::1]:8080
+    if let Some(rest) = authority.strip_prefix('[') {
+        let end = rest
+            .find(']')
+            .ok_or_else(|| format!("`{authority}` has an unclosed IPv6 bracket"))?;
+        let host = &authority[..end + 2];
+        let after = &rest[end + 1..];
+        return match after.strip_prefix(':') {
+            Some(p) => Ok((host, Some(parse_port(p)?))),
+            None if after.is_empty() => Ok((host, None)),
+            None => Err(format!("`{authority}` has trailing characters")),
+        };
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) => Ok((host, Some(parse_port(port)?))),
+        None => Ok((authority, None)),
+    }
+}
+
+fn parse_port(p: &str) -> Result<u16, String> {
+    p.parse::<u16>()
+        .map_err(|_| format!("`{p}` is not a port number"))
+}
+
+/// A destination pattern, as declared in a manifest or granted by an admin:
+/// `scheme://host[:port]`. `host` may be `*.example.com` (any subdomain, not
+/// the apex); `port` may be `*`; a missing port means the scheme's default.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DestinationPattern {
+    scheme: String,
+    host: HostPattern,
+    port: Option<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum HostPattern {
+    Exact(String),
+    /// `*.suffix`: stores `.suffix`.
+    Subdomains(String),
+}
+
+impl DestinationPattern {
+    /// Whether `dest` is covered by this pattern.
+    pub fn matches(&self, dest: &Destination) -> bool {
+        if self.scheme != dest.scheme {
+            return false;
+        }
+        if let Some(port) = self.port
+            && port != dest.port
+        {
+            return false;
+        }
+        match &self.host {
+            HostPattern::Exact(h) => *h == dest.host,
+            HostPattern::Subdomains(suffix) => {
+                dest.host.len() > suffix.len() && dest.host.ends_with(suffix.as_str())
+            }
+        }
+    }
+}
+
+impl FromStr for DestinationPattern {
+    type Err = ManifestError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason: String| ManifestError::Invalid {
+            field: "destination".into(),
+            reason: format!("`{s}`: {reason}"),
+        };
+        let (scheme, rest) = s.split_once("://").ok_or_else(|| {
+            invalid(
+                "expected scheme://host[:port], e.g. https://ec2.us-east-1.amazonaws.com".into(),
+            )
+        })?;
+        let scheme = scheme.to_ascii_lowercase();
+        let default = default_port(&scheme)
+            .ok_or_else(|| invalid(format!("scheme `{scheme}` is not http or https")))?;
+        if rest.contains(['/', '?', '#', '@']) {
+            return Err(invalid(
+                "only scheme, host and port are allowed (no path, query or user)".into(),
+            ));
+        }
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, "*")) if !rest.starts_with('[') || h.ends_with(']') => (h, None),
+            _ => {
+                let (h, p) = split_host_port(rest).map_err(invalid)?;
+                (h, Some(p.unwrap_or(default)))
+            }
+        };
+        let host = host.to_ascii_lowercase();
+        if host.is_empty() {
+            return Err(invalid("the host is empty".into()));
+        }
+        let host = match host.strip_prefix('*') {
+            Some(suffix)
+                if suffix.starts_with('.') && suffix.len() > 1 && !suffix.contains('*') =>
+            {
+                HostPattern::Subdomains(suffix.to_string())
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "a wildcard host must look like *.example.com".into(),
+                ));
+            }
+            None if host.contains('*') => {
+                return Err(invalid(
+                    "`*` is only allowed as a leading `*.` label".into(),
+                ));
+            }
+            None => HostPattern::Exact(host),
+        };
+        Ok(DestinationPattern { scheme, host, port })
+    }
+}
+
+impl fmt::Display for DestinationPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://", self.scheme)?;
+        match &self.host {
+            HostPattern::Exact(h) => f.write_str(h)?,
+            HostPattern::Subdomains(s) => write!(f, "*{s}")?,
+        }
+        match self.port {
+            Some(p) => write!(f, ":{p}"),
+            None => f.write_str(":*"),
+        }
+    }
+}
+
+impl Serialize for DestinationPattern {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DestinationPattern {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dest(s: &str, a: &str) -> Destination {
+        Destination::new(s, a).unwrap()
+    }
+
+    #[test]
+    fn exact_pattern_matches_only_its_destination() {
+        let p: DestinationPattern = "http://127.0.0.1:8080".parse().unwrap();
+        assert!(p.matches(&dest("http", "127.0.0.1:8080")));
+        assert!(!p.matches(&dest("http", "127.0.0.1:8081")));
+        assert!(!p.matches(&dest("https", "127.0.0.1:8080")));
+        assert!(!p.matches(&dest("http", "127.0.0.2:8080")));
+    }
+
+    #[test]
+    fn missing_port_means_scheme_default() {
+        let p: DestinationPattern = "https://api.example.com".parse().unwrap();
+        assert!(p.matches(&dest("https", "api.example.com")));
+        assert!(p.matches(&dest("https", "API.example.com:443")));
+        assert!(!p.matches(&dest("https", "api.example.com:8443")));
+        assert_eq!(p.to_string(), "https://api.example.com:443");
+    }
+
+    #[test]
+    fn wildcards_cover_subdomains_and_ports_only() {
+        let p: DestinationPattern = "https://*.amazonaws.com:*".parse().unwrap();
+        assert!(p.matches(&dest("https", "ec2.us-east-1.amazonaws.com:444")));
+        assert!(!p.matches(&dest("https", "amazonaws.com")));
+        assert!(!p.matches(&dest("https", "evilamazonaws.com")));
+        let any_port: DestinationPattern = "http://127.0.0.1:*".parse().unwrap();
+        assert!(any_port.matches(&dest("http", "127.0.0.1:1")));
+        assert!(!any_port.matches(&dest("http", "localhost:1")));
+    }
+
+    #[test]
+    fn ipv6_literals_parse() {
+        let p: DestinationPattern = "http://[::1]:9000".parse().unwrap();
+        assert!(p.matches(&dest("http", "[::1]:9000")));
+        let any: DestinationPattern = "http://[::1]:*".parse().unwrap();
+        assert!(any.matches(&dest("http", "[::1]:1")));
+    }
+
+    #[test]
+    fn bad_patterns_say_what_is_wrong() {
+        for (bad, needle) in [
+            ("127.0.0.1:80", "scheme://"),
+            ("ftp://x", "not http or https"),
+            ("http://x/path", "no path"),
+            ("http://user@x", "no path, query or user"),
+            ("http://a.*.com", "leading"),
+            ("http://*com", "*.example.com"),
+            ("http://x:99999", "port"),
+        ] {
+            let err = bad.parse::<DestinationPattern>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn destination_refuses_userinfo_and_odd_schemes() {
+        assert!(Destination::new("http", "u:p@host").is_err());
+        assert!(Destination::new("file", "host").is_err());
+    }
+
+    #[test]
+    fn manifest_validation_names_the_field() {
+        let ok = br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0",
+            "capabilities":{"http":[{"destination":"http://127.0.0.1:*","credential":"cloud"}]}}"#;
+        let m = PluginManifest::from_json(ok).unwrap();
+        assert_eq!(m.credential_slots().collect::<Vec<_>>(), ["cloud"]);
+
+        let cases: [(&[u8], &str); 5] = [
+            (br#"{"name":"Sim","version":"0.1.0","world":"provider","contract":"0.1.0"}"#, "`name`"),
+            (br#"{"name":"sim","version":"1","world":"provider","contract":"0.1.0"}"#, "`version`"),
+            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.2.0"}"#, "not supported"),
+            (br#"{"name":"sim","version":"0.1.0","world":"robot","contract":"0.1.0"}"#, "unknown variant"),
+            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","extra":1}"#, "unknown field"),
+        ];
+        for (json, needle) in cases {
+            let err = PluginManifest::from_json(json).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn core_modules_are_refused_with_a_hint() {
+        // The smallest core module: magic + version 1.
+        let err = PluginManifest::from_component(b"\0asm\x01\0\0\0").unwrap_err();
+        assert!(err.to_string().contains("wasm32-wasip2"), "{err}");
+    }
+}

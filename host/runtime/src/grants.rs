@@ -1,0 +1,178 @@
+//! What an admin grants a plugin, and the pure decision of whether one
+//! outbound request may leave the sandbox.
+//!
+//! A request is allowed only when its destination (scheme, host, port — taken
+//! from the request URI, never from a `Host` header) matches a destination the
+//! plugin's manifest **declares** *and* one the admin **grants**. The
+//! credential attached is the one for the slot the matching declaration
+//! names, from the admin's grant. See [`decide`].
+
+use capstan_manifest::{Destination, DestinationPattern, HttpCapability};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A secret the host attaches to requests; never shown to the plugin, never
+/// printed (its `Debug` is redacted).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// `Authorization: Bearer <token>`.
+    Bearer(String),
+    /// `Authorization: Basic base64(<username>:<password>)`.
+    Basic { username: String, password: String },
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::Bearer(_) => f.write_str("Bearer(<redacted>)"),
+            Credential::Basic { username, .. } => {
+                write!(
+                    f,
+                    "Basic {{ username: {username:?}, password: <redacted> }}"
+                )
+            }
+        }
+    }
+}
+
+impl Credential {
+    /// The `Authorization` header value.
+    pub fn authorization(&self) -> String {
+        match self {
+            Credential::Bearer(t) => format!("Bearer {t}"),
+            Credential::Basic { username, password } => {
+                format!(
+                    "Basic {}",
+                    base64(format!("{username}:{password}").as_bytes())
+                )
+            }
+        }
+    }
+}
+
+fn base64(input: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// What an admin grants one plugin.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    /// Destinations the plugin may reach (intersected with its declarations).
+    pub http: Vec<DestinationPattern>,
+    /// Credentials by slot name (the slots the manifest declares).
+    pub credentials: BTreeMap<String, Credential>,
+}
+
+/// The verdict on one outbound request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HttpDecision<'a> {
+    /// Let it through, with this credential attached (if any).
+    Allow { credential: Option<&'a Credential> },
+    /// Refuse it; the reason names what is missing.
+    Deny { reason: String },
+}
+
+/// Decide whether a request to `dest` may leave the sandbox.
+pub fn decide<'a>(
+    declared: &[HttpCapability],
+    grants: &'a Grants,
+    dest: &Destination,
+) -> HttpDecision<'a> {
+    let Some(declaration) = declared.iter().find(|c| c.destination.matches(dest)) else {
+        return HttpDecision::Deny {
+            reason: format!("{dest} is not declared in the plugin manifest"),
+        };
+    };
+    if !grants.http.iter().any(|g| g.matches(dest)) {
+        return HttpDecision::Deny {
+            reason: format!("{dest} is declared by the plugin but not granted by the admin"),
+        };
+    }
+    let credential = declaration
+        .credential
+        .as_deref()
+        .and_then(|slot| grants.credentials.get(slot));
+    HttpDecision::Allow { credential }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(d: &str, slot: Option<&str>) -> HttpCapability {
+        HttpCapability {
+            destination: d.parse().unwrap(),
+            credential: slot.map(String::from),
+        }
+    }
+
+    #[test]
+    fn needs_both_declaration_and_grant() {
+        let declared = [cap("http://127.0.0.1:*", Some("cloud"))];
+        let mut grants = Grants {
+            http: vec!["http://127.0.0.1:9000".parse().unwrap()],
+            ..Default::default()
+        };
+        grants
+            .credentials
+            .insert("cloud".into(), Credential::Bearer("s3cret".into()));
+
+        let ok = Destination::new("http", "127.0.0.1:9000").unwrap();
+        assert_eq!(
+            decide(&declared, &grants, &ok),
+            HttpDecision::Allow {
+                credential: Some(&Credential::Bearer("s3cret".into()))
+            }
+        );
+        let not_granted = Destination::new("http", "127.0.0.1:9001").unwrap();
+        assert!(matches!(decide(&declared, &grants, &not_granted),
+            HttpDecision::Deny { reason } if reason.contains("not granted")));
+        let not_declared = Destination::new("http", "10.0.0.1:9000").unwrap();
+        assert!(matches!(decide(&declared, &grants, &not_declared),
+            HttpDecision::Deny { reason } if reason.contains("not declared")));
+    }
+
+    #[test]
+    fn a_grant_never_widens_the_declaration() {
+        let declared = [cap("https://api.example.com", None)];
+        let grants = Grants {
+            http: vec!["https://*.example.com:*".parse().unwrap()],
+            ..Default::default()
+        };
+        let other = Destination::new("https", "admin.example.com").unwrap();
+        assert!(matches!(
+            decide(&declared, &grants, &other),
+            HttpDecision::Deny { .. }
+        ));
+    }
+
+    #[test]
+    fn credentials_render_and_never_print() {
+        let basic = Credential::Basic {
+            username: "Aladdin".into(),
+            password: "open sesame".into(),
+        };
+        assert_eq!(basic.authorization(), "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
+        assert!(!format!("{basic:?}").contains("sesame"));
+        assert!(!format!("{:?}", Credential::Bearer("tok".into())).contains("tok"));
+        assert_eq!(base64(b"a"), "YQ==");
+        assert_eq!(base64(b"ab"), "YWI=");
+    }
+}

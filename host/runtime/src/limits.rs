@@ -1,0 +1,60 @@
+//! Per-plugin resource limits and their defaults.
+//!
+//! Every limit applies to one call (a fresh store and instance per call), so
+//! a plugin cannot accumulate usage across calls. Defaults are chosen for
+//! provider calls that make a handful of HTTP requests; raise them per plugin
+//! where a plugin legitimately needs more.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Default wall-clock deadline per call.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default cap on a call's linear memory.
+pub const DEFAULT_MEMORY_BYTES: usize = 64 * 1024 * 1024;
+/// Default cap on captured stdout and on captured stderr, each.
+pub const DEFAULT_STDIO_BYTES: usize = 64 * 1024;
+/// Default cap on structured log volume (messages plus fields).
+pub const DEFAULT_LOG_BYTES: usize = 256 * 1024;
+/// Default cap on the size of a returned value (strings and lists).
+pub const DEFAULT_RETURN_BYTES: usize = 1024 * 1024;
+
+/// Limits for one plugin's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall-clock deadline per call, including time spent waiting on HTTP.
+    #[serde(with = "millis")]
+    pub call_timeout: Duration,
+    /// Linear memory cap per call.
+    pub memory_bytes: usize,
+    /// Captured stdout cap (stderr has the same cap, separately).
+    pub stdio_bytes: usize,
+    /// Structured log volume cap.
+    pub log_bytes: usize,
+    /// Returned value size cap.
+    pub return_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            memory_bytes: DEFAULT_MEMORY_BYTES,
+            stdio_bytes: DEFAULT_STDIO_BYTES,
+            log_bytes: DEFAULT_LOG_BYTES,
+            return_bytes: DEFAULT_RETURN_BYTES,
+        }
+    }
+}
+
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}

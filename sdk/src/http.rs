@@ -1,0 +1,328 @@
+//! Outbound HTTP for plugins, through `wasi:http`.
+//!
+//! Inside the sandbox, [`WasiHttp`] sends requests through the host. The host
+//! lets a request through only if its destination (scheme, host, port) is
+//! declared in the plugin manifest *and* granted by the admin; otherwise the
+//! request fails with [`HttpError::Denied`] and the whole call is reported as
+//! a capability violation. Redirects are never followed for you: a `3xx` is
+//! returned as is, and following it is a new request, checked again.
+//! Credentials for granted destinations are attached by the host; the plugin
+//! never sees them.
+//!
+//! Provider logic should take an [`HttpClient`] so the same code also runs
+//! natively (in benchmarks and unit tests) with another client.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Largest response body a plugin reads before giving up.
+pub const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+
+/// HTTP method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+}
+
+impl Method {
+    /// The method's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Patch => "PATCH",
+            Method::Delete => "DELETE",
+        }
+    }
+}
+
+/// An outgoing request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: Method,
+    /// Absolute `http://` or `https://` URL.
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// A request with no headers and no body.
+    pub fn new(method: Method, url: impl Into<String>) -> Self {
+        Request {
+            method,
+            url: url.into(),
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+    /// `GET url`.
+    pub fn get(url: impl Into<String>) -> Self {
+        Self::new(Method::Get, url)
+    }
+    /// `DELETE url`.
+    pub fn delete(url: impl Into<String>) -> Self {
+        Self::new(Method::Delete, url)
+    }
+    /// `method url` with a JSON body.
+    pub fn json<T: Serialize>(method: Method, url: impl Into<String>, body: &T) -> Self {
+        let mut r = Self::new(method, url);
+        r.body = serde_json::to_vec(body).unwrap_or_default();
+        r.headers
+            .push(("content-type".into(), "application/json".into()));
+        r
+    }
+    /// Add a header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// A response, fully read.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// First value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    /// Deserialize the body as JSON.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, HttpError> {
+        serde_json::from_slice(&self.body).map_err(|e| {
+            HttpError::Transport(format!(
+                "response body (HTTP {}) is not the expected JSON: {e}",
+                self.status
+            ))
+        })
+    }
+    /// The body as (lossy) text, for error messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Why a request did not produce a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpError {
+    /// The host refused the destination (not declared or not granted).
+    Denied(String),
+    /// The URL is not an absolute http(s) URL.
+    InvalidUrl(String),
+    /// Connection, TLS or protocol failure.
+    Transport(String),
+    /// `wasi:http` is not available (native build without a client).
+    Unavailable,
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpError::Denied(m) => write!(f, "request denied by the host: {m}"),
+            HttpError::InvalidUrl(m) => write!(f, "invalid URL: {m}"),
+            HttpError::Transport(m) => write!(f, "HTTP transport error: {m}"),
+            HttpError::Unavailable => {
+                f.write_str("wasi:http is only available inside the Capstan sandbox")
+            }
+        }
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+/// Something that sends HTTP requests.
+pub trait HttpClient {
+    /// Send `request` and read the whole response.
+    fn send(&self, request: &Request) -> Result<Response, HttpError>;
+}
+
+/// The sandbox's HTTP client (`wasi:http/outgoing-handler`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WasiHttp;
+
+impl HttpClient for WasiHttp {
+    fn send(&self, request: &Request) -> Result<Response, HttpError> {
+        #[cfg(target_arch = "wasm32")]
+        {
+            wasi_send(request)
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let _ = request;
+            Err(HttpError::Unavailable)
+        }
+    }
+}
+
+/// The parts of an absolute URL that `wasi:http` wants.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UrlParts<'a> {
+    pub https: bool,
+    pub authority: &'a str,
+    /// Always starts with `/`.
+    pub path_and_query: String,
+}
+
+/// Split an absolute `http(s)://authority/path?query` URL.
+pub fn split_url(url: &str) -> Result<UrlParts<'_>, HttpError> {
+    let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err(HttpError::InvalidUrl(format!(
+            "`{url}` must start with http:// or https://"
+        )));
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    if authority.is_empty() {
+        return Err(HttpError::InvalidUrl(format!("`{url}` has no host")));
+    }
+    Ok(UrlParts {
+        https,
+        authority,
+        path_and_query: if path.starts_with('/') {
+            path.to_string()
+        } else {
+            format!("/{path}")
+        },
+    })
+}
+
+#[cfg(target_arch = "wasm32")]
+fn wasi_send(request: &Request) -> Result<Response, HttpError> {
+    use std::io::{Read, Write};
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{
+        ErrorCode, Fields, IncomingBody, Method as WMethod, OutgoingBody, OutgoingRequest, Scheme,
+    };
+
+    let parts = split_url(&request.url)?;
+    let headers: Vec<(String, Vec<u8>)> = request
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.as_bytes().to_vec()))
+        .collect();
+    let fields = Fields::from_list(&headers)
+        .map_err(|e| HttpError::Transport(format!("invalid request header: {e:?}")))?;
+    let out = OutgoingRequest::new(fields);
+    let method = match request.method {
+        Method::Get => WMethod::Get,
+        Method::Post => WMethod::Post,
+        Method::Put => WMethod::Put,
+        Method::Patch => WMethod::Patch,
+        Method::Delete => WMethod::Delete,
+    };
+    let bad = |what: &str| HttpError::InvalidUrl(format!("`{}`: invalid {what}", request.url));
+    out.set_method(&method).map_err(|_| bad("method"))?;
+    out.set_scheme(Some(if parts.https {
+        &Scheme::Https
+    } else {
+        &Scheme::Http
+    }))
+    .map_err(|_| bad("scheme"))?;
+    out.set_authority(Some(parts.authority))
+        .map_err(|_| bad("authority"))?;
+    out.set_path_with_query(Some(&parts.path_and_query))
+        .map_err(|_| bad("path"))?;
+
+    let body = out
+        .body()
+        .map_err(|_| HttpError::Transport("request body already taken".into()))?;
+    let denied_or = |e: ErrorCode| match e {
+        ErrorCode::HttpRequestDenied => HttpError::Denied(format!(
+            "{} is not a destination this plugin may reach",
+            request.url
+        )),
+        other => HttpError::Transport(format!("{other:?}")),
+    };
+    let future = outgoing_handler::handle(out, None).map_err(denied_or)?;
+    {
+        let mut stream = body
+            .write()
+            .map_err(|_| HttpError::Transport("request body stream unavailable".into()))?;
+        stream
+            .write_all(&request.body)
+            .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
+        stream
+            .flush()
+            .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
+    }
+    OutgoingBody::finish(body, None)
+        .map_err(|e| HttpError::Transport(format!("finishing request body: {e:?}")))?;
+
+    let response = loop {
+        match future.get() {
+            Some(Ok(Ok(r))) => break r,
+            Some(Ok(Err(e))) => return Err(denied_or(e)),
+            Some(Err(())) => return Err(HttpError::Transport("response already taken".into())),
+            None => future.subscribe().block(),
+        }
+    };
+    let status = response.status();
+    let headers = response
+        .headers()
+        .entries()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect();
+    let incoming = response
+        .consume()
+        .map_err(|_| HttpError::Transport("response body already taken".into()))?;
+    let mut body = Vec::new();
+    {
+        let stream = incoming
+            .stream()
+            .map_err(|_| HttpError::Transport("response body stream unavailable".into()))?;
+        stream
+            .take(MAX_RESPONSE_BYTES as u64 + 1)
+            .read_to_end(&mut body)
+            .map_err(|e| HttpError::Transport(format!("reading response body: {e}")))?;
+    }
+    let _ = IncomingBody::finish(incoming);
+    if body.len() > MAX_RESPONSE_BYTES {
+        return Err(HttpError::Transport(format!(
+            "response body exceeds {MAX_RESPONSE_BYTES} bytes"
+        )));
+    }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_into_wasi_parts() {
+        assert_eq!(
+            split_url("http://127.0.0.1:8080/v1/instances?x=1").unwrap(),
+            UrlParts {
+                https: false,
+                authority: "127.0.0.1:8080",
+                path_and_query: "/v1/instances?x=1".into()
+            }
+        );
+        assert_eq!(split_url("https://h").unwrap().path_and_query, "/");
+        assert_eq!(split_url("https://h?q").unwrap().path_and_query, "/?q");
+        assert!(split_url("ftp://h").is_err());
+        assert!(split_url("http:///x").is_err());
+    }
+}

@@ -1,0 +1,367 @@
+//! The Capstan plugin SDK: write a provider, updater or addon plugin in Rust.
+//!
+//! A plugin is a WebAssembly component built with `cargo build --target
+//! wasm32-wasip2`. This crate gives you:
+//!
+//! - the contract's types ([`Machine`], [`MachineStatus`], [`PluginError`], …)
+//!   generated from `wit/` (`capstan:plugin@0.1.0`);
+//! - a trait per world ([`Provider`], and the raw [`updater`] / [`addon`]
+//!   guest traits) and an export macro per world ([`export_provider!`],
+//!   [`export_updater!`], [`export_addon!`]) that also embeds your plugin
+//!   manifest into the component;
+//! - your provider configuration deserialized into your own serde type, with
+//!   an `invalid-config` error naming the field when it does not fit;
+//! - [`http`]: outbound HTTP through `wasi:http` (the host only lets through
+//!   destinations your manifest declares and the admin grants, and attaches
+//!   credentials itself), and [`log`]: structured logs into the host's logs.
+//!
+//! # A minimal provider
+//!
+//! `capstan-plugin.json`, next to the plugin's `Cargo.toml`, declares what the
+//! plugin asks for (see `capstan_manifest` in the host for the format):
+//!
+//! ```json
+//! {"name": "example", "version": "0.1.0", "world": "provider", "contract": "0.1.0",
+//!  "capabilities": {"http": [{"destination": "https://api.example.com", "credential": "api"}]}}
+//! ```
+//!
+//! ```rust,no_run
+//! use capstan_sdk::{Deletion, Machine, MachineStatus, PluginError, Provider, InstanceState};
+//!
+//! #[derive(serde::Deserialize)]
+//! #[serde(rename_all = "camelCase", deny_unknown_fields)]
+//! struct Config {
+//!     instance_type: String,
+//! }
+//!
+//! #[derive(Default)]
+//! struct Example;
+//!
+//! impl Provider for Example {
+//!     type Config = Config;
+//!
+//!     fn validate(&self, config: &Config) -> Result<(), PluginError> {
+//!         if config.instance_type.is_empty() {
+//!             return Err(PluginError::invalid_config("instanceType: must not be empty"));
+//!         }
+//!         Ok(())
+//!     }
+//!     fn create(&self, machine: &Machine, _config: &Config) -> Result<MachineStatus, PluginError> {
+//!         // Use machine.uid as the cloud's idempotency token.
+//!         Ok(MachineStatus::new(format!("example://{}", machine.uid), InstanceState::Pending))
+//!     }
+//!     fn get(&self, machine: &Machine, _config: &Config) -> Result<MachineStatus, PluginError> {
+//!         Err(PluginError::not_found(format!("no instance for {}", machine.name)))
+//!     }
+//!     fn delete(&self, _machine: &Machine, _config: &Config) -> Result<Deletion, PluginError> {
+//!         Ok(Deletion::Done)
+//!     }
+//! }
+//!
+//! capstan_sdk::export_provider!(Example, manifest: "examples/capstan-plugin.json");
+//! ```
+//!
+//! Build it with `cargo build --release --target wasm32-wasip2`, then check
+//! it with `capstan plugin inspect` and `capstan plugin conformance`.
+
+use serde::de::DeserializeOwned;
+
+pub mod http;
+pub mod log;
+
+/// Bindings generated from the WIT contract, one module per world. Plugin
+/// authors normally use the re-exports at the crate root instead.
+#[allow(missing_docs, missing_debug_implementations, unsafe_code, clippy::all)]
+pub mod bindings {
+    /// The `provider` world.
+    pub mod provider {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "capstan:plugin/provider-plugin@0.1.0",
+            pub_export_macro: true,
+            export_macro_name: "__export_provider_world",
+            default_bindings_module: "capstan_sdk::bindings::provider",
+        });
+    }
+    /// The `updater` world.
+    pub mod updater {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "capstan:plugin/updater-plugin@0.1.0",
+            pub_export_macro: true,
+            export_macro_name: "__export_updater_world",
+            default_bindings_module: "capstan_sdk::bindings::updater",
+            with: {
+                "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin::types,
+                "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin::log,
+            },
+        });
+    }
+    /// The `addon` world.
+    pub mod addon {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "capstan:plugin/addon-plugin@0.1.0",
+            pub_export_macro: true,
+            export_macro_name: "__export_addon_world",
+            default_bindings_module: "capstan_sdk::bindings::addon",
+            with: {
+                "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin::types,
+                "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin::log,
+            },
+        });
+    }
+}
+
+pub use bindings::provider::capstan::plugin::types::{
+    AddressKind, InstanceState, Machine, MachineAddress, MachineStatus, PluginError, TransientError,
+};
+pub use bindings::provider::exports::capstan::plugin::provider::Deletion;
+
+/// The raw `updater` guest trait and its types; implement
+/// [`updater::Guest`] and call [`export_updater!`].
+pub mod updater {
+    pub use crate::bindings::updater::exports::capstan::plugin::updater::{
+        Guest, UpdateInProgress, UpdateProgress,
+    };
+}
+
+/// The raw `addon` guest trait and its types; implement [`addon::Guest`] and
+/// call [`export_addon!`].
+pub mod addon {
+    pub use crate::bindings::addon::exports::capstan::plugin::addon::{
+        AddonSpec, Guest, Health, VersionInfo,
+    };
+}
+
+impl PluginError {
+    /// The configuration is wrong; `message` names the field and the problem.
+    pub fn invalid_config(message: impl Into<String>) -> Self {
+        PluginError::InvalidConfig(message.into())
+    }
+    /// The thing asked about does not exist.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        PluginError::NotFound(message.into())
+    }
+    /// Retry after `retry_after_ms` milliseconds (at least 1 ms is reported).
+    pub fn transient(message: impl Into<String>, retry_after_ms: u64) -> Self {
+        PluginError::Transient(TransientError {
+            message: message.into(),
+            retry_after_ms: retry_after_ms.max(1),
+        })
+    }
+    /// Credentials were refused.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        PluginError::Unauthorized(message.into())
+    }
+    /// Retrying will not help; a human must look.
+    pub fn terminal(message: impl Into<String>) -> Self {
+        PluginError::Terminal(message.into())
+    }
+}
+
+// `Display` and `Error` for `PluginError` come from the generated bindings.
+
+impl MachineStatus {
+    /// A status with only a provider ID and a state.
+    pub fn new(provider_id: impl Into<String>, state: InstanceState) -> Self {
+        MachineStatus {
+            provider_id: provider_id.into(),
+            state,
+            addresses: Vec::new(),
+            failure_domain: None,
+            version: None,
+            message: None,
+        }
+    }
+}
+
+/// Deserialize a configuration (JSON object text) into `T`. Errors become
+/// `invalid-config` with serde's description, which names the field.
+pub fn parse_config<T: DeserializeOwned>(what: &str, json: &str) -> Result<T, PluginError> {
+    serde_json::from_str(json)
+        .map_err(|e| PluginError::invalid_config(format!("{what} is invalid: {e}")))
+}
+
+/// An infrastructure provider, with the configuration already parsed.
+///
+/// The host creates a fresh instance of your plugin for every call, so keep
+/// no state between calls: anything that must survive belongs in the cloud
+/// (tag instances with the machine uid) or in the returned status.
+pub trait Provider: Default {
+    /// Your provider configuration (the Machine's `spec.provider.config`).
+    type Config: DeserializeOwned;
+
+    /// Check a configuration without side effects. The default accepts
+    /// anything that deserializes.
+    fn validate(&self, config: &Self::Config) -> Result<(), PluginError> {
+        let _ = config;
+        Ok(())
+    }
+
+    /// Create the instance for `machine`, or return the existing one.
+    /// Must be idempotent by `machine.uid`.
+    fn create(
+        &self,
+        machine: &Machine,
+        config: &Self::Config,
+    ) -> Result<MachineStatus, PluginError>;
+
+    /// Describe the instance for `machine`; `not-found` when there is none.
+    fn get(&self, machine: &Machine, config: &Self::Config) -> Result<MachineStatus, PluginError>;
+
+    /// Delete the instance for `machine`; `Done` when there is none.
+    fn delete(&self, machine: &Machine, config: &Self::Config) -> Result<Deletion, PluginError>;
+
+    /// List visible instances; `None` when listing is not supported.
+    fn list(&self, config: &Self::Config) -> Result<Option<Vec<MachineStatus>>, PluginError> {
+        let _ = config;
+        Ok(None)
+    }
+}
+
+/// Glue between the generated guest trait and [`Provider`]; used by
+/// [`export_provider!`], and by native hosts calling a provider in-process.
+pub mod provider_glue {
+    use super::*;
+
+    fn config<P: Provider>(json: &str) -> Result<P::Config, PluginError> {
+        parse_config::<P::Config>("provider config", json)
+    }
+
+    pub fn validate<P: Provider>(json: &str) -> Result<(), PluginError> {
+        let p = P::default();
+        p.validate(&config::<P>(json)?)
+    }
+    pub fn create<P: Provider>(machine: &Machine) -> Result<MachineStatus, PluginError> {
+        let p = P::default();
+        let c = config::<P>(&machine.provider_config)?;
+        p.validate(&c)?;
+        p.create(machine, &c)
+    }
+    pub fn get<P: Provider>(machine: &Machine) -> Result<MachineStatus, PluginError> {
+        let p = P::default();
+        p.get(machine, &config::<P>(&machine.provider_config)?)
+    }
+    pub fn delete<P: Provider>(machine: &Machine) -> Result<Deletion, PluginError> {
+        let p = P::default();
+        p.delete(machine, &config::<P>(&machine.provider_config)?)
+    }
+    pub fn list<P: Provider>(json: &str) -> Result<Option<Vec<MachineStatus>>, PluginError> {
+        let p = P::default();
+        p.list(&config::<P>(json)?)
+    }
+}
+
+/// Embed a plugin manifest file (path relative to the plugin's `Cargo.toml`)
+/// into the component's `capstan-manifest` custom section. The export macros
+/// call this for you.
+#[macro_export]
+macro_rules! plugin_manifest {
+    ($path:literal) => {
+        #[cfg_attr(target_arch = "wasm32", unsafe(link_section = "capstan-manifest"))]
+        #[used]
+        static __CAPSTAN_PLUGIN_MANIFEST: [u8; include_bytes!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/",
+            $path
+        ))
+        .len()] = *include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $path));
+    };
+}
+
+/// Export a [`Provider`] implementation as the component's `provider` world
+/// and embed its manifest: `export_provider!(MyProvider, manifest: "capstan-plugin.json");`
+#[macro_export]
+macro_rules! export_provider {
+    ($ty:ty, manifest: $manifest:literal) => {
+        $crate::plugin_manifest!($manifest);
+        const _: () = {
+            use $crate::bindings::provider::exports::capstan::plugin::provider as __world;
+            struct __CapstanProvider;
+            impl __world::Guest for __CapstanProvider {
+                fn validate(config: String) -> Result<(), $crate::PluginError> {
+                    $crate::provider_glue::validate::<$ty>(&config)
+                }
+                fn create(
+                    machine: $crate::Machine,
+                ) -> Result<$crate::MachineStatus, $crate::PluginError> {
+                    $crate::provider_glue::create::<$ty>(&machine)
+                }
+                fn get(
+                    machine: $crate::Machine,
+                ) -> Result<$crate::MachineStatus, $crate::PluginError> {
+                    $crate::provider_glue::get::<$ty>(&machine)
+                }
+                fn delete(
+                    machine: $crate::Machine,
+                ) -> Result<$crate::Deletion, $crate::PluginError> {
+                    $crate::provider_glue::delete::<$ty>(&machine)
+                }
+                fn list_instances(
+                    config: String,
+                ) -> Result<Option<Vec<$crate::MachineStatus>>, $crate::PluginError> {
+                    $crate::provider_glue::list::<$ty>(&config)
+                }
+            }
+            $crate::bindings::provider::__export_provider_world!(__CapstanProvider);
+        };
+    };
+}
+
+/// Export an [`updater::Guest`] implementation as the `updater` world and
+/// embed its manifest.
+#[macro_export]
+macro_rules! export_updater {
+    ($ty:ty, manifest: $manifest:literal) => {
+        $crate::plugin_manifest!($manifest);
+        $crate::bindings::updater::__export_updater_world!($ty);
+    };
+}
+
+/// Export an [`addon::Guest`] implementation as the `addon` world and embed
+/// its manifest.
+#[macro_export]
+macro_rules! export_addon {
+    ($ty:ty, manifest: $manifest:literal) => {
+        $crate::plugin_manifest!($manifest);
+        $crate::bindings::addon::__export_addon_world!($ty);
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Cfg {
+        endpoint: String,
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let err = parse_config::<Cfg>("provider config", r#"{"endpont":"x"}"#).unwrap_err();
+        match err {
+            PluginError::InvalidConfig(m) => {
+                assert!(m.contains("unknown field `endpont`"), "{m}");
+                assert!(m.contains("endpoint"), "{m}");
+            }
+            other => panic!("expected invalid-config, got {other}"),
+        }
+        let err = parse_config::<Cfg>("provider config", "{}").unwrap_err();
+        assert!(
+            err.to_string().contains("missing field `endpoint`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn transient_never_carries_zero_retry() {
+        match PluginError::transient("busy", 0) {
+            PluginError::Transient(t) => assert_eq!(t.retry_after_ms, 1),
+            _ => unreachable!(),
+        }
+    }
+}

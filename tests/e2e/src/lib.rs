@@ -1,0 +1,77 @@
+//! Fixtures shared by Capstan's end-to-end tests: the wasm test plugins
+//! (built on demand, never committed) and helpers around the simulated cloud.
+//!
+//! [`plugin`] returns the path of a plugin component, building every plugin
+//! under `plugins/` for `wasm32-wasip2` once per test process (a no-op when
+//! they are up to date). Set `CAPSTAN_PLUGIN_DIR` to use prebuilt components
+//! instead.
+
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The plugins built for tests, by crate name.
+pub const PLUGIN_CRATES: [&str; 2] = ["sim-provider", "hostile-plugin"];
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tests/e2e sits two levels below the workspace root")
+        .to_path_buf()
+}
+
+/// Where the wasm build of the plugins goes (its own target dir, so it never
+/// waits on the host build's lock).
+pub fn plugin_target_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("plugins")
+}
+
+static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// Build the test plugins (release, `wasm32-wasip2`) and return their folder.
+pub fn plugin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CAPSTAN_PLUGIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    BUILT
+        .get_or_init(|| {
+            let target_dir = plugin_target_dir();
+            let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            cmd.current_dir(workspace_root())
+                .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+                .arg(&target_dir);
+            for krate in PLUGIN_CRATES {
+                cmd.args(["-p", krate]);
+            }
+            let out = cmd.output().map_err(|e| format!("cannot run cargo: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "building the test plugins failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`):\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(target_dir.join("wasm32-wasip2").join("release"))
+        })
+        .clone()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Path of a built plugin component, e.g. `plugin("sim_provider")`.
+pub fn plugin(file_stem: &str) -> PathBuf {
+    let path = plugin_dir().join(format!("{file_stem}.wasm"));
+    assert!(
+        path.exists(),
+        "plugin component {} is missing",
+        path.display()
+    );
+    path
+}
+
+pub use capstan_sim_cloud as sim_cloud;
