@@ -205,18 +205,25 @@ pub fn split_url(url: &str) -> Result<UrlParts<'_>, HttpError> {
 
 #[cfg(target_arch = "wasm32")]
 fn wasi_send(request: &Request) -> Result<Response, HttpError> {
-    use std::io::{Read, Write};
+    use std::io::{Read, Write as _};
     use wasip2::http::outgoing_handler;
     use wasip2::http::types::{
         ErrorCode, Fields, IncomingBody, Method as WMethod, OutgoingBody, OutgoingRequest, Scheme,
     };
 
     let parts = split_url(&request.url)?;
-    let headers: Vec<(String, Vec<u8>)> = request
+    let mut headers: Vec<(String, Vec<u8>)> = request
         .headers
         .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("content-length"))
         .map(|(k, v)| (k.to_ascii_lowercase(), v.as_bytes().to_vec()))
         .collect();
+    // Always frame the body exactly: without a length, a bodiless DELETE
+    // goes out chunked, which some servers answer by closing the connection.
+    headers.push((
+        "content-length".into(),
+        request.body.len().to_string().into_bytes(),
+    ));
     let fields = Fields::from_list(&headers)
         .map_err(|e| HttpError::Transport(format!("invalid request header: {e:?}")))?;
     let out = OutgoingRequest::new(fields);
@@ -251,16 +258,26 @@ fn wasi_send(request: &Request) -> Result<Response, HttpError> {
         other => HttpError::Transport(format!("{other:?}")),
     };
     let future = outgoing_handler::handle(out, None).map_err(denied_or)?;
-    {
+    // A bodiless request (GET, DELETE) may already be on its way once
+    // `handle` returns; touching its body stream could then see `closed`.
+    if !request.body.is_empty() {
         let mut stream = body
             .write()
             .map_err(|_| HttpError::Transport("request body stream unavailable".into()))?;
         stream
             .write_all(&request.body)
             .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
-        stream
-            .flush()
-            .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
+        // Once the host has read `content-length` bytes it may close the
+        // stream: `closed` on the final flush means everything was delivered.
+        match stream.blocking_flush() {
+            Ok(()) | Err(wasip2::io::streams::StreamError::Closed) => {}
+            Err(wasip2::io::streams::StreamError::LastOperationFailed(e)) => {
+                return Err(HttpError::Transport(format!(
+                    "writing request body: {}",
+                    e.to_debug_string()
+                )));
+            }
+        }
     }
     OutgoingBody::finish(body, None)
         .map_err(|e| HttpError::Transport(format!("finishing request body: {e:?}")))?;

@@ -276,6 +276,9 @@ macro_rules! plugin_manifest {
 macro_rules! export_provider {
     ($ty:ty, manifest: $manifest:literal) => {
         $crate::plugin_manifest!($manifest);
+        // Component exports exist only in the wasm build; natively the
+        // provider is an ordinary Rust type (benchmarks, unit tests).
+        #[cfg(target_arch = "wasm32")]
         const _: () = {
             use $crate::bindings::provider::exports::capstan::plugin::provider as __world;
             struct __CapstanProvider;
@@ -315,6 +318,7 @@ macro_rules! export_provider {
 macro_rules! export_updater {
     ($ty:ty, manifest: $manifest:literal) => {
         $crate::plugin_manifest!($manifest);
+        #[cfg(target_arch = "wasm32")]
         $crate::bindings::updater::__export_updater_world!($ty);
     };
 }
@@ -325,6 +329,7 @@ macro_rules! export_updater {
 macro_rules! export_addon {
     ($ty:ty, manifest: $manifest:literal) => {
         $crate::plugin_manifest!($manifest);
+        #[cfg(target_arch = "wasm32")]
         $crate::bindings::addon::__export_addon_world!($ty);
     };
 }

@@ -1,1 +1,459 @@
+//! The provider-world conformance kit: runs the contract's checks against any
+//! provider plugin and a live target, and reports each check.
+//!
+//! The checks (in order): `validate` accepts the given config and rejects
+//! invalid ones with `invalid-config`; `create` with an invalid config is
+//! `invalid-config`; `create` returns a provider ID and is idempotent for the
+//! same machine uid; `get` after `create` finds the same instance; the instance
+//! reaches `running`; `delete` ends in `done`, is idempotent, and is followed
+//! by `not-found`; `list-instances` (when supported) no longer shows it; every
+//! transient error carries a retry-after. Transient errors are retried as the
+//! plugin asks, within the time budget.
+//!
+//! Start with [`run_provider`]; render the [`Report`] with
+//! [`Report::render_text`] or serialize it.
 
+#![forbid(unsafe_code)]
+
+use capstan_runtime::types::{Deletion, InstanceState, Machine, MachineStatus, PluginError};
+use capstan_runtime::{Error, ProviderPlugin, describe};
+use serde::Serialize;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// What to run the checks with.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// A valid provider config (JSON object text) for the live target.
+    pub config: String,
+    /// Configs the plugin must reject with `invalid-config`.
+    pub invalid_configs: Vec<String>,
+    /// Kubernetes version to put on the test machine.
+    pub version: String,
+    /// Budget for the whole run (waiting for running, for deletion, retries).
+    pub timeout: Duration,
+}
+
+impl Options {
+    /// Defaults for everything but the config: the invalid config `[]` (a
+    /// provider config is always a JSON object), version `v1.30.0`, 120 s.
+    pub fn new(config: impl Into<String>) -> Self {
+        Options {
+            config: config.into(),
+            invalid_configs: vec!["[]".into()],
+            version: "v1.30.0".into(),
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase", tag = "result", content = "detail")]
+pub enum Outcome {
+    Pass,
+    Fail(String),
+    Skip(String),
+}
+
+/// One named check.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// The conformance report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub plugin: String,
+    pub version: String,
+    pub digest: String,
+    pub world: String,
+    pub contract: String,
+    pub machine_uid: String,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// Whether every check passed (or was skipped).
+    pub fn passed(&self) -> bool {
+        !self
+            .checks
+            .iter()
+            .any(|c| matches!(c.outcome, Outcome::Fail(_)))
+    }
+
+    /// The failed checks.
+    pub fn failures(&self) -> impl Iterator<Item = &Check> {
+        self.checks
+            .iter()
+            .filter(|c| matches!(c.outcome, Outcome::Fail(_)))
+    }
+
+    /// A human-readable report, one line per check.
+    pub fn render_text(&self) -> String {
+        let mut out = format!(
+            "Conformance of plugin {} {} ({})\nworld {}, contract {}, test machine uid {}\n\n",
+            self.plugin, self.version, self.digest, self.world, self.contract, self.machine_uid
+        );
+        for check in &self.checks {
+            let (tag, detail) = match &check.outcome {
+                Outcome::Pass => ("PASS", None),
+                Outcome::Fail(d) => ("FAIL", Some(d)),
+                Outcome::Skip(d) => ("SKIP", Some(d)),
+            };
+            out.push_str(&format!("  {tag}  {}\n", check.name));
+            if let Some(d) = detail {
+                out.push_str(&format!("        {d}\n"));
+            }
+        }
+        let failed = self.failures().count();
+        let skipped = self
+            .checks
+            .iter()
+            .filter(|c| matches!(c.outcome, Outcome::Skip(_)))
+            .count();
+        out.push_str(&format!(
+            "\n{} checks: {} passed, {failed} failed, {skipped} skipped\n",
+            self.checks.len(),
+            self.checks.len() - failed - skipped
+        ));
+        out
+    }
+}
+
+struct Run<'a> {
+    provider: &'a ProviderPlugin,
+    deadline: Instant,
+    checks: Vec<Check>,
+    /// Transient errors seen, to check their retry-after.
+    transients: Vec<(String, u64)>,
+}
+
+impl Run<'_> {
+    fn record(&mut self, name: &str, outcome: Outcome) {
+        self.checks.push(Check {
+            name: name.to_string(),
+            outcome,
+        });
+    }
+
+    /// Call until the result is not a transient error (sleeping as the plugin
+    /// asks, capped at 2 s) or the budget runs out.
+    async fn retrying<T, F, Fut>(&mut self, what: &str, mut call: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        loop {
+            match call().await {
+                Err(Error::Plugin {
+                    error: PluginError::Transient(t),
+                    plugin,
+                    call,
+                }) => {
+                    tracing::info!(call = what, retry_after_ms = t.retry_after_ms, message = %t.message, "transient error, retrying");
+                    self.transients
+                        .push((format!("{what}: {}", t.message), t.retry_after_ms));
+                    if Instant::now() >= self.deadline {
+                        return Err(Error::Plugin {
+                            plugin,
+                            call,
+                            error: PluginError::Transient(t),
+                        });
+                    }
+                    let wait = Duration::from_millis(t.retry_after_ms.clamp(10, 2_000));
+                    tokio::time::sleep(wait).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+fn is_invalid_config(r: &Result<impl Sized, Error>) -> Outcome {
+    match r {
+        Err(Error::Plugin {
+            error: PluginError::InvalidConfig(_),
+            ..
+        }) => Outcome::Pass,
+        Err(e) => Outcome::Fail(format!("expected invalid-config, got: {}", brief(e))),
+        Ok(_) => Outcome::Fail("expected invalid-config, but the call succeeded".into()),
+    }
+}
+
+fn brief(e: &Error) -> String {
+    match e {
+        Error::Plugin { error, .. } => describe(error),
+        other => other.to_string(),
+    }
+}
+
+fn random_hex() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Run every provider check against `provider` and the live target its
+/// config points to. Instances created along the way are deleted at the end,
+/// also when checks fail.
+pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Report {
+    let plugin = provider.plugin();
+    let suffix = random_hex();
+    let mut machine = Machine {
+        name: format!("conformance-{}", &suffix[..8]),
+        namespace: "capstan-conformance".into(),
+        uid: format!("capstan-conformance-{suffix}"),
+        cluster_name: None,
+        labels: vec![("capstan.dev/conformance".into(), "true".into())],
+        version: Some(options.version.clone()),
+        failure_domain: None,
+        provider_config: options.config.clone(),
+        infrastructure_config: None,
+        provider_id: None,
+    };
+    let mut run = Run {
+        provider,
+        deadline: Instant::now() + options.timeout,
+        checks: Vec::new(),
+        transients: Vec::new(),
+    };
+    let mut created: Vec<String> = Vec::new();
+
+    check_config(&mut run, options, &machine).await;
+
+    // create, twice, for the same uid.
+    let first = run
+        .retrying("create", || run_provider_create(provider, &machine))
+        .await;
+    let first_id = match first {
+        Ok(status) if !status.provider_id.is_empty() => {
+            run.record("create returns a provider ID", Outcome::Pass);
+            created.push(status.provider_id.clone());
+            Some(status.provider_id)
+        }
+        Ok(_) => {
+            run.record(
+                "create returns a provider ID",
+                Outcome::Fail("the provider ID is empty".into()),
+            );
+            None
+        }
+        Err(e) => {
+            run.record("create returns a provider ID", Outcome::Fail(brief(&e)));
+            None
+        }
+    };
+    let Some(first_id) = first_id else {
+        return finish(
+            run,
+            plugin,
+            &machine,
+            "create failed, so the remaining checks cannot run",
+        );
+    };
+
+    let second = run
+        .retrying("create (repeat)", || {
+            run_provider_create(provider, &machine)
+        })
+        .await;
+    let outcome = match &second {
+        Ok(s) if s.provider_id == first_id => Outcome::Pass,
+        Ok(s) => {
+            created.push(s.provider_id.clone());
+            Outcome::Fail(format!(
+                "create is not idempotent: the second create for machine uid {} returned provider ID {}, the first returned {} (two instances now exist for one machine)",
+                machine.uid, s.provider_id, first_id
+            ))
+        }
+        Err(e) => Outcome::Fail(format!("the repeated create failed: {}", brief(e))),
+    };
+    run.record("create is idempotent for the same machine uid", outcome);
+
+    // get, by provider ID, until running.
+    machine.provider_id = Some(first_id.clone());
+    let got = run.retrying("get", || provider.get(&machine)).await;
+    let outcome = match &got {
+        Ok(s) if s.provider_id == first_id => Outcome::Pass,
+        Ok(s) => Outcome::Fail(format!(
+            "get returned provider ID {}, create returned {first_id}",
+            s.provider_id
+        )),
+        Err(e) => Outcome::Fail(brief(e)),
+    };
+    run.record("get after create returns the same instance", outcome);
+    let outcome = wait_running(&mut run, &machine).await;
+    run.record("the instance reaches running", outcome);
+
+    // delete until done, then again, then get is not-found.
+    let outcome = delete_until_done(&mut run, &machine).await;
+    run.record("delete ends in done", outcome);
+    let again = run
+        .retrying("delete (repeat)", || provider.delete(&machine))
+        .await;
+    let outcome = match again {
+        Ok(Deletion::Done) => Outcome::Pass,
+        Ok(Deletion::InProgress(_)) => {
+            Outcome::Fail("a second delete after done returned in-progress".into())
+        }
+        Err(e) => Outcome::Fail(brief(&e)),
+    };
+    run.record("delete is idempotent", outcome);
+    let after = run
+        .retrying("get after delete", || provider.get(&machine))
+        .await;
+    let outcome = match after {
+        Err(Error::Plugin {
+            error: PluginError::NotFound(_),
+            ..
+        }) => Outcome::Pass,
+        Ok(s) => Outcome::Fail(format!(
+            "get after delete still returns {} in state {:?}",
+            s.provider_id, s.state
+        )),
+        Err(e) => Outcome::Fail(format!("expected not-found, got: {}", brief(&e))),
+    };
+    run.record("get after delete is not-found", outcome);
+
+    let listed = run
+        .retrying("list-instances", || provider.list(&options.config))
+        .await;
+    let outcome = match listed {
+        Ok(None) => Outcome::Skip("the plugin does not support listing".into()),
+        Ok(Some(all)) if all.iter().any(|s| s.provider_id == first_id) => Outcome::Fail(format!(
+            "list-instances still shows deleted instance {first_id}"
+        )),
+        Ok(Some(_)) => Outcome::Pass,
+        Err(e) => Outcome::Fail(brief(&e)),
+    };
+    run.record(
+        "list-instances no longer shows the deleted instance",
+        outcome,
+    );
+
+    // Clean up anything a failing plugin left behind (e.g. a duplicate).
+    for id in created.iter().filter(|id| **id != first_id) {
+        let mut extra = machine.clone();
+        extra.provider_id = Some(id.clone());
+        let _ = delete_until_done(&mut run, &extra).await;
+    }
+    finish(run, plugin, &machine, "")
+}
+
+async fn run_provider_create(
+    provider: &ProviderPlugin,
+    machine: &Machine,
+) -> Result<MachineStatus, Error> {
+    provider.create(machine).await
+}
+
+async fn check_config(run: &mut Run<'_>, options: &Options, machine: &Machine) {
+    let provider = run.provider;
+    let valid = run
+        .retrying("validate", || provider.validate(&options.config))
+        .await;
+    let outcome = match valid {
+        Ok(()) => Outcome::Pass,
+        Err(e) => Outcome::Fail(format!(
+            "the config given with --config was rejected: {}",
+            brief(&e)
+        )),
+    };
+    run.record("validate accepts the given config", outcome);
+    for invalid in &options.invalid_configs {
+        let r = provider.validate(invalid).await;
+        run.record(
+            &format!("validate rejects {invalid} with invalid-config"),
+            is_invalid_config(&r),
+        );
+        let mut bad = machine.clone();
+        bad.uid = format!("{}-invalid", machine.uid);
+        bad.provider_config = invalid.clone();
+        let r = provider.create(&bad).await;
+        run.record(
+            &format!("create with config {invalid} is invalid-config"),
+            is_invalid_config(&r),
+        );
+    }
+}
+
+async fn wait_running(run: &mut Run<'_>, machine: &Machine) -> Outcome {
+    let provider = run.provider;
+    loop {
+        match run
+            .retrying("get (waiting for running)", || provider.get(machine))
+            .await
+        {
+            Ok(s) if s.state == InstanceState::Running => return Outcome::Pass,
+            Ok(s) if Instant::now() >= run.deadline => {
+                return Outcome::Fail(format!("still {:?} when the time budget ran out", s.state));
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => return Outcome::Fail(brief(&e)),
+        }
+    }
+}
+
+async fn delete_until_done(run: &mut Run<'_>, machine: &Machine) -> Outcome {
+    let provider = run.provider;
+    loop {
+        match run.retrying("delete", || provider.delete(machine)).await {
+            Ok(Deletion::Done) => return Outcome::Pass,
+            Ok(Deletion::InProgress(_)) if Instant::now() >= run.deadline => {
+                return Outcome::Fail("still in progress when the time budget ran out".into());
+            }
+            Ok(Deletion::InProgress(ms)) => {
+                tokio::time::sleep(Duration::from_millis(ms.clamp(10, 2_000))).await;
+            }
+            Err(e) => return Outcome::Fail(brief(&e)),
+        }
+    }
+}
+
+fn finish(
+    mut run: Run<'_>,
+    plugin: &capstan_runtime::Plugin,
+    machine: &Machine,
+    aborted: &str,
+) -> Report {
+    if !aborted.is_empty() {
+        run.record("remaining checks", Outcome::Skip(aborted.into()));
+    }
+    let bad: Vec<String> = run
+        .transients
+        .iter()
+        .filter(|(_, ms)| *ms == 0)
+        .map(|(what, _)| what.clone())
+        .collect();
+    let outcome = if !bad.is_empty() {
+        Outcome::Fail(format!(
+            "transient errors without retry-after: {}",
+            bad.join("; ")
+        ))
+    } else if run.transients.is_empty() {
+        Outcome::Skip(
+            "no transient errors occurred (add faults to the target to exercise this)".into(),
+        )
+    } else {
+        Outcome::Pass
+    };
+    run.record(
+        &format!(
+            "transient errors carry retry-after ({} observed)",
+            run.transients.len()
+        ),
+        outcome,
+    );
+    let manifest = plugin.manifest();
+    Report {
+        plugin: manifest.name.clone(),
+        version: manifest.version.clone(),
+        digest: plugin.digest().to_string(),
+        world: manifest.world.to_string(),
+        contract: manifest.contract.clone(),
+        machine_uid: machine.uid.clone(),
+        checks: run.checks,
+    }
+}

@@ -79,11 +79,11 @@ impl WasiHttpHooks for HttpGate {
                 if let Ok(v) = HeaderValue::from_str(&authority) {
                     headers.insert(HOST, v);
                 }
-                if let Some(credential) = credential {
-                    if let Ok(mut v) = HeaderValue::from_str(&credential.authorization()) {
-                        v.set_sensitive(true);
-                        headers.insert(AUTHORIZATION, v);
-                    }
+                if let Some(credential) = credential
+                    && let Ok(mut v) = HeaderValue::from_str(&credential.authorization())
+                {
+                    v.set_sensitive(true);
+                    headers.insert(AUTHORIZATION, v);
                 }
                 Box::new(async move {
                     let (response, io) =

@@ -276,7 +276,7 @@ impl Runtime {
             .exports(engine)
             .map(|(n, _)| n.to_string())
             .collect();
-        if !exports.iter().any(|e| *e == export) {
+        if !exports.contains(&export) {
             return Err(Error::Load {
                 plugin: name,
                 reason: format!(

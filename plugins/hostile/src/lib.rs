@@ -17,6 +17,9 @@
 //! | `non-idempotent` | creates a new instance at `endpoint` on every call | conformance failure |
 //! | `none` | behaves (validate/get/delete always work) | nothing |
 
+// The plugin is only exported (and so only used) in its wasm build.
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+
 use capstan_sdk::http::{HttpClient, Method, Request, WasiHttp};
 use capstan_sdk::{Deletion, InstanceState, Machine, MachineStatus, PluginError, Provider};
 use serde::Deserialize;

@@ -545,3 +545,37 @@ async fn inspection_reports_manifest_imports_and_exports() {
         "{err}"
     );
 }
+
+/// Regression: request bodies must be framed and flushed so that no request
+/// fails or is sent twice (a `closed` stream after the host read the whole
+/// body once surfaced as a transport error, and retries launched duplicates).
+#[tokio::test]
+async fn hundreds_of_requests_in_a_row_all_succeed() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let sim = sim_provider(&rt, &cloud);
+    for i in 0..150 {
+        let mut m = machine(
+            &format!("seq{i}"),
+            serde_json::json!({ "endpoint": cloud.url() }),
+        );
+        let status = sim
+            .create(&m)
+            .await
+            .unwrap_or_else(|e| panic!("create #{i}: {e}"));
+        m.provider_id = Some(status.provider_id);
+        sim.delete(&m)
+            .await
+            .unwrap_or_else(|e| panic!("delete #{i}: {e}"));
+    }
+    let stats = cloud.stats();
+    assert_eq!(
+        stats.instances_launched, 150,
+        "exactly one instance per create"
+    );
+    assert_eq!(
+        stats.requests,
+        150 * 3,
+        "create, lookup and delete: nothing retried"
+    );
+}

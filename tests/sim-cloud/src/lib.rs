@@ -250,7 +250,7 @@ impl Inner {
     }
 
     /// Auth, throttling and error injection, in that order.
-    fn admit(&mut self, headers: &HeaderMap, now: Instant) -> Result<(), Response> {
+    fn admit(&mut self, headers: &HeaderMap, now: Instant) -> Result<(), Box<Response>> {
         self.stats.requests += 1;
         if let Some(token) = &self.token {
             let expected = format!("Bearer {token}");
@@ -259,11 +259,11 @@ impl Inner {
                 .and_then(|v| v.to_str().ok());
             if given != Some(expected.as_str()) {
                 self.stats.unauthorized += 1;
-                return Err(api_error(
+                return Err(Box::new(api_error(
                     StatusCode::UNAUTHORIZED,
                     "Unauthorized",
                     "a valid bearer token is required",
-                ));
+                )));
             }
         }
         if let Some(rps) = self.faults.throttle_rps {
@@ -280,17 +280,17 @@ impl Inner {
                 );
                 resp.headers_mut()
                     .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-                return Err(resp);
+                return Err(Box::new(resp));
             }
             self.bucket = (refilled - 1.0, now);
         }
         if self.faults.error_rate > 0.0 && self.roll() < self.faults.error_rate {
             self.stats.injected_errors += 1;
-            return Err(api_error(
+            return Err(Box::new(api_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalError",
                 "injected fault",
-            ));
+            )));
         }
         Ok(())
     }
@@ -454,7 +454,7 @@ async fn create(
     let now = Instant::now();
     let mut inner = lock(&state);
     if let Err(resp) = inner.admit(&headers, now) {
-        return resp;
+        return *resp;
     }
     inner.settle(now);
     inner.stats.creates += 1;
@@ -509,7 +509,7 @@ async fn list(
     let now = Instant::now();
     let mut inner = lock(&state);
     if let Err(resp) = inner.admit(&headers, now) {
-        return resp;
+        return *resp;
     }
     inner.settle(now);
     let instances: Vec<Instance> = inner
@@ -533,7 +533,7 @@ async fn describe(
     let now = Instant::now();
     let mut inner = lock(&state);
     if let Err(resp) = inner.admit(&headers, now) {
-        return resp;
+        return *resp;
     }
     inner.settle(now);
     match inner.records.get(&id) {
@@ -558,7 +558,7 @@ async fn delete(
     let now = Instant::now();
     let mut inner = lock(&state);
     if let Err(resp) = inner.admit(&headers, now) {
-        return resp;
+        return *resp;
     }
     inner.settle(now);
     inner.stats.deletes += 1;
@@ -582,7 +582,7 @@ async fn update(
     let now = Instant::now();
     let mut inner = lock(&state);
     if let Err(resp) = inner.admit(&headers, now) {
-        return resp;
+        return *resp;
     }
     inner.settle(now);
     let Some(r) = inner.records.get_mut(&id) else {

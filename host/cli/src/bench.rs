@@ -1,0 +1,291 @@
+//! `capstan bench plugin`: what the plugin runtime costs, measured side by
+//! side in one run and printed as `name value` lines (`#` lines are comments).
+//!
+//! - `compile_ms`: load a component with an empty code cache (compile);
+//! - `load_precompiled_ms`: load it again from the code cache;
+//! - `instantiate_us_*`: a fresh store and instance, no call;
+//! - `validate_*_us_*`: a pure call (no I/O): Wasm, native in-process, HTTPS webhook;
+//! - `create_*_us_*`: `create` against the simulated cloud on loopback, the
+//!   same three ways; native and Wasm both open one connection per request;
+//! - `ratio_*`: the ratios of the medians above.
+
+use crate::native::{
+    NativeHttp, Webhook, WebhookRequest, call_webhook, native_create, native_validate,
+};
+use crate::options::default_plugin;
+use anyhow::{Context, ensure};
+use capstan_runtime::types::Machine;
+use capstan_runtime::{Credential, Grants, Limits, ProviderPlugin, Runtime, RuntimeConfig};
+use capstan_sim_cloud::{SimCloud, SimCloudConfig};
+use sim_provider::SimProvider;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Arguments of `capstan bench plugin`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The sim-provider component (default: the one built by scripts/build-plugins.sh).
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+    /// Calls measured per path (Wasm, native, webhook), for validate and create.
+    #[arg(long, default_value_t = 900)]
+    pub calls: usize,
+    /// Instantiations measured.
+    #[arg(long, default_value_t = 2000)]
+    pub instantiations: usize,
+    /// Compilations measured (each in a fresh engine).
+    #[arg(long, default_value_t = 3)]
+    pub compiles: usize,
+}
+
+const TOKEN: &str = "bench-token";
+
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn percentile(&self, p: usize) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v[(v.len() * p / 100).min(v.len() - 1)]
+    }
+    fn us(&self, p: usize) -> f64 {
+        self.percentile(p).as_secs_f64() * 1e6
+    }
+}
+
+fn line(name: &str, value: f64) {
+    println!("{name} {value:.3}");
+}
+
+fn machine(prefix: &str, i: usize, endpoint: &str) -> Machine {
+    Machine {
+        name: format!("{prefix}-{i}"),
+        namespace: "bench".into(),
+        uid: format!("{prefix}-uid-{i}"),
+        cluster_name: None,
+        labels: vec![],
+        version: Some("v1.30.0".into()),
+        failure_domain: None,
+        provider_config: serde_json::json!({ "endpoint": endpoint }).to_string(),
+        infrastructure_config: None,
+        provider_id: None,
+    }
+}
+
+fn sdk_machine(m: &Machine) -> capstan_sdk::Machine {
+    capstan_sdk::Machine {
+        name: m.name.clone(),
+        namespace: m.namespace.clone(),
+        uid: m.uid.clone(),
+        cluster_name: None,
+        labels: vec![],
+        version: m.version.clone(),
+        failure_domain: None,
+        provider_config: m.provider_config.clone(),
+        infrastructure_config: None,
+        provider_id: None,
+    }
+}
+
+fn webhook_request(m: &Machine) -> WebhookRequest {
+    WebhookRequest {
+        name: m.name.clone(),
+        namespace: m.namespace.clone(),
+        uid: m.uid.clone(),
+        version: m.version.clone(),
+        provider_config: m.provider_config.clone(),
+    }
+}
+
+/// Run the benchmark.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    ensure!(
+        args.calls >= 10 && args.instantiations >= 10 && args.compiles >= 1,
+        "use at least 10 calls and instantiations and 1 compile"
+    );
+    let path = match args.plugin {
+        Some(p) => p,
+        None => default_plugin("sim_provider")?,
+    };
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    println!(
+        "# capstan bench plugin: {} ({} bytes), {} calls per path",
+        path.display(),
+        bytes.len(),
+        args.calls
+    );
+
+    let cloud = SimCloud::start(SimCloudConfig {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await?;
+    let mut grants = Grants {
+        http: vec![cloud.url().parse()?],
+        ..Default::default()
+    };
+    grants
+        .credentials
+        .insert("sim-cloud".into(), Credential::Bearer(TOKEN.into()));
+
+    // Compile vs cached load.
+    let mut compiles = Vec::new();
+    for _ in 0..args.compiles {
+        let rt = Runtime::new(RuntimeConfig {
+            max_concurrent_calls: 8,
+            ..Default::default()
+        })?;
+        let t = Instant::now();
+        rt.load("bench", &bytes, Limits::default(), Grants::default())?;
+        compiles.push(t.elapsed());
+    }
+    let cache_dir =
+        std::env::temp_dir().join(format!("capstan-bench-cache-{}", std::process::id()));
+    let rt = Runtime::new(RuntimeConfig {
+        cache_dir: Some(cache_dir.clone()),
+        max_concurrent_calls: 64,
+        ..Default::default()
+    })?;
+    rt.load("bench", &bytes, Limits::default(), grants.clone())?;
+    let mut loads = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        rt.load("bench", &bytes, Limits::default(), grants.clone())?;
+        loads.push(t.elapsed());
+    }
+    let compile = Samples(compiles);
+    let load = Samples(loads);
+    line("compile_ms", compile.us(50) / 1e3);
+    line("load_precompiled_ms", load.us(50) / 1e3);
+    line(
+        "ratio_compile_vs_precompiled_load",
+        compile.us(50) / load.us(50),
+    );
+
+    let plugin = rt.load("bench", &bytes, Limits::default(), grants)?;
+    let provider = plugin.provider()?;
+    let mut inst = Vec::with_capacity(args.instantiations);
+    for _ in 0..args.instantiations {
+        let t = Instant::now();
+        provider.instantiate_only().await?;
+        inst.push(t.elapsed());
+    }
+    let inst = Samples(inst);
+    line("instantiate_us_p50", inst.us(50));
+    line("instantiate_us_p99", inst.us(99));
+
+    let webhook = Webhook::start(Some(TOKEN.into())).await?;
+    let agent = webhook.client()?;
+    let url = webhook.url();
+    let native = SimProvider::with_client(NativeHttp::new(Some(TOKEN.into())));
+    let endpoint = cloud.url();
+
+    // Three interleaved rounds, so drift on a shared machine hits all paths alike.
+    let rounds = 3;
+    let per_round = args.calls.div_ceil(rounds);
+    let mut results: [[Vec<Duration>; 3]; 2] = Default::default();
+    for round in 0..rounds {
+        for (op, kind) in ["validate", "create"].iter().enumerate() {
+            // Distinct machine uids per path: every create launches an instance.
+            let batch = |path: &str| -> Vec<Machine> {
+                (0..per_round)
+                    .map(|i| machine(&format!("{kind}-{path}-r{round}"), i, &endpoint))
+                    .collect()
+            };
+            results[op][0].extend(wasm_calls(&provider, kind, &batch("wasm")).await?);
+            results[op][1].extend(native_calls(&native, kind, &batch("native")).await?);
+            results[op][2].extend(webhook_calls(&agent, &url, kind, &batch("webhook")).await?);
+        }
+    }
+    for (op, kind) in ["validate", "create"].iter().enumerate() {
+        let [wasm, native, hook] = std::mem::take(&mut results[op]).map(Samples);
+        for (path, s) in [("wasm", &wasm), ("native", &native), ("webhook", &hook)] {
+            line(&format!("{kind}_{path}_us_p50"), s.us(50));
+            line(&format!("{kind}_{path}_us_p99"), s.us(99));
+        }
+        line(
+            &format!("ratio_{kind}_wasm_vs_native_p50"),
+            wasm.us(50) / native.us(50),
+        );
+        line(
+            &format!("ratio_{kind}_webhook_vs_wasm_p50"),
+            hook.us(50) / wasm.us(50),
+        );
+    }
+    let stats = cloud.stats();
+    println!(
+        "# simulated cloud: {} requests, {} instances launched",
+        stats.requests, stats.instances_launched
+    );
+    drop(webhook);
+    cloud.shutdown().await;
+    let _ = std::fs::remove_dir_all(&cache_dir);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wasm_calls(
+    provider: &ProviderPlugin,
+    kind: &str,
+    machines: &[Machine],
+) -> anyhow::Result<Vec<Duration>> {
+    let mut out = Vec::with_capacity(machines.len());
+    for m in machines {
+        let t = Instant::now();
+        match kind {
+            "validate" => provider.validate(&m.provider_config).await?,
+            _ => {
+                provider.create(m).await?;
+            }
+        }
+        out.push(t.elapsed());
+    }
+    Ok(out)
+}
+
+async fn native_calls(
+    native: &SimProvider<NativeHttp>,
+    kind: &str,
+    machines: &[Machine],
+) -> anyhow::Result<Vec<Duration>> {
+    let native = native.clone();
+    let kind = kind.to_string();
+    let machines: Vec<capstan_sdk::Machine> = machines.iter().map(sdk_machine).collect();
+    // One blocking thread for the whole loop, so no per-call thread hop.
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::with_capacity(machines.len());
+        for m in &machines {
+            let t = Instant::now();
+            match kind.as_str() {
+                "validate" => native_validate(&native, &m.provider_config),
+                _ => native_create(&native, m).map(|_| ()),
+            }
+            .map_err(anyhow::Error::msg)?;
+            out.push(t.elapsed());
+        }
+        Ok(out)
+    })
+    .await?
+}
+
+async fn webhook_calls(
+    agent: &ureq::Agent,
+    url: &str,
+    kind: &str,
+    machines: &[Machine],
+) -> anyhow::Result<Vec<Duration>> {
+    let agent = agent.clone();
+    let url = url.to_string();
+    let kind = kind.to_string();
+    let requests: Vec<WebhookRequest> = machines.iter().map(webhook_request).collect();
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::with_capacity(requests.len());
+        for r in &requests {
+            let t = Instant::now();
+            call_webhook(&agent, &url, &kind, r).map_err(anyhow::Error::msg)?;
+            out.push(t.elapsed());
+        }
+        Ok(out)
+    })
+    .await?
+}

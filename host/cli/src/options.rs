@@ -1,0 +1,178 @@
+//! Flag types shared by subcommands: output format, logging, and the grants
+//! and limits an admin gives a plugin on the command line.
+
+use anyhow::{Context, bail};
+use capstan_runtime::{Credential, Grants, Limits};
+use clap::ValueEnum;
+use std::time::Duration;
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// For people.
+    Text,
+    /// For scripts (one JSON document on stdout).
+    Json,
+}
+
+/// How diagnostics are logged on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Log to stderr; `RUST_LOG` filters (default: warnings, plus plugin logs).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,capstan::plugin=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Grant and limit flags, shared by every command that runs a plugin.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxArgs {
+    /// Grant outbound HTTP to HOST:PORT (http and https), or to a full
+    /// pattern such as `https://*.example.com:443`. Repeatable. The plugin
+    /// must also declare the destination in its manifest.
+    #[arg(long = "allow-host", value_name = "HOST:PORT")]
+    pub allow_hosts: Vec<String>,
+    /// Fill a credential slot with a bearer token read from an environment
+    /// variable: `SLOT=ENV_VAR`. Repeatable. Tokens never go on the command line.
+    #[arg(long = "bearer-from-env", value_name = "SLOT=ENV_VAR")]
+    pub bearer_from_env: Vec<String>,
+    /// Deadline per plugin call, e.g. `10s`, `500ms`.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub call_timeout: Duration,
+    /// Linear memory cap per call, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub memory_mib: usize,
+}
+
+impl SandboxArgs {
+    /// The grants these flags describe.
+    pub fn grants(&self) -> anyhow::Result<Grants> {
+        let mut grants = Grants::default();
+        for host in &self.allow_hosts {
+            if host.contains("://") {
+                grants.http.push(
+                    host.parse()
+                        .with_context(|| format!("--allow-host {host}"))?,
+                );
+            } else {
+                if !host.contains(':') {
+                    bail!(
+                        "--allow-host {host}: expected HOST:PORT (e.g. 127.0.0.1:8787) or scheme://host:port"
+                    );
+                }
+                for scheme in ["http", "https"] {
+                    grants.http.push(
+                        format!("{scheme}://{host}")
+                            .parse()
+                            .with_context(|| format!("--allow-host {host}"))?,
+                    );
+                }
+            }
+        }
+        for spec in &self.bearer_from_env {
+            let (slot, var) = spec
+                .split_once('=')
+                .with_context(|| format!("--bearer-from-env {spec}: expected SLOT=ENV_VAR"))?;
+            let token = std::env::var(var).with_context(|| {
+                format!("--bearer-from-env {spec}: environment variable {var} is not set")
+            })?;
+            grants
+                .credentials
+                .insert(slot.to_string(), Credential::Bearer(token));
+        }
+        Ok(grants)
+    }
+
+    /// The limits these flags describe.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            call_timeout: self.call_timeout,
+            memory_bytes: self.memory_mib * 1024 * 1024,
+            ..Limits::default()
+        }
+    }
+}
+
+/// Find a plugin built by `scripts/build-plugins.sh` (or `cargo test`):
+/// `$CAPSTAN_PLUGIN_DIR`, then next to this binary's target folder, then
+/// `./target/plugins/...`.
+pub fn default_plugin(file_stem: &str) -> anyhow::Result<std::path::PathBuf> {
+    let file = format!("{file_stem}.wasm");
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::var_os("CAPSTAN_PLUGIN_DIR") {
+        candidates.push(std::path::PathBuf::from(dir).join(&file));
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(target) = exe.parent().and_then(|p| p.parent())
+    {
+        candidates.push(target.join("plugins/wasm32-wasip2/release").join(&file));
+    }
+    candidates.push(std::path::PathBuf::from("target/plugins/wasm32-wasip2/release").join(&file));
+    candidates.iter().find(|p| p.exists()).cloned().with_context(|| {
+        format!(
+            "cannot find {file} (looked in: {}); build the plugins with scripts/build-plugins.sh or pass --plugin PATH",
+            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// Parse `500ms`, `10s`, `2m`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 500ms, 10s or 2m"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s or m)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("3h").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn allow_host_grants_both_schemes_and_rejects_bare_hosts() {
+        let args = SandboxArgs {
+            allow_hosts: vec!["127.0.0.1:8787".into()],
+            bearer_from_env: vec![],
+            call_timeout: Duration::from_secs(1),
+            memory_mib: 1,
+        };
+        let g = args.grants().unwrap();
+        assert_eq!(g.http.len(), 2);
+        let bad = SandboxArgs {
+            allow_hosts: vec!["example.com".into()],
+            ..args
+        };
+        assert!(bad.grants().unwrap_err().to_string().contains("HOST:PORT"));
+    }
+}

@@ -1,0 +1,309 @@
+//! The `capstan` binary as a user runs it: inspect, conformance (passing and
+//! failing), the benchmark's output format, and the demo.
+
+use capstan_e2e::plugin;
+use capstan_e2e::sim_cloud::{Faults, SimCloud, SimCloudConfig};
+use sha2::{Digest, Sha256};
+use std::process::{Command, Output};
+
+fn capstan(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_capstan"));
+    cmd.args(args)
+        .env("SIM_TOKEN", "cli-test-token")
+        .env("RUST_LOG", "error");
+    cmd
+}
+
+async fn run(mut cmd: Command) -> Output {
+    tokio::task::spawn_blocking(move || cmd.output().expect("capstan runs"))
+        .await
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn cloud(faults: Faults) -> SimCloud {
+    SimCloud::start(SimCloudConfig {
+        token: Some("cli-test-token".into()),
+        faults,
+        seed: 7,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn conformance_args<'a>(path: &'a str, config: &'a str, host: &'a str) -> Vec<&'a str> {
+    vec![
+        "plugin",
+        "conformance",
+        path,
+        "--world",
+        "provider",
+        "--config",
+        config,
+        "--allow-host",
+        host,
+        "--bearer-from-env",
+        "sim-cloud=SIM_TOKEN",
+        "--timeout",
+        "60s",
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_passes_for_sim_provider_even_with_cloud_faults() {
+    let cloud = cloud(Faults {
+        boot_latency_ms: 200,
+        delete_latency_ms: 100,
+        error_rate: 0.2,
+        ..Default::default()
+    })
+    .await;
+    let path = plugin("sim_provider").display().to_string();
+    let config = format!(r#"{{"endpoint":"{}"}}"#, cloud.url());
+    let host = cloud.addr().to_string();
+    let out = run(capstan(&conformance_args(&path, &config, &host))).await;
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("PASS  create is idempotent for the same machine uid"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 failed"), "{stdout}");
+    assert_eq!(
+        cloud.stats().live_instances,
+        0,
+        "conformance cleans up after itself"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_fails_precisely_for_a_non_idempotent_provider() {
+    let cloud = cloud(Faults::default()).await;
+    let path = plugin("hostile_plugin").display().to_string();
+    let config = format!(
+        r#"{{"attack":"non-idempotent","endpoint":"{}"}}"#,
+        cloud.url()
+    );
+    let host = cloud.addr().to_string();
+    let mut args = conformance_args(&path, &config, &host);
+    args.extend(["--output", "json"]);
+    let out = run(capstan(&args)).await;
+    assert_eq!(out.status.code(), Some(1), "a failing check exits 1");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let failed: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["result"] == "fail")
+        .collect();
+    let idempotency = failed
+        .iter()
+        .find(|c| c["name"] == "create is idempotent for the same machine uid")
+        .expect("the idempotency check fails");
+    let detail = idempotency["detail"].as_str().unwrap();
+    let uid = report["machine_uid"].as_str().unwrap();
+    assert!(detail.contains("create is not idempotent"), "{detail}");
+    assert!(detail.contains(uid), "names the machine uid: {detail}");
+    assert!(
+        detail.contains("sim://i-000001") && detail.contains("sim://i-000002"),
+        "names both provider IDs: {detail}"
+    );
+    assert_eq!(
+        cloud.stats().live_instances,
+        0,
+        "the duplicate instance was cleaned up too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_explains_bad_flags() {
+    let path = plugin("sim_provider").display().to_string();
+    let out = run(capstan(&[
+        "plugin",
+        "conformance",
+        &path,
+        "--config",
+        "[1]",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--config must be a JSON object"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(capstan(&[
+        "plugin",
+        "conformance",
+        &path,
+        "--config",
+        "{}",
+        "--allow-host",
+        "nohost",
+    ]))
+    .await;
+    assert!(
+        text(&out.stderr).contains("expected HOST:PORT"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(capstan(&[
+        "plugin",
+        "conformance",
+        &path,
+        "--config",
+        "{}",
+        "--world",
+        "updater",
+    ]))
+    .await;
+    assert!(
+        text(&out.stderr).contains("only the provider world"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_manifest_world_imports_exports_and_digest() {
+    let path = plugin("sim_provider");
+    let digest = format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(std::fs::read(&path).unwrap()))
+    );
+    let p = path.display().to_string();
+
+    let out = run(capstan(&["plugin", "inspect", &p])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for needle in [
+        "Plugin:     sim-provider 0.1.0",
+        "World:      provider",
+        "Contract:   0.1.0",
+        &digest,
+        "http  http://127.0.0.1:*  credential slot `sim-cloud`",
+        "capstan:plugin/provider@0.1.0",
+        "wasi:http/outgoing-handler",
+    ] {
+        assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
+    }
+
+    let out = run(capstan(&["plugin", "inspect", &p, "--output", "json"])).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["digest"], digest.as_str());
+    assert_eq!(json["manifest"]["name"], "sim-provider");
+    assert_eq!(json["world"], "provider");
+    assert!(
+        json["exports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == "capstan:plugin/provider@0.1.0")
+    );
+    assert!(
+        json["imports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e.as_str().unwrap().starts_with("wasi:http/"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_refuses_a_file_that_is_not_a_plugin() {
+    let junk = std::env::temp_dir().join(format!("capstan-junk-{}.wasm", std::process::id()));
+    std::fs::write(&junk, b"\0asm\x01\0\0\0").unwrap();
+    let out = run(capstan(&["plugin", "inspect", &junk.display().to_string()])).await;
+    let _ = std::fs::remove_file(&junk);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("core WebAssembly module") && stderr.contains("wasm32-wasip2"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_prints_every_figure_as_name_value_lines() {
+    let p = plugin("sim_provider").display().to_string();
+    let out = run(capstan(&[
+        "bench",
+        "plugin",
+        "--plugin",
+        &p,
+        "--calls",
+        "30",
+        "--instantiations",
+        "20",
+        "--compiles",
+        "1",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let figures: std::collections::HashMap<&str, f64> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let (name, value) = l
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("not `name value`: {l}"));
+            (
+                name,
+                value
+                    .parse::<f64>()
+                    .unwrap_or_else(|_| panic!("not a number: {l}")),
+            )
+        })
+        .collect();
+    for name in [
+        "compile_ms",
+        "load_precompiled_ms",
+        "ratio_compile_vs_precompiled_load",
+        "instantiate_us_p50",
+        "instantiate_us_p99",
+        "create_wasm_us_p50",
+        "create_wasm_us_p99",
+        "create_native_us_p50",
+        "create_webhook_us_p50",
+        "ratio_create_wasm_vs_native_p50",
+        "ratio_create_webhook_vs_wasm_p50",
+        "validate_wasm_us_p50",
+        "ratio_validate_wasm_vs_native_p50",
+    ] {
+        let v = figures
+            .get(name)
+            .unwrap_or_else(|| panic!("missing {name} in:\n{stdout}"));
+        assert!(v.is_finite() && *v > 0.0, "{name} = {v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_creates_follows_and_deletes_machines() {
+    let p = plugin("sim_provider").display().to_string();
+    let cache = std::env::temp_dir().join(format!("capstan-demo-cache-{}", std::process::id()));
+    let mut cmd = capstan(&[
+        "demo",
+        "--plugin",
+        &p,
+        "--machines",
+        "2",
+        "--boot-latency",
+        "300ms",
+    ]);
+    cmd.env("CAPSTAN_CACHE_DIR", &cache);
+    let out = run(cmd).await;
+    let _ = std::fs::remove_dir_all(&cache);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("2/2 running"), "{stdout}");
+    assert!(stdout.contains("pending → running"), "{stdout}");
+    assert!(
+        stdout.contains("done: the cloud has 0 instances left."),
+        "{stdout}"
+    );
+}
