@@ -14,6 +14,7 @@
 //! | `redirect` | GETs `target` (granted) and follows its redirect elsewhere | capability denied |
 //! | `host-header` | GETs `target` with a forged `Host` header | the request never leaves with it |
 //! | `trap` | panics | trap, naming plugin and function |
+//! | `escape` | reads `/`, the environment, and connects a socket to `target` | all three find nothing |
 //! | `non-idempotent` | creates a new instance at `endpoint` on every call | conformance failure |
 //! | `none` | behaves (validate/get/delete always work) | nothing |
 
@@ -113,6 +114,19 @@ impl Provider for Hostile {
                 )));
             }
             "trap" => panic!("hostile plugin panicked on purpose"),
+            "escape" => {
+                let fs = match std::fs::read_dir("/") {
+                    Ok(entries) => format!("fs: listed {} entries", entries.count()),
+                    Err(e) => format!("fs: denied ({e})"),
+                };
+                let env = format!("env: {} variables", std::env::vars().count());
+                let addr = target(config)?.trim_start_matches("http://").to_string();
+                let net = match std::net::TcpStream::connect(addr.as_str()) {
+                    Ok(_) => "net: connected".to_string(),
+                    Err(e) => format!("net: denied ({e})"),
+                };
+                return Err(PluginError::terminal(format!("{fs}; {env}; {net}")));
+            }
             "non-idempotent" => {
                 // A fresh client token on every call: the bug conformance catches.
                 let token = format!(

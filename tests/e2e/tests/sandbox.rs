@@ -448,6 +448,33 @@ async fn a_panic_is_a_trap_naming_plugin_and_call() {
 }
 
 #[tokio::test]
+async fn no_filesystem_environment_or_sockets() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let p = hostile(&rt, &cloud, Limits::default());
+    // The host process has a filesystem, environment
+    // variables, and a listening socket at this address; the plugin sees none.
+    assert!(std::env::vars().count() > 0);
+    let target = cloud.addr().to_string();
+    let err = p
+        .create(&machine(
+            "escape",
+            serde_json::json!({ "attack": "escape", "target": target }),
+        ))
+        .await
+        .unwrap_err();
+    match err.plugin_error() {
+        Some(PluginError::Terminal(m)) => {
+            assert!(m.contains("fs: denied"), "{m}");
+            assert!(m.contains("env: 0 variables"), "{m}");
+            assert!(m.contains("net: denied"), "{m}");
+        }
+        _ => panic!("expected the plugin's report, got {err}"),
+    }
+    assert_eq!(cloud.stats().requests, 0);
+}
+
+#[tokio::test]
 async fn precompiled_code_is_cached_by_digest_and_survives_corruption() {
     let dir = std::env::temp_dir().join(format!("capstan-cache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
