@@ -6,7 +6,8 @@
 //! - `instantiate_us_*`: a fresh store and instance, no call;
 //! - `validate_*_us_*`: a pure call (no I/O): Wasm, native in-process, HTTPS webhook;
 //! - `create_*_us_*`: `create` against the simulated cloud on loopback, the
-//!   same three ways; native and Wasm both open one connection per request;
+//!   same three ways; every path keeps its connections alive (the runtime
+//!   pools the plugins' outbound connections, as native clients do);
 //! - `ratio_*`: the ratios of the medians above.
 
 use crate::native::{

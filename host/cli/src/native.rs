@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
-/// A native HTTP client that, like the sandbox's `wasi:http`, opens a new
-/// connection per request, so the comparison isolates the sandbox's cost.
+/// A native HTTP client that, like the sandbox's outbound path, keeps
+/// connections alive, so the comparison isolates the sandbox's own cost.
 #[derive(Debug, Clone)]
 pub struct NativeHttp {
     agent: ureq::Agent,
@@ -28,7 +28,6 @@ impl NativeHttp {
     pub fn new(token: Option<String>) -> Self {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .max_idle_connections(0)
             .build()
             .into();
         NativeHttp { agent, token }

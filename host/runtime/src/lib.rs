@@ -133,6 +133,7 @@ struct RuntimeInner {
     config: RuntimeConfig,
     ticker_stop: Arc<AtomicBool>,
     ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    http_client: http::PooledClient,
 }
 
 impl std::fmt::Debug for RuntimeInner {
@@ -191,6 +192,7 @@ impl Runtime {
         let mut hasher = std::hash::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let engine_hash = format!("{:016x}", hasher.finish());
+        let http_client = http::pooled_client().map_err(Error::Engine)?;
         let cache = config
             .cache_dir
             .as_deref()
@@ -224,6 +226,7 @@ impl Runtime {
                 config,
                 ticker_stop,
                 ticker: Mutex::new(Some(ticker)),
+                http_client,
             }),
         })
     }
@@ -492,6 +495,7 @@ impl Plugin {
                 declared: inner.declared.clone(),
                 grants: inner.grants.clone(),
                 denial: Arc::default(),
+                client: inner.runtime.http_client.clone(),
             },
             memory: MemoryLimiter {
                 limit: limits.memory_bytes,
