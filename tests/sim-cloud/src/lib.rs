@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -162,6 +162,9 @@ struct Inner {
     token: Option<String>,
     records: BTreeMap<String, Record>,
     by_token: HashMap<String, String>,
+    /// Ids with a deletion or an update under way: all that `settle` visits,
+    /// so a request costs the same with ten instances or ten thousand.
+    changing: BTreeSet<String>,
     next_seq: u64,
     stats: Stats,
     rng: u64,
@@ -173,23 +176,33 @@ impl Inner {
     fn settle(&mut self, now: Instant) {
         let delete_after = Duration::from_millis(self.faults.delete_latency_ms);
         let update_after = Duration::from_millis(self.faults.update_latency_ms);
-        let gone: Vec<String> = self
-            .records
-            .values()
-            .filter(|r| r.deleting_since.is_some_and(|t| now >= t + delete_after))
-            .map(|r| r.id.clone())
-            .collect();
-        for id in gone {
-            if let Some(r) = self.records.remove(&id) {
-                self.by_token.remove(&r.req.client_token);
+        let mut settled = Vec::new();
+        for id in &self.changing {
+            let Some(r) = self.records.get_mut(id) else {
+                settled.push(id.clone());
+                continue;
+            };
+            if r.deleting_since.is_some_and(|t| now >= t + delete_after) {
+                settled.push(id.clone());
+                continue;
             }
-        }
-        for r in self.records.values_mut() {
             if let Some((target, since)) = &r.update
                 && now >= *since + update_after
             {
                 r.version = Some(target.clone());
                 r.update = None;
+            }
+            if r.deleting_since.is_none() && r.update.is_none() {
+                settled.push(id.clone());
+            }
+        }
+        for id in settled {
+            self.changing.remove(&id);
+            if let Some(r) = self.records.get(&id)
+                && r.deleting_since.is_some_and(|t| now >= t + delete_after)
+                && let Some(r) = self.records.remove(&id)
+            {
+                self.by_token.remove(&r.req.client_token);
             }
         }
     }
@@ -332,6 +345,7 @@ impl SimCloud {
             token: config.token,
             records: BTreeMap::new(),
             by_token: HashMap::new(),
+            changing: BTreeSet::new(),
             next_seq: 1,
             stats: Stats::default(),
             rng: config.seed | 1,
@@ -512,16 +526,16 @@ async fn list(
         return *resp;
     }
     inner.settle(now);
-    let instances: Vec<Instance> = inner
-        .records
-        .values()
-        .filter(|r| {
-            q.client_token
-                .as_ref()
-                .is_none_or(|t| *t == r.req.client_token)
-        })
-        .map(|r| inner.view(r, now))
-        .collect();
+    let instances: Vec<Instance> = match &q.client_token {
+        Some(token) => inner
+            .by_token
+            .get(token)
+            .and_then(|id| inner.records.get(id))
+            .map(|r| inner.view(r, now))
+            .into_iter()
+            .collect(),
+        None => inner.records.values().map(|r| inner.view(r, now)).collect(),
+    };
     Json(serde_json::json!({ "instances": instances })).into_response()
 }
 
@@ -566,6 +580,7 @@ async fn delete(
         return not_found(&id);
     };
     r.deleting_since.get_or_insert(now);
+    inner.changing.insert(id.clone());
     inner.settle(now);
     match inner.records.get(&id) {
         Some(r) => (StatusCode::ACCEPTED, Json(inner.view(r, now))).into_response(),
@@ -598,6 +613,7 @@ async fn update(
     let same_target = r.update.as_ref().is_some_and(|(t, _)| *t == req.version);
     if !same_target && r.version.as_deref() != Some(req.version.as_str()) {
         r.update = Some((req.version, now));
+        inner.changing.insert(id.clone());
     }
     inner.settle(now);
     match inner.records.get(&id) {
