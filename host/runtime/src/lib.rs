@@ -669,69 +669,54 @@ impl ProviderPlugin {
         &self.plugin
     }
 
-    /// `validate(config)`.
-    pub async fn validate(&self, config: &str) -> Result<(), Error> {
+    /// Instantiate in a fresh store and run one export under the limits.
+    async fn call<T: ReturnSize>(
+        &self,
+        name: &'static str,
+        f: impl AsyncFnOnce(
+            &mut Store<CallState>,
+            &bindings::provider::exports::capstan::plugin::provider::Guest,
+        ) -> wasmtime::Result<Result<T, PluginError>>,
+    ) -> Result<T, Error> {
         let pre = &self.pre;
         self.plugin
-            .invoke("validate", async |store| {
-                let i = pre.instantiate_async(&mut *store).await?;
-                i.capstan_plugin_provider()
-                    .call_validate(&mut *store, config)
-                    .await
+            .invoke(name, async |store| {
+                let instance = pre.instantiate_async(&mut *store).await?;
+                f(store, instance.capstan_plugin_provider()).await
             })
+            .await
+    }
+
+    /// `validate(config)`.
+    pub async fn validate(&self, config: &str) -> Result<(), Error> {
+        self.call("validate", async |s, p| p.call_validate(s, config).await)
             .await
     }
 
     /// `create(machine)`.
     pub async fn create(&self, machine: &Machine) -> Result<MachineStatus, Error> {
-        let pre = &self.pre;
-        self.plugin
-            .invoke("create", async |store| {
-                let i = pre.instantiate_async(&mut *store).await?;
-                i.capstan_plugin_provider()
-                    .call_create(&mut *store, machine)
-                    .await
-            })
+        self.call("create", async |s, p| p.call_create(s, machine).await)
             .await
     }
 
     /// `get(machine)`.
     pub async fn get(&self, machine: &Machine) -> Result<MachineStatus, Error> {
-        let pre = &self.pre;
-        self.plugin
-            .invoke("get", async |store| {
-                let i = pre.instantiate_async(&mut *store).await?;
-                i.capstan_plugin_provider()
-                    .call_get(&mut *store, machine)
-                    .await
-            })
+        self.call("get", async |s, p| p.call_get(s, machine).await)
             .await
     }
 
     /// `delete(machine)`.
     pub async fn delete(&self, machine: &Machine) -> Result<Deletion, Error> {
-        let pre = &self.pre;
-        self.plugin
-            .invoke("delete", async |store| {
-                let i = pre.instantiate_async(&mut *store).await?;
-                i.capstan_plugin_provider()
-                    .call_delete(&mut *store, machine)
-                    .await
-            })
+        self.call("delete", async |s, p| p.call_delete(s, machine).await)
             .await
     }
 
     /// `list-instances(config)`; `None` when the plugin does not list.
     pub async fn list(&self, config: &str) -> Result<Option<Vec<MachineStatus>>, Error> {
-        let pre = &self.pre;
-        self.plugin
-            .invoke("list-instances", async |store| {
-                let i = pre.instantiate_async(&mut *store).await?;
-                i.capstan_plugin_provider()
-                    .call_list_instances(&mut *store, config)
-                    .await
-            })
-            .await
+        self.call("list-instances", async |s, p| {
+            p.call_list_instances(s, config).await
+        })
+        .await
     }
 
     /// Instantiate in a fresh store and call nothing: measures the per-call

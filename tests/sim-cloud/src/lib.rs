@@ -422,6 +422,20 @@ impl Drop for SimCloud {
     }
 }
 
+/// The prologue of every `/v1` call: lock, admit (auth, throttling, error
+/// injection), and settle finished deletions and updates.
+#[allow(clippy::result_large_err)]
+fn begin<'a>(
+    state: &'a Shared,
+    headers: &HeaderMap,
+) -> Result<(std::sync::MutexGuard<'a, Inner>, Instant), Response> {
+    let now = Instant::now();
+    let mut inner = lock(state);
+    inner.admit(headers, now).map_err(|r| *r)?;
+    inner.settle(now);
+    Ok((inner, now))
+}
+
 fn lock(state: &Shared) -> std::sync::MutexGuard<'_, Inner> {
     // A panic while holding the lock leaves consistent data (every mutation
     // is a single step), so a poisoned lock is still usable.
@@ -465,12 +479,10 @@ async fn create(
     headers: HeaderMap,
     Json(req): Json<CreateInstance>,
 ) -> Response {
-    let now = Instant::now();
-    let mut inner = lock(&state);
-    if let Err(resp) = inner.admit(&headers, now) {
-        return *resp;
-    }
-    inner.settle(now);
+    let (mut inner, now) = match begin(&state, &headers) {
+        Ok(begun) => begun,
+        Err(resp) => return resp,
+    };
     inner.stats.creates += 1;
     if req.client_token.is_empty() {
         return api_error(
@@ -520,12 +532,10 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let now = Instant::now();
-    let mut inner = lock(&state);
-    if let Err(resp) = inner.admit(&headers, now) {
-        return *resp;
-    }
-    inner.settle(now);
+    let (inner, now) = match begin(&state, &headers) {
+        Ok(begun) => begun,
+        Err(resp) => return resp,
+    };
     let instances: Vec<Instance> = match &q.client_token {
         Some(token) => inner
             .by_token
@@ -544,12 +554,10 @@ async fn describe(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let now = Instant::now();
-    let mut inner = lock(&state);
-    if let Err(resp) = inner.admit(&headers, now) {
-        return *resp;
-    }
-    inner.settle(now);
+    let (inner, now) = match begin(&state, &headers) {
+        Ok(begun) => begun,
+        Err(resp) => return resp,
+    };
     match inner.records.get(&id) {
         Some(r) => Json(inner.view(r, now)).into_response(),
         None => not_found(&id),
@@ -569,12 +577,10 @@ async fn delete(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let now = Instant::now();
-    let mut inner = lock(&state);
-    if let Err(resp) = inner.admit(&headers, now) {
-        return *resp;
-    }
-    inner.settle(now);
+    let (mut inner, now) = match begin(&state, &headers) {
+        Ok(begun) => begun,
+        Err(resp) => return resp,
+    };
     inner.stats.deletes += 1;
     let Some(r) = inner.records.get_mut(&id) else {
         return not_found(&id);
@@ -594,12 +600,10 @@ async fn update(
     Path(id): Path<String>,
     Json(req): Json<UpdateInstance>,
 ) -> Response {
-    let now = Instant::now();
-    let mut inner = lock(&state);
-    if let Err(resp) = inner.admit(&headers, now) {
-        return *resp;
-    }
-    inner.settle(now);
+    let (mut inner, now) = match begin(&state, &headers) {
+        Ok(begun) => begun,
+        Err(resp) => return resp,
+    };
     let Some(r) = inner.records.get_mut(&id) else {
         return not_found(&id);
     };
