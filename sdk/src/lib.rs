@@ -312,22 +312,22 @@ macro_rules! export_provider {
     };
 }
 
-/// Export an [`updater::Guest`] implementation as the `updater` world and
-/// embed its manifest.
+/// Export an [`updater::Guest`] implementation (a type name in scope) as the
+/// `updater` world and embed its manifest.
 #[macro_export]
 macro_rules! export_updater {
-    ($ty:ty, manifest: $manifest:literal) => {
+    ($ty:ident, manifest: $manifest:literal) => {
         $crate::plugin_manifest!($manifest);
         #[cfg(target_arch = "wasm32")]
         $crate::bindings::updater::__export_updater_world!($ty);
     };
 }
 
-/// Export an [`addon::Guest`] implementation as the `addon` world and embed
-/// its manifest.
+/// Export an [`addon::Guest`] implementation (a type name in scope) as the
+/// `addon` world and embed its manifest.
 #[macro_export]
 macro_rules! export_addon {
-    ($ty:ty, manifest: $manifest:literal) => {
+    ($ty:ident, manifest: $manifest:literal) => {
         $crate::plugin_manifest!($manifest);
         #[cfg(target_arch = "wasm32")]
         $crate::bindings::addon::__export_addon_world!($ty);

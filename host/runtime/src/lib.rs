@@ -15,7 +15,9 @@
 //!   credentials attached by the host (see [`grants`]);
 //! - no filesystem, environment, sockets or stdin.
 //!
-//! Start with [`Runtime::new`], [`Runtime::load`] and [`ProviderPlugin`].
+//! Start with [`Runtime::new`], [`Runtime::load`], [`ProviderPlugin`] and
+//! [`UpdaterPlugin`] (the addon world's bindings are generated; its typed
+//! wrapper comes with the addon work).
 //! Errors are one typed [`Error`], distinguishing contract errors returned by
 //! the plugin from traps and each kind of limit.
 
@@ -90,10 +92,13 @@ pub mod bindings {
 pub mod types {
     pub use crate::bindings::provider::capstan::plugin::types::*;
     pub use crate::bindings::provider::exports::capstan::plugin::provider::Deletion;
+    pub use crate::bindings::updater::exports::capstan::plugin::updater::{
+        UpdateInProgress, UpdateProgress,
+    };
 }
 
 use bindings::provider::capstan::plugin::log as wit_log;
-use types::{Deletion, Machine, MachineStatus, PluginError};
+use types::{Deletion, Machine, MachineStatus, PluginError, UpdateProgress};
 
 /// Engine-wide settings. Per-plugin settings are [`Limits`] and [`Grants`].
 #[derive(Debug, Clone)]
@@ -460,6 +465,25 @@ impl Plugin {
         })
     }
 
+    /// This plugin as an in-place updater; fails if it implements another world.
+    pub fn updater(&self) -> Result<UpdaterPlugin, Error> {
+        self.expect_world(World::Updater)?;
+        let pre =
+            bindings::updater::UpdaterPluginPre::new(self.inner.pre.clone()).map_err(|e| {
+                Error::Load {
+                    plugin: self.name().to_string(),
+                    reason: format!(
+                        "its updater exports do not match contract {}: {e:#}",
+                        capstan_manifest::CONTRACT_VERSION
+                    ),
+                }
+            })?;
+        Ok(UpdaterPlugin {
+            plugin: self.clone(),
+            pre,
+        })
+    }
+
     fn expect_world(&self, expected: World) -> Result<(), Error> {
         let actual = self.inner.manifest.world;
         if actual == expected {
@@ -732,6 +756,72 @@ impl ProviderPlugin {
     }
 }
 
+/// A plugin that implements the `updater` world.
+#[derive(Clone)]
+pub struct UpdaterPlugin {
+    plugin: Plugin,
+    pre: bindings::updater::UpdaterPluginPre<CallState>,
+}
+
+impl std::fmt::Debug for UpdaterPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpdaterPlugin")
+            .field("plugin", &self.plugin)
+            .finish()
+    }
+}
+
+impl UpdaterPlugin {
+    /// The underlying plugin.
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    /// Instantiate in a fresh store and run one export under the limits.
+    async fn call<T: ReturnSize>(
+        &self,
+        name: &'static str,
+        f: impl AsyncFnOnce(
+            &mut Store<CallState>,
+            &bindings::updater::exports::capstan::plugin::updater::Guest,
+        ) -> wasmtime::Result<Result<T, PluginError>>,
+    ) -> Result<T, Error> {
+        let pre = &self.pre;
+        self.plugin
+            .invoke(name, async |store| {
+                let instance = pre.instantiate_async(&mut *store).await?;
+                f(store, instance.capstan_plugin_updater()).await
+            })
+            .await
+    }
+
+    /// `can-update`: which of `changed_fields` this updater claims.
+    pub async fn can_update(
+        &self,
+        current: &Machine,
+        desired: &Machine,
+        changed_fields: &[String],
+    ) -> Result<Vec<String>, Error> {
+        self.call("can-update", async |s, p| {
+            p.call_can_update(s, current, desired, changed_fields).await
+        })
+        .await
+    }
+
+    /// `update`: apply the claimed fields (re-entrant).
+    pub async fn update(
+        &self,
+        current: &Machine,
+        desired: &Machine,
+        claimed_fields: &[String],
+    ) -> Result<UpdateProgress, Error> {
+        self.call("update", async |s, p| {
+            p.call_update(s, current, desired, claimed_fields).await
+        })
+        .await
+    }
+}
+
 /// Everything one call's store holds.
 struct CallState {
     wasi: WasiCtx,
@@ -904,6 +994,16 @@ impl ReturnSize for MachineStatus {
             + 1
     }
 }
+impl ReturnSize for UpdateProgress {
+    fn return_size(&self) -> usize {
+        match self {
+            UpdateProgress::Done => 1,
+            UpdateProgress::InProgress(p) => p.message.return_size() + 16,
+            UpdateProgress::Failed(m) => m.len(),
+        }
+    }
+}
+
 impl ReturnSize for PluginError {
     fn return_size(&self) -> usize {
         match self {

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The plugins built for tests, by crate name.
-pub const PLUGIN_CRATES: [&str; 2] = ["sim-provider", "hostile-plugin"];
+pub const PLUGIN_CRATES: [&str; 3] = ["sim-provider", "sim-updater", "hostile-plugin"];
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
