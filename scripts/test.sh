@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The README's "test" command: install what is needed, build the plugins
+# The README's "test" command: install what is needed (including the local
+# Kubernetes control plane, built once and cached), build the plugins
 # (including the hostile test fixtures), and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 "$(dirname "$0")/build-plugins.sh"
+echo "==> local control plane (etcd + kube-apiserver v1.20.2; built once, then cached)"
+CAPSTAN_K8S_BIN="$("$(dirname "$0")/control-plane.sh" | tail -n 1)"
+export CAPSTAN_K8S_BIN
 export CAPSTAN_PLUGIN_DIR="$PWD/${CARGO_TARGET_DIR:-target}/plugins/wasm32-wasip2/release"
 echo "==> running the test suite"
 cargo test --workspace --no-fail-fast

@@ -4,7 +4,7 @@
 //! [`plugin`] returns the path of a plugin component, building every plugin
 //! under `plugins/` for `wasm32-wasip2` once per test process (a no-op when
 //! they are up to date). Set `CAPSTAN_PLUGIN_DIR` to use prebuilt components
-//! instead.
+//! instead. [`control_plane`] starts a real etcd + kube-apiserver.
 
 #![forbid(unsafe_code)]
 
@@ -75,3 +75,5 @@ pub fn plugin(file_stem: &str) -> PathBuf {
 }
 
 pub use capstan_sim_cloud as sim_cloud;
+
+pub mod control_plane;

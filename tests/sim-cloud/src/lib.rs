@@ -10,8 +10,10 @@
 //!
 //! Start with [`SimCloud::start`]; the HTTP API is described on `router`
 //! below (and in the README).
-//! State is computed from timestamps when read, so there are no background
-//! tasks to stop.
+//! State is computed from timestamps when read. With a Kubernetes API
+//! configured ([`SimCloudConfig::kube`]), the [`kubelet`] module registers a
+//! Node for each instance once it has booted, and deletes it with the
+//! instance.
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +28,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+
+pub mod kubelet;
+pub use kubelet::{KubeTarget, Kubelet, NodeSpec, node_name};
 
 /// Faults and latencies; all can be changed while running.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -68,6 +73,8 @@ pub struct SimCloudConfig {
     pub faults: Faults,
     /// Seed of the error-rate dice, for reproducible runs.
     pub seed: u64,
+    /// Register a Node per booted instance in this Kubernetes API.
+    pub kube: Option<KubeTarget>,
 }
 
 /// An instance as the API returns it.
@@ -143,6 +150,12 @@ pub struct Stats {
     pub unauthorized: u64,
     /// Instances that exist now (any state but gone).
     pub live_instances: u64,
+    /// Nodes registered in Kubernetes (when configured).
+    pub nodes_registered: u64,
+    /// Nodes deleted from Kubernetes.
+    pub nodes_deleted: u64,
+    /// Failed Kubernetes calls (details in the log).
+    pub node_errors: u64,
 }
 
 #[derive(Debug)]
@@ -169,6 +182,7 @@ struct Inner {
     stats: Stats,
     rng: u64,
     bucket: (f64, Instant),
+    kubelet: Option<Kubelet>,
 }
 
 impl Inner {
@@ -334,6 +348,12 @@ pub struct SimCloud {
 impl SimCloud {
     /// Bind and serve in the background on the current tokio runtime.
     pub async fn start(config: SimCloudConfig) -> std::io::Result<SimCloud> {
+        let kubelet = config
+            .kube
+            .clone()
+            .map(Kubelet::new)
+            .transpose()
+            .map_err(std::io::Error::other)?;
         let listen = config
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -350,6 +370,7 @@ impl SimCloud {
             stats: Stats::default(),
             rng: config.seed | 1,
             bucket: (rps, Instant::now()),
+            kubelet,
         }));
         let app = router(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -459,6 +480,7 @@ struct ListQuery {
 /// | `POST /v1/instances/{id}/update` ([`UpdateInstance`]) | 202 updating, 404, 409 while terminating |
 /// | `GET /admin/stats` | [`Stats`] |
 /// | `PUT /admin/faults` ([`Faults`]) | 204 |
+/// | `PUT /admin/instances/{id}/ready` (`{"ready": false}`) | 204; flips the Node's `Ready` condition |
 /// | `GET /debug/redirect?to=URL` | 302 to `URL` (for redirect-escape tests) |
 ///
 /// Every `/v1` call may answer 401 (token), 429 with `Retry-After`
@@ -470,6 +492,7 @@ fn router(state: Shared) -> Router {
         .route("/v1/instances/{id}/update", post(update))
         .route("/admin/stats", get(stats))
         .route("/admin/faults", put(set_faults))
+        .route("/admin/instances/{id}/ready", put(set_node_ready))
         .route("/debug/redirect", get(redirect))
         .with_state(state)
 }
@@ -524,6 +547,25 @@ async fn create(
     let view = inner.view(&record, now);
     inner.records.insert(id, record);
     inner.stats.instances_launched += 1;
+    if let Some(kubelet) = inner.kubelet.clone() {
+        let boot = Duration::from_millis(inner.faults.boot_latency_ms);
+        let node = NodeSpec {
+            name: node_name(&view.id),
+            provider_id: format!("sim://{}", view.id),
+            internal_ip: view.private_ip.clone(),
+            hostname: view.hostname.clone(),
+            zone: view.failure_domain.clone(),
+            version: view.version.clone(),
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(boot).await;
+            let result = tokio::task::spawn_blocking(move || kubelet.register(&node))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            record_node_call(&state, result, |s| s.nodes_registered += 1);
+        });
+    }
     (StatusCode::CREATED, Json(view)).into_response()
 }
 
@@ -585,8 +627,21 @@ async fn delete(
     let Some(r) = inner.records.get_mut(&id) else {
         return not_found(&id);
     };
+    let first_delete = r.deleting_since.is_none();
     r.deleting_since.get_or_insert(now);
     inner.changing.insert(id.clone());
+    if first_delete && let Some(kubelet) = inner.kubelet.clone() {
+        let after = Duration::from_millis(inner.faults.delete_latency_ms);
+        let name = node_name(&id);
+        let state = state.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let result = tokio::task::spawn_blocking(move || kubelet.delete(&name))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            record_node_call(&state, result, |s| s.nodes_deleted += 1);
+        });
+    }
     inner.settle(now);
     match inner.records.get(&id) {
         Some(r) => (StatusCode::ACCEPTED, Json(inner.view(r, now))).into_response(),
@@ -637,6 +692,54 @@ async fn stats(State(state): State<Shared>) -> Response {
 async fn set_faults(State(state): State<Shared>, Json(faults): Json<Faults>) -> StatusCode {
     lock(&state).faults = faults;
     StatusCode::NO_CONTENT
+}
+
+fn record_node_call(state: &Shared, result: Result<(), String>, ok: impl FnOnce(&mut Stats)) {
+    let mut inner = lock(state);
+    match result {
+        Ok(()) => ok(&mut inner.stats),
+        Err(e) => {
+            inner.stats.node_errors += 1;
+            tracing::warn!(error = %e, "simulated kubelet call failed");
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeReady {
+    ready: bool,
+}
+
+async fn set_node_ready(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<NodeReady>,
+) -> Response {
+    let kubelet = {
+        let inner = lock(&state);
+        if !inner.records.contains_key(&id) {
+            return not_found(&id);
+        }
+        inner.kubelet.clone()
+    };
+    let Some(kubelet) = kubelet else {
+        return api_error(
+            StatusCode::CONFLICT,
+            "NoKubernetes",
+            "the simulated cloud was started without a Kubernetes API",
+        );
+    };
+    let name = node_name(&id);
+    match tokio::task::spawn_blocking(move || kubelet.set_ready(&name, req.ready)).await {
+        Ok(Ok(())) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Err(e)) => api_error(StatusCode::BAD_GATEWAY, "KubernetesError", &e),
+        Err(e) => api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &e.to_string(),
+        ),
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use anyhow::Context;
-use capstan_sim_cloud::{Faults, SimCloud, SimCloudConfig};
+use capstan_sim_cloud::{Faults, KubeTarget, SimCloud, SimCloudConfig};
 use clap::Parser;
 use std::net::SocketAddr;
 
@@ -35,6 +35,15 @@ struct Args {
     /// Most live instances at once (stock-out beyond).
     #[arg(long)]
     capacity: Option<usize>,
+    /// Register a Node per booted instance in this Kubernetes API (https URL).
+    #[arg(long, requires_all = ["kube_token_file", "kube_ca_file"])]
+    kube_url: Option<String>,
+    /// File holding a bearer token allowed to manage Nodes.
+    #[arg(long)]
+    kube_token_file: Option<std::path::PathBuf>,
+    /// PEM file of the CA that signed the API server's certificate.
+    #[arg(long)]
+    kube_ca_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -45,6 +54,18 @@ async fn main() -> anyhow::Result<()> {
         "--error-rate must be between 0 and 1, got {}",
         args.error_rate
     );
+    let kube = match (&args.kube_url, &args.kube_token_file, &args.kube_ca_file) {
+        (Some(url), Some(token), Some(ca)) => Some(KubeTarget {
+            url: url.clone(),
+            token: std::fs::read_to_string(token)
+                .with_context(|| format!("cannot read --kube-token-file {}", token.display()))?
+                .trim()
+                .to_string(),
+            ca_pem: std::fs::read(ca)
+                .with_context(|| format!("cannot read --kube-ca-file {}", ca.display()))?,
+        }),
+        _ => None,
+    };
     let cloud = SimCloud::start(SimCloudConfig {
         listen: Some(args.listen),
         token: args.token,
@@ -57,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
             capacity: args.capacity,
         },
         seed: 1,
+        kube,
     })
     .await
     .with_context(|| format!("cannot listen on {}", args.listen))?;

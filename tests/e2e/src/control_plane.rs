@@ -1,0 +1,250 @@
+//! A real Kubernetes control plane for tests: Debian's etcd and the
+//! kube-apiserver built by `scripts/control-plane.sh`, on loopback with free
+//! ports and a private data directory. [`ControlPlane::start`] waits until the
+//! API server is ready; dropping the value stops both processes (also when a
+//! test panics) and removes the directory.
+//!
+//! Authentication is a static bearer token (`system:masters`); the API
+//! server's self-signed serving certificate is the CA to trust.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where `scripts/control-plane.sh` caches the binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CAPSTAN_K8S_BIN") {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("capstan/kubernetes-1.20.2/bin")
+}
+
+/// A running etcd + kube-apiserver.
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    /// Bearer token of a cluster admin.
+    pub token: String,
+    /// PEM of the API server's self-signed serving certificate.
+    pub ca_pem: Vec<u8>,
+    dir: PathBuf,
+    children: Vec<(&'static str, Child)>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn spawn(
+    name: &'static str,
+    cmd: &mut Command,
+    log: &Path,
+) -> Result<(&'static str, Child), String> {
+    let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    cmd.stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map(|c| (name, c))
+        .map_err(|e| format!("cannot start {name}: {e}"))
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+impl ControlPlane {
+    /// Start etcd and kube-apiserver and wait (up to 60 s) until ready.
+    pub fn start() -> Result<ControlPlane, String> {
+        let bin = bin_dir();
+        let apiserver = bin.join("kube-apiserver");
+        if !apiserver.exists() {
+            return Err(format!(
+                "{} is missing: run scripts/control-plane.sh first (it builds and caches it)",
+                apiserver.display()
+            ));
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "capstan-control-plane-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(dir.join("certs")).map_err(|e| e.to_string())?;
+        let mut plane = ControlPlane {
+            url: String::new(),
+            token: format!("capstan-test-{:x}", std::process::id()),
+            ca_pem: Vec::new(),
+            dir: dir.clone(),
+            children: Vec::new(),
+        };
+
+        let (client, peer, secure) = (free_port(), free_port(), free_port());
+        let etcd_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        plane.children.push(spawn(
+            "etcd",
+            Command::new("etcd")
+                .arg("--name=capstan")
+                .arg(format!("--data-dir={}", dir.join("etcd").display()))
+                .arg(format!("--listen-client-urls={etcd_url}"))
+                .arg(format!("--advertise-client-urls={etcd_url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=capstan={peer_url}")),
+            &dir.join("etcd.log"),
+        )?);
+
+        let key = dir.join("sa.key");
+        let public = dir.join("sa.pub");
+        run(Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&key)
+            .arg("2048"))?;
+        run(Command::new("openssl")
+            .arg("rsa")
+            .arg("-in")
+            .arg(&key)
+            .arg("-pubout")
+            .arg("-out")
+            .arg(&public))?;
+        let tokens = dir.join("tokens.csv");
+        std::fs::write(
+            &tokens,
+            format!(
+                "{},capstan-admin,capstan-admin,system:masters\n",
+                plane.token
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+
+        plane.children.push(spawn(
+            "kube-apiserver",
+            Command::new(&apiserver)
+                .arg(format!("--etcd-servers={etcd_url}"))
+                .arg("--bind-address=127.0.0.1")
+                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--secure-port={secure}"))
+                .arg(format!("--cert-dir={}", dir.join("certs").display()))
+                .arg(format!("--token-auth-file={}", tokens.display()))
+                .arg("--authorization-mode=RBAC")
+                .arg("--service-cluster-ip-range=10.96.0.0/24")
+                .arg("--service-account-issuer=https://kubernetes.default.svc")
+                .arg(format!("--service-account-key-file={}", public.display()))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    key.display()
+                ))
+                .arg("--enable-priority-and-fairness=false"),
+            &dir.join("kube-apiserver.log"),
+        )?);
+        plane.url = format!("https://127.0.0.1:{secure}");
+        plane.wait_ready(Duration::from_secs(60))?;
+        Ok(plane)
+    }
+
+    fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        let cert = self.dir.join("certs/apiserver.crt");
+        loop {
+            for (name, child) in &mut self.children {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let name = *name;
+                    return Err(format!("{name} exited with {status}{}", self.log_tails()));
+                }
+            }
+            if self.ca_pem.is_empty() {
+                self.ca_pem = std::fs::read(&cert).unwrap_or_default();
+            }
+            if !self.ca_pem.is_empty() && matches!(self.get("/readyz"), Ok((200, _))) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let probe = self.get("/readyz").err().unwrap_or_default();
+                return Err(format!(
+                    "kube-apiserver not ready after {within:?} (last probe: {probe}){}",
+                    self.log_tails()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last lines of each process's log, for error messages (the
+    /// directory is removed when the control plane is dropped).
+    fn log_tails(&self) -> String {
+        let mut out = String::new();
+        for log in ["etcd.log", "kube-apiserver.log"] {
+            let text = std::fs::read_to_string(self.dir.join(log)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+            out.push_str(&format!("\n--- {log} (last lines) ---\n{tail}"));
+        }
+        out
+    }
+
+    /// An HTTPS client trusting the API server. Its certificate file holds
+    /// the serving certificate and the CA that signed it: trust them all.
+    pub fn agent(&self) -> Result<ureq::Agent, String> {
+        let certs: Vec<_> = ureq::tls::parse_pem(&self.ca_pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if certs.is_empty() {
+            return Err("the API server's certificate file holds no certificate".into());
+        }
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(certs)))
+            .build();
+        Ok(ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            .build()
+            .into())
+    }
+
+    /// `GET path` as the admin: (status, body as JSON or null).
+    pub fn get(&self, path: &str) -> Result<(u16, serde_json::Value), String> {
+        let mut resp = self
+            .agent()?
+            .get(format!("{}{path}", self.url))
+            .header("authorization", format!("Bearer {}", self.token))
+            .call()
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        ))
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for (_, child) in self.children.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
