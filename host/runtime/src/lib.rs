@@ -448,40 +448,12 @@ impl Plugin {
 
     /// This plugin as a provider; fails if it implements another world.
     pub fn provider(&self) -> Result<ProviderPlugin, Error> {
-        self.expect_world(World::Provider)?;
-        let pre =
-            bindings::provider::ProviderPluginPre::new(self.inner.pre.clone()).map_err(|e| {
-                Error::Load {
-                    plugin: self.name().to_string(),
-                    reason: format!(
-                        "its provider exports do not match contract {}: {e:#}",
-                        capstan_manifest::CONTRACT_VERSION
-                    ),
-                }
-            })?;
-        Ok(ProviderPlugin {
-            plugin: self.clone(),
-            pre,
-        })
+        ProviderPlugin::new(self)
     }
 
     /// This plugin as an in-place updater; fails if it implements another world.
     pub fn updater(&self) -> Result<UpdaterPlugin, Error> {
-        self.expect_world(World::Updater)?;
-        let pre =
-            bindings::updater::UpdaterPluginPre::new(self.inner.pre.clone()).map_err(|e| {
-                Error::Load {
-                    plugin: self.name().to_string(),
-                    reason: format!(
-                        "its updater exports do not match contract {}: {e:#}",
-                        capstan_manifest::CONTRACT_VERSION
-                    ),
-                }
-            })?;
-        Ok(UpdaterPlugin {
-            plugin: self.clone(),
-            pre,
-        })
+        UpdaterPlugin::new(self)
     }
 
     fn expect_world(&self, expected: World) -> Result<(), Error> {
@@ -672,45 +644,81 @@ impl Plugin {
     }
 }
 
-/// A plugin that implements the `provider` world.
-#[derive(Clone)]
-pub struct ProviderPlugin {
-    plugin: Plugin,
-    pre: bindings::provider::ProviderPluginPre<CallState>,
+/// A typed handle on a plugin of one world: the struct, its constructor
+/// (world check and export type check) and `call`, which instantiates the
+/// component in a fresh store and runs one export under the plugin's limits.
+macro_rules! world_handle {
+    ($(#[$doc:meta])* $name:ident, $world:expr, $module:ident, $pre:ident, $guest:path, $accessor:ident) => {
+        $(#[$doc])*
+        #[derive(Clone)]
+        pub struct $name {
+            plugin: Plugin,
+            pre: bindings::$module::$pre<CallState>,
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name)).field("plugin", &self.plugin).finish()
+            }
+        }
+
+        impl $name {
+            fn new(plugin: &Plugin) -> Result<Self, Error> {
+                plugin.expect_world($world)?;
+                let pre = bindings::$module::$pre::new(plugin.inner.pre.clone()).map_err(|e| Error::Load {
+                    plugin: plugin.name().to_string(),
+                    reason: format!(
+                        "its {} exports do not match contract {}: {e:#}",
+                        $world,
+                        capstan_manifest::CONTRACT_VERSION
+                    ),
+                })?;
+                Ok($name { plugin: plugin.clone(), pre })
+            }
+
+            /// The underlying plugin.
+            pub fn plugin(&self) -> &Plugin {
+                &self.plugin
+            }
+
+            async fn call<T: ReturnSize>(
+                &self,
+                name: &'static str,
+                f: impl AsyncFnOnce(&mut Store<CallState>, &$guest) -> wasmtime::Result<Result<T, PluginError>>,
+            ) -> Result<T, Error> {
+                let pre = &self.pre;
+                self.plugin
+                    .invoke(name, async |store| {
+                        let instance = pre.instantiate_async(&mut *store).await?;
+                        f(store, instance.$accessor()).await
+                    })
+                    .await
+            }
+        }
+    };
 }
 
-impl std::fmt::Debug for ProviderPlugin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProviderPlugin")
-            .field("plugin", &self.plugin)
-            .finish()
-    }
-}
+world_handle!(
+    /// A plugin that implements the `provider` world.
+    ProviderPlugin,
+    World::Provider,
+    provider,
+    ProviderPluginPre,
+    bindings::provider::exports::capstan::plugin::provider::Guest,
+    capstan_plugin_provider
+);
+
+world_handle!(
+    /// A plugin that implements the `updater` world.
+    UpdaterPlugin,
+    World::Updater,
+    updater,
+    UpdaterPluginPre,
+    bindings::updater::exports::capstan::plugin::updater::Guest,
+    capstan_plugin_updater
+);
 
 impl ProviderPlugin {
-    /// The underlying plugin.
-    pub fn plugin(&self) -> &Plugin {
-        &self.plugin
-    }
-
-    /// Instantiate in a fresh store and run one export under the limits.
-    async fn call<T: ReturnSize>(
-        &self,
-        name: &'static str,
-        f: impl AsyncFnOnce(
-            &mut Store<CallState>,
-            &bindings::provider::exports::capstan::plugin::provider::Guest,
-        ) -> wasmtime::Result<Result<T, PluginError>>,
-    ) -> Result<T, Error> {
-        let pre = &self.pre;
-        self.plugin
-            .invoke(name, async |store| {
-                let instance = pre.instantiate_async(&mut *store).await?;
-                f(store, instance.capstan_plugin_provider()).await
-            })
-            .await
-    }
-
     /// `validate(config)`.
     pub async fn validate(&self, config: &str) -> Result<(), Error> {
         self.call("validate", async |s, p| p.call_validate(s, config).await)
@@ -756,45 +764,7 @@ impl ProviderPlugin {
     }
 }
 
-/// A plugin that implements the `updater` world.
-#[derive(Clone)]
-pub struct UpdaterPlugin {
-    plugin: Plugin,
-    pre: bindings::updater::UpdaterPluginPre<CallState>,
-}
-
-impl std::fmt::Debug for UpdaterPlugin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpdaterPlugin")
-            .field("plugin", &self.plugin)
-            .finish()
-    }
-}
-
 impl UpdaterPlugin {
-    /// The underlying plugin.
-    pub fn plugin(&self) -> &Plugin {
-        &self.plugin
-    }
-
-    /// Instantiate in a fresh store and run one export under the limits.
-    async fn call<T: ReturnSize>(
-        &self,
-        name: &'static str,
-        f: impl AsyncFnOnce(
-            &mut Store<CallState>,
-            &bindings::updater::exports::capstan::plugin::updater::Guest,
-        ) -> wasmtime::Result<Result<T, PluginError>>,
-    ) -> Result<T, Error> {
-        let pre = &self.pre;
-        self.plugin
-            .invoke(name, async |store| {
-                let instance = pre.instantiate_async(&mut *store).await?;
-                f(store, instance.capstan_plugin_updater()).await
-            })
-            .await
-    }
-
     /// `can-update`: which of `changed_fields` this updater claims.
     pub async fn can_update(
         &self,

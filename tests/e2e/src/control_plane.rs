@@ -200,23 +200,7 @@ impl ControlPlane {
     /// An HTTPS client trusting the API server. Its certificate file holds
     /// the serving certificate and the CA that signed it: trust them all.
     pub fn agent(&self) -> Result<ureq::Agent, String> {
-        let certs: Vec<_> = ureq::tls::parse_pem(&self.ca_pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        if certs.is_empty() {
-            return Err("the API server's certificate file holds no certificate".into());
-        }
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(certs)))
-            .build();
-        Ok(ureq::Agent::config_builder()
-            .tls_config(tls)
-            .http_status_as_error(false)
-            .build()
-            .into())
+        capstan_sim_cloud::agent_trusting(&self.ca_pem)
     }
 
     /// `GET path` as the admin: (status, body as JSON or null).

@@ -55,6 +55,29 @@ impl std::fmt::Debug for Kubelet {
     }
 }
 
+/// An HTTPS client that trusts every certificate in `pem` (which may be a
+/// chain, as a self-signed API server's certificate file is) and returns
+/// error statuses as responses.
+pub fn agent_trusting(pem: &[u8]) -> Result<ureq::Agent, String> {
+    let certs: Vec<_> = ureq::tls::parse_pem(pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return Err("the CA file holds no PEM certificate".into());
+    }
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs)))
+        .build();
+    Ok(ureq::Agent::config_builder()
+        .tls_config(tls)
+        .http_status_as_error(false)
+        .build()
+        .into())
+}
+
 /// The Node name for an instance id (`i-000001` → `sim-i-000001`).
 pub fn node_name(instance_id: &str) -> String {
     format!("sim-{instance_id}")
@@ -63,25 +86,7 @@ pub fn node_name(instance_id: &str) -> String {
 impl Kubelet {
     /// A client trusting `target.ca_pem`.
     pub fn new(target: KubeTarget) -> Result<Self, String> {
-        // The PEM may hold a chain (a self-signed API server's serving
-        // certificate followed by its CA): trust every certificate in it.
-        let certs: Vec<_> = ureq::tls::parse_pem(&target.ca_pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        if certs.is_empty() {
-            return Err("the Kubernetes CA file holds no PEM certificate".into());
-        }
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs)))
-            .build();
-        let agent = ureq::Agent::config_builder()
-            .tls_config(tls)
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let agent = agent_trusting(&target.ca_pem)?;
         Ok(Kubelet {
             target: Arc::new(target),
             agent,

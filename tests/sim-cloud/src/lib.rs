@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 pub mod kubelet;
-pub use kubelet::{KubeTarget, Kubelet, NodeSpec, node_name};
+pub use kubelet::{KubeTarget, Kubelet, NodeSpec, agent_trusting, node_name};
 
 /// Faults and latencies; all can be changed while running.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
