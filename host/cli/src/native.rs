@@ -140,7 +140,7 @@ fn machine_from(req: WebhookRequest) -> Machine {
 #[derive(Debug)]
 pub struct Webhook {
     pub addr: SocketAddr,
-    pub ca_der: Vec<u8>,
+    pub ca_pem: String,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -162,7 +162,7 @@ impl Webhook {
         ))
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(vec![cert_der.clone()], key)?;
+        .with_single_cert(vec![cert_der], key)?;
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -188,7 +188,7 @@ impl Webhook {
         });
         Ok(Webhook {
             addr,
-            ca_der: cert_der.to_vec(),
+            ca_pem: cert.cert.pem(),
             task,
         })
     }
@@ -196,15 +196,7 @@ impl Webhook {
     /// A keep-alive HTTPS client trusting this webhook's certificate, as a
     /// Cluster API controller's webhook client would be.
     pub fn client(&self) -> anyhow::Result<ureq::Agent> {
-        let root = ureq::tls::Certificate::from_der(&self.ca_der).to_owned();
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![root])))
-            .build();
-        Ok(ureq::Agent::config_builder()
-            .tls_config(tls)
-            .http_status_as_error(false)
-            .build()
-            .into())
+        capstan_sim_cloud::agent_trusting(self.ca_pem.as_bytes()).map_err(anyhow::Error::msg)
     }
 
     /// `https://localhost:<port>`.

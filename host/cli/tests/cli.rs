@@ -122,50 +122,25 @@ async fn conformance_fails_precisely_for_a_non_idempotent_provider() {
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_explains_bad_flags() {
     let path = plugin("sim_provider").display().to_string();
-    let out = run(capstan(&[
-        "plugin",
-        "conformance",
-        &path,
-        "--config",
-        "[1]",
-    ]))
-    .await;
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("--config must be a JSON object"),
-        "{}",
-        text(&out.stderr)
-    );
-    let out = run(capstan(&[
-        "plugin",
-        "conformance",
-        &path,
-        "--config",
-        "{}",
-        "--allow-host",
-        "nohost",
-    ]))
-    .await;
-    assert!(
-        text(&out.stderr).contains("expected HOST:PORT"),
-        "{}",
-        text(&out.stderr)
-    );
-    let out = run(capstan(&[
-        "plugin",
-        "conformance",
-        &path,
-        "--config",
-        "{}",
-        "--world",
-        "updater",
-    ]))
-    .await;
-    assert!(
-        text(&out.stderr).contains("only the provider world"),
-        "{}",
-        text(&out.stderr)
-    );
+    let cases: [(&[&str], &str); 3] = [
+        (&["--config", "[1]"], "--config must be a JSON object"),
+        (
+            &["--config", "{}", "--allow-host", "nohost"],
+            "expected HOST:PORT",
+        ),
+        (
+            &["--config", "{}", "--world", "updater"],
+            "only the provider world",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec!["plugin", "conformance", path.as_str()];
+        args.extend_from_slice(flags);
+        let out = run(capstan(&args)).await;
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

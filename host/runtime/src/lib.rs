@@ -994,12 +994,6 @@ mod tests {
 
     #[test]
     fn provider_calls_are_send_so_controllers_can_spawn_them() {
-        let rt = Runtime::new(RuntimeConfig {
-            max_concurrent_calls: 2,
-            ..Default::default()
-        })
-        .unwrap();
-        let _ = rt;
         // Compile-time check on the future type of every call.
         fn check(p: &ProviderPlugin, m: &Machine) {
             assert_send(&p.create(m));

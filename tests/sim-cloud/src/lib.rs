@@ -557,14 +557,12 @@ async fn create(
             zone: view.failure_domain.clone(),
             version: view.version.clone(),
         };
-        let state = state.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(boot).await;
-            let result = tokio::task::spawn_blocking(move || kubelet.register(&node))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
-            record_node_call(&state, result, |s| s.nodes_registered += 1);
-        });
+        node_call_later(
+            &state,
+            boot,
+            move || kubelet.register(&node),
+            |s| s.nodes_registered += 1,
+        );
     }
     (StatusCode::CREATED, Json(view)).into_response()
 }
@@ -633,14 +631,12 @@ async fn delete(
     if first_delete && let Some(kubelet) = inner.kubelet.clone() {
         let after = Duration::from_millis(inner.faults.delete_latency_ms);
         let name = node_name(&id);
-        let state = state.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            let result = tokio::task::spawn_blocking(move || kubelet.delete(&name))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
-            record_node_call(&state, result, |s| s.nodes_deleted += 1);
-        });
+        node_call_later(
+            &state,
+            after,
+            move || kubelet.delete(&name),
+            |s| s.nodes_deleted += 1,
+        );
     }
     inner.settle(now);
     match inner.records.get(&id) {
@@ -694,15 +690,28 @@ async fn set_faults(State(state): State<Shared>, Json(faults): Json<Faults>) -> 
     StatusCode::NO_CONTENT
 }
 
-fn record_node_call(state: &Shared, result: Result<(), String>, ok: impl FnOnce(&mut Stats)) {
-    let mut inner = lock(state);
-    match result {
-        Ok(()) => ok(&mut inner.stats),
-        Err(e) => {
-            inner.stats.node_errors += 1;
-            tracing::warn!(error = %e, "simulated kubelet call failed");
+/// Run a Kubernetes call after `delay`, off the async threads, and count it.
+fn node_call_later(
+    state: &Shared,
+    delay: Duration,
+    call: impl FnOnce() -> Result<(), String> + Send + 'static,
+    on_ok: impl FnOnce(&mut Stats) + Send + 'static,
+) {
+    let state = state.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let result = tokio::task::spawn_blocking(call)
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        let mut inner = lock(&state);
+        match result {
+            Ok(()) => on_ok(&mut inner.stats),
+            Err(e) => {
+                inner.stats.node_errors += 1;
+                tracing::warn!(error = %e, "simulated kubelet call failed");
+            }
         }
-    }
+    });
 }
 
 #[derive(Debug, Deserialize)]
