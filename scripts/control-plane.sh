@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install a local Kubernetes control plane for tests and the quickstart:
-# Debian's etcd-server, and kube-apiserver + kube-controller-manager v1.20.2
+# Debian's etcd-server, and kube-apiserver, kube-controller-manager and kubectl v1.20.2
 # built from Debian bookworm's `kubernetes` source package with Debian's Go.
 #
 # The binaries are cached outside the repo (default
@@ -16,7 +16,7 @@ bin="$cache/bin"
 need_apt=()
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
-if [ ! -x "$bin/kube-apiserver" ] || [ ! -x "$bin/kube-controller-manager" ]; then
+if ! [ -x "$bin/kube-apiserver" ] || ! [ -x "$bin/kube-controller-manager" ] || ! [ -x "$bin/kubectl" ]; then
     [ -x /usr/lib/go-1.19/bin/go ] || need_apt+=(golang-1.19-go)
     command -v dpkg-source >/dev/null 2>&1 || need_apt+=(dpkg-dev)
     [ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] || need_apt+=(golang-github-modern-go-reflect2-dev)
@@ -29,7 +29,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ]; then
+if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kubectl" ]; then
     echo "$bin"
     exit 0
 fi
@@ -61,17 +61,18 @@ echo "==> replacing vendored modern-go/reflect2 with Debian's fixed version"
 rm -rf vendor/github.com/modern-go/reflect2
 cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 vendor/github.com/modern-go/reflect2
 
-echo "==> building kube-apiserver and kube-controller-manager (about 7 minutes on 2 cores)"
+echo "==> building kube-apiserver, kube-controller-manager and kubectl (about 9 minutes on 2 cores)"
 export PATH="/usr/lib/go-1.19/bin:$PATH" CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor GO111MODULE=on
 export KUBE_GIT_VERSION="v$version" KUBE_GIT_TREE_STATE=clean
-make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >"$work/build.log" 2>&1 || {
+make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kubectl" >"$work/build.log" 2>&1 || {
     tail -40 "$work/build.log" >&2
     echo "error: the build failed; the full log is $work/build.log" >&2
     exit 1
 }
 mkdir -p "$bin.tmp"
-cp _output/local/bin/linux/*/kube-apiserver _output/local/bin/linux/*/kube-controller-manager "$bin.tmp/" 2>/dev/null \
-    || cp _output/bin/kube-apiserver _output/bin/kube-controller-manager "$bin.tmp/"
+for tool in kube-apiserver kube-controller-manager kubectl; do
+    cp _output/local/bin/linux/*/$tool "$bin.tmp/" 2>/dev/null || cp _output/bin/$tool "$bin.tmp/"
+done
 rm -rf "$bin"
 mv "$bin.tmp" "$bin"
 cd "$cache"

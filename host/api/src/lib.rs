@@ -1,0 +1,253 @@
+//! Capstan's Kubernetes API, group `capstan.dev`, version `v1alpha1`.
+//!
+//! Field names follow Cluster API where it has them. Start with
+//! [`MachineDeployment`], which owns [`MachineSet`]s, which own
+//! [`Machine`]s; every machine names a [`Plugin`] (cluster-scoped) that
+//! provides its instances. [`crds`] returns the CustomResourceDefinitions
+//! (what `capstan crds` prints).
+//!
+//! The OpenAPI schema validates what it can express (Kubernetes 1.20 has no
+//! CEL rules); the controllers validate the rest and report it as a
+//! condition.
+
+#![forbid(unsafe_code)]
+
+mod machine;
+mod plugin;
+mod sets;
+
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+pub use machine::*;
+pub use plugin::*;
+pub use sets::*;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// The API group.
+pub const GROUP: &str = "capstan.dev";
+
+/// Label on Machines and MachineSets naming the MachineDeployment they belong to.
+pub const LABEL_DEPLOYMENT_NAME: &str = "capstan.dev/deployment-name";
+/// Label on Machines naming the MachineSet they belong to.
+pub const LABEL_SET_NAME: &str = "capstan.dev/set-name";
+/// Label on MachineSets and their Machines: hash of the machine template the
+/// set was created from.
+pub const LABEL_TEMPLATE_HASH: &str = "capstan.dev/template-hash";
+/// Annotation on MachineSets (and copied to their deployment): the rollout
+/// revision number of the template.
+pub const ANNOTATION_REVISION: &str = "capstan.dev/revision";
+/// Annotation recording why a revision was made (`kubectl annotate … capstan.dev/change-cause=…`).
+pub const ANNOTATION_CHANGE_CAUSE: &str = "capstan.dev/change-cause";
+/// Finalizer the Machine controller puts on every Machine so the cloud
+/// instance is released before the object goes.
+pub const MACHINE_FINALIZER: &str = "capstan.dev/machine";
+
+/// Condition status values.
+pub mod status {
+    /// The condition holds.
+    pub const TRUE: &str = "True";
+    /// The condition does not hold.
+    pub const FALSE: &str = "False";
+    /// Not known yet.
+    pub const UNKNOWN: &str = "Unknown";
+}
+
+/// All CustomResourceDefinitions, in apply order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        Plugin::crd(),
+        Machine::crd(),
+        MachineSet::crd(),
+        MachineDeployment::crd(),
+    ]
+}
+
+/// The CRDs as one multi-document YAML stream for `kubectl apply -f -`.
+pub fn crds_yaml() -> String {
+    crds()
+        .iter()
+        .map(|crd| serde_yaml::to_string(crd).expect("a CRD always serializes"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Find a condition by type.
+pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether a condition of this type is `True`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    condition(conditions, type_).is_some_and(|c| c.status == status::TRUE)
+}
+
+/// Set (or add) a condition, keeping `lastTransitionTime` unless the status
+/// changed, so that re-setting the same condition changes nothing and an
+/// idle reconcile writes nothing.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: impl Into<String>,
+    observed_generation: Option<i64>,
+    now: &Time,
+) {
+    let message = message.into();
+    if let Some(existing) = conditions.iter_mut().find(|c| c.type_ == type_) {
+        if existing.status != status {
+            existing.last_transition_time = now.clone();
+        }
+        existing.status = status.to_string();
+        existing.reason = reason.to_string();
+        existing.message = message;
+        existing.observed_generation = observed_generation;
+    } else {
+        conditions.push(Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message,
+            observed_generation,
+            last_transition_time: now.clone(),
+        });
+    }
+}
+
+/// Schema for a free-form JSON object (a provider's `config`).
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Schema for a label map.
+fn string_map(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": { "type": "string" },
+    })
+}
+
+/// Schema for a list of conditions (Kubernetes API conventions).
+fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+            "properties": {
+                "type": { "type": "string" },
+                "status": { "type": "string", "enum": ["True", "False", "Unknown"] },
+                "reason": { "type": "string" },
+                "message": { "type": "string" },
+                "observedGeneration": { "type": "integer", "format": "int64" },
+                "lastTransitionTime": { "type": "string", "format": "date-time" },
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crds_have_the_subresources_and_columns_kubectl_users_rely_on() {
+        let yaml = crds_yaml();
+        for kind in ["Plugin", "Machine", "MachineSet", "MachineDeployment"] {
+            assert!(yaml.contains(&format!("kind: {kind}\n")), "{kind} missing");
+        }
+        let md = MachineDeployment::crd();
+        let version = &md.spec.versions[0];
+        let sub = version.subresources.as_ref().unwrap();
+        assert!(sub.status.is_some());
+        let scale = sub.scale.as_ref().unwrap();
+        assert_eq!(scale.spec_replicas_path, ".spec.replicas");
+        assert_eq!(scale.status_replicas_path, ".status.replicas");
+        assert_eq!(
+            scale.label_selector_path.as_deref(),
+            Some(".status.selector")
+        );
+        let columns: Vec<_> = version
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        for column in ["Replicas", "Ready", "Version", "Phase", "Age"] {
+            assert!(columns.contains(&column), "{column} not in {columns:?}");
+        }
+        assert_eq!(md.spec.names.short_names, Some(vec!["md".to_string()]));
+        assert_eq!(
+            MachineSet::crd().spec.names.short_names,
+            Some(vec!["ms".to_string()])
+        );
+        assert_eq!(
+            Machine::crd().spec.names.short_names,
+            Some(vec!["ma".to_string()])
+        );
+    }
+
+    #[test]
+    fn schema_rejects_what_it_can_express() {
+        let json = serde_json::to_value(MachineDeployment::crd()).unwrap();
+        let spec = &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(
+            spec["properties"]["replicas"]["minimum"].as_f64(),
+            Some(0.0)
+        );
+        let strategy = &spec["properties"]["strategy"]["properties"];
+        assert_eq!(
+            strategy["type"]["enum"],
+            serde_json::json!(["RollingUpdate", "OnDelete"])
+        );
+        let surge = &strategy["rollingUpdate"]["properties"]["maxSurge"];
+        assert_eq!(surge["x-kubernetes-int-or-string"], true);
+        let config = &spec["properties"]["template"]["properties"]["spec"]["properties"]["provider"]
+            ["properties"]["config"];
+        assert_eq!(config["x-kubernetes-preserve-unknown-fields"], true);
+    }
+
+    #[test]
+    fn setting_the_same_condition_twice_changes_nothing() {
+        let t1 = Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap());
+        let t2 = Time(k8s_openapi::jiff::Timestamp::from_second(2).unwrap());
+        let mut conditions = vec![];
+        set_condition(
+            &mut conditions,
+            "Ready",
+            "False",
+            "Booting",
+            "",
+            Some(1),
+            &t1,
+        );
+        let before = conditions.clone();
+        set_condition(
+            &mut conditions,
+            "Ready",
+            "False",
+            "Booting",
+            "",
+            Some(1),
+            &t2,
+        );
+        assert_eq!(conditions, before);
+        set_condition(
+            &mut conditions,
+            "Ready",
+            "True",
+            "Running",
+            "",
+            Some(1),
+            &t2,
+        );
+        assert_eq!(conditions[0].last_transition_time, t2);
+        assert!(is_true(&conditions, "Ready"));
+    }
+}

@@ -1,0 +1,183 @@
+//! `Machine`: one instance, provided by a plugin, that should become a Node.
+
+use crate::{Condition, conditions_schema, free_form_object, string_map};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The desired state of one machine.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "capstan.dev",
+    version = "v1alpha1",
+    kind = "Machine",
+    namespaced,
+    status = "MachineStatus",
+    shortname = "ma",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "One machine (a cloud instance that becomes a Node), provided by a plugin.",
+    printcolumn(
+        name = "ProviderID",
+        type_ = "string",
+        json_path = ".status.providerID"
+    ),
+    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeRef.name"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSpec {
+    /// The cluster this machine belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    /// The Kubernetes version the machine should run (for example `v1.30.2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^v?[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$"))]
+    pub version: Option<String>,
+    /// The failure domain (zone) to place the machine in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    /// Which plugin provides the instance, and its configuration.
+    pub provider: ProviderRef,
+}
+
+/// A reference to a provider plugin plus the configuration it gets.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderRef {
+    /// Name of the (cluster-scoped) `Plugin` object.
+    #[schemars(length(min = 1))]
+    pub plugin: String,
+    /// Provider-specific configuration; the plugin's `validate` checks it.
+    #[serde(default = "empty_object")]
+    #[schemars(schema_with = "free_form_object")]
+    pub config: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// Lifecycle phase of a machine, for humans (`kubectl get ma`); controllers
+/// decide from conditions and fields, not from the phase.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum MachinePhase {
+    /// Accepted, not yet created at the provider.
+    #[default]
+    Pending,
+    /// The provider is creating the instance.
+    Provisioning,
+    /// The instance runs; its Node has not joined (or is not Ready) yet.
+    Provisioned,
+    /// The instance runs and its Node is Ready.
+    Running,
+    /// Being deleted at the provider.
+    Deleting,
+    /// A terminal failure; see `failureReason` / `failureMessage`.
+    Failed,
+}
+
+/// An address of a machine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct MachineAddress {
+    /// `InternalIP`, `ExternalIP`, `InternalDNS`, `ExternalDNS` or `Hostname`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The address.
+    pub address: String,
+}
+
+/// The Node a machine became.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct NodeRef {
+    /// Node name.
+    pub name: String,
+    /// Node uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// What the controller observed about a machine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    /// The provider's stable ID for the instance; the Node carries the same
+    /// value in `spec.providerID`.
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id: Option<String>,
+    /// Human-readable phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<MachinePhase>,
+    /// Addresses the provider reports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<MachineAddress>,
+    /// The Node whose `spec.providerID` matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ref: Option<NodeRef>,
+    /// The version the instance runs, as the provider reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Machine-readable reason of a terminal failure; the controller stops
+    /// retrying until the spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// Human-readable detail of a terminal failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+    /// Digest (`sha256:…`) of the plugin that last acted on this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_digest: Option<String>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (the Node is Ready), `InstanceProvisioned`, `ConfigValid`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Labels and annotations stamped on every machine made from a template.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateMeta {
+    /// Labels; must match the owner's selector.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "string_map")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "string_map")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The template machines are made from.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineTemplateSpec {
+    /// Labels and annotations for the machines.
+    #[serde(default)]
+    pub metadata: TemplateMeta,
+    /// The machines' spec.
+    pub spec: MachineSpec,
+}
+
+/// Machine condition types.
+pub mod machine_conditions {
+    /// The machine's Node exists and is Ready.
+    pub const READY: &str = "Ready";
+    /// The provider reports the instance as running.
+    pub const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
+    /// The plugin accepted the provider config.
+    pub const CONFIG_VALID: &str = "ConfigValid";
+}

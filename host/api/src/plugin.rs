@@ -1,0 +1,143 @@
+//! `Plugin`: a sandboxed provider plugin, what it is granted, and what it declared.
+
+use crate::{Condition, conditions_schema};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where a plugin comes from and what an admin grants it.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "capstan.dev",
+    version = "v1alpha1",
+    kind = "Plugin",
+    status = "PluginStatus",
+    shortname = "pl",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A sandboxed WebAssembly plugin (provider, updater or addon operator).",
+    printcolumn(name = "World", type_ = "string", json_path = ".status.world"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(
+        name = "Digest",
+        type_ = "string",
+        json_path = ".status.digest",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginSpec {
+    /// The component: `file:///absolute/path.wasm` (`oci://` sources come
+    /// with the supply-chain work).
+    #[schemars(regex(pattern = r"^(file|oci)://.+"))]
+    pub source: String,
+    /// Capabilities the admin grants; the plugin gets the intersection with
+    /// what it declares.
+    #[serde(default)]
+    pub grants: PluginGrants,
+    /// Per-call limits (defaults: 64 MiB, 10 s).
+    #[serde(default)]
+    pub limits: PluginLimits,
+}
+
+/// Capabilities an admin grants a plugin.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginGrants {
+    /// HTTP destinations (`scheme://host[:port]`, host may start with `*.`,
+    /// port may be `*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http: Vec<String>,
+    /// Credentials for the slots the plugin declares, read from Secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialGrant>,
+}
+
+/// One credential slot filled from a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialGrant {
+    /// The slot name the plugin's manifest declares.
+    pub slot: String,
+    /// The Secret holding the value.
+    pub secret_ref: SecretKeyRef,
+    /// `Bearer` (default): the key holds a token. `Basic`: the Secret has
+    /// `username` and `password` keys and `key` is ignored.
+    #[serde(default, rename = "type")]
+    pub type_: CredentialType,
+}
+
+/// How a credential is sent.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CredentialType {
+    /// `Authorization: Bearer <token>`.
+    #[default]
+    Bearer,
+    /// `Authorization: Basic …`.
+    Basic,
+}
+
+/// A key in a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Secret namespace.
+    pub namespace: String,
+    /// Secret name.
+    pub name: String,
+    /// Key within the Secret (default `token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// Per-call limits of a plugin.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginLimits {
+    /// Linear memory per call, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub memory_mib: Option<u32>,
+    /// Wall-clock time per call, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600000))]
+    pub call_timeout_ms: Option<u64>,
+}
+
+/// What the host found when it loaded the plugin.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginStatus {
+    /// `sha256:…` of the component bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The world the plugin implements (`provider-plugin`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world: Option<String>,
+    /// The plugin's own version (from its manifest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The contract version the plugin was built against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract: Option<String>,
+    /// HTTP destinations the plugin declares (with their credential slots).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub declared_http: Vec<String>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: loaded and compiled, or the exact load error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}

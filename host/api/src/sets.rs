@@ -1,0 +1,280 @@
+//! `MachineSet` (keeps N machines of one template) and `MachineDeployment`
+//! (rolls a template out across MachineSets).
+
+use crate::{Condition, IntOrString, LabelSelector, MachineTemplateSpec, conditions_schema};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Which machines a MachineSet removes first when scaling down (after
+/// failed and not-ready machines, which always go first).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeletePolicy {
+    /// Any machine (stable per machine, so repeated reconciles agree).
+    #[default]
+    Random,
+    /// The most recently created machines.
+    Newest,
+    /// The oldest machines.
+    Oldest,
+}
+
+/// The desired state of a MachineSet.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "capstan.dev",
+    version = "v1alpha1",
+    kind = "MachineSet",
+    namespaced,
+    status = "MachineSetStatus",
+    shortname = "ms",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Keeps a number of machines made from one template.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Current", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Available",
+        type_ = "integer",
+        json_path = ".status.availableReplicas"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.template.spec.version"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSetSpec {
+    /// Number of machines wanted.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    /// Which machines belong to the set; must match the template's labels.
+    pub selector: LabelSelector,
+    /// What each machine looks like.
+    pub template: MachineTemplateSpec,
+    /// Which machines go first when scaling down.
+    #[serde(default)]
+    pub delete_policy: DeletePolicy,
+    /// Seconds a machine must have been Ready to count as available.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_ready_seconds: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+/// Counts a MachineSet observed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSetStatus {
+    /// Machines that belong to the set (including ones being deleted).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Machines whose Node is Ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Machines Ready for at least `minReadySeconds`.
+    #[serde(default)]
+    pub available_replicas: i32,
+    /// Machines in a terminal failure.
+    #[serde(default)]
+    pub failed_replicas: i32,
+    /// The selector as a string (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (all replicas available), `ValidSpec`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// How a MachineDeployment replaces machines when its template changes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum StrategyType {
+    /// Replace machines a few at a time within `maxSurge` / `maxUnavailable`.
+    #[default]
+    RollingUpdate,
+    /// Only replace machines a user deleted.
+    OnDelete,
+}
+
+/// Bounds of a rolling update.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollingUpdate {
+    /// Machines allowed above `replicas` during a rollout: a count or a
+    /// percentage of `replicas` (rounded up). Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<IntOrString>,
+    /// Machines allowed to be unavailable below `replicas`: a count or a
+    /// percentage of `replicas` (rounded down). Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+}
+
+/// The rollout strategy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Strategy {
+    /// `RollingUpdate` (default) or `OnDelete`.
+    #[serde(default, rename = "type")]
+    pub type_: StrategyType,
+    /// Bounds for `RollingUpdate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling_update: Option<RollingUpdate>,
+}
+
+/// The desired state of a MachineDeployment.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "capstan.dev",
+    version = "v1alpha1",
+    kind = "MachineDeployment",
+    namespaced,
+    status = "MachineDeploymentStatus",
+    shortname = "md",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Rolls a machine template out across MachineSets.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Updated",
+        type_ = "integer",
+        json_path = ".status.updatedReplicas"
+    ),
+    printcolumn(
+        name = "Available",
+        type_ = "integer",
+        json_path = ".status.availableReplicas"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.template.spec.version"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeploymentSpec {
+    /// Number of machines wanted.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    /// Which machines belong to the deployment; must match the template's labels.
+    pub selector: LabelSelector,
+    /// What each machine looks like; changing it starts a rollout.
+    pub template: MachineTemplateSpec,
+    /// How machines are replaced.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// Seconds a machine must have been Ready to count as available.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_ready_seconds: i32,
+    /// Stop rolling out (scaling still applies).
+    #[serde(default)]
+    pub paused: bool,
+    /// Old MachineSets (with zero replicas) kept for rollback. Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub revision_history_limit: Option<i32>,
+    /// Seconds without progress before `Progressing` turns False with
+    /// `ProgressDeadlineExceeded`. Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: Option<i32>,
+}
+
+/// Human-readable phase of a MachineDeployment.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DeploymentPhase {
+    /// Fewer machines than wanted.
+    ScalingUp,
+    /// More machines than wanted.
+    ScalingDown,
+    /// Replacing machines with the new template.
+    RollingOut,
+    /// A rollout is paused.
+    Paused,
+    /// All wanted machines are up to date and available.
+    Running,
+    /// The spec is invalid or machines failed terminally.
+    Failed,
+}
+
+/// What a MachineDeployment observed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeploymentStatus {
+    /// Machines across all its MachineSets.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Machines made from the current template.
+    #[serde(default)]
+    pub updated_replicas: i32,
+    /// Machines whose Node is Ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Machines available (Ready for `minReadySeconds`).
+    #[serde(default)]
+    pub available_replicas: i32,
+    /// `replicas` wanted minus available (never negative).
+    #[serde(default)]
+    pub unavailable_replicas: i32,
+    /// The current template's revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// The selector as a string (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Human-readable phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<DeploymentPhase>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Available`, `Progressing`, `ValidSpec`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// MachineSet and MachineDeployment condition types.
+pub mod set_conditions {
+    /// All wanted replicas are available (at least `replicas - maxUnavailable`
+    /// for a deployment).
+    pub const AVAILABLE: &str = "Available";
+    /// A rollout is making progress (or has completed).
+    pub const PROGRESSING: &str = "Progressing";
+    /// The spec passes the checks the schema cannot express.
+    pub const VALID_SPEC: &str = "ValidSpec";
+}
