@@ -116,6 +116,57 @@ pub fn set_condition(
     }
 }
 
+/// Whether `labels` satisfy a label selector (`matchLabels` and
+/// `matchExpressions` with `In`, `NotIn`, `Exists`, `DoesNotExist`). An
+/// empty selector matches nothing, as for MachineSets in Cluster API.
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let match_labels = selector.match_labels.as_ref();
+    let expressions = selector.match_expressions.as_deref().unwrap_or_default();
+    if match_labels.is_none_or(|m| m.is_empty()) && expressions.is_empty() {
+        return false;
+    }
+    let labels_ok = match_labels
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    labels_ok
+        && expressions.iter().all(|e| {
+            let value = labels.get(&e.key);
+            let values = e.values.as_deref().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        })
+}
+
+/// A selector as `kubectl` writes it (`a=b,c in (d,e)`), for the scale
+/// subresource's `status.selector`.
+pub fn selector_string(selector: &LabelSelector) -> String {
+    let mut parts: Vec<String> = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in selector.match_expressions.iter().flatten() {
+        let values = e.values.as_deref().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            _ => format!("!{}", e.key),
+        });
+    }
+    parts.join(",")
+}
+
 /// Schema for a free-form JSON object (a provider's `config`).
 fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
@@ -138,12 +189,12 @@ fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "type": "array",
         "items": {
             "type": "object",
-            "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+            "required": ["type", "status", "lastTransitionTime"],
             "properties": {
                 "type": { "type": "string" },
                 "status": { "type": "string", "enum": ["True", "False", "Unknown"] },
-                "reason": { "type": "string" },
-                "message": { "type": "string" },
+                "reason": { "type": "string", "nullable": true },
+                "message": { "type": "string", "nullable": true },
                 "observedGeneration": { "type": "integer", "format": "int64" },
                 "lastTransitionTime": { "type": "string", "format": "date-time" },
             },
@@ -211,6 +262,29 @@ mod tests {
         let config = &spec["properties"]["template"]["properties"]["spec"]["properties"]["provider"]
             ["properties"]["config"];
         assert_eq!(config["x-kubernetes-preserve-unknown-fields"], true);
+    }
+
+    #[test]
+    fn selectors_match_like_kubernetes() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        let labels: std::collections::BTreeMap<String, String> = [
+            ("app".to_string(), "web".to_string()),
+            ("tier".to_string(), "a".to_string()),
+        ]
+        .into();
+        let mut selector = LabelSelector {
+            match_labels: Some([("app".to_string(), "web".to_string())].into()),
+            match_expressions: None,
+        };
+        assert!(selector_matches(&selector, &labels));
+        selector.match_expressions = Some(vec![LabelSelectorRequirement {
+            key: "tier".into(),
+            operator: "NotIn".into(),
+            values: Some(vec!["a".into()]),
+        }]);
+        assert!(!selector_matches(&selector, &labels));
+        assert_eq!(selector_string(&selector), "app=web,tier notin (a)");
+        assert!(!selector_matches(&LabelSelector::default(), &labels));
     }
 
     #[test]

@@ -2,17 +2,20 @@
 //!
 //! Subcommands live in their own modules: `plugin inspect` ([`inspect`]),
 //! `plugin conformance` ([`conformance`]), `bench plugin` ([`bench`]) and
-//! `demo` ([`demo`]). Shared flag types (grants, limits, output format) are
+//! `demo` ([`demo`]), `crds`, `controller` ([`controller`]) and `rollout`
+//! ([`rollout`]). Shared flag types (grants, limits, output format) are
 //! in [`options`].
 
 #![forbid(unsafe_code)]
 
 mod bench;
 mod conformance;
+mod controller;
 mod demo;
 mod inspect;
 mod native;
 mod options;
+mod rollout;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -46,6 +49,14 @@ enum Command {
     /// Run the sim-provider plugin against a local simulated cloud: create
     /// machines, follow them until running, then delete them.
     Demo(demo::Args),
+    /// Print the CustomResourceDefinitions (`capstan crds | kubectl apply -f -`).
+    Crds,
+    /// Run the controllers (Plugin, Machine, MachineSet, MachineDeployment)
+    /// against a Kubernetes API until SIGINT/SIGTERM.
+    Controller(controller::Args),
+    /// Inspect and roll back MachineDeployment rollouts.
+    #[command(subcommand)]
+    Rollout(rollout::Command),
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,6 +92,13 @@ fn main() -> ExitCode {
             Command::Plugin(PluginCommand::Conformance(args)) => conformance::run(args).await,
             Command::Bench(BenchCommand::Plugin(args)) => bench::run(args).await,
             Command::Demo(args) => demo::run(args).await,
+            Command::Crds => {
+                print!("{}", capstan_api::crds_yaml());
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Controller(args) => controller::run(args).await,
+            Command::Rollout(rollout::Command::History(args)) => rollout::history(args).await,
+            Command::Rollout(rollout::Command::Undo(args)) => rollout::undo(args).await,
         }
     });
     match result {

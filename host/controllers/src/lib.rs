@@ -1,1 +1,584 @@
-//! placeholder
+//! Capstan's controllers: the generic Cluster API machine lifecycle, run by
+//! one host for every provider plugin.
+//!
+//! Start with [`run`], which starts four kube-rs controllers over shared
+//! reflector caches:
+//!
+//! - [`plugin`]: loads each `Plugin`'s component into the sandbox and
+//!   registers it as a provider;
+//! - [`machine`]: creates, follows and deletes each `Machine`'s instance
+//!   through its provider plugin;
+//! - [`machineset`]: keeps a set's number of machines;
+//! - [`deployment`]: rolls templates out across MachineSets.
+//!
+//! What to do next is decided by the pure functions of `capstan-planner`;
+//! this crate observes, calls them, and writes only what changed (an idle
+//! resync writes nothing: every status is compared before it is applied).
+
+#![forbid(unsafe_code)]
+
+pub mod deployment;
+pub mod history;
+pub mod machine;
+pub mod machineset;
+pub mod metrics;
+pub mod plugin;
+pub mod provider;
+
+pub use metrics::Metrics;
+pub use provider::{MachineProvider, ProviderError, Providers, Registered, WasmProvider};
+
+use capstan_api::{Machine, MachineDeployment, MachineSet, Plugin};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Field manager of every write.
+pub const FIELD_MANAGER: &str = "capstan";
+
+/// Errors of the controllers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("{what}: {source}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An object the caller named does not exist (the text says which).
+    #[error("{0}")]
+    NotFound(String),
+    /// A watch failed at startup.
+    #[error(
+        "cannot watch {0}: check the CRDs are installed (`capstan crds | kubectl apply -f -`) and RBAC allows list/watch"
+    )]
+    Watch(String),
+}
+
+/// Shorthand for wrapping kube errors with context.
+pub(crate) fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Kube { what, source }
+}
+
+/// Tuning of the controllers.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Concurrent reconciles per controller.
+    pub concurrency: Concurrency,
+    /// How often an idle object is reconciled anyway (a resync).
+    pub resync: Duration,
+    /// How often a machine whose instance is still booting (or deleting) is
+    /// polled through its provider.
+    pub poll: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            concurrency: Concurrency::default(),
+            resync: Duration::from_secs(600),
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Concurrent reconciles per controller.
+#[derive(Debug, Clone, Copy)]
+pub struct Concurrency {
+    /// Plugin controller (loads compile plugins; keep low).
+    pub plugins: u16,
+    /// Machine controller (plugin calls).
+    pub machines: u16,
+    /// MachineSet controller.
+    pub machine_sets: u16,
+    /// MachineDeployment controller.
+    pub deployments: u16,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Concurrency {
+            plugins: 2,
+            machines: 32,
+            machine_sets: 8,
+            deployments: 4,
+        }
+    }
+}
+
+/// Read-only caches every controller can look into.
+#[derive(Clone)]
+pub struct Stores {
+    /// Plugins.
+    pub plugins: Store<Plugin>,
+    /// Machines.
+    pub machines: Store<Machine>,
+    /// MachineSets.
+    pub machine_sets: Store<MachineSet>,
+    /// MachineDeployments.
+    pub deployments: Store<MachineDeployment>,
+    /// Nodes.
+    pub nodes: Store<Node>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("machines", &self.machines.len())
+            .field("nodes", &self.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every reconcile gets.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// The sandbox plugins load into (`None` runs only built-in providers).
+    pub runtime: Option<capstan_runtime::Runtime>,
+    /// Providers by plugin name.
+    pub providers: Providers,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Caches.
+    pub stores: Stores,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Tuning.
+    pub options: Options,
+    /// Machines a set created or deleted that its cache has not shown yet.
+    pub expectations: Expectations,
+    /// Plugins loaded so far: name → (generation, digest), so an idle
+    /// reconcile does not reload.
+    pub(crate) loaded: Mutex<HashMap<String, (i64, String)>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("stores", &self.stores)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Creations and deletions a MachineSet issued that the cache has not
+/// caught up with. Without them a reconcile right after a create would
+/// see too few machines and create duplicates.
+#[derive(Debug, Default)]
+pub struct Expectations {
+    pending: Mutex<HashMap<String, Pending>>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Pending {
+    created: Vec<String>,
+    deleted: Vec<String>,
+    since: Option<Instant>,
+}
+
+/// How long an unobserved create or delete is waited for before the cache
+/// is trusted again (a watch that lost an event recovers by relisting).
+const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Expectations {
+    /// Remember machines `owner` just created / deleted.
+    pub fn expect(&self, owner: &str, created: Vec<String>, deleted: Vec<String>) {
+        let mut pending = self.pending.lock().expect("expectations lock");
+        let entry = pending.entry(owner.to_string()).or_default();
+        entry.created.extend(created);
+        entry.deleted.extend(deleted);
+        entry.since = Some(Instant::now());
+    }
+
+    /// Whether the cache shows everything `owner` did: created machines
+    /// present, deleted ones gone or marked for deletion.
+    pub fn satisfied(&self, owner: &str, seen: impl Fn(&str) -> Seen) -> bool {
+        let mut pending = self.pending.lock().expect("expectations lock");
+        let Some(entry) = pending.get_mut(owner) else {
+            return true;
+        };
+        entry.created.retain(|n| seen(n) == Seen::Absent);
+        entry.deleted.retain(|n| seen(n) == Seen::Present);
+        let done = entry.created.is_empty() && entry.deleted.is_empty();
+        let expired = entry
+            .since
+            .is_some_and(|s| s.elapsed() > EXPECTATION_TIMEOUT);
+        if done || expired {
+            pending.remove(owner);
+            return true;
+        }
+        false
+    }
+}
+
+/// How the cache shows a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Not in the cache.
+    Absent,
+    /// In the cache, not being deleted.
+    Present,
+    /// In the cache with a deletion timestamp.
+    Deleting,
+}
+
+/// Apply `status` to an object's status subresource with server-side apply,
+/// unless it equals `current` (so idle reconciles write nothing).
+pub(crate) async fn apply_status<K, S>(
+    ctx: &Context,
+    controller: &'static str,
+    obj: &K,
+    current: Option<&S>,
+    status: &S,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::Scope: ScopeApi,
+    S: Serialize + PartialEq,
+{
+    if current == Some(status) {
+        return Ok(false);
+    }
+    let api: Api<K> = K::Scope::api(ctx.client.clone(), obj.namespace().as_deref());
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &obj.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "cannot update the status of {} {}",
+        K::kind(&()),
+        obj.name_any()
+    )))?;
+    ctx.metrics.wrote(controller, "apply_status");
+    Ok(true)
+}
+
+/// Build an `Api` for namespaced or cluster-scoped kinds alike.
+pub trait ScopeApi {
+    /// The API handle for an object of this scope.
+    fn api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = Self>;
+}
+
+impl ScopeApi for k8s_openapi::NamespaceResourceScope {
+    fn api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = Self>,
+    {
+        Api::namespaced(client, namespace.unwrap_or("default"))
+    }
+}
+
+impl ScopeApi for k8s_openapi::ClusterResourceScope {
+    fn api<K>(client: Client, _namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = Self>,
+    {
+        Api::all(client)
+    }
+}
+
+/// `now` as a Kubernetes timestamp.
+pub(crate) fn now() -> capstan_api::Time {
+    capstan_api::Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// A shared, reflected watch of one kind: the store and a way to subscribe.
+struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    writer: Option<reflector::store::Writer<K>>,
+    api: Api<K>,
+}
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    fn new(api: Api<K>) -> Self {
+        let (store, writer) = reflector::store_shared(1024);
+        Shared {
+            store,
+            writer: Some(writer),
+            api,
+        }
+    }
+
+    fn subscribe(&self) -> ReflectHandle<K> {
+        self.writer
+            .as_ref()
+            .and_then(|w| w.subscribe())
+            .expect("a shared store can be subscribed to until it starts")
+    }
+
+    /// The reflector task's stream; must be polled for subscribers to see events.
+    fn start(&mut self, name: &'static str) -> impl Stream<Item = ()> + Send + use<K> {
+        let writer = self.writer.take().expect("started once");
+        watcher(self.api.clone(), watcher::Config::default().any_semantic())
+            .default_backoff()
+            .reflect_shared(writer)
+            .filter_map(move |event| async move {
+                if let Err(error) = event {
+                    tracing::warn!(watch = name, %error, "watch error; retrying");
+                }
+                None
+            })
+    }
+}
+
+/// Run all controllers until `shutdown` resolves. Returns when every
+/// controller has finished its in-flight reconciles.
+pub async fn run(
+    client: Client,
+    runtime: Option<capstan_runtime::Runtime>,
+    providers: Providers,
+    metrics: Metrics,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
+    let mut plugins = Shared::new(Api::<Plugin>::all(client.clone()));
+    let mut machines = Shared::new(Api::<Machine>::all(client.clone()));
+    let mut sets = Shared::new(Api::<MachineSet>::all(client.clone()));
+    let mut deployments = Shared::new(Api::<MachineDeployment>::all(client.clone()));
+    let mut nodes = Shared::new(Api::<Node>::all(client.clone()));
+
+    // Fail early and clearly when the CRDs are missing.
+    for (kind, result) in [
+        (
+            "plugins.capstan.dev",
+            plugins.api.list_metadata(&Default::default()).await.err(),
+        ),
+        (
+            "machines.capstan.dev",
+            machines.api.list_metadata(&Default::default()).await.err(),
+        ),
+        (
+            "machinesets.capstan.dev",
+            sets.api.list_metadata(&Default::default()).await.err(),
+        ),
+        (
+            "machinedeployments.capstan.dev",
+            deployments
+                .api
+                .list_metadata(&Default::default())
+                .await
+                .err(),
+        ),
+    ] {
+        if let Some(error) = result {
+            tracing::error!(%error, "cannot list {kind}");
+            return Err(Error::Watch(kind.to_string()));
+        }
+    }
+
+    let stores = Stores {
+        plugins: plugins.store.clone(),
+        machines: machines.store.clone(),
+        machine_sets: sets.store.clone(),
+        deployments: deployments.store.clone(),
+        nodes: nodes.store.clone(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "capstan".into(),
+                instance: std::env::var("HOSTNAME").ok(),
+            },
+        ),
+        client,
+        runtime,
+        providers,
+        metrics: metrics.clone(),
+        stores: stores.clone(),
+        options: options.clone(),
+        expectations: Expectations::default(),
+        loaded: Mutex::default(),
+    });
+
+    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    let plugin_controller = plugin::controller(plugins.subscribe(), &ctx, shutdown.clone());
+    let machine_controller = machine::controller(
+        machines.subscribe(),
+        plugins.subscribe(),
+        nodes.subscribe(),
+        &ctx,
+        shutdown.clone(),
+    );
+    let set_controller = machineset::controller(
+        sets.subscribe(),
+        machines.subscribe(),
+        &ctx,
+        shutdown.clone(),
+    );
+    let deployment_controller = deployment::controller(
+        deployments.subscribe(),
+        sets.subscribe(),
+        &ctx,
+        shutdown.clone(),
+    );
+
+    let reflectors = futures::stream::select_all([
+        plugins.start("plugins").boxed(),
+        machines.start("machines").boxed(),
+        sets.start("machinesets").boxed(),
+        deployments.start("machinedeployments").boxed(),
+        nodes.start("nodes").boxed(),
+    ]);
+    let reflectors = tokio::spawn(reflectors.for_each(|_| async {}));
+
+    let ready = {
+        let stores = stores.clone();
+        let metrics = metrics.clone();
+        async move {
+            let _ = futures::future::join5(
+                stores.plugins.wait_until_ready(),
+                stores.machines.wait_until_ready(),
+                stores.machine_sets.wait_until_ready(),
+                stores.deployments.wait_until_ready(),
+                stores.nodes.wait_until_ready(),
+            )
+            .await;
+            metrics.set_ready(true);
+            tracing::info!("caches synced; controllers ready");
+        }
+    };
+    tokio::spawn(ready);
+
+    futures::future::join4(
+        plugin_controller,
+        machine_controller,
+        set_controller,
+        deployment_controller,
+    )
+    .await;
+    reflectors.abort();
+    metrics.set_ready(false);
+    Ok(())
+}
+
+/// Drive a controller's result stream, logging failures, until it ends.
+pub(crate) async fn drain<K, E1, E2>(
+    name: &'static str,
+    stream: impl Stream<
+        Item = Result<
+            (ObjectRef<K>, kube::runtime::controller::Action),
+            kube::runtime::controller::Error<E1, E2>,
+        >,
+    >,
+) where
+    K: Resource,
+    E1: std::error::Error + 'static,
+    E2: std::error::Error + 'static,
+{
+    stream
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                match &error {
+                    kube::runtime::controller::Error::ObjectNotFound(_) => {}
+                    _ => tracing::debug!(controller = name, %error, "reconcile failed"),
+                }
+            }
+        })
+        .await;
+}
+
+/// Key of an object in logs and queue bookkeeping.
+pub(crate) fn key_of<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or(""),
+        obj.meta().name.as_deref().unwrap_or("")
+    )
+}
+
+/// Wrap a reconcile with timing, queue bookkeeping and error metrics.
+pub(crate) async fn instrumented<K, F>(
+    controller: &'static str,
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    reconcile: impl FnOnce(Arc<K>, Arc<Context>) -> F,
+) -> Result<kube::runtime::controller::Action, Error>
+where
+    K: Resource,
+    F: Future<Output = Result<kube::runtime::controller::Action, Error>>,
+{
+    let key = key_of(obj.as_ref());
+    ctx.metrics.dequeued(controller, &key);
+    let started = Instant::now();
+    let metrics = ctx.metrics.clone();
+    let result = reconcile(obj, ctx).await;
+    metrics.reconciled(controller, started.elapsed(), result.is_err());
+    if let Err(error) = &result {
+        tracing::warn!(controller, object = %key, %error, "reconcile failed; retrying");
+    }
+    result
+}
+
+/// Count triggers into the queue-depth metric as they pass.
+pub(crate) fn counted<K: Resource + 'static>(
+    controller: &'static str,
+    metrics: &Metrics,
+    stream: impl Stream<Item = Arc<K>> + Send + 'static,
+    key: impl Fn(&K) -> Option<String> + Send + 'static,
+) -> impl Stream<Item = Arc<K>> + Send + 'static
+where
+    K: Send + Sync,
+{
+    let metrics = metrics.clone();
+    stream.inspect(move |obj| {
+        if let Some(k) = key(obj) {
+            metrics.enqueued(controller, k);
+        }
+    })
+}
+
+/// The controller-owner key (`namespace/name`) of an object, if it has one
+/// of the given kind.
+pub(crate) fn owner_key<K: Resource>(obj: &K, owner_kind: &str) -> Option<String> {
+    let owner = obj
+        .meta()
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == owner_kind)?;
+    Some(format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or(""),
+        owner.name
+    ))
+}
+
+/// Standard error policy: retry after a short delay.
+pub(crate) fn retry_soon<K>(
+    _obj: Arc<K>,
+    _error: &Error,
+    _ctx: Arc<Context>,
+) -> kube::runtime::controller::Action {
+    kube::runtime::controller::Action::requeue(Duration::from_secs(2))
+}

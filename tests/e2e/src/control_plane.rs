@@ -5,7 +5,10 @@
 //! test panics) and removes the directory.
 //!
 //! Authentication is a static bearer token (`system:masters`); the API
-//! server's self-signed serving certificate is the CA to trust.
+//! server's self-signed serving certificate is the CA to trust. A
+//! kubeconfig for both is written next to the data ([`ControlPlane::kubeconfig`]),
+//! and kube-controller-manager runs the garbage collector (owner
+//! references) and namespace deletion.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -154,6 +157,20 @@ impl ControlPlane {
         )?);
         plane.url = format!("https://127.0.0.1:{secure}");
         plane.wait_ready(Duration::from_secs(60))?;
+        plane.write_kubeconfig()?;
+
+        let controller_manager = bin.join("kube-controller-manager");
+        plane.children.push(spawn(
+            "kube-controller-manager",
+            Command::new(&controller_manager)
+                .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
+                .arg("--controllers=garbagecollector,namespace")
+                .arg("--leader-elect=false")
+                .arg("--port=0")
+                .arg("--secure-port=0")
+                .arg("--concurrent-gc-syncs=5"),
+            &dir.join("kube-controller-manager.log"),
+        )?);
         Ok(plane)
     }
 
@@ -188,13 +205,76 @@ impl ControlPlane {
     /// directory is removed when the control plane is dropped).
     fn log_tails(&self) -> String {
         let mut out = String::new();
-        for log in ["etcd.log", "kube-apiserver.log"] {
+        for log in [
+            "etcd.log",
+            "kube-apiserver.log",
+            "kube-controller-manager.log",
+        ] {
             let text = std::fs::read_to_string(self.dir.join(log)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(15)..].join("\n");
             out.push_str(&format!("\n--- {log} (last lines) ---\n{tail}"));
         }
         out
+    }
+
+    /// Path of a kubeconfig for the admin (kubectl, kube-rs, `capstan`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    fn write_kubeconfig(&self) -> Result<(), String> {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: capstan\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: admin\n  user:\n    token: {}\ncontexts:\n- name: capstan\n  context:\n    cluster: capstan\n    user: admin\ncurrent-context: capstan\n",
+            self.url,
+            self.dir.join("certs/apiserver.crt").display(),
+            self.token
+        );
+        std::fs::write(self.kubeconfig(), text)
+            .map_err(|e| format!("cannot write the kubeconfig: {e}"))
+    }
+
+    /// A kube-rs client for the admin.
+    pub async fn client(&self) -> Result<kube::Client, String> {
+        let kc =
+            kube::config::Kubeconfig::read_from(self.kubeconfig()).map_err(|e| e.to_string())?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        kube::Client::try_from(config).map_err(|e| e.to_string())
+    }
+
+    /// Run the cached `kubectl` against this control plane; returns stdout,
+    /// or stderr as the error.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write;
+        let mut child = Command::new(bin_dir().join("kubectl"))
+            .arg(format!("--kubeconfig={}", self.kubeconfig().display()))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run kubectl: {e}"))?;
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("piped")
+                .write_all(input.as_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
     }
 
     /// An HTTPS client trusting the API server. Its certificate file holds

@@ -77,3 +77,4 @@ pub fn plugin(file_stem: &str) -> PathBuf {
 pub use capstan_sim_cloud as sim_cloud;
 
 pub mod control_plane;
+pub mod env;

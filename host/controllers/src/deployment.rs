@@ -1,0 +1,579 @@
+//! The MachineDeployment controller: one MachineSet per template revision,
+//! replica targets from [`capstan_planner::rollout::plan`], history pruned
+//! to `revisionHistoryLimit`, and status with `Available` / `Progressing`.
+//!
+//! The set for the current template is named `<deployment>-<template hash>`,
+//! so creating it twice (after a restart, or a stale cache) is harmless.
+//! Rollback (`capstan rollout undo`) copies an old set's template back into
+//! the deployment; that set then becomes the newest revision.
+
+use crate::machineset::{controlled_by, health, owner_reference};
+use crate::{
+    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, owner_key,
+    retry_soon,
+};
+use capstan_api::set_conditions::{AVAILABLE, PROGRESSING, VALID_SPEC};
+use capstan_api::{
+    ANNOTATION_CHANGE_CAUSE, ANNOTATION_REVISION, DeploymentPhase, IntOrString,
+    LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
+    MachineDeploymentStatus, MachineSet, MachineSetSpec, MachineTemplateSpec, StrategyType,
+    selector_matches, selector_string, set_condition, status as cond,
+};
+use capstan_planner::rollout::{self, SetView, Strategy};
+use capstan_planner::{Bound, Bounds, Health};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+const CONTROLLER: &str = "machinedeployment";
+/// Default `revisionHistoryLimit`.
+pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
+
+pub(crate) async fn controller(
+    deployments: ReflectHandle<MachineDeployment>,
+    sets: ReflectHandle<MachineSet>,
+    ctx: &Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let trigger = counted(CONTROLLER, &ctx.metrics, deployments, |d| Some(key_of(d)));
+    let metrics = ctx.metrics.clone();
+    let stream = Controller::for_shared_stream(trigger, ctx.stores.deployments.clone())
+        .watches_shared_stream(sets, move |set: Arc<MachineSet>| {
+            let key = owner_key(set.as_ref(), "MachineDeployment");
+            key.map(|k| {
+                metrics.enqueued(CONTROLLER, k);
+                let owner = set
+                    .owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true))
+                    .map(|o| o.name.clone())
+                    .unwrap_or_default();
+                ObjectRef::new(&owner).within(&set.namespace().unwrap_or_default())
+            })
+        })
+        .with_config(Config::default().concurrency(ctx.options.concurrency.deployments))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
+            retry_soon,
+            ctx.clone(),
+        );
+    drain(CONTROLLER, stream).await;
+}
+
+/// A stable hash of a machine template (keys sorted, so the same template
+/// always hashes the same whatever order its JSON arrived in).
+pub fn template_hash(template: &MachineTemplateSpec) -> String {
+    fn canonical(value: serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(map) => {
+                let sorted: BTreeMap<String, serde_json::Value> =
+                    map.into_iter().map(|(k, v)| (k, canonical(v))).collect();
+                serde_json::Value::Object(sorted.into_iter().collect())
+            }
+            serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items.into_iter().map(canonical).collect())
+            }
+            other => other,
+        }
+    }
+    let value = canonical(serde_json::to_value(template).expect("a template serializes"));
+    let digest = Sha256::digest(value.to_string().as_bytes());
+    hex::encode(&digest[..5])
+}
+
+/// Resolve the spec's strategy into the planner's, or say which field is wrong.
+pub fn strategy_of(md: &MachineDeployment) -> Result<Strategy, String> {
+    let spec = &md.spec.strategy;
+    match spec.type_ {
+        StrategyType::OnDelete => Ok(Strategy::OnDelete),
+        StrategyType::RollingUpdate => {
+            let ru = spec.rolling_update.as_ref();
+            let bound = |field: &str, value: Option<&IntOrString>, default: Bound| match value {
+                None => Ok(default),
+                Some(IntOrString::Int(n)) if *n >= 0 => Ok(Bound::Count(*n)),
+                Some(IntOrString::Int(n)) => Err(format!(
+                    "spec.strategy.rollingUpdate.{field}: {n} is negative"
+                )),
+                Some(IntOrString::String(s)) => {
+                    Bound::parse(s).map_err(|e| format!("spec.strategy.rollingUpdate.{field}: {e}"))
+                }
+            };
+            let surge = bound(
+                "maxSurge",
+                ru.and_then(|r| r.max_surge.as_ref()),
+                Bound::Count(1),
+            )?;
+            let unavailable = bound(
+                "maxUnavailable",
+                ru.and_then(|r| r.max_unavailable.as_ref()),
+                Bound::Count(0),
+            )?;
+            Ok(Strategy::RollingUpdate(Bounds::resolve(
+                md.spec.replicas,
+                surge,
+                unavailable,
+            )))
+        }
+    }
+}
+
+fn revision_of(set: &MachineSet) -> i64 {
+    set.annotations()
+        .get(ANNOTATION_REVISION)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if md.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = md.namespace().unwrap_or_default();
+    let uid = md.uid().unwrap_or_default();
+    let generation = md.metadata.generation;
+    let current = md.status.clone();
+    let mut status = current.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    status.selector = Some(selector_string(&md.spec.selector));
+    let t = now();
+
+    let strategy = if !selector_matches(&md.spec.selector, &md.spec.template.metadata.labels) {
+        Err("spec.selector does not match spec.template.metadata.labels: machines made from the template would not belong to the deployment; make every selector label a template label".to_string())
+    } else {
+        strategy_of(&md)
+    };
+    let strategy = match strategy {
+        Ok(s) => s,
+        Err(message) => {
+            set_condition(
+                &mut status.conditions,
+                VALID_SPEC,
+                cond::FALSE,
+                "InvalidSpec",
+                message,
+                generation,
+                &t,
+            );
+            status.phase = Some(DeploymentPhase::Failed);
+            apply_status(&ctx, CONTROLLER, md.as_ref(), current.as_ref(), &status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    set_condition(
+        &mut status.conditions,
+        VALID_SPEC,
+        cond::TRUE,
+        "Valid",
+        "",
+        generation,
+        &t,
+    );
+
+    let sets_api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
+    let hash = template_hash(&md.spec.template);
+    let sets: Vec<Arc<MachineSet>> = ctx
+        .stores
+        .machine_sets
+        .state()
+        .into_iter()
+        .filter(|s| {
+            s.namespace().as_deref() == Some(namespace.as_str()) && controlled_by(s.as_ref(), &uid)
+        })
+        .collect();
+    let machines = ctx.stores.machines.state();
+    let now_s = t.0.as_second();
+    let mut totals = Totals::default();
+    let mut view = |set: &MachineSet, is_new: bool| {
+        let set_uid = set.uid().unwrap_or_default();
+        let mut v = SetView {
+            name: set.name_any(),
+            revision: revision_of(set),
+            replicas: set.spec.replicas,
+            machines: 0,
+            available: 0,
+        };
+        for m in machines
+            .iter()
+            .filter(|m| controlled_by(m.as_ref(), &set_uid))
+        {
+            v.machines += 1;
+            if m.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            totals.replicas += 1;
+            if is_new {
+                totals.updated += 1;
+            }
+            match health(m, md.spec.min_ready_seconds, now_s).0 {
+                Health::Available => {
+                    v.available += 1;
+                    totals.ready += 1;
+                    totals.available += 1;
+                }
+                Health::Ready => totals.ready += 1,
+                Health::Failed => totals.failed += 1,
+                Health::NotReady => {}
+            }
+        }
+        // Machines above the set's target are about to go (the set
+        // deletes unavailable ones first); counting them would let two
+        // reconciles in a row spend the same availability twice.
+        v.available = v.available.min(set.spec.replicas);
+        v
+    };
+    let new_set = sets
+        .iter()
+        .find(|s| s.labels().get(LABEL_TEMPLATE_HASH) == Some(&hash))
+        .cloned();
+    let new_view = new_set.as_ref().map(|s| view(s, true));
+    let old_sets: Vec<&Arc<MachineSet>> = sets
+        .iter()
+        .filter(|s| s.labels().get(LABEL_TEMPLATE_HASH) != Some(&hash))
+        .collect();
+    let old_views: Vec<SetView> = old_sets.iter().map(|s| view(s, false)).collect();
+    drop(view);
+
+    let revision = rollout::next_revision(new_view.as_ref(), &old_views);
+    let plan = rollout::plan(
+        md.spec.replicas,
+        strategy,
+        md.spec.paused,
+        new_view.as_ref(),
+        &old_views,
+    );
+
+    match &new_set {
+        None if !md.spec.paused => {
+            create_set(&sets_api, &ctx, &md, &hash, plan.new_replicas, revision).await?;
+        }
+        None => {}
+        Some(set) => {
+            let desired_revision = revision.to_string();
+            let mut patch = serde_json::Map::new();
+            if set.spec.replicas != plan.new_replicas {
+                patch.insert(
+                    "spec".into(),
+                    serde_json::json!({ "replicas": plan.new_replicas }),
+                );
+            }
+            if set.spec.min_ready_seconds != md.spec.min_ready_seconds {
+                let spec = patch.entry("spec").or_insert_with(|| serde_json::json!({}));
+                spec["minReadySeconds"] = md.spec.min_ready_seconds.into();
+            }
+            if set.annotations().get(ANNOTATION_REVISION) != Some(&desired_revision) {
+                patch.insert(
+                    "metadata".into(),
+                    serde_json::json!({ "annotations": { ANNOTATION_REVISION: desired_revision } }),
+                );
+            }
+            if !patch.is_empty() {
+                patch_set(
+                    &sets_api,
+                    &ctx,
+                    &set.name_any(),
+                    serde_json::Value::Object(patch),
+                )
+                .await?;
+            }
+        }
+    }
+    for (name, replicas) in &plan.old_replicas {
+        patch_set(
+            &sets_api,
+            &ctx,
+            name,
+            serde_json::json!({ "spec": { "replicas": replicas } }),
+        )
+        .await?;
+    }
+    let limit = md
+        .spec
+        .revision_history_limit
+        .unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT)
+        .max(0) as usize;
+    for name in rollout::sets_to_prune(&old_views, limit) {
+        match sets_api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => ctx.metrics.wrote(CONTROLLER, "delete"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                return Err(kube_err(format!(
+                    "cannot prune old MachineSet {namespace}/{name}"
+                ))(e));
+            }
+        }
+    }
+
+    // Status.
+    let complete = rollout::complete(md.spec.replicas, new_view.as_ref(), &old_views);
+    let bounds = match strategy {
+        Strategy::RollingUpdate(b) => b,
+        Strategy::OnDelete => Bounds {
+            max_surge: 0,
+            max_unavailable: 0,
+        },
+    };
+    status.replicas = totals.replicas;
+    status.updated_replicas = totals.updated;
+    status.ready_replicas = totals.ready;
+    status.available_replicas = totals.available;
+    status.unavailable_replicas = (md.spec.replicas - totals.available).max(0);
+    status.revision = Some(revision);
+    let old_machines: i32 = old_views.iter().map(|v| v.machines).sum();
+    status.phase = Some(if totals.failed > 0 {
+        DeploymentPhase::Failed
+    } else if md.spec.paused && !complete {
+        DeploymentPhase::Paused
+    } else if old_machines > 0 && strategy != Strategy::OnDelete {
+        DeploymentPhase::RollingOut
+    } else if totals.replicas < md.spec.replicas {
+        DeploymentPhase::ScalingUp
+    } else if totals.replicas > md.spec.replicas {
+        DeploymentPhase::ScalingDown
+    } else if totals.available >= md.spec.replicas {
+        DeploymentPhase::Running
+    } else {
+        DeploymentPhase::ScalingUp
+    });
+    if totals.available >= md.spec.replicas - bounds.max_unavailable {
+        set_condition(
+            &mut status.conditions,
+            AVAILABLE,
+            cond::TRUE,
+            "MinimumMachinesAvailable",
+            "",
+            generation,
+            &t,
+        );
+    } else {
+        set_condition(
+            &mut status.conditions,
+            AVAILABLE,
+            cond::FALSE,
+            "MinimumMachinesUnavailable",
+            format!(
+                "{} of at least {} machines available",
+                totals.available,
+                md.spec.replicas - bounds.max_unavailable
+            ),
+            generation,
+            &t,
+        );
+    }
+    if md.spec.paused {
+        set_condition(
+            &mut status.conditions,
+            PROGRESSING,
+            cond::UNKNOWN,
+            "DeploymentPaused",
+            "the rollout is paused; set spec.paused=false to resume",
+            generation,
+            &t,
+        );
+    } else if complete {
+        set_condition(
+            &mut status.conditions,
+            PROGRESSING,
+            cond::TRUE,
+            "NewMachineSetAvailable",
+            format!("revision {revision} is rolled out"),
+            generation,
+            &t,
+        );
+    } else {
+        set_condition(
+            &mut status.conditions,
+            PROGRESSING,
+            cond::TRUE,
+            "MachineSetUpdated",
+            format!(
+                "rolling out revision {revision}: {} of {} machines updated",
+                totals.updated, md.spec.replicas
+            ),
+            generation,
+            &t,
+        );
+    }
+    apply_status(&ctx, CONTROLLER, md.as_ref(), current.as_ref(), &status).await?;
+    Ok(if complete {
+        Action::requeue(ctx.options.resync)
+    } else {
+        // Set and machine changes trigger us; this only covers minReadySeconds.
+        Action::requeue(Duration::from_secs(5))
+    })
+}
+
+#[derive(Default)]
+struct Totals {
+    replicas: i32,
+    updated: i32,
+    ready: i32,
+    available: i32,
+    failed: i32,
+}
+
+async fn patch_set(
+    api: &Api<MachineSet>,
+    ctx: &Context,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<(), Error> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_err(format!("cannot update MachineSet {name}")))?;
+    ctx.metrics.wrote(CONTROLLER, "patch");
+    Ok(())
+}
+
+async fn create_set(
+    api: &Api<MachineSet>,
+    ctx: &Context,
+    md: &MachineDeployment,
+    hash: &str,
+    replicas: i32,
+    revision: i64,
+) -> Result<(), Error> {
+    let name = format!("{}-{hash}", md.name_any());
+    let mut template = md.spec.template.clone();
+    template
+        .metadata
+        .labels
+        .insert(LABEL_TEMPLATE_HASH.into(), hash.into());
+    template
+        .metadata
+        .labels
+        .insert(LABEL_DEPLOYMENT_NAME.into(), md.name_any());
+    let mut selector: LabelSelector = md.spec.selector.clone();
+    selector
+        .match_labels
+        .get_or_insert_with(Default::default)
+        .insert(LABEL_TEMPLATE_HASH.into(), hash.into());
+    let mut annotations = BTreeMap::from([(ANNOTATION_REVISION.to_string(), revision.to_string())]);
+    if let Some(cause) = md.annotations().get(ANNOTATION_CHANGE_CAUSE) {
+        annotations.insert(ANNOTATION_CHANGE_CAUSE.into(), cause.clone());
+    }
+    let mut labels = template.metadata.labels.clone();
+    labels.retain(|k, _| k != capstan_api::LABEL_SET_NAME);
+    let set = MachineSet {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: md.namespace(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![owner_reference(md)]),
+            ..Default::default()
+        },
+        spec: MachineSetSpec {
+            replicas,
+            selector,
+            template,
+            delete_policy: Default::default(),
+            min_ready_seconds: md.spec.min_ready_seconds,
+        },
+        status: None,
+    };
+    match api.create(&PostParams::default(), &set).await {
+        Ok(_) => {
+            ctx.metrics.wrote(CONTROLLER, "create");
+            tracing::info!(deployment = %key_of(md), set = %name, revision, "created MachineSet");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(kube_err(format!("cannot create MachineSet {name}"))(e)),
+    }
+}
+
+/// The template a MachineSet was made from, as a deployment template (the
+/// labels the deployment adds removed), for rollback.
+pub fn deployment_template_of(set: &MachineSet) -> MachineTemplateSpec {
+    let mut template = set.spec.template.clone();
+    template.metadata.labels.remove(LABEL_TEMPLATE_HASH);
+    template.metadata.labels.remove(LABEL_DEPLOYMENT_NAME);
+    template
+}
+
+/// The rollout revision recorded on a MachineSet.
+pub fn set_revision(set: &MachineSet) -> i64 {
+    revision_of(set)
+}
+
+/// Whether the status describes a rollout that finished.
+pub fn rolled_out(md: &MachineDeployment) -> bool {
+    let status: MachineDeploymentStatus = md.status.clone().unwrap_or_default();
+    status.observed_generation == md.metadata.generation
+        && status.updated_replicas == md.spec.replicas
+        && status.available_replicas == md.spec.replicas
+        && status.replicas == md.spec.replicas
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capstan_api::{MachineDeploymentSpec, MachineSpec, ProviderRef, RollingUpdate};
+
+    fn md(surge: Option<IntOrString>) -> MachineDeployment {
+        let mut md = MachineDeployment::new(
+            "web",
+            MachineDeploymentSpec {
+                replicas: 10,
+                template: MachineTemplateSpec {
+                    metadata: Default::default(),
+                    spec: MachineSpec {
+                        provider: ProviderRef {
+                            plugin: "sim".into(),
+                            config: serde_json::json!({"b": 1, "a": {"y": 2, "x": 1}}),
+                        },
+                        ..Default::default()
+                    },
+                },
+                ..Default::default()
+            },
+        );
+        md.spec.strategy.rolling_update = Some(RollingUpdate {
+            max_surge: surge,
+            max_unavailable: None,
+        });
+        md
+    }
+
+    #[test]
+    fn template_hash_ignores_key_order_and_changes_with_content() {
+        let a = md(None);
+        let mut b = md(None);
+        b.spec.template.spec.provider.config = serde_json::json!({"a": {"x": 1, "y": 2}, "b": 1});
+        assert_eq!(
+            template_hash(&a.spec.template),
+            template_hash(&b.spec.template)
+        );
+        b.spec.template.spec.version = Some("v1.31.0".into());
+        assert_ne!(
+            template_hash(&a.spec.template),
+            template_hash(&b.spec.template)
+        );
+        assert_eq!(template_hash(&a.spec.template).len(), 10);
+    }
+
+    #[test]
+    fn strategy_errors_name_the_field() {
+        let bad = md(Some(IntOrString::String("lots".into())));
+        let error = strategy_of(&bad).unwrap_err();
+        assert!(
+            error.starts_with("spec.strategy.rollingUpdate.maxSurge:"),
+            "{error}"
+        );
+        let ok = md(Some(IntOrString::String("25%".into())));
+        assert_eq!(
+            strategy_of(&ok).unwrap(),
+            Strategy::RollingUpdate(Bounds {
+                max_surge: 3,
+                max_unavailable: 0
+            })
+        );
+    }
+}

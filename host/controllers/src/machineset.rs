@@ -1,0 +1,369 @@
+//! The MachineSet controller: keep `replicas` machines made from the
+//! template, adopting matching orphans, deleting per `deletePolicy` (failed
+//! and not-ready machines first), and reporting counts.
+//!
+//! Creates and deletes are remembered in [`crate::Expectations`] until the
+//! cache shows them, so a reconcile never acts on a cache that has not
+//! caught up (which would create duplicate machines).
+
+use crate::{
+    Context, Error, Seen, apply_status, counted, drain, instrumented, key_of, kube_err, now,
+    retry_soon,
+};
+use capstan_api::set_conditions::{AVAILABLE, VALID_SPEC};
+use capstan_api::{
+    DeletePolicy, LABEL_SET_NAME, Machine, MachineSet, machine_conditions, selector_matches,
+    selector_string, set_condition, status as cond,
+};
+use capstan_planner::Health;
+use capstan_planner::machineset::{self as plan, MachineView};
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+const CONTROLLER: &str = "machineset";
+
+pub(crate) async fn controller(
+    sets: ReflectHandle<MachineSet>,
+    machines: ReflectHandle<Machine>,
+    ctx: &Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let trigger = counted(CONTROLLER, &ctx.metrics, sets, |s| Some(key_of(s)));
+    let set_store = ctx.stores.machine_sets.clone();
+    let metrics = ctx.metrics.clone();
+    let stream = Controller::for_shared_stream(trigger, ctx.stores.machine_sets.clone())
+        .watches_shared_stream(machines, move |machine: Arc<Machine>| {
+            let owners = owning_sets(&set_store, &machine);
+            for o in &owners {
+                metrics.enqueued(
+                    CONTROLLER,
+                    format!("{}/{}", o.namespace.as_deref().unwrap_or(""), o.name),
+                );
+            }
+            owners
+        })
+        .with_config(Config::default().concurrency(ctx.options.concurrency.machine_sets))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
+            retry_soon,
+            ctx.clone(),
+        );
+    drain(CONTROLLER, stream).await;
+}
+
+/// The set that controls a machine, or (for an orphan) the sets that could
+/// adopt it.
+fn owning_sets(sets: &Store<MachineSet>, machine: &Machine) -> Vec<ObjectRef<MachineSet>> {
+    let namespace = machine.namespace().unwrap_or_default();
+    if let Some(owner) = machine
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+    {
+        if owner.kind == "MachineSet" {
+            return vec![ObjectRef::new(&owner.name).within(&namespace)];
+        }
+        return vec![];
+    }
+    sets.state()
+        .iter()
+        .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|s| selector_matches(&s.spec.selector, machine.labels()))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
+
+/// How healthy a machine is, and (when Ready but not yet available) how
+/// long until it counts as available.
+pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, Option<Duration>) {
+    let Some(status) = machine.status.as_ref() else {
+        return (Health::NotReady, None);
+    };
+    if status.failure_reason.is_some() {
+        return (Health::Failed, None);
+    }
+    match capstan_api::condition(&status.conditions, machine_conditions::READY) {
+        Some(c) if c.status == cond::TRUE => {
+            let ready_for = now - c.last_transition_time.0.as_second();
+            let min = i64::from(min_ready_seconds);
+            if ready_for >= min {
+                (Health::Available, None)
+            } else {
+                (
+                    Health::Ready,
+                    Some(Duration::from_secs((min - ready_for) as u64)),
+                )
+            }
+        }
+        _ => (Health::NotReady, None),
+    }
+}
+
+/// Whether a machine is controlled by the object with this uid.
+pub fn controlled_by(machine: &impl Resource, uid: &str) -> bool {
+    machine
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// The controller owner reference for objects `owner` creates or adopts.
+pub(crate) fn owner_reference<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
+    OwnerReference {
+        api_version: K::api_version(&()).to_string(),
+        kind: K::kind(&()).to_string(),
+        name: owner.meta().name.clone().unwrap_or_default(),
+        uid: owner.meta().uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if set.metadata.deletion_timestamp.is_some() {
+        // Owner references hand the machines to the garbage collector.
+        return Ok(Action::await_change());
+    }
+    let namespace = set.namespace().unwrap_or_default();
+    let uid = set.uid().unwrap_or_default();
+    let generation = set.metadata.generation;
+    let current = set.status.clone();
+    let mut status = current.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    status.selector = Some(selector_string(&set.spec.selector));
+    let t = now();
+
+    if !selector_matches(&set.spec.selector, &set.spec.template.metadata.labels) {
+        set_condition(
+            &mut status.conditions,
+            VALID_SPEC,
+            cond::FALSE,
+            "SelectorMismatch",
+            "spec.selector does not match spec.template.metadata.labels: machines made from the template would not belong to the set; make every selector label a template label",
+            generation,
+            &t,
+        );
+        apply_status(&ctx, CONTROLLER, set.as_ref(), current.as_ref(), &status).await?;
+        return Ok(Action::await_change());
+    }
+    set_condition(
+        &mut status.conditions,
+        VALID_SPEC,
+        cond::TRUE,
+        "Valid",
+        "",
+        generation,
+        &t,
+    );
+
+    let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+    let all = ctx.stores.machines.state();
+    let mut mine: Vec<Arc<Machine>> = vec![];
+    for m in all
+        .iter()
+        .filter(|m| m.namespace().as_deref() == Some(namespace.as_str()))
+    {
+        if controlled_by(m.as_ref(), &uid) {
+            mine.push(m.clone());
+        } else if m
+            .owner_references()
+            .iter()
+            .all(|o| o.controller != Some(true))
+            && m.metadata.deletion_timestamp.is_none()
+            && selector_matches(&set.spec.selector, m.labels())
+        {
+            adopt(&machines_api, &ctx, set.as_ref(), m).await?;
+            mine.push(m.clone());
+        }
+    }
+
+    let seen = |name: &str| match mine.iter().find(|m| m.name_any() == name) {
+        None => Seen::Absent,
+        Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
+        Some(_) => Seen::Present,
+    };
+    if !ctx.expectations.satisfied(&uid, seen) {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+
+    let now_s = t.0.as_second();
+    let mut next_available: Option<Duration> = None;
+    let views: Vec<MachineView> = mine
+        .iter()
+        .map(|m| {
+            let (health, wait) = health(m, set.spec.min_ready_seconds, now_s);
+            if let Some(w) = wait {
+                next_available = Some(next_available.map_or(w, |n| n.min(w)));
+            }
+            MachineView {
+                name: m.name_any(),
+                created: m.creation_timestamp().map_or(0, |c| c.0.as_second()),
+                health,
+                deleting: m.metadata.deletion_timestamp.is_some(),
+            }
+        })
+        .collect();
+    let replicas = usize::try_from(set.spec.replicas).unwrap_or(0);
+    let policy = match set.spec.delete_policy {
+        DeletePolicy::Random => plan::DeletePolicy::Random,
+        DeletePolicy::Newest => plan::DeletePolicy::Newest,
+        DeletePolicy::Oldest => plan::DeletePolicy::Oldest,
+    };
+    let scale = plan::plan_scale(replicas, &views, policy);
+
+    let created = create_machines(&machines_api, &ctx, set.as_ref(), scale.create).await;
+    let mut deleted = vec![];
+    for name in &scale.delete {
+        match machines_api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {
+                ctx.metrics.wrote(CONTROLLER, "delete");
+                deleted.push(name.clone());
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                return Err(kube_err(format!(
+                    "cannot delete machine {namespace}/{name}"
+                ))(e));
+            }
+        }
+    }
+    let created = created?;
+    if !created.is_empty() || !deleted.is_empty() {
+        tracing::info!(set = %key_of(set.as_ref()), created = created.len(), deleted = deleted.len(), "scaled");
+        ctx.expectations.expect(&uid, created, deleted);
+    }
+
+    let counts = plan::counts(&views);
+    status.replicas = counts.replicas;
+    status.ready_replicas = counts.ready;
+    status.available_replicas = counts.available;
+    status.failed_replicas = counts.failed;
+    if counts.available >= set.spec.replicas {
+        set_condition(
+            &mut status.conditions,
+            AVAILABLE,
+            cond::TRUE,
+            "AllAvailable",
+            "",
+            generation,
+            &t,
+        );
+    } else {
+        set_condition(
+            &mut status.conditions,
+            AVAILABLE,
+            cond::FALSE,
+            "WaitingForMachines",
+            format!(
+                "{} of {} machines available",
+                counts.available, set.spec.replicas
+            ),
+            generation,
+            &t,
+        );
+    }
+    apply_status(&ctx, CONTROLLER, set.as_ref(), current.as_ref(), &status).await?;
+    Ok(match next_available {
+        Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
+        None => Action::requeue(ctx.options.resync),
+    })
+}
+
+async fn adopt(
+    api: &Api<Machine>,
+    ctx: &Context,
+    set: &MachineSet,
+    machine: &Machine,
+) -> Result<(), Error> {
+    let mut owners = machine.owner_references().to_vec();
+    owners.push(owner_reference(set));
+    let patch = serde_json::json!({
+        "metadata": {
+            "ownerReferences": owners,
+            "resourceVersion": machine.resource_version(),
+        }
+    });
+    api.patch(
+        &machine.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "cannot adopt machine {}",
+        key_of(machine)
+    )))?;
+    ctx.metrics.wrote(CONTROLLER, "adopt");
+    tracing::info!(set = %key_of(set), machine = %machine.name_any(), "adopted an orphan machine");
+    Ok(())
+}
+
+/// Create `count` machines from the set's template, a few at a time.
+/// Returns the names created (even when some failed, the error comes after
+/// the expectations are recorded by the caller).
+async fn create_machines(
+    api: &Api<Machine>,
+    ctx: &Context,
+    set: &MachineSet,
+    count: usize,
+) -> Result<Vec<String>, Error> {
+    let template = &set.spec.template;
+    let mut labels = template.metadata.labels.clone();
+    labels.insert(LABEL_SET_NAME.to_string(), set.name_any());
+    let machine = Machine {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", set.name_any())),
+            namespace: set.namespace(),
+            labels: Some(labels),
+            annotations: (!template.metadata.annotations.is_empty())
+                .then(|| template.metadata.annotations.clone()),
+            owner_references: Some(vec![owner_reference(set)]),
+            ..Default::default()
+        },
+        spec: template.spec.clone(),
+        status: None,
+    };
+    let results: Vec<Result<String, kube::Error>> = futures::stream::iter(0..count)
+        .map(|_| {
+            let machine = machine.clone();
+            async move {
+                let created = api.create(&PostParams::default(), &machine).await?;
+                Ok(created.name_any())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut names = vec![];
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(name) => {
+                ctx.metrics.wrote(CONTROLLER, "create");
+                names.push(name);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        // Record what did get created before failing the reconcile.
+        ctx.expectations
+            .expect(&set.uid().unwrap_or_default(), names, vec![]);
+        return Err(kube_err(format!(
+            "cannot create machines for {}",
+            key_of(set)
+        ))(e));
+    }
+    Ok(names)
+}

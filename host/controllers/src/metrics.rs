@@ -1,0 +1,282 @@
+//! Prometheus metrics of the controllers, and the HTTP server that serves
+//! them with `/healthz` and `/readyz`.
+//!
+//! Metrics: `capstan_reconcile_duration_seconds{controller}`,
+//! `capstan_reconcile_errors_total{controller}`,
+//! `capstan_plugin_call_duration_seconds{plugin,function,result}`,
+//! `capstan_queue_depth{controller}` (objects triggered but not yet picked
+//! up by a reconcile), `capstan_api_writes_total{controller,verb}`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    plugin: String,
+    function: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteLabels {
+    controller: String,
+    verb: String,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 20))
+}
+
+/// The controllers' metrics; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Mutex<Registry>,
+    reconcile: Family<ControllerLabel, Histogram, fn() -> Histogram>,
+    reconcile_errors: Family<ControllerLabel, Counter>,
+    plugin_calls: Family<CallLabels, Histogram, fn() -> Histogram>,
+    queue_depth: Family<ControllerLabel, Gauge>,
+    writes: Family<WriteLabels, Counter>,
+    writes_total: AtomicU64,
+    dirty: Mutex<HashMap<&'static str, HashSet<String>>>,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Fresh metrics in their own registry.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("capstan");
+        let reconcile = Family::new_with_constructor(duration_histogram as fn() -> Histogram);
+        let reconcile_errors = Family::default();
+        let plugin_calls = Family::new_with_constructor(duration_histogram as fn() -> Histogram);
+        let queue_depth = Family::default();
+        let writes = Family::default();
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconcile",
+            reconcile.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that returned an error",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "plugin_call_duration_seconds",
+            "Plugin calls by plugin, function and result",
+            plugin_calls.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Objects triggered and waiting for a reconcile",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "api_writes",
+            "Writes to the Kubernetes API by controller and verb",
+            writes.clone(),
+        );
+        Metrics {
+            inner: Arc::new(Inner {
+                registry: Mutex::new(registry),
+                reconcile,
+                reconcile_errors,
+                plugin_calls,
+                queue_depth,
+                writes,
+                writes_total: AtomicU64::new(0),
+                dirty: Mutex::new(HashMap::new()),
+                ready: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn label(controller: &str) -> ControllerLabel {
+        ControllerLabel {
+            controller: controller.to_string(),
+        }
+    }
+
+    /// Record one reconcile.
+    pub fn reconciled(&self, controller: &'static str, took: Duration, failed: bool) {
+        self.inner
+            .reconcile
+            .get_or_create(&Self::label(controller))
+            .observe(took.as_secs_f64());
+        if failed {
+            self.inner
+                .reconcile_errors
+                .get_or_create(&Self::label(controller))
+                .inc();
+        }
+    }
+
+    /// Record one plugin call.
+    pub fn plugin_call(&self, plugin: &str, function: &str, result: &str, took: Duration) {
+        self.inner
+            .plugin_calls
+            .get_or_create(&CallLabels {
+                plugin: plugin.to_string(),
+                function: function.to_string(),
+                result: result.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Record one API write.
+    pub fn wrote(&self, controller: &'static str, verb: &'static str) {
+        self.inner
+            .writes
+            .get_or_create(&WriteLabels {
+                controller: controller.to_string(),
+                verb: verb.to_string(),
+            })
+            .inc();
+        self.inner.writes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// All API writes so far (tests and the benchmark count them).
+    pub fn writes(&self) -> u64 {
+        self.inner.writes_total.load(Ordering::Relaxed)
+    }
+
+    /// An object was triggered for `controller`.
+    pub fn enqueued(&self, controller: &'static str, key: String) {
+        let mut dirty = self.inner.dirty.lock().expect("queue lock");
+        let set = dirty.entry(controller).or_default();
+        set.insert(key);
+        self.inner
+            .queue_depth
+            .get_or_create(&Self::label(controller))
+            .set(set.len() as i64);
+    }
+
+    /// A reconcile of `key` started for `controller`.
+    pub fn dequeued(&self, controller: &'static str, key: &str) {
+        let mut dirty = self.inner.dirty.lock().expect("queue lock");
+        let set = dirty.entry(controller).or_default();
+        set.remove(key);
+        self.inner
+            .queue_depth
+            .get_or_create(&Self::label(controller))
+            .set(set.len() as i64);
+    }
+
+    /// Mark the controllers ready (caches synced) or not.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Whether the controllers are ready.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self.inner.registry.lock().expect("registry lock");
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Serve `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let for_metrics = metrics.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = for_metrics.clone();
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let m = metrics.clone();
+                async move {
+                    if m.is_ready() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet")
+                    }
+                }
+            }),
+        );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_family() {
+        let m = Metrics::new();
+        m.reconciled("machine", Duration::from_millis(3), true);
+        m.plugin_call("sim", "create", "ok", Duration::from_millis(1));
+        m.wrote("machine", "patch_status");
+        m.enqueued("machine", "ns/a".into());
+        m.enqueued("machine", "ns/a".into());
+        m.enqueued("machine", "ns/b".into());
+        m.dequeued("machine", "ns/a");
+        let text = m.encode();
+        assert!(
+            text.contains("capstan_reconcile_duration_seconds_count{controller=\"machine\"} 1")
+        );
+        assert!(text.contains("capstan_reconcile_errors_total{controller=\"machine\"} 1"));
+        assert!(text.contains(
+            "capstan_plugin_call_duration_seconds_count{plugin=\"sim\",function=\"create\",result=\"ok\"} 1"
+        ));
+        assert!(text.contains("capstan_queue_depth{controller=\"machine\"} 1"));
+        assert!(
+            text.contains(
+                "capstan_api_writes_total{controller=\"machine\",verb=\"patch_status\"} 1"
+            )
+        );
+        assert_eq!(m.writes(), 1);
+    }
+}

@@ -1,0 +1,197 @@
+//! The providers machines are made by, as the Machine controller sees them:
+//! a [`MachineProvider`] per plugin name, held in a [`Providers`] registry.
+//!
+//! The Wasm plugins loaded by the Plugin controller are one implementation
+//! ([`WasmProvider`]); the benchmark registers the same logic compiled
+//! natively as another, so both run through the identical controller path.
+
+use crate::metrics::Metrics;
+use capstan_runtime::types::{Deletion, Machine as PluginMachine, MachineStatus, PluginError};
+use capstan_runtime::{Error as RuntimeError, ProviderPlugin};
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Why a provider call failed, classified for the controller's decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    /// The configuration is wrong; a human must change the spec.
+    #[error("invalid provider config: {0}")]
+    InvalidConfig(String),
+    /// The instance does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// Try again after the given delay.
+    #[error("{message} (retrying in {} ms)", retry_after.as_millis())]
+    Transient {
+        /// What failed.
+        message: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// The provider's credentials were refused; fixable by an admin.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// A failure that retrying cannot fix.
+    #[error("{0}")]
+    Terminal(String),
+    /// The plugin misbehaved (trap, deadline, memory, output or capability
+    /// limit); retried with backoff because a host can outlive a bad call.
+    #[error("{0}")]
+    Fault(String),
+}
+
+impl From<RuntimeError> for ProviderError {
+    fn from(error: RuntimeError) -> Self {
+        let text = error.to_string();
+        match error.plugin_error() {
+            Some(PluginError::InvalidConfig(m)) => ProviderError::InvalidConfig(m.clone()),
+            Some(PluginError::NotFound(m)) => ProviderError::NotFound(m.clone()),
+            Some(PluginError::Transient(t)) => ProviderError::Transient {
+                message: t.message.clone(),
+                retry_after: Duration::from_millis(t.retry_after_ms.max(1)),
+            },
+            Some(PluginError::Unauthorized(m)) => ProviderError::Unauthorized(m.clone()),
+            Some(PluginError::Terminal(m)) => ProviderError::Terminal(m.clone()),
+            None => ProviderError::Fault(text),
+        }
+    }
+}
+
+impl ProviderError {
+    /// Label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProviderError::InvalidConfig(_) => "invalid_config",
+            ProviderError::NotFound(_) => "not_found",
+            ProviderError::Transient { .. } => "transient",
+            ProviderError::Unauthorized(_) => "unauthorized",
+            ProviderError::Terminal(_) => "terminal",
+            ProviderError::Fault(_) => "fault",
+        }
+    }
+}
+
+/// What the Machine controller needs from a provider.
+pub trait MachineProvider: Send + Sync + std::fmt::Debug {
+    /// `sha256:…` of the code acting on machines (recorded in their status).
+    fn digest(&self) -> &str;
+    /// Check a provider config.
+    fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// Create (idempotent by machine uid).
+    fn create<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>>;
+    /// Observe.
+    fn get<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>>;
+    /// Delete (call until `Done`).
+    fn delete<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Deletion, ProviderError>>;
+}
+
+/// A Wasm provider plugin loaded by the runtime.
+#[derive(Debug, Clone)]
+pub struct WasmProvider {
+    plugin: ProviderPlugin,
+    digest: String,
+}
+
+impl WasmProvider {
+    /// Wrap a loaded provider plugin.
+    pub fn new(plugin: ProviderPlugin) -> Self {
+        let digest = plugin.plugin().digest().to_string();
+        WasmProvider { plugin, digest }
+    }
+}
+
+impl MachineProvider for WasmProvider {
+    fn digest(&self) -> &str {
+        &self.digest
+    }
+    fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move { Ok(self.plugin.validate(config).await?) })
+    }
+    fn create<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
+        Box::pin(async move { Ok(self.plugin.create(machine).await?) })
+    }
+    fn get<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
+        Box::pin(async move { Ok(self.plugin.get(machine).await?) })
+    }
+    fn delete<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Deletion, ProviderError>> {
+        Box::pin(async move { Ok(self.plugin.delete(machine).await?) })
+    }
+}
+
+/// One registered provider and the Plugin generation it was loaded for.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    /// The provider.
+    pub provider: Arc<dyn MachineProvider>,
+    /// `metadata.generation` of the Plugin it came from (`None` for
+    /// built-in providers).
+    pub generation: Option<i64>,
+}
+
+/// Providers by plugin name. The Plugin controller fills it; the Machine
+/// controller reads it.
+#[derive(Debug, Clone, Default)]
+pub struct Providers {
+    inner: Arc<RwLock<HashMap<String, Registered>>>,
+}
+
+impl Providers {
+    /// Register (or replace) the provider for a plugin name.
+    pub fn insert(&self, name: &str, registered: Registered) {
+        self.inner
+            .write()
+            .expect("providers lock")
+            .insert(name.to_string(), registered);
+    }
+
+    /// Forget a plugin.
+    pub fn remove(&self, name: &str) {
+        self.inner.write().expect("providers lock").remove(name);
+    }
+
+    /// The provider for a plugin name.
+    pub fn get(&self, name: &str) -> Option<Registered> {
+        self.inner
+            .read()
+            .expect("providers lock")
+            .get(name)
+            .cloned()
+    }
+}
+
+/// Time a provider call and record it under plugin / function / result.
+pub async fn timed<T>(
+    metrics: &Metrics,
+    plugin: &str,
+    function: &'static str,
+    call: impl Future<Output = Result<T, ProviderError>>,
+) -> Result<T, ProviderError> {
+    let started = Instant::now();
+    let result = call.await;
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.kind(),
+    };
+    metrics.plugin_call(plugin, function, outcome, started.elapsed());
+    result
+}

@@ -1,0 +1,365 @@
+//! A whole local Capstan environment: control plane, CRDs, the simulated
+//! cloud registering Nodes, the sim-provider plugin as a `Plugin` object with
+//! its credential in a Secret, and the controllers running in this process.
+//! Used by the end-to-end tests, the quickstart and the scale benchmark.
+//!
+//! Start with [`Env::start`]; [`Env::start_controllers`] /
+//! [`Env::kill_controllers`] run and abruptly stop the controllers (to test
+//! restarts); dropping an `Env` stops everything.
+
+use crate::control_plane::ControlPlane;
+use crate::sim_cloud::{Faults, KubeTarget, SimCloud, SimCloudConfig};
+use capstan_api::{
+    IntOrString, LabelSelector, Machine, MachineDeployment, MachineDeploymentSpec, MachineSpec,
+    MachineTemplateSpec, Plugin, PluginGrants, PluginSpec, ProviderRef, RollingUpdate, Strategy,
+    TemplateMeta,
+};
+use capstan_controllers::{Metrics, Options, Providers};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Client, ResourceExt};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Name of the `Plugin` object for the Wasm sim-provider.
+pub const SIM_PLUGIN: &str = "sim";
+/// Token the simulated cloud requires (from the Secret, attached by the host).
+const CLOUD_TOKEN: &str = "quickstart-cloud-token";
+
+/// A running environment.
+pub struct Env {
+    /// The control plane (kubectl, kubeconfig, client).
+    pub control_plane: Arc<ControlPlane>,
+    /// The simulated cloud.
+    pub cloud: SimCloud,
+    /// An admin client.
+    pub client: Client,
+    /// Metrics of the current (or last) controllers run.
+    pub metrics: Metrics,
+    controllers: Option<Running>,
+}
+
+#[derive(Debug)]
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Wait until `check` returns `Some`, polling every 100 ms; panics with
+/// `what` after `within`.
+pub async fn eventually<T>(
+    what: &str,
+    within: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not reached in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Env {
+    /// Start the control plane, install the CRDs, start the cloud (with
+    /// `faults`) registering Nodes, and create the `sim` Plugin. Controllers
+    /// are not started yet.
+    pub async fn start(faults: Faults) -> Result<Env, String> {
+        let control_plane = Arc::new(
+            tokio::task::spawn_blocking(ControlPlane::start)
+                .await
+                .map_err(|e| e.to_string())??,
+        );
+        let client = control_plane.client().await?;
+        install_crds(&client).await?;
+        let cloud = SimCloud::start(SimCloudConfig {
+            token: Some(CLOUD_TOKEN.into()),
+            faults,
+            kube: Some(KubeTarget {
+                url: control_plane.url.clone(),
+                token: control_plane.token.clone(),
+                ca_pem: control_plane.ca_pem.clone(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot start the simulated cloud: {e}"))?;
+        let env = Env {
+            control_plane,
+            cloud,
+            client,
+            metrics: Metrics::new(),
+            controllers: None,
+        };
+        env.create_plugin(SIM_PLUGIN, &crate::plugin("sim_provider"))
+            .await?;
+        Ok(env)
+    }
+
+    /// Create the Secret holding the cloud token and a `Plugin` for the
+    /// component at `path`, granted the loopback cloud.
+    pub async fn create_plugin(&self, name: &str, path: &std::path::Path) -> Result<(), String> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), "default");
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some("sim-cloud".into()),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([("token".into(), CLOUD_TOKEN.into())])),
+            ..Default::default()
+        };
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(format!("cannot create the cloud Secret: {e}")),
+        }
+        let plugins: Api<Plugin> = Api::all(self.client.clone());
+        let plugin = Plugin::new(
+            name,
+            PluginSpec {
+                source: format!("file://{}", path.display()),
+                grants: PluginGrants {
+                    http: vec!["http://127.0.0.1:*".into()],
+                    credentials: vec![capstan_api::CredentialGrant {
+                        slot: "sim-cloud".into(),
+                        secret_ref: capstan_api::SecretKeyRef {
+                            namespace: "default".into(),
+                            name: "sim-cloud".into(),
+                            key: Some("token".into()),
+                        },
+                        type_: Default::default(),
+                    }],
+                },
+                limits: Default::default(),
+            },
+        );
+        plugins
+            .create(&PostParams::default(), &plugin)
+            .await
+            .map_err(|e| format!("cannot create Plugin {name}: {e}"))?;
+        Ok(())
+    }
+
+    /// Run the controllers in this process with fresh metrics and their own
+    /// API connections, as a new controller process would.
+    pub async fn start_controllers(&mut self, providers: Providers, options: Options) {
+        assert!(self.controllers.is_none(), "controllers already running");
+        let runtime = capstan_runtime::Runtime::new(capstan_runtime::RuntimeConfig {
+            cache_dir: Some(crate::plugin_target_dir().join("code-cache")),
+            ..Default::default()
+        })
+        .expect("the plugin runtime starts");
+        self.metrics = Metrics::new();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let client = self.control_plane.client().await.expect("a client");
+        let metrics = self.metrics.clone();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) = capstan_controllers::run(
+                client,
+                Some(runtime),
+                providers,
+                metrics,
+                options,
+                shutdown,
+            )
+            .await
+            {
+                panic!("controllers failed: {e}");
+            }
+        });
+        self.controllers = Some(Running { stop, task });
+    }
+
+    /// Stop the controllers gracefully (in-flight reconciles finish).
+    pub async fn stop_controllers(&mut self) {
+        if let Some(running) = self.controllers.take() {
+            let _ = running.stop.send(());
+            let _ = running.task.await;
+        }
+    }
+
+    /// Stop the controllers abruptly, mid-reconcile, as a crash would.
+    pub async fn kill_controllers(&mut self) {
+        if let Some(running) = self.controllers.take() {
+            running.task.abort();
+            let _ = running.task.await;
+        }
+    }
+
+    /// The Machines in a namespace.
+    pub async fn machines(&self, namespace: &str) -> Vec<Machine> {
+        Api::<Machine>::namespaced(self.client.clone(), namespace)
+            .list(&Default::default())
+            .await
+            .expect("list machines")
+            .items
+    }
+
+    /// A MachineDeployment.
+    pub async fn deployment(&self, namespace: &str, name: &str) -> MachineDeployment {
+        Api::<MachineDeployment>::namespaced(self.client.clone(), namespace)
+            .get(name)
+            .await
+            .expect("get machinedeployment")
+    }
+
+    /// Wait until a deployment reports `replicas` machines, all updated and
+    /// available, and its cloud has exactly that many instances.
+    pub async fn wait_rolled_out(&self, namespace: &str, name: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let md = self.deployment(namespace, name).await;
+            let machines = self.machines(namespace).await;
+            if capstan_controllers::deployment::rolled_out(&md)
+                && machines.len() as i32 == md.spec.replicas
+            {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "md/{name} not rolled out in {within:?}\n{}",
+                    self.describe(namespace).await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Everything Capstan owns, as YAML-ish text, for failure messages.
+    pub async fn describe(&self, namespace: &str) -> String {
+        let kubectl = |args: &[&str]| self.control_plane.kubectl(args, None).unwrap_or_else(|e| e);
+        format!(
+            "{}\n{}\n--- machine status ---\n{}\n--- cloud ---\n{:?}\n--- metrics ---\n{}",
+            kubectl(&[
+                "get",
+                "plugins,md,ms,ma,nodes",
+                "-n",
+                namespace,
+                "-o",
+                "wide"
+            ]),
+            kubectl(&["get", "plugins", "-o", "jsonpath={.items[*].status}"]),
+            kubectl(&[
+                "get",
+                "ma,md",
+                "-n",
+                namespace,
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status}{\"\\n\"}{end}"
+            ]),
+            self.cloud.stats(),
+            self.metrics
+                .encode()
+                .lines()
+                .filter(|l| l.contains("writes") || l.contains("errors") || l.contains("result"))
+                .filter(|l| l.contains("_count") || l.contains("_total"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    }
+}
+
+impl std::fmt::Debug for Env {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Env")
+            .field("api", &self.control_plane.url)
+            .field("cloud", &self.cloud.url())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(running) = self.controllers.take() {
+            running.task.abort();
+        }
+    }
+}
+
+/// Create the CRDs (idempotently) and wait until they are established.
+pub async fn install_crds(client: &Client) -> Result<(), String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in capstan_api::crds() {
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(format!("cannot create CRD {}: {e}", crd.name_any())),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for crd in capstan_api::crds() {
+        loop {
+            let current = crds.get(&crd.name_any()).await.map_err(|e| e.to_string())?;
+            let established = current
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("CRD {} not established in 30 s", crd.name_any()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+/// A MachineDeployment of `replicas` sim machines at `version`, rolling
+/// with `max_surge` / `max_unavailable`.
+pub fn sample_deployment(
+    name: &str,
+    plugin: &str,
+    cloud_url: &str,
+    replicas: i32,
+    version: &str,
+) -> MachineDeployment {
+    let labels = BTreeMap::from([("capstan.dev/pool".to_string(), name.to_string())]);
+    let mut md = MachineDeployment::new(
+        name,
+        MachineDeploymentSpec {
+            replicas,
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                match_expressions: None,
+            },
+            template: MachineTemplateSpec {
+                metadata: TemplateMeta {
+                    labels,
+                    annotations: BTreeMap::new(),
+                },
+                spec: MachineSpec {
+                    version: Some(version.into()),
+                    provider: ProviderRef {
+                        plugin: plugin.into(),
+                        config: serde_json::json!({ "endpoint": cloud_url, "instanceType": "small" }),
+                    },
+                    ..Default::default()
+                },
+            },
+            strategy: Strategy {
+                type_: Default::default(),
+                rolling_update: Some(RollingUpdate {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            },
+            ..Default::default()
+        },
+    );
+    md.metadata.namespace = Some("default".into());
+    md
+}

@@ -1,0 +1,334 @@
+//! The controllers on a real kube-apiserver (+ controller-manager for
+//! garbage collection) with the simulated cloud and the Wasm sim-provider:
+//! scaling, rolling updates within their bounds, rollback, OnDelete, pause,
+//! restarts mid-rollout, cloud faults, bad configs and unknown plugins, and
+//! an idle resync that writes nothing.
+
+use capstan_api::machine_conditions::{INSTANCE_PROVISIONED, READY};
+
+use capstan_api::{Machine, MachineDeployment, MachineSet, StrategyType, is_true};
+use capstan_controllers::{Options, Providers};
+use capstan_e2e::env::{Env, SIM_PLUGIN, eventually, sample_deployment};
+use capstan_e2e::sim_cloud::Faults;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const NS: &str = "default";
+const LONG: Duration = Duration::from_secs(120);
+
+fn faults(boot_ms: u64) -> Faults {
+    Faults {
+        boot_latency_ms: boot_ms,
+        delete_latency_ms: 300,
+        ..Default::default()
+    }
+}
+
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn fast_options() -> Options {
+    logs();
+    Options {
+        poll: Duration::from_millis(250),
+        ..Options::default()
+    }
+}
+
+async fn apply(env: &Env, md: &MachineDeployment) {
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), md)
+        .await
+        .expect("create machinedeployment");
+}
+
+async fn patch_md(env: &Env, name: &str, patch: serde_json::Value) {
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch machinedeployment");
+}
+
+fn provider_ids(machines: &[Machine]) -> BTreeSet<String> {
+    machines
+        .iter()
+        .filter_map(|m| m.status.as_ref()?.provider_id.clone())
+        .collect()
+}
+
+/// Every machine has an instance, every instance has a machine, and no
+/// machine has two.
+async fn assert_cloud_matches(env: &Env) {
+    let machines = env.machines(NS).await;
+    let ids = provider_ids(&machines);
+    let instances: BTreeSet<String> = env
+        .cloud
+        .instances()
+        .iter()
+        .map(|i| format!("sim://{}", i.id))
+        .collect();
+    assert_eq!(
+        ids.len(),
+        machines.len(),
+        "every machine has its own provider ID"
+    );
+    assert_eq!(ids, instances, "cloud instances equal machines");
+}
+
+/// Watches every Machine change and records the worst counts seen: most
+/// machines holding an instance, fewest Ready machines (after the start).
+#[derive(Debug, Default)]
+struct Observed {
+    machines: BTreeMap<String, Machine>,
+    max_total: usize,
+    min_ready: usize,
+    states: usize,
+    listed: bool,
+}
+
+fn observe(env: &Env) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
+    let observed = Arc::new(Mutex::new(Observed {
+        min_ready: usize::MAX,
+        ..Default::default()
+    }));
+    let api: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    let sink = observed.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let mut o = sink.lock().unwrap();
+            match event {
+                watcher::Event::Apply(m) | watcher::Event::InitApply(m) => {
+                    o.machines.insert(m.name_any(), m);
+                }
+                watcher::Event::Delete(m) => {
+                    o.machines.remove(&m.name_any());
+                }
+                watcher::Event::Init => {
+                    o.machines.clear();
+                    o.listed = false;
+                }
+                watcher::Event::InitDone => o.listed = true,
+            }
+            if !o.listed {
+                continue;
+            }
+            let total = o.machines.len();
+            let ready = o
+                .machines
+                .values()
+                .filter(|m| {
+                    m.metadata.deletion_timestamp.is_none()
+                        && m.status
+                            .as_ref()
+                            .is_some_and(|s| is_true(&s.conditions, READY))
+                })
+                .count();
+            o.max_total = o.max_total.max(total);
+            o.min_ready = o.min_ready.min(ready);
+            o.states += 1;
+        }
+    });
+    (observed, task)
+}
+
+fn versions(machines: &[Machine]) -> BTreeSet<String> {
+    machines
+        .iter()
+        .filter_map(|m| m.spec.version.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_roll_back_and_delete_a_deployment() {
+    let mut env = Env::start(faults(300)).await.expect("environment starts");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let md = sample_deployment("web", SIM_PLUGIN, &env.cloud.url(), 3, "v1.30.0");
+    apply(&env, &md).await;
+    env.wait_rolled_out(NS, "web", LONG).await;
+    assert_cloud_matches(&env).await;
+    // Each Ready machine is linked to the Node with its provider ID.
+    for m in env.machines(NS).await {
+        let status = m.status.unwrap();
+        let node = status.node_ref.expect("nodeRef set");
+        assert_eq!(
+            node.name,
+            capstan_e2e::sim_cloud::node_name(
+                status.provider_id.unwrap().trim_start_matches("sim://")
+            )
+        );
+        assert!(status.plugin_digest.unwrap().starts_with("sha256:"));
+    }
+
+    // kubectl scale goes through the scale subresource.
+    env.control_plane
+        .kubectl(&["scale", "md/web", "--replicas=5"], None)
+        .expect("kubectl scale");
+    env.wait_rolled_out(NS, "web", LONG).await;
+    assert_eq!(env.machines(NS).await.len(), 5);
+    assert_cloud_matches(&env).await;
+    let table = env
+        .control_plane
+        .kubectl(&["get", "md,ms,ma"], None)
+        .unwrap();
+    assert!(
+        table.contains("REPLICAS") && table.contains("PHASE"),
+        "{table}"
+    );
+    assert!(table.contains("Running"), "{table}");
+
+    env.control_plane
+        .kubectl(&["scale", "md/web", "--replicas=2"], None)
+        .expect("kubectl scale down");
+    env.wait_rolled_out(NS, "web", LONG).await;
+    eventually("cloud shrinks to 2", LONG, async || {
+        (env.cloud.instances().len() == 2).then_some(())
+    })
+    .await;
+    assert_cloud_matches(&env).await;
+
+    // Rolling update: observe every machine change and check the bounds
+    // (maxSurge 1, maxUnavailable 0 with 2 replicas).
+    let (observed, watch) = observe(&env);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    patch_md(
+        &env,
+        "web",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+    )
+    .await;
+    env.wait_rolled_out(NS, "web", LONG).await;
+    eventually("old instances released", LONG, async || {
+        (env.cloud.instances().len() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watch.abort();
+    {
+        let o = observed.lock().unwrap();
+        assert!(
+            o.states > 10,
+            "the watch saw the rollout ({} states)",
+            o.states
+        );
+        assert!(
+            o.max_total <= 3,
+            "never more than replicas + maxSurge machines: saw {}",
+            o.max_total
+        );
+        assert!(
+            o.min_ready >= 2,
+            "never fewer than replicas - maxUnavailable Ready: saw {}",
+            o.min_ready
+        );
+    }
+    let machines = env.machines(NS).await;
+    assert_eq!(versions(&machines), BTreeSet::from(["v1.31.0".to_string()]));
+    assert!(
+        env.cloud
+            .instances()
+            .iter()
+            .all(|i| i.version.as_deref() == Some("v1.31.0"))
+    );
+    assert_cloud_matches(&env).await;
+
+    // History and rollback.
+    let history = capstan_controllers::history::history(&env.client, NS, "web")
+        .await
+        .unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert!(history[1].current && history[1].version.as_deref() == Some("v1.31.0"));
+    let back = capstan_controllers::history::undo(&env.client, NS, "web", None)
+        .await
+        .unwrap();
+    assert_eq!(back, Some(1));
+    env.wait_rolled_out(NS, "web", LONG).await;
+    assert_eq!(
+        versions(&env.machines(NS).await),
+        BTreeSet::from(["v1.30.0".to_string()])
+    );
+    let history = capstan_controllers::history::history(&env.client, NS, "web")
+        .await
+        .unwrap();
+    assert_eq!(
+        history.iter().find(|r| r.current).unwrap().revision,
+        3,
+        "{history:?}"
+    );
+    eventually("rolled-back cloud", LONG, async || {
+        (env.cloud.instances().len() == 2).then_some(())
+    })
+    .await;
+
+    // An idle resync writes nothing.
+    env.stop_controllers().await;
+    env.start_controllers(
+        Providers::default(),
+        Options {
+            resync: Duration::from_secs(1),
+            ..fast_options()
+        },
+    )
+    .await;
+    eventually("controllers ready", LONG, async || {
+        env.metrics.is_ready().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = env.metrics.writes();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = env.metrics.writes();
+    assert_eq!(
+        after - before,
+        0,
+        "an idle resync made API writes:\n{}",
+        env.metrics.encode()
+    );
+    let metrics = env.metrics.encode();
+    assert!(metrics.contains("capstan_reconcile_duration_seconds_count{controller=\"machine\"}"));
+    assert!(
+        metrics.contains("function=\"get\",result=\"ok\""),
+        "{metrics}"
+    );
+
+    // Deleting the deployment releases every instance.
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    eventually("every machine gone", LONG, async || {
+        env.machines(NS).await.is_empty().then_some(())
+    })
+    .await;
+    eventually("every instance released", LONG, async || {
+        env.cloud.instances().is_empty().then_some(())
+    })
+    .await;
+    let sets: Api<MachineSet> = Api::namespaced(env.client.clone(), NS);
+    eventually("every set gone", LONG, async || {
+        sets.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    env.stop_controllers().await;
+}
