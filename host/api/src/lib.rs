@@ -40,6 +40,10 @@ pub const LABEL_TEMPLATE_HASH: &str = "capstan.dev/template-hash";
 pub const ANNOTATION_REVISION: &str = "capstan.dev/revision";
 /// Annotation recording why a revision was made (`kubectl annotate … capstan.dev/change-cause=…`).
 pub const ANNOTATION_CHANGE_CAUSE: &str = "capstan.dev/change-cause";
+/// Annotation the MachineDeployment controller puts on old MachineSets under
+/// the `OnDelete` strategy: `"false"` means a machine a user deletes is not
+/// replaced in this set (the deployment replaces it from the new template).
+pub const ANNOTATION_REPLACE_DELETED: &str = "capstan.dev/replace-deleted";
 /// Finalizer the Machine controller puts on every Machine so the cloud
 /// instance is released before the object goes.
 pub const MACHINE_FINALIZER: &str = "capstan.dev/machine";

@@ -14,8 +14,8 @@ use crate::{
 };
 use capstan_api::set_conditions::{AVAILABLE, PROGRESSING, VALID_SPEC};
 use capstan_api::{
-    ANNOTATION_CHANGE_CAUSE, ANNOTATION_REVISION, DeploymentPhase, IntOrString,
-    LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
+    ANNOTATION_CHANGE_CAUSE, ANNOTATION_REPLACE_DELETED, ANNOTATION_REVISION, DeploymentPhase,
+    IntOrString, LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
     MachineDeploymentStatus, MachineSet, MachineSetSpec, MachineTemplateSpec, StrategyType,
     selector_matches, selector_string, set_condition, status as cond,
 };
@@ -197,6 +197,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             revision: revision_of(set),
             replicas: set.spec.replicas,
             machines: 0,
+            deleting: 0,
             available: 0,
         };
         for m in machines
@@ -205,6 +206,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         {
             v.machines += 1;
             if m.metadata.deletion_timestamp.is_some() {
+                v.deleting += 1;
                 continue;
             }
             totals.replicas += 1;
@@ -284,14 +286,37 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             }
         }
     }
-    for (name, replicas) in &plan.old_replicas {
-        patch_set(
-            &sets_api,
-            &ctx,
-            name,
-            serde_json::json!({ "spec": { "replicas": replicas } }),
-        )
-        .await?;
+    let keep_slots = (strategy == Strategy::OnDelete && !md.spec.paused).then_some("false");
+    for set in &old_sets {
+        let target = plan
+            .old_replicas
+            .iter()
+            .find(|(n, _)| *n == set.name_any())
+            .map(|(_, r)| *r);
+        let mut patch = serde_json::Map::new();
+        if let Some(replicas) = target {
+            patch.insert("spec".into(), serde_json::json!({ "replicas": replicas }));
+        }
+        if set
+            .annotations()
+            .get(ANNOTATION_REPLACE_DELETED)
+            .map(String::as_str)
+            != keep_slots
+        {
+            patch.insert(
+                "metadata".into(),
+                serde_json::json!({ "annotations": { ANNOTATION_REPLACE_DELETED: keep_slots } }),
+            );
+        }
+        if !patch.is_empty() {
+            patch_set(
+                &sets_api,
+                &ctx,
+                &set.name_any(),
+                serde_json::Value::Object(patch),
+            )
+            .await?;
+        }
     }
     let limit = md
         .spec

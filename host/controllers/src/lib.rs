@@ -336,18 +336,50 @@ where
             .expect("a shared store can be subscribed to until it starts")
     }
 
-    /// The reflector task's stream; must be polled for subscribers to see events.
-    fn start(&mut self, name: &'static str) -> impl Stream<Item = ()> + Send + use<K> {
+    /// The reflector task's stream; must be polled for subscribers to see
+    /// events. `listed` counts watches that completed their first list.
+    fn start(
+        &mut self,
+        name: &'static str,
+        listed: Arc<Listed>,
+    ) -> impl Stream<Item = ()> + Send + use<K> {
         let writer = self.writer.take().expect("started once");
+        let mut first = true;
         watcher(self.api.clone(), watcher::Config::default().any_semantic())
             .default_backoff()
             .reflect_shared(writer)
-            .filter_map(move |event| async move {
-                if let Err(error) = event {
-                    tracing::warn!(watch = name, %error, "watch error; retrying");
+            .filter_map(move |event| {
+                match event {
+                    Err(error) => tracing::warn!(watch = name, %error, "watch error; retrying"),
+                    Ok(watcher::Event::InitDone) if first => {
+                        first = false;
+                        tracing::debug!(watch = name, "listed");
+                        listed.one_more();
+                    }
+                    Ok(_) => {}
                 }
-                None
+                futures::future::ready(None)
             })
+    }
+}
+
+/// Counts watches that completed their first list and marks the
+/// controllers ready when all have.
+struct Listed {
+    remaining: std::sync::atomic::AtomicUsize,
+    metrics: Metrics,
+}
+
+impl Listed {
+    fn one_more(&self) {
+        if self
+            .remaining
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.metrics.set_ready(true);
+            tracing::info!("caches synced; controllers ready");
+        }
     }
 }
 
@@ -443,32 +475,20 @@ pub async fn run(
         shutdown.clone(),
     );
 
+    let listed = Arc::new(Listed {
+        remaining: std::sync::atomic::AtomicUsize::new(5),
+        metrics: metrics.clone(),
+    });
     let reflectors = futures::stream::select_all([
-        plugins.start("plugins").boxed(),
-        machines.start("machines").boxed(),
-        sets.start("machinesets").boxed(),
-        deployments.start("machinedeployments").boxed(),
-        nodes.start("nodes").boxed(),
+        plugins.start("plugins", listed.clone()).boxed(),
+        machines.start("machines", listed.clone()).boxed(),
+        sets.start("machinesets", listed.clone()).boxed(),
+        deployments
+            .start("machinedeployments", listed.clone())
+            .boxed(),
+        nodes.start("nodes", listed).boxed(),
     ]);
     let reflectors = tokio::spawn(reflectors.for_each(|_| async {}));
-
-    let ready = {
-        let stores = stores.clone();
-        let metrics = metrics.clone();
-        async move {
-            let _ = futures::future::join5(
-                stores.plugins.wait_until_ready(),
-                stores.machines.wait_until_ready(),
-                stores.machine_sets.wait_until_ready(),
-                stores.deployments.wait_until_ready(),
-                stores.nodes.wait_until_ready(),
-            )
-            .await;
-            metrics.set_ready(true);
-            tracing::info!("caches synced; controllers ready");
-        }
-    };
-    tokio::spawn(ready);
 
     futures::future::join4(
         plugin_controller,
@@ -529,6 +549,13 @@ where
     F: Future<Output = Result<kube::runtime::controller::Action, Error>>,
 {
     let key = key_of(obj.as_ref());
+    // Deciding from a partly listed cache would, for example, make a
+    // MachineSet whose machines are not listed yet create them again.
+    if !ctx.metrics.is_ready() {
+        return Ok(kube::runtime::controller::Action::requeue(
+            Duration::from_millis(250),
+        ));
+    }
     ctx.metrics.dequeued(controller, &key);
     let started = Instant::now();
     let metrics = ctx.metrics.clone();

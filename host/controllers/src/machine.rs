@@ -10,6 +10,7 @@
 //! plugin's retry-after); terminal errors set `failureReason` /
 //! `failureMessage` and an Event, and the machine waits for a spec change.
 
+use crate::plugin::Availability;
 use crate::provider::{ProviderError, timed};
 use crate::{
     Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, retry_soon,
@@ -125,9 +126,10 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     let t = now();
     let plugin_name = machine.spec.provider.plugin.clone();
 
-    let registered = match crate::plugin::not_ready_reason(&ctx, &plugin_name) {
-        None => ctx.providers.get(&plugin_name),
-        Some(reason) => {
+    let registered = match crate::plugin::availability(&ctx, &plugin_name) {
+        Availability::Ready => ctx.providers.get(&plugin_name),
+        Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
+        Availability::Unavailable(reason) => {
             set_condition(
                 &mut status.conditions,
                 INSTANCE_PROVISIONED,
@@ -384,9 +386,10 @@ async fn delete(
     status.phase = Some(MachinePhase::Deleting);
     let t = now();
     let generation = machine.metadata.generation;
-    let provider = match crate::plugin::not_ready_reason(ctx, plugin_name) {
-        None => ctx.providers.get(plugin_name),
-        Some(reason) => {
+    let provider = match crate::plugin::availability(ctx, plugin_name) {
+        Availability::Ready => ctx.providers.get(plugin_name),
+        Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
+        Availability::Unavailable(reason) => {
             set_condition(
                 &mut status.conditions,
                 INSTANCE_PROVISIONED,

@@ -12,8 +12,8 @@ use crate::{
 };
 use capstan_api::set_conditions::{AVAILABLE, VALID_SPEC};
 use capstan_api::{
-    DeletePolicy, LABEL_SET_NAME, Machine, MachineSet, machine_conditions, selector_matches,
-    selector_string, set_condition, status as cond,
+    ANNOTATION_REPLACE_DELETED, DeletePolicy, LABEL_SET_NAME, Machine, MachineSet,
+    machine_conditions, selector_matches, selector_string, set_condition, status as cond,
 };
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
@@ -218,7 +218,19 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         DeletePolicy::Newest => plan::DeletePolicy::Newest,
         DeletePolicy::Oldest => plan::DeletePolicy::Oldest,
     };
-    let scale = plan::plan_scale(replicas, &views, policy);
+    let mut scale = plan::plan_scale(replicas, &views, policy);
+    // Under an OnDelete rollout, old sets do not replace machines users
+    // delete: a machine being deleted keeps its slot for scale-up until the
+    // deployment lowers the set's replicas.
+    if set
+        .annotations()
+        .get(ANNOTATION_REPLACE_DELETED)
+        .map(String::as_str)
+        == Some("false")
+    {
+        let deleting = views.iter().filter(|v| v.deleting).count();
+        scale.create = scale.create.saturating_sub(deleting);
+    }
 
     let created = create_machines(&machines_api, &ctx, set.as_ref(), scale.create).await;
     let mut deleted = vec![];

@@ -269,33 +269,43 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<Grants, (&'static str,
     Ok(grants)
 }
 
-/// Why a plugin is not usable, for machines that name it: `None` when it is
-/// registered and Ready.
-pub fn not_ready_reason(ctx: &Context, name: &str) -> Option<String> {
+/// Whether machines can use a plugin right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// Registered and usable.
+    Ready,
+    /// This host has not loaded it yet (for example right after a restart);
+    /// machines wait quietly instead of reporting a problem.
+    Loading,
+    /// Missing or failed to load: what to tell the user.
+    Unavailable(String),
+}
+
+/// Whether machines naming `name` can use it.
+pub fn availability(ctx: &Context, name: &str) -> Availability {
+    let registered = ctx.providers.get(name);
     let key = kube::runtime::reflector::ObjectRef::<Plugin>::new(name);
     let Some(plugin) = ctx.stores.plugins.get(&key) else {
-        if ctx
-            .providers
-            .get(name)
-            .is_some_and(|r| r.generation.is_none())
-        {
-            return None; // a built-in provider
-        }
-        return Some(format!(
-            "plugin {name:?} does not exist; create a Plugin named {name:?} (kubectl get plugins lists the installed ones)"
-        ));
+        return match registered {
+            // Built-in providers (the benchmark's native one) have no object.
+            Some(r) if r.generation.is_none() => Availability::Ready,
+            _ => Availability::Unavailable(format!(
+                "plugin {name:?} does not exist; create a Plugin named {name:?} (kubectl get plugins lists the installed ones)"
+            )),
+        };
     };
-    if ctx.providers.get(name).is_some() {
-        return None;
+    if registered.is_some() {
+        return Availability::Ready;
     }
     let condition = plugin
         .status
         .as_ref()
         .and_then(|s| capstan_api::condition(&s.conditions, READY).cloned());
-    Some(match condition {
-        Some(c) if c.status == status::FALSE => {
-            format!("plugin {name:?} is not ready: {}: {}", c.reason, c.message)
-        }
-        _ => format!("plugin {name:?} is not loaded yet"),
-    })
+    match condition {
+        Some(c) if c.status == status::FALSE => Availability::Unavailable(format!(
+            "plugin {name:?} is not ready: {}: {}",
+            c.reason, c.message
+        )),
+        _ => Availability::Loading,
+    }
 }

@@ -78,6 +78,8 @@ pub struct SetView {
     /// Machine objects it has, including those being deleted (they still
     /// hold a cloud instance).
     pub machines: i32,
+    /// Of those, machines being deleted.
+    pub deleting: i32,
     /// Machines that are available.
     pub available: i32,
 }
@@ -107,6 +109,7 @@ pub fn plan(
         revision: 0,
         replicas: 0,
         machines: 0,
+        deleting: 0,
         available: 0,
     };
     let new = new.unwrap_or(&empty);
@@ -180,7 +183,10 @@ fn on_delete(replicas: i32, olds: &[&SetView]) -> Plan {
     // Old sets keep the machines they still have (a machine a user deleted
     // is not recreated there); the new set makes up the difference. When
     // scaling down, old machines go first.
-    let mut targets: Vec<i32> = olds.iter().map(|s| s.replicas.min(s.machines)).collect();
+    let mut targets: Vec<i32> = olds
+        .iter()
+        .map(|s| s.replicas.min(s.machines - s.deleting))
+        .collect();
     let mut excess = targets.iter().sum::<i32>() - replicas;
     for target in targets.iter_mut() {
         if excess <= 0 {
@@ -281,6 +287,7 @@ mod tests {
             revision,
             replicas,
             machines,
+            deleting: 0,
             available,
         }
     }
@@ -358,6 +365,11 @@ mod tests {
         let p = plan(3, Strategy::OnDelete, false, None, &[old]);
         assert_eq!(p.new_replicas, 1);
         assert_eq!(p.old_replicas, vec![("old".to_string(), 2)]);
+        // A machine still being deleted is already counted as gone.
+        let mut old = set("old", 1, 3, 3, 2);
+        old.deleting = 1;
+        let p = plan(3, Strategy::OnDelete, false, None, &[old]);
+        assert_eq!(p.new_replicas, 1);
     }
 
     #[test]
@@ -442,6 +454,7 @@ mod tests {
                 revision: self.revision,
                 replicas: self.replicas,
                 machines: self.machines.len() as i32,
+                deleting: self.machines.iter().filter(|m| m.gone_at.is_some()).count() as i32,
                 available: self
                     .machines
                     .iter()

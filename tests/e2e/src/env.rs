@@ -220,15 +220,44 @@ impl Env {
         loop {
             let md = self.deployment(namespace, name).await;
             let machines = self.machines(namespace).await;
-            if capstan_controllers::deployment::rolled_out(&md)
-                && machines.len() as i32 == md.spec.replicas
-            {
+            let mine = machines
+                .iter()
+                .filter(|m| {
+                    m.labels()
+                        .get(capstan_api::LABEL_DEPLOYMENT_NAME)
+                        .map(String::as_str)
+                        == Some(name)
+                })
+                .count();
+            if capstan_controllers::deployment::rolled_out(&md) && mine as i32 == md.spec.replicas {
                 return;
             }
             if Instant::now() > deadline {
                 panic!(
                     "md/{name} not rolled out in {within:?}\n{}",
                     self.describe(namespace).await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Like [`eventually`], but the panic shows the environment's state.
+    pub async fn eventually<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        mut check: impl AsyncFnMut() -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{what}: not reached in {within:?}\n{}",
+                    self.describe("default").await
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

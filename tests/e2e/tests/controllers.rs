@@ -332,3 +332,286 @@ async fn scale_roll_back_and_delete_a_deployment() {
     .await;
     env.stop_controllers().await;
 }
+
+fn ready_machines(machines: &[Machine]) -> usize {
+    machines
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .filter(|m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| is_true(&s.conditions, READY))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_delete_and_pause_only_move_when_told() {
+    let mut env = Env::start(faults(200)).await.expect("environment starts");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let mut md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0");
+    md.spec.strategy.type_ = StrategyType::OnDelete;
+    apply(&env, &md).await;
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    let before: BTreeSet<String> = env
+        .machines(NS)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+
+    // OnDelete: a template change replaces nothing by itself...
+    patch_md(
+        &env,
+        "pool",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let machines = env.machines(NS).await;
+    let names: BTreeSet<String> = machines.iter().map(|m| m.name_any()).collect();
+    assert_eq!(
+        names, before,
+        "OnDelete must not replace machines on its own"
+    );
+    assert_eq!(versions(&machines), BTreeSet::from(["v1.30.0".to_string()]));
+
+    // ...but a machine a user deletes comes back with the new template.
+    let victim = before.iter().next().unwrap().clone();
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.eventually(
+        "the deleted machine is replaced by a new-version one",
+        LONG,
+        async || {
+            let machines = env.machines(NS).await;
+            (machines.len() == 2
+                && ready_machines(&machines) == 2
+                && versions(&machines)
+                    == BTreeSet::from(["v1.30.0".to_string(), "v1.31.0".to_string()]))
+            .then_some(())
+        },
+    )
+    .await;
+    eventually("the cloud follows", LONG, async || {
+        (env.cloud.instances().len() == 2).then_some(())
+    })
+    .await;
+    assert_cloud_matches(&env).await;
+
+    // Paused: switch to RollingUpdate and change the version; nothing rolls.
+    patch_md(
+        &env,
+        "pool",
+        serde_json::json!({"spec": {"paused": true, "strategy": {"type": "RollingUpdate"},
+            "template": {"spec": {"version": "v1.32.0"}}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let machines = env.machines(NS).await;
+    assert!(
+        !versions(&machines).contains("v1.32.0"),
+        "a paused deployment rolled out"
+    );
+    let md = env.deployment(NS, "pool").await;
+    let status = md.status.unwrap();
+    assert_eq!(status.phase, Some(capstan_api::DeploymentPhase::Paused));
+    let progressing = capstan_api::condition(&status.conditions, "Progressing").unwrap();
+    assert_eq!(progressing.reason, "DeploymentPaused");
+
+    // Scaling still applies while paused.
+    patch_md(&env, "pool", serde_json::json!({"spec": {"replicas": 3}})).await;
+    eventually("scaled to 3 while paused", LONG, async || {
+        let machines = env.machines(NS).await;
+        (machines.len() == 3 && ready_machines(&machines) == 3).then_some(())
+    })
+    .await;
+    assert!(!versions(&env.machines(NS).await).contains("v1.32.0"));
+
+    // Resume: everything moves to the newest template.
+    patch_md(&env, "pool", serde_json::json!({"spec": {"paused": false}})).await;
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    assert_eq!(
+        versions(&env.machines(NS).await),
+        BTreeSet::from(["v1.32.0".to_string()])
+    );
+    eventually("the cloud follows", LONG, async || {
+        (env.cloud.instances().len() == 3).then_some(())
+    })
+    .await;
+    assert_cloud_matches(&env).await;
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restarts_and_cloud_faults_lose_nothing_and_duplicate_nothing() {
+    let mut env = Env::start(Faults {
+        boot_latency_ms: 500,
+        delete_latency_ms: 300,
+        error_rate: 0.2,
+        throttle_rps: Some(10),
+        ..Default::default()
+    })
+    .await
+    .expect("environment starts");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let md = sample_deployment("batch", SIM_PLUGIN, &env.cloud.url(), 4, "v1.30.0");
+    apply(&env, &md).await;
+    env.wait_rolled_out(NS, "batch", LONG).await;
+    eventually("4 instances", LONG, async || {
+        (env.cloud.instances().len() == 4).then_some(())
+    })
+    .await;
+    assert_cloud_matches(&env).await;
+
+    // Kill the controllers as soon as the rollout has started creating.
+    patch_md(
+        &env,
+        "batch",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+    )
+    .await;
+    eventually("the rollout started", LONG, async || {
+        versions(&env.machines(NS).await)
+            .contains("v1.31.0")
+            .then_some(())
+    })
+    .await;
+    env.kill_controllers().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    env.wait_rolled_out(NS, "batch", LONG).await;
+    eventually("old instances released", LONG, async || {
+        (env.cloud.instances().len() == 4).then_some(())
+    })
+    .await;
+    assert_cloud_matches(&env).await;
+    assert_eq!(
+        versions(&env.machines(NS).await),
+        BTreeSet::from(["v1.31.0".to_string()])
+    );
+
+    let stats = env.cloud.stats();
+    assert!(
+        stats.injected_errors > 0 && stats.throttled > 0,
+        "the faults were exercised: {stats:?}"
+    );
+    // 4 original machines + 4 replacements, each exactly one instance.
+    assert_eq!(stats.instances_launched, 8, "{stats:?}");
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
+    let mut env = Env::start(faults(200)).await.expect("environment starts");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+
+    // A config the plugin rejects: terminal, one Event, no retry loop.
+    let mut bad = sample_deployment("bad", SIM_PLUGIN, &env.cloud.url(), 1, "v1.30.0");
+    bad.spec.template.spec.provider.config["instanceType"] = "huge".into();
+    apply(&env, &bad).await;
+    let failed = eventually(
+        "the machine fails with InvalidConfiguration",
+        LONG,
+        async || {
+            env.machines(NS).await.into_iter().find(|m| {
+                m.status.as_ref().and_then(|s| s.failure_reason.as_deref())
+                    == Some("InvalidConfiguration")
+            })
+        },
+    )
+    .await;
+    let status = failed.status.unwrap();
+    assert!(
+        status.failure_message.as_deref().unwrap().contains("huge"),
+        "{status:?}"
+    );
+    let config_valid = capstan_api::condition(&status.conditions, "ConfigValid").unwrap();
+    assert_eq!(config_valid.status, "False");
+    eventually("the deployment reports Failed", LONG, async || {
+        let md = env.deployment(NS, "bad").await;
+        (md.status.and_then(|s| s.phase) == Some(capstan_api::DeploymentPhase::Failed))
+            .then_some(())
+    })
+    .await;
+    let events = env
+        .control_plane
+        .kubectl(&["get", "events", "-n", NS, "-o", "json"], None)
+        .unwrap();
+    assert!(
+        events.contains("InvalidConfiguration"),
+        "an Event was recorded"
+    );
+    let calls = |m: &capstan_controllers::Metrics| {
+        m.encode()
+            .lines()
+            .find(|l| {
+                l.starts_with("capstan_plugin_call_duration_seconds_count")
+                    && l.contains("result=\"invalid_config\"")
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    let first = calls(&env.metrics);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        calls(&env.metrics),
+        first,
+        "a terminal failure is not retried until the spec changes"
+    );
+    // Fixing the spec recovers.
+    patch_md(&env, "bad", serde_json::json!({"spec": {"template": {"spec": {"provider": {"config": {"instanceType": "small"}}}}}})).await;
+    env.wait_rolled_out(NS, "bad", LONG).await;
+
+    // A plugin nobody installed: a clear condition, then recovery once it exists.
+    let ghost = sample_deployment("ghost", "nope", &env.cloud.url(), 1, "v1.30.0");
+    apply(&env, &ghost).await;
+    let waiting = eventually("the machine says the plugin is missing", LONG, async || {
+        env.machines(NS).await.into_iter().find(|m| {
+            m.spec.provider.plugin == "nope"
+                && m.status.as_ref().is_some_and(|s| {
+                    capstan_api::condition(&s.conditions, INSTANCE_PROVISIONED)
+                        .is_some_and(|c| c.reason == "PluginNotReady")
+                })
+        })
+    })
+    .await;
+    let condition = capstan_api::condition(
+        &waiting.status.as_ref().unwrap().conditions,
+        INSTANCE_PROVISIONED,
+    )
+    .unwrap()
+    .clone();
+    assert!(
+        condition.message.contains("plugin \"nope\" does not exist"),
+        "{condition:?}"
+    );
+
+    // A plugin whose source cannot be read says so in its own status.
+    env.create_plugin("broken", std::path::Path::new("/nonexistent/plugin.wasm"))
+        .await
+        .unwrap();
+    let plugins: Api<capstan_api::Plugin> = Api::all(env.client.clone());
+    let broken = eventually("the broken plugin reports why", LONG, async || {
+        let p = plugins.get("broken").await.ok()?;
+        let c = capstan_api::condition(&p.status?.conditions, "Ready")?.clone();
+        (c.status == "False").then_some(c)
+    })
+    .await;
+    assert_eq!(broken.reason, "SourceUnreadable");
+    assert!(
+        broken.message.contains("/nonexistent/plugin.wasm"),
+        "{broken:?}"
+    );
+
+    env.create_plugin("nope", &capstan_e2e::plugin("sim_provider"))
+        .await
+        .unwrap();
+    env.wait_rolled_out(NS, "ghost", LONG).await;
+    env.stop_controllers().await;
+}
