@@ -11,6 +11,8 @@
 //! condition.
 
 #![forbid(unsafe_code)]
+// kube-derive's `printcolumn(type_ = …)` repeats keys across columns by design.
+#![allow(clippy::duplicated_attributes)]
 
 mod machine;
 mod plugin;

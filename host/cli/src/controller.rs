@@ -47,6 +47,12 @@ pub struct Args {
     /// Directory for precompiled plugin code (default: ~/.cache/capstan/code).
     #[arg(long, env = "CAPSTAN_CODE_CACHE")]
     pub code_cache: Option<PathBuf>,
+    /// Benchmarks only: also serve machines whose `provider.plugin` is NAME
+    /// with the sim-provider logic compiled natively (no sandbox), for
+    /// Wasm-versus-native comparisons. Its bearer token comes from
+    /// $CAPSTAN_NATIVE_SIM_TOKEN.
+    #[arg(long, value_name = "NAME")]
+    pub native_sim_provider: Option<String>,
 }
 
 impl Args {
@@ -150,10 +156,21 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     };
+    let providers = Providers::default();
+    if let Some(name) = &args.native_sim_provider {
+        let token = std::env::var("CAPSTAN_NATIVE_SIM_TOKEN").ok();
+        providers.insert(
+            name,
+            capstan_controllers::Registered {
+                provider: std::sync::Arc::new(crate::native::NativeSimProvider::new(token)),
+                generation: None,
+            },
+        );
+    }
     let result = capstan_controllers::run(
         client,
         Some(runtime),
-        Providers::default(),
+        providers,
         metrics,
         args.options(),
         signal,

@@ -264,3 +264,174 @@ pub fn call_webhook(
         None => Ok(reply),
     }
 }
+
+/// The sim-provider logic compiled natively, as a controller provider: the
+/// comparison point of the scale benchmark (`capstan controller
+/// --native-sim-provider NAME`). Calls run on the blocking pool since the
+/// native HTTP client blocks.
+#[derive(Debug, Clone)]
+pub struct NativeSimProvider {
+    provider: Arc<SimProvider<NativeHttp>>,
+    digest: String,
+}
+
+impl NativeSimProvider {
+    /// A provider sending `token` as its bearer credential.
+    pub fn new(token: Option<String>) -> Self {
+        NativeSimProvider {
+            provider: Arc::new(SimProvider::with_client(NativeHttp::new(token))),
+            digest: "native:sim-provider".into(),
+        }
+    }
+}
+
+mod convert {
+    //! The host's (wasmtime) and the SDK's (wit-bindgen) renderings of the
+    //! same WIT types.
+    use capstan_controllers::ProviderError;
+    use capstan_runtime::types as host;
+    use capstan_sdk as sdk;
+    use std::time::Duration;
+
+    pub fn machine(m: &host::Machine) -> sdk::Machine {
+        sdk::Machine {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            uid: m.uid.clone(),
+            cluster_name: m.cluster_name.clone(),
+            labels: m.labels.clone(),
+            version: m.version.clone(),
+            failure_domain: m.failure_domain.clone(),
+            provider_config: m.provider_config.clone(),
+            infrastructure_config: m.infrastructure_config.clone(),
+            provider_id: m.provider_id.clone(),
+        }
+    }
+
+    pub fn status(s: sdk::MachineStatus) -> host::MachineStatus {
+        host::MachineStatus {
+            provider_id: s.provider_id,
+            state: match s.state {
+                sdk::InstanceState::Pending => host::InstanceState::Pending,
+                sdk::InstanceState::Running => host::InstanceState::Running,
+                sdk::InstanceState::Updating => host::InstanceState::Updating,
+                sdk::InstanceState::Stopping => host::InstanceState::Stopping,
+                sdk::InstanceState::Stopped => host::InstanceState::Stopped,
+                sdk::InstanceState::Terminated => host::InstanceState::Terminated,
+                sdk::InstanceState::Unknown => host::InstanceState::Unknown,
+            },
+            addresses: s
+                .addresses
+                .into_iter()
+                .map(|a| host::MachineAddress {
+                    kind: match a.kind {
+                        sdk::AddressKind::InternalIp => host::AddressKind::InternalIp,
+                        sdk::AddressKind::ExternalIp => host::AddressKind::ExternalIp,
+                        sdk::AddressKind::InternalDns => host::AddressKind::InternalDns,
+                        sdk::AddressKind::ExternalDns => host::AddressKind::ExternalDns,
+                        sdk::AddressKind::Hostname => host::AddressKind::Hostname,
+                    },
+                    address: a.address,
+                })
+                .collect(),
+            failure_domain: s.failure_domain,
+            version: s.version,
+            message: s.message,
+        }
+    }
+
+    pub fn error(e: sdk::PluginError) -> ProviderError {
+        match e {
+            sdk::PluginError::InvalidConfig(m) => ProviderError::InvalidConfig(m),
+            sdk::PluginError::NotFound(m) => ProviderError::NotFound(m),
+            sdk::PluginError::Transient(t) => ProviderError::Transient {
+                message: t.message,
+                retry_after: Duration::from_millis(t.retry_after_ms.max(1)),
+            },
+            sdk::PluginError::Unauthorized(m) => ProviderError::Unauthorized(m),
+            sdk::PluginError::Terminal(m) => ProviderError::Terminal(m),
+        }
+    }
+}
+
+impl NativeSimProvider {
+    async fn run<T: Send + 'static>(
+        &self,
+        config: &str,
+        call: impl FnOnce(&SimProvider<NativeHttp>, &SimConfig) -> Result<T, capstan_sdk::PluginError>
+        + Send
+        + 'static,
+    ) -> Result<T, capstan_controllers::ProviderError> {
+        let provider = self.provider.clone();
+        let config = config.to_string();
+        tokio::task::spawn_blocking(move || {
+            let config: SimConfig = capstan_sdk::parse_config("provider config", &config)?;
+            provider.validate(&config)?;
+            call(&provider, &config)
+        })
+        .await
+        .map_err(|e| capstan_controllers::ProviderError::Fault(e.to_string()))?
+        .map_err(convert::error)
+    }
+}
+
+impl capstan_controllers::MachineProvider for NativeSimProvider {
+    fn digest(&self) -> &str {
+        &self.digest
+    }
+    fn validate<'a>(
+        &'a self,
+        config: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), capstan_controllers::ProviderError>> {
+        Box::pin(self.run(config, |_, _| Ok(())))
+    }
+    fn create<'a>(
+        &'a self,
+        machine: &'a capstan_runtime::types::Machine,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<capstan_runtime::types::MachineStatus, capstan_controllers::ProviderError>,
+    > {
+        let m = convert::machine(machine);
+        Box::pin(async move {
+            let config = m.provider_config.clone();
+            self.run(&config, move |p, c| p.create(&m, c).map(convert::status))
+                .await
+        })
+    }
+    fn get<'a>(
+        &'a self,
+        machine: &'a capstan_runtime::types::Machine,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<capstan_runtime::types::MachineStatus, capstan_controllers::ProviderError>,
+    > {
+        let m = convert::machine(machine);
+        Box::pin(async move {
+            let config = m.provider_config.clone();
+            self.run(&config, move |p, c| p.get(&m, c).map(convert::status))
+                .await
+        })
+    }
+    fn delete<'a>(
+        &'a self,
+        machine: &'a capstan_runtime::types::Machine,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<capstan_runtime::types::Deletion, capstan_controllers::ProviderError>,
+    > {
+        let m = convert::machine(machine);
+        Box::pin(async move {
+            let config = m.provider_config.clone();
+            self.run(&config, move |p, c| {
+                p.delete(&m, c).map(|d| match d {
+                    capstan_sdk::Deletion::Done => capstan_runtime::types::Deletion::Done,
+                    capstan_sdk::Deletion::InProgress(ms) => {
+                        capstan_runtime::types::Deletion::InProgress(ms)
+                    }
+                })
+            })
+            .await
+        })
+    }
+}

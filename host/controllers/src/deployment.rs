@@ -240,7 +240,6 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         .filter(|s| s.labels().get(LABEL_TEMPLATE_HASH) != Some(&hash))
         .collect();
     let old_views: Vec<SetView> = old_sets.iter().map(|s| view(s, false)).collect();
-    drop(view);
 
     let revision = rollout::next_revision(new_view.as_ref(), &old_views);
     let plan = rollout::plan(

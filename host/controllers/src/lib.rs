@@ -568,14 +568,14 @@ where
 }
 
 /// Count triggers into the queue-depth metric as they pass.
-pub(crate) fn counted<K: Resource + 'static>(
+pub(crate) fn counted<K>(
     controller: &'static str,
     metrics: &Metrics,
     stream: impl Stream<Item = Arc<K>> + Send + 'static,
     key: impl Fn(&K) -> Option<String> + Send + 'static,
 ) -> impl Stream<Item = Arc<K>> + Send + 'static
 where
-    K: Send + Sync,
+    K: Resource + Send + Sync + 'static,
 {
     let metrics = metrics.clone();
     stream.inspect(move |obj| {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 /// Name of the `Plugin` object for the Wasm sim-provider.
 pub const SIM_PLUGIN: &str = "sim";
 /// Token the simulated cloud requires (from the Secret, attached by the host).
-const CLOUD_TOKEN: &str = "quickstart-cloud-token";
+pub const CLOUD_TOKEN: &str = "quickstart-cloud-token";
 
 /// A running environment.
 pub struct Env {
@@ -391,4 +391,145 @@ pub fn sample_deployment(
     );
     md.metadata.namespace = Some("default".into());
     md
+}
+
+/// `capstan controller` running as its own process against an [`Env`]'s
+/// control plane; stopped with SIGTERM (then SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct ControllerProcess {
+    child: std::process::Child,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub metrics_url: String,
+    /// The process's log file.
+    pub log: std::path::PathBuf,
+}
+
+/// The `capstan` binary next to the running program (same target directory).
+pub fn capstan_bin() -> Result<std::path::PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = me.parent().ok_or("no parent directory")?;
+    // Test binaries live in target/<profile>/deps.
+    for candidate in [dir.join("capstan"), dir.join("../capstan")] {
+        if candidate.exists() {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "the capstan binary is not next to {}: build it first (`cargo build -p capstan`)",
+        me.display()
+    ))
+}
+
+impl ControllerProcess {
+    /// Start `capstan controller` with `extra` flags and environment.
+    pub fn start(
+        env: &Env,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Result<ControllerProcess, String> {
+        let capstan = capstan_bin()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let kubeconfig = env.control_plane.kubeconfig();
+        let log = kubeconfig.with_file_name(format!("capstan-controller-{port}.log"));
+        let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let mut cmd = std::process::Command::new(&capstan);
+        cmd.arg("controller")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+            .arg(format!("--health-addr=127.0.0.1:{port}"))
+            .args(extra)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().map_err(|e| e.to_string())?)
+            .stderr(file);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", capstan.display()))?;
+        Ok(ControllerProcess {
+            child,
+            metrics_url: format!("http://127.0.0.1:{port}"),
+            log,
+        })
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `GET path` on the metrics server: (status, body).
+    pub fn get(&self, path: &str) -> Result<(u16, String), String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut resp = agent
+            .get(format!("{}{path}", self.metrics_url))
+            .call()
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp.body_mut().read_to_string().map_err(|e| e.to_string())?;
+        Ok((status, body))
+    }
+
+    /// Wait until `/readyz` answers 200.
+    pub fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                return Err(format!("capstan controller exited with {status}:\n{log}"));
+            }
+            if matches!(self.get("/readyz"), Ok((200, _))) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("capstan controller not ready after {within:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sum of a metric family's samples (for example `capstan_api_writes_total`).
+    pub fn metric_sum(&self, name: &str) -> Result<f64, String> {
+        let (_, body) = self.get("/metrics")?;
+        Ok(body
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    /// Stop with SIGTERM (graceful), then SIGKILL after 10 s.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

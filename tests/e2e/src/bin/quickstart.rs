@@ -1,0 +1,181 @@
+//! `capstan-quickstart`: everything on one machine, with visible progress.
+//!
+//! Starts a local control plane (etcd, kube-apiserver, kube-controller-manager),
+//! installs the CRDs, starts the simulated cloud (which registers Nodes like a
+//! kubelet), runs `capstan controller` as a separate process, creates the
+//! sandboxed sim-provider `Plugin`, applies a MachineDeployment with
+//! `kubectl`, follows it until every machine is Ready, prints
+//! `kubectl get md,ms,ma`, and says what to try next. Ctrl-C deletes the
+//! deployment (releasing every instance) and stops everything.
+//! `scripts/quickstart.sh` builds what it needs and runs it.
+
+use anyhow::{Context, bail};
+use capstan_api::Machine;
+use capstan_e2e::env::{ControllerProcess, Env, SIM_PLUGIN, capstan_bin, sample_deployment};
+use capstan_e2e::sim_cloud::Faults;
+use kube::api::Api;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready]
+
+Runs Capstan locally: control plane, simulated cloud, controller, the sim-provider
+plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
+  --replicas N          machines in the sample MachineDeployment (default 3)
+  --boot-latency-ms MS  simulated instance boot time (default 2000)
+  --exit-when-ready     clean up and exit once every machine is Ready (for CI)";
+
+struct Args {
+    replicas: i32,
+    boot_latency_ms: u64,
+    exit_when_ready: bool,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        replicas: 3,
+        boot_latency_ms: 2000,
+        exit_when_ready: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--replicas" => {
+                let v = it.next().context("--replicas needs a number")?;
+                args.replicas = v.parse().with_context(|| format!("--replicas {v:?} is not a number"))?;
+            }
+            "--boot-latency-ms" => {
+                let v = it.next().context("--boot-latency-ms needs a number")?;
+                args.boot_latency_ms = v
+                    .parse()
+                    .with_context(|| format!("--boot-latency-ms {v:?} is not a number"))?;
+            }
+            "--exit-when-ready" => args.exit_when_ready = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    Ok(args)
+}
+
+fn step(text: &str) {
+    println!("==> {text}");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let started = Instant::now();
+    step("starting etcd, kube-apiserver and kube-controller-manager on loopback");
+    let env = Env::start(Faults {
+        boot_latency_ms: args.boot_latency_ms,
+        delete_latency_ms: 500,
+        ..Default::default()
+    })
+    .await
+    .map_err(anyhow::Error::msg)
+    .context("the local environment did not start")?;
+    let kubeconfig = env.control_plane.kubeconfig();
+    let kubectl = capstan_e2e::control_plane::bin_dir().join("kubectl");
+    println!("    API server {} (kubeconfig {})", env.control_plane.url, kubeconfig.display());
+    step("installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment)");
+    println!("    simulated cloud at {} registers a Node per instance, like a kubelet", env.cloud.url());
+    step(&format!(
+        "created Plugin/{SIM_PLUGIN}: the sandboxed sim-provider ({}), granted http://127.0.0.1:* and the cloud token from Secret default/sim-cloud",
+        capstan_e2e::plugin("sim_provider").display()
+    ));
+
+    let capstan = capstan_bin().map_err(anyhow::Error::msg)?;
+    let mut controller = ControllerProcess::start(&env, &["--poll-interval=500ms"], &[])
+        .map_err(anyhow::Error::msg)?;
+    step(&format!(
+        "started `capstan controller` (metrics {}/metrics, log {})",
+        controller.metrics_url,
+        controller.log.display()
+    ));
+    controller
+        .wait_ready(Duration::from_secs(60))
+        .map_err(anyhow::Error::msg)?;
+
+    let md = sample_deployment("quickstart", SIM_PLUGIN, &env.cloud.url(), args.replicas, "v1.30.0");
+    let yaml = serde_yaml::to_string(&md)?;
+    let manifest = kubeconfig.with_file_name("quickstart.yaml");
+    std::fs::write(&manifest, &yaml)?;
+    step(&format!("kubectl apply -f {}", manifest.display()));
+    print!("{}", env.control_plane.kubectl(&["apply", "-f", "-"], Some(&yaml)).map_err(anyhow::Error::msg)?);
+
+    step(&format!("waiting for {} machines to be Ready", args.replicas));
+    let machines: Api<Machine> = Api::namespaced(env.client.clone(), "default");
+    let mut last = String::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let list = machines.list(&Default::default()).await?.items;
+        let with_id = list.iter().filter(|m| m.status.as_ref().and_then(|s| s.provider_id.as_ref()).is_some()).count();
+        let ready = list
+            .iter()
+            .filter(|m| m.status.as_ref().is_some_and(|s| capstan_api::is_true(&s.conditions, "Ready")))
+            .count();
+        let line = format!(
+            "    machines {}/{} created, {with_id} with an instance, {ready} Ready; cloud instances {}",
+            list.len(),
+            args.replicas,
+            env.cloud.instances().len()
+        );
+        if line != last {
+            println!("{line}  [{:.1}s]", started.elapsed().as_secs_f64());
+            last = line;
+        }
+        if ready as i32 == args.replicas && list.len() as i32 == args.replicas {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "machines not Ready after 5 minutes; the controller log is {}\n{}",
+                controller.log.display(),
+                env.describe("default").await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    env.wait_rolled_out("default", "quickstart", Duration::from_secs(60)).await;
+    step(&format!("all {} machines Ready in {:.1}s; kubectl get md,ms,ma", args.replicas, started.elapsed().as_secs_f64()));
+    print!("{}", env.control_plane.kubectl(&["get", "md,ms,ma"], None).map_err(anyhow::Error::msg)?);
+
+    if !args.exit_when_ready {
+        let k = format!("{} --kubeconfig {}", kubectl.display(), kubeconfig.display());
+        println!(
+            "\nTry next, in another terminal:
+  {k} scale md/quickstart --replicas=5
+  {k} patch md/quickstart --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"version\":\"v1.31.0\"}}}}}}}}'
+  {k} get md,ms,ma -w
+  {capstan} rollout history md/quickstart --kubeconfig {kc}
+  {capstan} rollout undo md/quickstart --kubeconfig {kc}
+  {k} delete md/quickstart
+  curl -s {metrics}/metrics | grep capstan_
+
+Press Ctrl-C to stop: the deployment is deleted (every instance released), then the
+controller, the cloud and the control plane stop and their data is removed.",
+            capstan = capstan.display(),
+            kc = kubeconfig.display(),
+            metrics = controller.metrics_url,
+        );
+        tokio::signal::ctrl_c().await?;
+        println!();
+    }
+    step("deleting the MachineDeployment; waiting for every instance to be released");
+    let _ = env.control_plane.kubectl(&["delete", "md/quickstart", "--wait=false"], None);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !env.cloud.instances().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let left = env.cloud.instances().len();
+    step(&format!("stopped; cloud instances left: {left}"));
+    std::io::stdout().flush()?;
+    if left > 0 {
+        bail!("{left} instances were not released");
+    }
+    Ok(())
+}
