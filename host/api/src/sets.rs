@@ -207,11 +207,6 @@ pub struct MachineDeploymentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub revision_history_limit: Option<i32>,
-    /// Seconds without progress before `Progressing` turns False with
-    /// `ProgressDeadlineExceeded`. Default 600.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub progress_deadline_seconds: Option<i32>,
 }
 
 /// Human-readable phase of a MachineDeployment.

@@ -282,3 +282,57 @@ async fn demo_creates_follows_and_deletes_machines() {
         "{stdout}"
     );
 }
+
+#[test]
+fn crds_print_every_kind_for_kubectl_apply() {
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .arg("crds")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        yaml.matches("kind: CustomResourceDefinition").count(),
+        4,
+        "{yaml}"
+    );
+    for name in [
+        "plugins.capstan.dev",
+        "machines.capstan.dev",
+        "machinesets.capstan.dev",
+        "machinedeployments.capstan.dev",
+    ] {
+        assert!(yaml.contains(&format!("name: {name}")), "{name} missing");
+    }
+}
+
+#[test]
+fn controller_explains_an_unusable_kubeconfig() {
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(["controller", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read kubeconfig /nonexistent/kubeconfig"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn rollout_rejects_other_kinds() {
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args([
+            "rollout",
+            "history",
+            "deploy/web",
+            "--kubeconfig",
+            "/nonexistent",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("write md/NAME"), "{stderr}");
+}

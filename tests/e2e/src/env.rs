@@ -475,7 +475,10 @@ impl ControllerProcess {
             .call()
             .map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let body = resp.body_mut().read_to_string().map_err(|e| e.to_string())?;
+        let body = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
         Ok((status, body))
     }
 

@@ -613,5 +613,56 @@ async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
         .await
         .unwrap();
     env.wait_rolled_out(NS, "ghost", LONG).await;
+
+    // A MachineSet adopts a matching orphan instead of creating another.
+    let template = sample_deployment("solo", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0").spec;
+    let orphan = Machine {
+        metadata: kube::api::ObjectMeta {
+            name: Some("orphan".into()),
+            namespace: Some(NS.into()),
+            labels: Some(template.template.metadata.labels.clone()),
+            ..Default::default()
+        },
+        spec: template.template.spec.clone(),
+        status: None,
+    };
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    let set = MachineSet::new(
+        "solo",
+        capstan_api::MachineSetSpec {
+            replicas: 2,
+            selector: template.selector.clone(),
+            template: template.template.clone(),
+            delete_policy: capstan_api::DeletePolicy::Oldest,
+            min_ready_seconds: 0,
+        },
+    );
+    Api::<MachineSet>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &set)
+        .await
+        .unwrap();
+    env.eventually(
+        "the set adopts the orphan and adds one machine",
+        LONG,
+        async || {
+            let solo: Vec<Machine> = env
+                .machines(NS)
+                .await
+                .into_iter()
+                .filter(|m| m.labels().get("capstan.dev/pool").map(String::as_str) == Some("solo"))
+                .collect();
+            let adopted = solo.iter().any(|m| {
+                m.name_any() == "orphan"
+                    && m.owner_references()
+                        .iter()
+                        .any(|o| o.kind == "MachineSet" && o.name == "solo")
+            });
+            (adopted && solo.len() == 2 && ready_machines(&solo) == 2).then_some(())
+        },
+    )
+    .await;
     env.stop_controllers().await;
 }

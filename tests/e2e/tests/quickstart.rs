@@ -18,7 +18,10 @@ fn quickstart_reaches_ready_and_cleans_up() {
         .expect("the quickstart runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "quickstart failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "quickstart failed:\n{stdout}\n{stderr}"
+    );
     for expected in [
         "==> kubectl apply -f",
         "3 Ready",
@@ -26,6 +29,9 @@ fn quickstart_reaches_ready_and_cleans_up() {
         "sim://i-",
         "cloud instances left: 0",
     ] {
-        assert!(stdout.contains(expected), "{expected:?} missing from:\n{stdout}");
+        assert!(
+            stdout.contains(expected),
+            "{expected:?} missing from:\n{stdout}"
+        );
     }
 }

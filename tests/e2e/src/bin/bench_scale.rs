@@ -14,7 +14,8 @@ use capstan_e2e::sim_cloud::Faults;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: capstan-bench-scale [--machines N] [--idle-seconds S] [--boot-latency-ms MS]
+const USAGE: &str =
+    "usage: capstan-bench-scale [--machines N] [--idle-seconds S] [--boot-latency-ms MS]
   --machines N          machines to scale to (default 1000)
   --idle-seconds S      idle period after convergence in which writes are counted (default 60)
   --boot-latency-ms MS  simulated instance boot time (default 1000)";
@@ -34,8 +35,11 @@ fn parse_args() -> anyhow::Result<Args> {
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| -> anyhow::Result<u64> {
-            let v = it.next().with_context(|| format!("{flag} needs a number"))?;
-            v.parse().with_context(|| format!("{flag} {v:?} is not a number"))
+            let v = it
+                .next()
+                .with_context(|| format!("{flag} needs a number"))?;
+            v.parse()
+                .with_context(|| format!("{flag} {v:?} is not a number"))
         };
         match arg.as_str() {
             "--machines" => args.machines = i32::try_from(value("--machines")?)?,
@@ -84,7 +88,12 @@ struct Figures {
     idle_writes: f64,
 }
 
-async fn run_variant(env: &Env, args: &Args, variant: &str, plugin: &str) -> anyhow::Result<Figures> {
+async fn run_variant(
+    env: &Env,
+    args: &Args,
+    variant: &str,
+    plugin: &str,
+) -> anyhow::Result<Figures> {
     let name = format!("bench-{variant}");
     let extra: Vec<&str> = if variant == "native" {
         vec!["--native-sim-provider", plugin]
@@ -93,18 +102,26 @@ async fn run_variant(env: &Env, args: &Args, variant: &str, plugin: &str) -> any
     };
     let mut controller = ControllerProcess::start(
         env,
-        &[extra.as_slice(), &["--machine-concurrency=64", "--poll-interval=1s"]].concat(),
+        &[
+            extra.as_slice(),
+            &["--machine-concurrency=64", "--poll-interval=1s"],
+        ]
+        .concat(),
         &[("CAPSTAN_NATIVE_SIM_TOKEN", CLOUD_TOKEN)],
     )
     .map_err(anyhow::Error::msg)?;
-    controller.wait_ready(Duration::from_secs(60)).map_err(anyhow::Error::msg)?;
+    controller
+        .wait_ready(Duration::from_secs(60))
+        .map_err(anyhow::Error::msg)?;
     let pid = controller.pid();
     let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), "default");
     let md = sample_deployment(&name, plugin, &env.cloud.url(), 0, "v1.30.0");
     mds.create(&PostParams::default(), &md).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu_before = cpu_seconds(pid)?;
-    let writes_before = controller.metric_sum("capstan_api_writes_total").map_err(anyhow::Error::msg)?;
+    let writes_before = controller
+        .metric_sum("capstan_api_writes_total")
+        .map_err(anyhow::Error::msg)?;
     eprintln!("# {variant}: scaling md/{name} from 0 to {}", args.machines);
     let started = Instant::now();
     mds.patch(
@@ -131,7 +148,10 @@ async fn run_variant(env: &Env, args: &Args, variant: &str, plugin: &str) -> any
             last_print = Instant::now();
         }
         if started.elapsed() > Duration::from_secs(1800) {
-            bail!("{variant}: not Ready after 30 minutes (controller log {})", controller.log.display());
+            bail!(
+                "{variant}: not Ready after 30 minutes (controller log {})",
+                controller.log.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -140,11 +160,22 @@ async fn run_variant(env: &Env, args: &Args, variant: &str, plugin: &str) -> any
     let rss = peak_rss_mib(pid)?;
     // Let the last status writes land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes = controller.metric_sum("capstan_api_writes_total").map_err(anyhow::Error::msg)? - writes_before;
-    eprintln!("# {variant}: all Ready after {seconds_to_ready:.1}s; idle for {}s", args.idle.as_secs());
-    let idle_before = controller.metric_sum("capstan_api_writes_total").map_err(anyhow::Error::msg)?;
+    let writes = controller
+        .metric_sum("capstan_api_writes_total")
+        .map_err(anyhow::Error::msg)?
+        - writes_before;
+    eprintln!(
+        "# {variant}: all Ready after {seconds_to_ready:.1}s; idle for {}s",
+        args.idle.as_secs()
+    );
+    let idle_before = controller
+        .metric_sum("capstan_api_writes_total")
+        .map_err(anyhow::Error::msg)?;
     tokio::time::sleep(args.idle).await;
-    let idle_writes = controller.metric_sum("capstan_api_writes_total").map_err(anyhow::Error::msg)? - idle_before;
+    let idle_writes = controller
+        .metric_sum("capstan_api_writes_total")
+        .map_err(anyhow::Error::msg)?
+        - idle_before;
 
     eprintln!("# {variant}: deleting md/{name} and waiting for every instance to be released");
     mds.delete(&name, &DeleteParams::foreground()).await?;
@@ -183,17 +214,44 @@ async fn main() -> anyhow::Result<()> {
         args.machines, args.boot_latency_ms
     );
     let lines = [
-        ("seconds_to_all_ready", wasm.seconds_to_ready, native.seconds_to_ready),
-        ("controller_cpu_seconds", wasm.cpu_seconds, native.cpu_seconds),
-        ("controller_peak_rss_mib", wasm.peak_rss_mib, native.peak_rss_mib),
-        ("api_writes_per_machine", wasm.writes_per_machine, native.writes_per_machine),
+        (
+            "seconds_to_all_ready",
+            wasm.seconds_to_ready,
+            native.seconds_to_ready,
+        ),
+        (
+            "controller_cpu_seconds",
+            wasm.cpu_seconds,
+            native.cpu_seconds,
+        ),
+        (
+            "controller_peak_rss_mib",
+            wasm.peak_rss_mib,
+            native.peak_rss_mib,
+        ),
+        (
+            "api_writes_per_machine",
+            wasm.writes_per_machine,
+            native.writes_per_machine,
+        ),
     ];
     for (name, w, n) in lines {
         println!("{name}_wasm {w:.3}");
         println!("{name}_native {n:.3}");
-        println!("ratio_{name}_wasm_vs_native {:.3}", if n > 0.0 { w / n } else { f64::NAN });
+        println!(
+            "ratio_{name}_wasm_vs_native {:.3}",
+            if n > 0.0 { w / n } else { f64::NAN }
+        );
     }
-    println!("idle_{}s_writes_wasm {}", args.idle.as_secs(), wasm.idle_writes);
-    println!("idle_{}s_writes_native {}", args.idle.as_secs(), native.idle_writes);
+    println!(
+        "idle_{}s_writes_wasm {}",
+        args.idle.as_secs(),
+        wasm.idle_writes
+    );
+    println!(
+        "idle_{}s_writes_native {}",
+        args.idle.as_secs(),
+        native.idle_writes
+    );
     Ok(())
 }

@@ -17,7 +17,8 @@ use kube::api::Api;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready]
+const USAGE: &str =
+    "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready]
 
 Runs Capstan locally: control plane, simulated cloud, controller, the sim-provider
 plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
@@ -42,7 +43,9 @@ fn parse_args() -> anyhow::Result<Args> {
         match arg.as_str() {
             "--replicas" => {
                 let v = it.next().context("--replicas needs a number")?;
-                args.replicas = v.parse().with_context(|| format!("--replicas {v:?} is not a number"))?;
+                args.replicas = v
+                    .parse()
+                    .with_context(|| format!("--replicas {v:?} is not a number"))?;
             }
             "--boot-latency-ms" => {
                 let v = it.next().context("--boot-latency-ms needs a number")?;
@@ -80,9 +83,16 @@ async fn main() -> anyhow::Result<()> {
     .context("the local environment did not start")?;
     let kubeconfig = env.control_plane.kubeconfig();
     let kubectl = capstan_e2e::control_plane::bin_dir().join("kubectl");
-    println!("    API server {} (kubeconfig {})", env.control_plane.url, kubeconfig.display());
+    println!(
+        "    API server {} (kubeconfig {})",
+        env.control_plane.url,
+        kubeconfig.display()
+    );
     step("installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment)");
-    println!("    simulated cloud at {} registers a Node per instance, like a kubelet", env.cloud.url());
+    println!(
+        "    simulated cloud at {} registers a Node per instance, like a kubelet",
+        env.cloud.url()
+    );
     step(&format!(
         "created Plugin/{SIM_PLUGIN}: the sandboxed sim-provider ({}), granted http://127.0.0.1:* and the cloud token from Secret default/sim-cloud",
         capstan_e2e::plugin("sim_provider").display()
@@ -100,23 +110,49 @@ async fn main() -> anyhow::Result<()> {
         .wait_ready(Duration::from_secs(60))
         .map_err(anyhow::Error::msg)?;
 
-    let md = sample_deployment("quickstart", SIM_PLUGIN, &env.cloud.url(), args.replicas, "v1.30.0");
+    let md = sample_deployment(
+        "quickstart",
+        SIM_PLUGIN,
+        &env.cloud.url(),
+        args.replicas,
+        "v1.30.0",
+    );
     let yaml = serde_yaml::to_string(&md)?;
     let manifest = kubeconfig.with_file_name("quickstart.yaml");
     std::fs::write(&manifest, &yaml)?;
     step(&format!("kubectl apply -f {}", manifest.display()));
-    print!("{}", env.control_plane.kubectl(&["apply", "-f", "-"], Some(&yaml)).map_err(anyhow::Error::msg)?);
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&yaml))
+            .map_err(anyhow::Error::msg)?
+    );
 
-    step(&format!("waiting for {} machines to be Ready", args.replicas));
+    step(&format!(
+        "waiting for {} machines to be Ready",
+        args.replicas
+    ));
     let machines: Api<Machine> = Api::namespaced(env.client.clone(), "default");
     let mut last = String::new();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let list = machines.list(&Default::default()).await?.items;
-        let with_id = list.iter().filter(|m| m.status.as_ref().and_then(|s| s.provider_id.as_ref()).is_some()).count();
+        let with_id = list
+            .iter()
+            .filter(|m| {
+                m.status
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_ref())
+                    .is_some()
+            })
+            .count();
         let ready = list
             .iter()
-            .filter(|m| m.status.as_ref().is_some_and(|s| capstan_api::is_true(&s.conditions, "Ready")))
+            .filter(|m| {
+                m.status
+                    .as_ref()
+                    .is_some_and(|s| capstan_api::is_true(&s.conditions, "Ready"))
+            })
             .count();
         let line = format!(
             "    machines {}/{} created, {with_id} with an instance, {ready} Ready; cloud instances {}",
@@ -140,12 +176,26 @@ async fn main() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    env.wait_rolled_out("default", "quickstart", Duration::from_secs(60)).await;
-    step(&format!("all {} machines Ready in {:.1}s; kubectl get md,ms,ma", args.replicas, started.elapsed().as_secs_f64()));
-    print!("{}", env.control_plane.kubectl(&["get", "md,ms,ma"], None).map_err(anyhow::Error::msg)?);
+    env.wait_rolled_out("default", "quickstart", Duration::from_secs(60))
+        .await;
+    step(&format!(
+        "all {} machines Ready in {:.1}s; kubectl get md,ms,ma",
+        args.replicas,
+        started.elapsed().as_secs_f64()
+    ));
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["get", "md,ms,ma"], None)
+            .map_err(anyhow::Error::msg)?
+    );
 
     if !args.exit_when_ready {
-        let k = format!("{} --kubeconfig {}", kubectl.display(), kubeconfig.display());
+        let k = format!(
+            "{} --kubeconfig {}",
+            kubectl.display(),
+            kubeconfig.display()
+        );
         println!(
             "\nTry next, in another terminal:
   {k} scale md/quickstart --replicas=5
@@ -166,7 +216,9 @@ controller, the cloud and the control plane stop and their data is removed.",
         println!();
     }
     step("deleting the MachineDeployment; waiting for every instance to be released");
-    let _ = env.control_plane.kubectl(&["delete", "md/quickstart", "--wait=false"], None);
+    let _ = env
+        .control_plane
+        .kubectl(&["delete", "md/quickstart", "--wait=false"], None);
     let deadline = Instant::now() + Duration::from_secs(120);
     while !env.cloud.instances().is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
