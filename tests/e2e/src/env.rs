@@ -47,23 +47,31 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Poll `check` every 100 ms until it returns `Some`, or `None` once
+/// `within` has passed.
+async fn poll_until<T>(within: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Wait until `check` returns `Some`, polling every 100 ms; panics with
 /// `what` after `within`.
 pub async fn eventually<T>(
     what: &str,
     within: Duration,
-    mut check: impl AsyncFnMut() -> Option<T>,
+    check: impl AsyncFnMut() -> Option<T>,
 ) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not reached in {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    match poll_until(within, check).await {
+        Some(value) => value,
+        None => panic!("{what}: not reached in {within:?}"),
     }
 }
 
@@ -216,11 +224,11 @@ impl Env {
     /// Wait until a deployment reports `replicas` machines, all updated and
     /// available, and its cloud has exactly that many instances.
     pub async fn wait_rolled_out(&self, namespace: &str, name: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
+        self.eventually(&format!("md/{name} rolled out"), within, async || {
             let md = self.deployment(namespace, name).await;
-            let machines = self.machines(namespace).await;
-            let mine = machines
+            let mine = self
+                .machines(namespace)
+                .await
                 .iter()
                 .filter(|m| {
                     m.labels()
@@ -229,17 +237,10 @@ impl Env {
                         == Some(name)
                 })
                 .count();
-            if capstan_controllers::deployment::rolled_out(&md) && mine as i32 == md.spec.replicas {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "md/{name} not rolled out in {within:?}\n{}",
-                    self.describe(namespace).await
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            (capstan_controllers::deployment::rolled_out(&md) && mine as i32 == md.spec.replicas)
+                .then_some(())
+        })
+        .await;
     }
 
     /// Like [`eventually`], but the panic shows the environment's state.
@@ -247,20 +248,14 @@ impl Env {
         &self,
         what: &str,
         within: Duration,
-        mut check: impl AsyncFnMut() -> Option<T>,
+        check: impl AsyncFnMut() -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "{what}: not reached in {within:?}\n{}",
-                    self.describe("default").await
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        match poll_until(within, check).await {
+            Some(value) => value,
+            None => panic!(
+                "{what}: not reached in {within:?}\n{}",
+                self.describe("default").await
+            ),
         }
     }
 
