@@ -152,6 +152,21 @@ pub fn selector_matches(
         })
 }
 
+/// Why a set's or deployment's selector is unusable with its template, if
+/// it is: machines made from the template must match the selector. `owner`
+/// names the kind for the message ("set", "deployment").
+pub fn selector_mismatch(
+    selector: &LabelSelector,
+    template: &MachineTemplateSpec,
+    owner: &str,
+) -> Option<String> {
+    (!selector_matches(selector, &template.metadata.labels)).then(|| {
+        format!(
+            "spec.selector does not match spec.template.metadata.labels: machines made from the template would not belong to the {owner}; make every selector label a template label"
+        )
+    })
+}
+
 /// A selector as `kubectl` writes it (`a=b,c in (d,e)`), for the scale
 /// subresource's `status.selector`.
 pub fn selector_string(selector: &LabelSelector) -> String {

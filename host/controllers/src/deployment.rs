@@ -17,7 +17,7 @@ use capstan_api::{
     ANNOTATION_CHANGE_CAUSE, ANNOTATION_REPLACE_DELETED, ANNOTATION_REVISION, DeploymentPhase,
     IntOrString, LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
     MachineDeploymentStatus, MachineSet, MachineSetSpec, MachineTemplateSpec, StrategyType,
-    selector_matches, selector_string, set_condition, status as cond,
+    selector_mismatch, selector_string, set_condition, status as cond,
 };
 use capstan_planner::rollout::{self, SetView, Strategy};
 use capstan_planner::{Bound, Bounds, Health};
@@ -144,10 +144,9 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     status.selector = Some(selector_string(&md.spec.selector));
     let t = now();
 
-    let strategy = if !selector_matches(&md.spec.selector, &md.spec.template.metadata.labels) {
-        Err("spec.selector does not match spec.template.metadata.labels: machines made from the template would not belong to the deployment; make every selector label a template label".to_string())
-    } else {
-        strategy_of(&md)
+    let strategy = match selector_mismatch(&md.spec.selector, &md.spec.template, "deployment") {
+        Some(message) => Err(message),
+        None => strategy_of(&md),
     };
     let strategy = match strategy {
         Ok(s) => s,
@@ -256,66 +255,38 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         }
         None => {}
         Some(set) => {
-            let desired_revision = revision.to_string();
-            let mut patch = serde_json::Map::new();
-            if set.spec.replicas != plan.new_replicas {
-                patch.insert(
-                    "spec".into(),
-                    serde_json::json!({ "replicas": plan.new_replicas }),
-                );
-            }
-            if set.spec.min_ready_seconds != md.spec.min_ready_seconds {
-                let spec = patch.entry("spec").or_insert_with(|| serde_json::json!({}));
-                spec["minReadySeconds"] = md.spec.min_ready_seconds.into();
-            }
-            if set.annotations().get(ANNOTATION_REVISION) != Some(&desired_revision) {
-                patch.insert(
-                    "metadata".into(),
-                    serde_json::json!({ "annotations": { ANNOTATION_REVISION: desired_revision } }),
-                );
-            }
-            if !patch.is_empty() {
-                patch_set(
-                    &sets_api,
-                    &ctx,
-                    &set.name_any(),
-                    serde_json::Value::Object(patch),
-                )
-                .await?;
-            }
-        }
-    }
-    let keep_slots = (strategy == Strategy::OnDelete && !md.spec.paused).then_some("false");
-    for set in &old_sets {
-        let target = plan
-            .old_replicas
-            .iter()
-            .find(|(n, _)| *n == set.name_any())
-            .map(|(_, r)| *r);
-        let mut patch = serde_json::Map::new();
-        if let Some(replicas) = target {
-            patch.insert("spec".into(), serde_json::json!({ "replicas": replicas }));
-        }
-        if set
-            .annotations()
-            .get(ANNOTATION_REPLACE_DELETED)
-            .map(String::as_str)
-            != keep_slots
-        {
-            patch.insert(
-                "metadata".into(),
-                serde_json::json!({ "annotations": { ANNOTATION_REPLACE_DELETED: keep_slots } }),
-            );
-        }
-        if !patch.is_empty() {
-            patch_set(
+            let revision = revision.to_string();
+            sync_set(
                 &sets_api,
                 &ctx,
-                &set.name_any(),
-                serde_json::Value::Object(patch),
+                set,
+                plan.new_replicas,
+                md.spec.min_ready_seconds,
+                &[
+                    (ANNOTATION_REVISION, Some(revision.as_str())),
+                    (ANNOTATION_REPLACE_DELETED, None),
+                ],
             )
             .await?;
         }
+    }
+    // Under OnDelete, old sets keep the slot of a machine a user deletes.
+    let keep_slots = (strategy == Strategy::OnDelete && !md.spec.paused).then_some("false");
+    for set in &old_sets {
+        let replicas = plan
+            .old_replicas
+            .iter()
+            .find(|(n, _)| *n == set.name_any())
+            .map_or(set.spec.replicas, |(_, r)| *r);
+        sync_set(
+            &sets_api,
+            &ctx,
+            set,
+            replicas,
+            set.spec.min_ready_seconds,
+            &[(ANNOTATION_REPLACE_DELETED, keep_slots)],
+        )
+        .await?;
     }
     let limit = md
         .spec
@@ -442,15 +413,49 @@ struct Totals {
     failed: i32,
 }
 
-async fn patch_set(
+/// Patch a set's replicas, `minReadySeconds` and annotations (`None`
+/// removes one) to these values, writing only what differs.
+async fn sync_set(
     api: &Api<MachineSet>,
     ctx: &Context,
-    name: &str,
-    patch: serde_json::Value,
+    set: &MachineSet,
+    replicas: i32,
+    min_ready_seconds: i32,
+    annotations: &[(&str, Option<&str>)],
 ) -> Result<(), Error> {
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube_err(format!("cannot update MachineSet {name}")))?;
+    let mut spec = serde_json::Map::new();
+    if set.spec.replicas != replicas {
+        spec.insert("replicas".into(), replicas.into());
+    }
+    if set.spec.min_ready_seconds != min_ready_seconds {
+        spec.insert("minReadySeconds".into(), min_ready_seconds.into());
+    }
+    let changed: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .filter(|(k, v)| set.annotations().get(*k).map(String::as_str) != *v)
+        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+        .collect();
+    let mut patch = serde_json::Map::new();
+    if !spec.is_empty() {
+        patch.insert("spec".into(), spec.into());
+    }
+    if !changed.is_empty() {
+        patch.insert(
+            "metadata".into(),
+            serde_json::json!({ "annotations": changed }),
+        );
+    }
+    if patch.is_empty() {
+        return Ok(());
+    }
+    let name = set.name_any();
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::Value::Object(patch)),
+    )
+    .await
+    .map_err(kube_err(format!("cannot update MachineSet {name}")))?;
     ctx.metrics.wrote(CONTROLLER, "patch");
     Ok(())
 }

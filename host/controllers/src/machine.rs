@@ -213,9 +213,9 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
         .await
         {
             Ok(observed) => {
-                // Persist the provider ID before anything else can fail.
+                // Recorded now so the status write at the end of this
+                // reconcile (the next API call) persists it.
                 status.provider_id = Some(observed.provider_id.clone());
-                status.plugin_digest = Some(provider.digest().to_string());
                 observed
             }
             Err(ProviderError::InvalidConfig(message)) => {

@@ -13,7 +13,8 @@ use crate::{
 use capstan_api::set_conditions::{AVAILABLE, VALID_SPEC};
 use capstan_api::{
     ANNOTATION_REPLACE_DELETED, DeletePolicy, LABEL_SET_NAME, Machine, MachineSet,
-    machine_conditions, selector_matches, selector_string, set_condition, status as cond,
+    machine_conditions, selector_matches, selector_mismatch, selector_string, set_condition,
+    status as cond,
 };
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
@@ -142,13 +143,13 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     status.selector = Some(selector_string(&set.spec.selector));
     let t = now();
 
-    if !selector_matches(&set.spec.selector, &set.spec.template.metadata.labels) {
+    if let Some(message) = selector_mismatch(&set.spec.selector, &set.spec.template, "set") {
         set_condition(
             &mut status.conditions,
             VALID_SPEC,
             cond::FALSE,
             "SelectorMismatch",
-            "spec.selector does not match spec.template.metadata.labels: machines made from the template would not belong to the set; make every selector label a template label",
+            message,
             generation,
             &t,
         );
