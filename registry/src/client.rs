@@ -150,10 +150,12 @@ impl Client {
                         ),
                     });
                 }
+                // Only a registry counts: a TLS server answers plain HTTP
+                // with a 400 too, without the distribution API header.
                 let http = format!("http://{registry}");
                 match self.agent.get(format!("{http}/v2/")).call() {
-                    Ok(_) => http,
-                    Err(_) => {
+                    Ok(r) if r.headers().contains_key("docker-distribution-api-version") => http,
+                    _ => {
                         return Err(Error::Transport {
                             url: format!("{https}/v2/"),
                             reason: tls_error.to_string(),

@@ -37,7 +37,7 @@ pub mod signature;
 pub mod verify;
 
 pub use cache::Cache;
-pub use client::{Client, ClientOptions, DEFAULT_MAX_BLOB_BYTES, Progress};
+pub use client::{Client, ClientOptions, DEFAULT_MAX_BLOB_BYTES, NoProgress, Progress};
 pub use digest::Digest;
 pub use error::Error;
 pub use mirror::Mirrors;

@@ -1,4 +1,5 @@
-//! `capstan plugin inspect PATH`: what a plugin component is and asks for.
+//! `capstan plugin inspect PATH|oci://…`: what a plugin component is and
+//! asks for. Remote references are handled by [`crate::distribute`].
 
 use crate::options::Output;
 use anyhow::Context;
@@ -10,11 +11,15 @@ use std::process::ExitCode;
 /// Arguments of `capstan plugin inspect`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Path of the plugin component (`.wasm`).
+    /// Path of the plugin component (`.wasm`), or `oci://REGISTRY/REPO:TAG`.
     pub path: PathBuf,
     /// Output format.
     #[arg(long, short, value_enum, default_value = "text")]
     pub output: Output,
+    #[command(flatten)]
+    pub trust: crate::supply::TrustArgs,
+    #[command(flatten)]
+    pub registry: crate::supply::RegistryArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -32,6 +37,13 @@ struct Inspection {
 
 /// Run the command.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let text = args.path.display().to_string();
+    if text.starts_with("oci://") {
+        return tokio::task::spawn_blocking(move || {
+            crate::distribute::inspect_remote(&text, &args.trust, &args.registry, args.output)
+        })
+        .await?;
+    }
     let bytes = std::fs::read(&args.path)
         .with_context(|| format!("cannot read {}", args.path.display()))?;
     // Loading compiles and links the component, so inspect also proves it

@@ -1,21 +1,25 @@
 //! `capstan`: the Capstan command line.
 //!
 //! Subcommands live in their own modules: `plugin inspect` ([`inspect`]),
-//! `plugin conformance` ([`conformance`]), `bench plugin` ([`bench`]) and
-//! `demo` ([`demo`]), `crds`, `controller` ([`controller`]) and `rollout`
-//! ([`rollout`]). Shared flag types (grants, limits, output format) are
-//! in [`options`].
+//! `plugin conformance` ([`conformance`]), `plugin push|pull|sign|verify`
+//! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `bench plugin`
+//! ([`bench`]) and `demo` ([`demo`]), `crds`, `controller` ([`controller`])
+//! and `rollout` ([`rollout`]). Shared flag types (grants, limits, output
+//! format) are in [`options`]; registry and trust flags in [`supply`].
 
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bundle;
 mod conformance;
 mod controller;
 mod demo;
+mod distribute;
 mod inspect;
 mod native;
 mod options;
 mod rollout;
+mod supply;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -40,9 +44,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Work with plugin components: inspect them, check them against the contract.
+    /// Work with plugins: inspect, check against the contract, push, pull,
+    /// sign and verify.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Signing keys (cosign format).
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Air-gap bundles: signed plugins and their trust policy in one file.
+    #[command(subcommand)]
+    Bundle(bundle::Command),
     /// Benchmarks that print `name value` lines.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -61,10 +72,29 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum PluginCommand {
-    /// Show a plugin's manifest, world, contract version, imports, exports and digest.
+    /// Show a plugin's manifest, world, contract version and digest: a local
+    /// `.wasm` (also imports and exports), or `oci://…` (also each signature
+    /// and whether it verifies under --key/--policy; nothing is downloaded
+    /// but the manifest and signatures).
     Inspect(inspect::Args),
     /// Run the contract's conformance checks against a plugin and a live target.
     Conformance(conformance::Args),
+    /// Push a component to a registry as an OCI artifact (CNCF Wasm layout);
+    /// prints the manifest digest.
+    Push(distribute::PushArgs),
+    /// Pull a component, verified by --key/--policy before it is downloaded.
+    Pull(distribute::PullArgs),
+    /// Sign a plugin in a registry (cosign `.sig`, appended to existing signatures).
+    Sign(distribute::SignArgs),
+    /// Check a plugin's signatures against --key or --policy.
+    Verify(distribute::VerifyArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum KeyCommand {
+    /// Create a cosign-format key pair: PREFIX.key (encrypted with
+    /// $CAPSTAN_PASSWORD or a prompted password) and PREFIX.pub.
+    Generate(distribute::KeyGenerateArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -90,6 +120,28 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args).await,
             Command::Plugin(PluginCommand::Conformance(args)) => conformance::run(args).await,
+            Command::Plugin(PluginCommand::Push(args)) => {
+                blocking(move || distribute::push(args)).await
+            }
+            Command::Plugin(PluginCommand::Pull(args)) => {
+                blocking(move || distribute::pull(args)).await
+            }
+            Command::Plugin(PluginCommand::Sign(args)) => {
+                blocking(move || distribute::sign(args)).await
+            }
+            Command::Plugin(PluginCommand::Verify(args)) => {
+                blocking(move || distribute::verify(args)).await
+            }
+            Command::Key(KeyCommand::Generate(args)) => distribute::key_generate(args),
+            Command::Bundle(bundle::Command::Create(args)) => {
+                blocking(move || bundle::create(args)).await
+            }
+            Command::Bundle(bundle::Command::Verify(args)) => {
+                blocking(move || bundle::verify(args)).await
+            }
+            Command::Bundle(bundle::Command::Push(args)) => {
+                blocking(move || bundle::push(args)).await
+            }
             Command::Bench(BenchCommand::Plugin(args)) => bench::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Crds => {
@@ -108,6 +160,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Registry work is blocking I/O: keep it off the async workers.
+async fn blocking(
+    f: impl FnOnce() -> anyhow::Result<ExitCode> + Send + 'static,
+) -> anyhow::Result<ExitCode> {
+    tokio::task::spawn_blocking(f).await?
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ pub struct ControlPlane {
     children: Vec<(&'static str, Child)>,
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

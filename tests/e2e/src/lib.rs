@@ -4,7 +4,8 @@
 //! [`plugin`] returns the path of a plugin component, building every plugin
 //! under `plugins/` for `wasm32-wasip2` once per test process (a no-op when
 //! they are up to date). Set `CAPSTAN_PLUGIN_DIR` to use prebuilt components
-//! instead. [`control_plane`] starts a real etcd + kube-apiserver.
+//! instead. [`control_plane`] starts a real etcd + kube-apiserver;
+//! [`registry`] starts real OCI registries (Debian's docker-registry).
 
 #![forbid(unsafe_code)]
 
@@ -76,5 +77,7 @@ pub fn plugin(file_stem: &str) -> PathBuf {
 
 pub use capstan_sim_cloud as sim_cloud;
 
+pub mod cli;
 pub mod control_plane;
 pub mod env;
+pub mod registry;

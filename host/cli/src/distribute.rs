@@ -1,0 +1,471 @@
+//! `capstan key generate`, `capstan plugin push|pull|sign|verify`, and
+//! `capstan plugin inspect oci://…`: publishing plugins to OCI registries,
+//! signing them the way cosign does, and checking them against a policy.
+
+use crate::options::Output;
+use crate::supply::{Bars, RegistryArgs, TrustArgs, step};
+use anyhow::{Context, bail};
+use capstan_registry::keys::PrivateKey;
+use capstan_registry::policy::{Signer, TrustPolicy};
+use capstan_registry::{Mirrors, Reference, artifact, signature};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// `capstan key generate`.
+#[derive(Debug, clap::Args)]
+pub struct KeyGenerateArgs {
+    /// Write PREFIX.key (encrypted private key) and PREFIX.pub (public key).
+    #[arg(long, default_value = "cosign")]
+    pub output_prefix: String,
+    /// Overwrite existing files.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The password for a private key: `$CAPSTAN_PASSWORD`, else a prompt
+/// (twice when creating a key).
+fn password(confirm: bool) -> anyhow::Result<String> {
+    if let Ok(p) = std::env::var("CAPSTAN_PASSWORD") {
+        return Ok(p);
+    }
+    if !std::io::stdin().is_terminal() {
+        bail!("no password: set CAPSTAN_PASSWORD (stdin is not a terminal, so there is no prompt)");
+    }
+    let first = rpassword::prompt_password("Password for the private key: ")?;
+    if confirm {
+        let again = rpassword::prompt_password("Again: ")?;
+        if again != first {
+            bail!("the passwords differ");
+        }
+    }
+    Ok(first)
+}
+
+/// Run `key generate`.
+pub fn key_generate(args: KeyGenerateArgs) -> anyhow::Result<ExitCode> {
+    let private = PathBuf::from(format!("{}.key", args.output_prefix));
+    let public = PathBuf::from(format!("{}.pub", args.output_prefix));
+    for path in [&private, &public] {
+        if path.exists() && !args.force {
+            bail!(
+                "{} already exists; pass --force to overwrite it",
+                path.display()
+            );
+        }
+    }
+    let password = password(true)?;
+    let key = PrivateKey::generate();
+    let pem = key.to_encrypted_pem(password.as_bytes())?;
+    write_private(&private, pem.as_bytes())?;
+    std::fs::write(&public, key.public().to_pem())
+        .with_context(|| format!("cannot write {}", public.display()))?;
+    println!("Private key written to {}", private.display());
+    println!(
+        "Public key written to {} (key id {})",
+        public.display(),
+        key.public().id()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(bytes)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn reference(text: &str) -> anyhow::Result<Reference> {
+    if !text.starts_with("oci://") {
+        bail!("{text:?}: expected an oci://REGISTRY/REPOSITORY[:TAG][@sha256:…] reference");
+    }
+    Ok(Reference::parse(text)?)
+}
+
+/// `capstan plugin push`.
+#[derive(Debug, clap::Args)]
+pub struct PushArgs {
+    /// The component (`.wasm`).
+    pub path: PathBuf,
+    /// Where to push: `oci://REGISTRY/REPOSITORY:TAG`.
+    pub reference: String,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// Run `plugin push`: prints the manifest digest.
+pub fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
+    let target = reference(&args.reference)?;
+    if target.digest.is_some() || target.tag.is_none() {
+        bail!(
+            "{}: push to a tag (oci://REGISTRY/REPOSITORY:TAG); the digest is computed",
+            args.reference
+        );
+    }
+    let component = std::fs::read(&args.path)
+        .with_context(|| format!("cannot read {}", args.path.display()))?;
+    let client = args.registry.client()?;
+    step(format!(
+        "pushing {} ({} bytes) to {target}",
+        args.path.display(),
+        component.len()
+    ));
+    let (digest, plugin) = artifact::push(&client, &target, &component, &Bars::default())?;
+    match args.output {
+        Output::Text => println!("{digest}"),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "reference": target.to_string(),
+                "digest": digest,
+                "pinned": target.pinned(&digest).to_string(),
+                "plugin": plugin,
+            }))?
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `capstan plugin pull`.
+#[derive(Debug, clap::Args)]
+pub struct PullArgs {
+    /// `oci://REGISTRY/REPOSITORY:TAG` or `…@sha256:…`.
+    pub reference: String,
+    /// Where to write the component.
+    #[arg(short = 'o', long = "out", value_name = "PATH")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+    /// Pull without checking signatures (the bytes are still checked
+    /// against the manifest digest).
+    #[arg(long, conflicts_with_all = ["keys", "policy"])]
+    pub skip_verify: bool,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// Run `plugin pull`.
+pub fn pull(args: PullArgs) -> anyhow::Result<ExitCode> {
+    let source = reference(&args.reference)?;
+    let puller = args.registry.puller(Mirrors::default())?;
+    let policy = args.trust.policy()?;
+    if policy.is_none() && !args.skip_verify {
+        bail!(
+            "say whom to trust (--key PUB or --policy FILE), or pass --skip-verify to pull unverified"
+        );
+    }
+    step(format!("resolving {source}"));
+    let described = puller.describe(&source)?;
+    let signers = match &policy {
+        Some(policy) => {
+            step(format!("verifying {}", described.digest));
+            puller.verify(&source, &described, policy, &[])?.signers
+        }
+        None => Vec::new(),
+    };
+    let component = artifact::fetch_component(
+        &puller.client,
+        puller.cache.as_ref(),
+        &described,
+        &Bars::default(),
+    )?;
+    let temp = args.out.with_extension("partial");
+    std::fs::write(&temp, &component)
+        .with_context(|| format!("cannot write {}", temp.display()))?;
+    std::fs::rename(&temp, &args.out)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    match args.output {
+        Output::Text => {
+            println!(
+                "{} -> {} ({} bytes)",
+                source.pinned(&described.digest),
+                args.out.display(),
+                component.len()
+            );
+            print_signers(&signers, policy.is_some());
+        }
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "reference": source.to_string(),
+                "digest": described.digest,
+                "path": args.out,
+                "verified": policy.is_some(),
+                "signers": signers,
+            }))?
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_signers(signers: &[Signer], verified: bool) {
+    if !verified {
+        println!("NOT VERIFIED (--skip-verify)");
+    }
+    for s in signers {
+        println!(
+            "verified: signed by {} ({}) in {}",
+            s.name, s.key_id, s.origin
+        );
+    }
+}
+
+/// `capstan plugin sign`.
+#[derive(Debug, clap::Args)]
+pub struct SignArgs {
+    /// The plugin: `oci://REGISTRY/REPOSITORY:TAG` or `…@sha256:…`. A tag is
+    /// resolved once; the signature covers that digest.
+    pub reference: String,
+    /// The private key (cosign format; password from $CAPSTAN_PASSWORD or a prompt).
+    #[arg(long, value_name = "KEY")]
+    pub key: PathBuf,
+    /// Also attach a Sigstore bundle (DSSE, v0.3) as an OCI referrer, the
+    /// format `cosign --new-bundle-format` and sigstore-js read.
+    #[arg(long)]
+    pub bundle: bool,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// Run `plugin sign`.
+pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
+    let target = reference(&args.reference)?;
+    let text = std::fs::read_to_string(&args.key)
+        .with_context(|| format!("cannot read private key {}", args.key.display()))?;
+    let key = PrivateKey::from_encrypted_pem(
+        &args.key.display().to_string(),
+        &text,
+        password(false)?.as_bytes(),
+    )?;
+    let client = args.registry.client()?;
+    let described = artifact::describe(&client, &target)?;
+    let repository = target.repository_name();
+    let added = signature::sign(&client, &target, &repository, &described.digest, &key)?;
+    let mut bundle = None;
+    if args.bundle {
+        let subject = capstan_registry::oci::Descriptor::of(
+            capstan_registry::oci::MANIFEST,
+            &described.manifest_bytes,
+        );
+        let json = signature::make_bundle(&repository, &described.digest, &key);
+        bundle = Some(signature::attach_bundle(&client, &target, &subject, &json)?);
+    }
+    let pinned = target.pinned(&described.digest);
+    match args.output {
+        Output::Text => {
+            if added {
+                println!("signed {pinned} with key {}", key.public().id());
+            } else {
+                println!(
+                    "{pinned} was already signed with key {}; nothing pushed",
+                    key.public().id()
+                );
+            }
+            if let Some(d) = &bundle {
+                println!("attached Sigstore bundle {d}");
+            }
+        }
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "reference": pinned.to_string(),
+                "digest": described.digest,
+                "keyId": key.public().id(),
+                "added": added,
+                "bundle": bundle,
+            }))?
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `capstan plugin verify`.
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// The plugin: `oci://REGISTRY/REPOSITORY:TAG` or `…@sha256:…`.
+    pub reference: String,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+    /// A Sigstore bundle file to consider besides the signatures stored in
+    /// the registry. Repeatable.
+    #[arg(long = "bundle", value_name = "FILE")]
+    pub bundles: Vec<PathBuf>,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// Run `plugin verify`: exit 0 when the policy is satisfied.
+pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let source = reference(&args.reference)?;
+    let policy = args.trust.required()?;
+    let mut extra = Vec::new();
+    for path in &args.bundles {
+        let bytes = std::fs::read(path)
+            .with_context(|| format!("cannot read bundle {}", path.display()))?;
+        extra.push((format!("sigstore bundle {}", path.display()), bytes));
+    }
+    let mut puller = args.registry.puller(Mirrors::default())?;
+    // Verify for real every time; the cache is for the controller's loads.
+    puller.cache = None;
+    let described = puller.describe(&source)?;
+    let verified = puller.verify(&source, &described, &policy, &extra)?;
+    match args.output {
+        Output::Text => {
+            println!("{}: verified", verified.source);
+            print_signers(&verified.signers, true);
+        }
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "reference": verified.source.to_string(),
+                "digest": verified.digest,
+                "verified": true,
+                "signers": verified.signers,
+            }))?
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SignatureReport {
+    origin: String,
+    /// The policy key that made it, if any.
+    signed_by: Option<String>,
+    /// Why it does not count, if it does not.
+    problem: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RemoteInspection {
+    reference: String,
+    digest: String,
+    manifest: capstan_registry::oci::Manifest,
+    plugin: capstan_manifest::PluginManifest,
+    signatures: Vec<SignatureReport>,
+    /// `None` without a policy; else whether it is satisfied and why not.
+    policy_verdict: Option<Result<Vec<Signer>, String>>,
+}
+
+/// `capstan plugin inspect oci://…`: the manifest, capabilities and every
+/// signature, without downloading the component.
+pub fn inspect_remote(
+    text: &str,
+    trust: &TrustArgs,
+    registry: &RegistryArgs,
+    output: Output,
+) -> anyhow::Result<ExitCode> {
+    let source = reference(text)?;
+    let mut puller = registry.puller(Mirrors::default())?;
+    puller.cache = None;
+    let described = puller.describe(&source)?;
+    let candidates = puller.signatures(&source, &described, &[])?;
+    let policy = trust.policy()?;
+    let keys: Vec<(String, capstan_registry::keys::PublicKey)> = policy
+        .as_ref()
+        .map(|p: &TrustPolicy| p.keys().map(|(n, k)| (n.to_string(), k.clone())).collect())
+        .unwrap_or_default();
+    let signatures = candidates
+        .iter()
+        .map(|c| SignatureReport {
+            origin: c.origin.clone(),
+            signed_by: keys
+                .iter()
+                .find(|(_, k)| c.verified_by(k))
+                .map(|(n, _)| n.clone()),
+            problem: match &c.claim {
+                Err(reason) => Some(reason.clone()),
+                Ok(()) if policy.is_some() && !keys.iter().any(|(_, k)| c.verified_by(k)) => {
+                    Some("not made by any key of the policy".into())
+                }
+                Ok(()) => None,
+            },
+        })
+        .collect();
+    let verdict = policy.as_ref().map(|p| {
+        capstan_registry::verify::rule_for(p, &source)
+            .map_err(|e| e.to_string())
+            .and_then(|rule| capstan_registry::policy::evaluate(&rule, &candidates))
+    });
+    let inspection = RemoteInspection {
+        reference: source.pinned(&described.digest).to_string(),
+        digest: described.digest.to_string(),
+        manifest: described.manifest.clone(),
+        plugin: described.plugin.clone(),
+        signatures,
+        policy_verdict: verdict,
+    };
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
+        Output::Text => print!("{}", render_remote(&inspection)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render_remote(i: &RemoteInspection) -> String {
+    let m = &i.plugin;
+    let layer = &i.manifest.layers[0];
+    let mut out = format!(
+        "Plugin:     {} {}\nReference:  {}\nDigest:     {}\nComponent:  {} ({} bytes)\nWorld:      {}-plugin\nContract:   {}\nCapabilities:\n",
+        m.name, m.version, i.reference, i.digest, layer.digest, layer.size, m.world, m.contract
+    );
+    if m.capabilities.http.is_empty() {
+        out.push_str("  (none: no outbound HTTP)\n");
+    }
+    for cap in &m.capabilities.http {
+        match &cap.credential {
+            Some(slot) => out.push_str(&format!(
+                "  http  {}  credential slot `{slot}`\n",
+                cap.destination
+            )),
+            None => out.push_str(&format!("  http  {}\n", cap.destination)),
+        }
+    }
+    out.push_str("Signatures:\n");
+    if i.signatures.is_empty() {
+        out.push_str("  (none: unsigned)\n");
+    }
+    for s in &i.signatures {
+        let status = match (&s.signed_by, &s.problem) {
+            (Some(name), _) => format!("verifies with key {name}"),
+            (None, Some(problem)) => format!("does not count: {problem}"),
+            (None, None) => "not checked (no --key or --policy)".to_string(),
+        };
+        out.push_str(&format!("  {}: {status}\n", s.origin));
+    }
+    match &i.policy_verdict {
+        None => out.push_str("Policy:     none given (--key PUB or --policy FILE)\n"),
+        Some(Ok(signers)) => {
+            let names: Vec<&str> = signers.iter().map(|s| s.name.as_str()).collect();
+            out.push_str(&format!(
+                "Policy:     satisfied (signed by {})\n",
+                names.join(", ")
+            ));
+        }
+        Some(Err(reason)) => out.push_str(&format!("Policy:     NOT satisfied: {reason}\n")),
+    }
+    out
+}

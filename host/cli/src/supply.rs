@@ -1,0 +1,156 @@
+//! Flags and helpers shared by the supply-chain commands (`plugin push`,
+//! `pull`, `sign`, `verify`, `inspect oci://…`, `bundle …`, and the
+//! controller's OCI sources): how to reach registries, where the cache is,
+//! which keys or policy to trust, and progress bars.
+
+use anyhow::{Context, bail};
+use capstan_registry::keys::PublicKey;
+use capstan_registry::policy::TrustPolicy;
+use capstan_registry::verify::Puller;
+use capstan_registry::{Cache, Client, ClientOptions, Mirrors, Progress};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// How to reach registries.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RegistryArgs {
+    /// Allow plain HTTP to registries that are not on loopback (loopback
+    /// registries may always use it). TLS, when spoken, is still verified.
+    #[arg(long, env = "CAPSTAN_INSECURE")]
+    pub insecure: bool,
+    /// PEM file with extra CA certificates to trust for registry TLS (in
+    /// addition to the system's).
+    #[arg(long, env = "CAPSTAN_CA_FILE", value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
+    /// Docker config.json with registry credentials (default:
+    /// $DOCKER_CONFIG/config.json, then ~/.docker/config.json).
+    #[arg(long, env = "CAPSTAN_REGISTRY_CONFIG", value_name = "FILE")]
+    pub registry_config: Option<PathBuf>,
+    /// Largest blob accepted from a registry, in MiB.
+    #[arg(long, env = "CAPSTAN_MAX_BLOB_MIB", default_value_t = 256)]
+    pub max_blob_mib: u64,
+    /// Content-addressed cache of pulled blobs and verification results
+    /// (default: ~/.cache/capstan/oci).
+    #[arg(long, env = "CAPSTAN_OCI_CACHE", value_name = "DIR")]
+    pub oci_cache: Option<PathBuf>,
+}
+
+impl RegistryArgs {
+    /// A registry client from the flags.
+    pub fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(ClientOptions {
+            insecure: self.insecure,
+            ca_file: self.ca_file.clone(),
+            registry_config: self.registry_config.clone(),
+            max_blob_bytes: self.max_blob_mib.saturating_mul(1024 * 1024),
+        })?)
+    }
+
+    /// The cache directory.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.oci_cache.clone().unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."))
+                .join(".cache/capstan/oci")
+        })
+    }
+
+    /// A puller with the cache and the given mirrors.
+    pub fn puller(&self, mirrors: Mirrors) -> anyhow::Result<Puller> {
+        Ok(Puller {
+            client: self.client()?,
+            cache: Some(Cache::open(&self.cache_dir())?),
+            mirrors,
+        })
+    }
+}
+
+/// Which signatures to require.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrustArgs {
+    /// Public key (cosign `.pub` PEM) that must have signed. Repeatable: all
+    /// of them must have signed.
+    #[arg(long = "key", value_name = "PUB", conflicts_with = "policy")]
+    pub keys: Vec<PathBuf>,
+    /// Trust policy file (per-source allOf/anyOf rules over named keys).
+    #[arg(long, env = "CAPSTAN_TRUST_POLICY", value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+}
+
+impl TrustArgs {
+    /// The policy the flags describe, if any.
+    pub fn policy(&self) -> anyhow::Result<Option<TrustPolicy>> {
+        if let Some(path) = &self.policy {
+            return Ok(Some(TrustPolicy::load(path)?));
+        }
+        if self.keys.is_empty() {
+            return Ok(None);
+        }
+        let mut keys = Vec::new();
+        for path in &self.keys {
+            keys.push((key_name(path), read_public_key(path)?));
+        }
+        let names = keys.iter().map(|(n, _)| n.clone()).collect();
+        Ok(Some(TrustPolicy::single(keys, names, Vec::new())?))
+    }
+
+    /// Like [`TrustArgs::policy`], but one is required.
+    pub fn required(&self) -> anyhow::Result<TrustPolicy> {
+        match self.policy()? {
+            Some(p) => Ok(p),
+            None => bail!("say whom to trust: --key PUB (repeatable) or --policy FILE"),
+        }
+    }
+}
+
+/// `keys/publisher.pub` is called `publisher`.
+fn key_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Read a public key file.
+pub fn read_public_key(path: &Path) -> anyhow::Result<PublicKey> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read public key {}", path.display()))?;
+    Ok(PublicKey::from_pem(&path.display().to_string(), &text)?)
+}
+
+/// Progress bars on stderr (hidden when stderr is not a terminal).
+#[derive(Debug, Default)]
+pub struct Bars {
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl Progress for Bars {
+    fn begin(&self, label: &str, total: u64) {
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:>20} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .expect("the template is valid")
+            .progress_chars("=> "),
+        );
+        bar.set_message(label.to_string());
+        *self.bar.lock().expect("bar lock") = Some(bar);
+    }
+    fn advance(&self, n: u64) {
+        if let Some(bar) = self.bar.lock().expect("bar lock").as_ref() {
+            bar.inc(n);
+        }
+    }
+    fn finish(&self) {
+        if let Some(bar) = self.bar.lock().expect("bar lock").take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// A status line on stderr, for steps without a byte count.
+pub fn step(message: impl std::fmt::Display) {
+    eprintln!("{message}");
+}

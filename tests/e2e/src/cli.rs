@@ -1,0 +1,84 @@
+//! Running the `capstan` binary from tests, the way a user would, and
+//! small helpers the supply-chain tests share.
+
+use crate::env::capstan_bin;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The password tests encrypt their keys with.
+pub const PASSWORD: &str = "test-password";
+
+/// Run `capstan ARGS` with `CAPSTAN_PASSWORD` set and an empty docker config.
+pub fn capstan(args: &[&str]) -> Output {
+    let bin = capstan_bin().expect("capstan binary");
+    Command::new(bin)
+        .args(args)
+        .env("CAPSTAN_PASSWORD", PASSWORD)
+        .env("DOCKER_CONFIG", "/nonexistent-capstan-test")
+        .env_remove("CAPSTAN_TRUST_POLICY")
+        .output()
+        .expect("run capstan")
+}
+
+/// Run and require success; returns stdout.
+#[track_caller]
+pub fn ok(args: &[&str]) -> String {
+    let out = capstan(args);
+    assert!(
+        out.status.success(),
+        "capstan {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Run and require failure; returns stderr.
+#[track_caller]
+pub fn fails(args: &[&str]) -> String {
+    let out = capstan(args);
+    assert!(
+        !out.status.success(),
+        "capstan {args:?} should have failed but printed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Generate a key pair `DIR/NAME.key` / `DIR/NAME.pub`; returns both paths.
+pub fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let prefix = dir.join(name);
+    ok(&[
+        "key",
+        "generate",
+        "--output-prefix",
+        prefix.to_str().expect("utf-8 path"),
+    ]);
+    (prefix.with_extension("key"), prefix.with_extension("pub"))
+}
+
+/// The component with an extra custom section of `size` bytes appended:
+/// the same plugin (same manifest), a different digest.
+pub fn padded(component: &[u8], name: &str, size: usize) -> Vec<u8> {
+    let mut payload = Vec::new();
+    leb128(&mut payload, name.len() as u64);
+    payload.extend_from_slice(name.as_bytes());
+    payload.resize(payload.len() + size, 0x5a);
+    let mut out = component.to_vec();
+    out.push(0);
+    leb128(&mut out, payload.len() as u64);
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn leb128(out: &mut Vec<u8>, mut value: u64) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
