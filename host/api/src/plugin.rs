@@ -37,17 +37,49 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PluginSpec {
-    /// The component: `file:///absolute/path.wasm` (`oci://` sources come
-    /// with the supply-chain work).
+    /// The component: `oci://REGISTRY/REPOSITORY:TAG`, `oci://…@sha256:…`,
+    /// or `file:///absolute/path.wasm` for development. A tag is resolved to
+    /// a digest on every resync; a new digest is verified, checked against
+    /// the grants and only then activated.
     #[schemars(regex(pattern = r"^(file|oci)://.+"))]
     pub source: String,
-    /// Capabilities the admin grants; the plugin gets the intersection with
-    /// what it declares.
+    /// Keys that must have signed an `oci://` source (in addition to the
+    /// host's trust policy, if it has a rule for this source). An `oci://`
+    /// source needs at least one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<PluginVerification>,
+    /// Capabilities the admin grants. A revision is activated only when
+    /// every capability it declares is granted; the plugin never gets more
+    /// than it declares.
     #[serde(default)]
     pub grants: PluginGrants,
     /// Per-call limits (defaults: 64 MiB, 10 s).
     #[serde(default)]
     pub limits: PluginLimits,
+}
+
+/// Which keys must have signed the plugin.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginVerification {
+    /// Named public keys (cosign `.pub` PEM).
+    pub public_keys: Vec<NamedPublicKey>,
+    /// Names of keys that must all have signed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub all_of: Vec<String>,
+    /// Names of keys of which at least one must have signed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub any_of: Vec<String>,
+}
+
+/// A public key with a name.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedPublicKey {
+    /// How `allOf`/`anyOf` refer to it.
+    pub name: String,
+    /// The PEM (`-----BEGIN PUBLIC KEY-----…`).
+    pub public_key: String,
 }
 
 /// Capabilities an admin grants a plugin.
@@ -114,13 +146,29 @@ pub struct PluginLimits {
     pub call_timeout_ms: Option<u64>,
 }
 
-/// What the host found when it loaded the plugin.
+/// What the host found when it loaded the plugin. Fields describe the
+/// revision that is serving; `UpToDate` says whether that is what the spec
+/// names now.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginStatus {
     /// `sha256:…` of the component bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// For `oci://` sources: the source pinned to the OCI manifest digest
+    /// (what the signatures cover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_source: Option<String>,
+    /// Where the bytes were fetched from, when a mirror served them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_from: Option<String>,
+    /// The keys whose signatures were verified: `name (key id)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signers: Vec<String>,
+    /// The revision that served before this one (kept in the caches, so
+    /// pinning the source back to it switches without a download).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_source: Option<String>,
     /// The world the plugin implements (`provider-plugin`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world: Option<String>,
@@ -136,7 +184,10 @@ pub struct PluginStatus {
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`: loaded and compiled, or the exact load error.
+    /// `Ready`: a revision is serving (or the exact error when none is).
+    /// `UpToDate`: the serving revision is the one the spec names; when a
+    /// newer one is blocked (missing grants, failed verification) it says
+    /// exactly why while the previous revision keeps serving.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,

@@ -47,6 +47,13 @@ pub struct Args {
     /// Directory for precompiled plugin code (default: ~/.cache/capstan/code).
     #[arg(long, env = "CAPSTAN_CODE_CACHE")]
     pub code_cache: Option<PathBuf>,
+    /// Trust policy for `oci://` plugin sources: per-prefix allOf/anyOf
+    /// rules over named public keys. A Plugin's own spec.verification applies
+    /// too; an `oci://` source needs at least one of them.
+    #[arg(long, env = "CAPSTAN_TRUST_POLICY", value_name = "FILE")]
+    pub trust_policy: Option<PathBuf>,
+    #[command(flatten)]
+    pub registry: crate::supply::RegistryArgs,
     /// Benchmarks only: also serve machines whose `provider.plugin` is NAME
     /// with the sim-provider logic compiled natively (no sandbox), for
     /// Wasm-versus-native comparisons. Its bearer token comes from
@@ -56,9 +63,19 @@ pub struct Args {
 }
 
 impl Args {
-    /// The controllers' options from the flags.
-    pub fn options(&self) -> Options {
-        Options {
+    /// The controllers' options from the flags (reads the trust policy,
+    /// mirror configuration and registry credentials now, so a bad file
+    /// fails at startup).
+    pub fn options(&self) -> anyhow::Result<Options> {
+        let policy = match &self.trust_policy {
+            Some(path) => Some(capstan_registry::policy::TrustPolicy::load(path)?),
+            None => None,
+        };
+        let supply = capstan_controllers::plugin::Supply {
+            puller: self.registry.puller()?,
+            policy,
+        };
+        Ok(Options {
             concurrency: Concurrency {
                 plugins: self.plugin_concurrency.max(1),
                 machines: self.machine_concurrency.max(1),
@@ -67,7 +84,8 @@ impl Args {
             },
             resync: self.resync,
             poll: self.poll_interval,
-        }
+            supply: Some(std::sync::Arc::new(supply)),
+        })
     }
 }
 
@@ -172,7 +190,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(runtime),
         providers,
         metrics,
-        args.options(),
+        args.options()?,
         signal,
     )
     .await;

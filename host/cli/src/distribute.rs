@@ -7,7 +7,7 @@ use crate::supply::{Bars, RegistryArgs, TrustArgs, step};
 use anyhow::{Context, bail};
 use capstan_registry::keys::PrivateKey;
 use capstan_registry::policy::{Signer, TrustPolicy};
-use capstan_registry::{Mirrors, Reference, artifact, signature};
+use capstan_registry::{Reference, artifact, signature};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -162,7 +162,7 @@ pub struct PullArgs {
 /// Run `plugin pull`.
 pub fn pull(args: PullArgs) -> anyhow::Result<ExitCode> {
     let source = reference(&args.reference)?;
-    let puller = args.registry.puller(Mirrors::default())?;
+    let puller = args.registry.puller()?;
     let policy = args.trust.policy()?;
     if policy.is_none() && !args.skip_verify {
         bail!(
@@ -325,7 +325,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot read bundle {}", path.display()))?;
         extra.push((format!("sigstore bundle {}", path.display()), bytes));
     }
-    let mut puller = args.registry.puller(Mirrors::default())?;
+    let mut puller = args.registry.puller()?;
     // Verify for real every time; the cache is for the controller's loads.
     puller.cache = None;
     let described = puller.describe(&source)?;
@@ -379,7 +379,7 @@ pub fn inspect_remote(
     output: Output,
 ) -> anyhow::Result<ExitCode> {
     let source = reference(text)?;
-    let mut puller = registry.puller(Mirrors::default())?;
+    let mut puller = registry.puller()?;
     puller.cache = None;
     let described = puller.describe(&source)?;
     let candidates = puller.signatures(&source, &described, &[])?;

@@ -34,6 +34,10 @@ pub struct RegistryArgs {
     /// (default: ~/.cache/capstan/oci).
     #[arg(long, env = "CAPSTAN_OCI_CACHE", value_name = "DIR")]
     pub oci_cache: Option<PathBuf>,
+    /// Mirror configuration: fetch `oci://` sources from other registries by
+    /// prefix (signatures must still name the original repository).
+    #[arg(long, env = "CAPSTAN_MIRROR_CONFIG", value_name = "FILE")]
+    pub mirror_config: Option<PathBuf>,
 }
 
 impl RegistryArgs {
@@ -57,8 +61,12 @@ impl RegistryArgs {
         })
     }
 
-    /// A puller with the cache and the given mirrors.
-    pub fn puller(&self, mirrors: Mirrors) -> anyhow::Result<Puller> {
+    /// A puller with the cache and the mirror configuration.
+    pub fn puller(&self) -> anyhow::Result<Puller> {
+        let mirrors = match &self.mirror_config {
+            Some(path) => Mirrors::load(path)?,
+            None => Mirrors::default(),
+        };
         Ok(Puller {
             client: self.client()?,
             cache: Some(Cache::open(&self.cache_dir())?),

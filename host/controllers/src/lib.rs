@@ -82,6 +82,9 @@ pub struct Options {
     /// How often a machine whose instance is still booting (or deleting) is
     /// polled through its provider.
     pub poll: Duration,
+    /// Registry access and trust for `oci://` plugin sources (`None`: such
+    /// sources are refused with a condition saying so).
+    pub supply: Option<Arc<plugin::Supply>>,
 }
 
 impl Default for Options {
@@ -90,6 +93,7 @@ impl Default for Options {
             concurrency: Concurrency::default(),
             resync: Duration::from_secs(600),
             poll: Duration::from_secs(1),
+            supply: None,
         }
     }
 }
@@ -160,9 +164,9 @@ pub struct Context {
     pub options: Options,
     /// Machines a set created or deleted that its cache has not shown yet.
     pub expectations: Expectations,
-    /// Plugins loaded so far: name → (generation, digest), so an idle
+    /// Plugins loaded so far: name → (generation, revision), so an idle
     /// reconcile does not reload.
-    pub(crate) loaded: Mutex<HashMap<String, (i64, String)>>,
+    pub(crate) loaded: Mutex<HashMap<String, (i64, plugin::Revision)>>,
 }
 
 impl std::fmt::Debug for Context {

@@ -36,6 +36,12 @@ struct WriteLabels {
     verb: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ArtifactLabels {
+    step: String,
+    result: String,
+}
+
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_1, 2.0, 20))
 }
@@ -54,6 +60,7 @@ struct Inner {
     plugin_calls: Family<CallLabels, Histogram, fn() -> Histogram>,
     queue_depth: Family<ControllerLabel, Gauge>,
     writes: Family<WriteLabels, Counter>,
+    artifacts: Family<ArtifactLabels, Counter>,
     writes_total: AtomicU64,
     dirty: Mutex<HashMap<&'static str, HashSet<String>>>,
     ready: AtomicBool,
@@ -74,6 +81,12 @@ impl Metrics {
         let plugin_calls = Family::new_with_constructor(duration_histogram as fn() -> Histogram);
         let queue_depth = Family::default();
         let writes = Family::default();
+        let artifacts = Family::default();
+        registry.register(
+            "plugin_artifact_steps",
+            "Supply-chain steps for oci:// plugins by step (resolve, verify, fetch) and result (ok, cached, failed)",
+            artifacts.clone(),
+        );
         registry.register(
             "reconcile_duration_seconds",
             "Time spent in one reconcile",
@@ -107,6 +120,7 @@ impl Metrics {
                 plugin_calls,
                 queue_depth,
                 writes,
+                artifacts,
                 writes_total: AtomicU64::new(0),
                 dirty: Mutex::new(HashMap::new()),
                 ready: AtomicBool::new(false),
@@ -156,6 +170,17 @@ impl Metrics {
             })
             .inc();
         self.inner.writes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Record one supply-chain step of an `oci://` plugin.
+    pub fn artifact_step(&self, step: &'static str, result: &'static str) {
+        self.inner
+            .artifacts
+            .get_or_create(&ArtifactLabels {
+                step: step.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
     }
 
     /// All API writes so far (tests and the benchmark count them).
@@ -259,6 +284,7 @@ mod tests {
         m.reconciled("machine", Duration::from_millis(3), true);
         m.plugin_call("sim", "create", "ok", Duration::from_millis(1));
         m.wrote("machine", "patch_status");
+        m.artifact_step("verify", "cached");
         m.enqueued("machine", "ns/a".into());
         m.enqueued("machine", "ns/a".into());
         m.enqueued("machine", "ns/b".into());
@@ -275,6 +301,11 @@ mod tests {
         assert!(
             text.contains(
                 "capstan_api_writes_total{controller=\"machine\",verb=\"patch_status\"} 1"
+            )
+        );
+        assert!(
+            text.contains(
+                "capstan_plugin_artifact_steps_total{step=\"verify\",result=\"cached\"} 1"
             )
         );
         assert_eq!(m.writes(), 1);

@@ -1,17 +1,25 @@
-//! The Plugin controller: load each plugin's component into the sandbox with
-//! the grants and limits its spec gives, register providers, and report the
-//! digest, declared capabilities and a `Ready` condition (or the exact load
-//! error).
+//! The Plugin controller: fetch each plugin (a local file, or an OCI
+//! artifact resolved, verified and pulled through `capstan-registry`), check
+//! that its grants cover every capability it declares, load it into the
+//! sandbox, and register it as a provider.
 //!
-//! A plugin is reloaded only when its spec changes or the component's digest
-//! does; a revision that fails to load leaves the previous one serving.
+//! Order matters and never changes: resolve the manifest → check grants
+//! against the declared capabilities (read from the manifest, before any
+//! download) → verify signatures (cached by digest) → download the
+//! component (digest-checked, cached) → compile (cached) → swap. A revision
+//! that fails any step is not activated; the previous one keeps serving and
+//! `UpToDate=False` says exactly why.
 
 use crate::provider::{Registered, WasmProvider};
 use crate::{
     Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, retry_soon,
 };
 use capstan_api::{CredentialType, Plugin, set_condition, status};
-use capstan_runtime::{Credential, Grants, Limits, World};
+use capstan_registry::Reference;
+use capstan_registry::keys::PublicKey;
+use capstan_registry::policy::TrustPolicy;
+use capstan_registry::verify::Puller;
+use capstan_runtime::{Credential, Grants, Limits, PluginManifest, World};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -21,8 +29,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const CONTROLLER: &str = "plugin";
-/// The condition type on a Plugin.
+/// The condition type on a Plugin: a revision is serving.
 pub const READY: &str = "Ready";
+/// The condition type on a Plugin: the serving revision is the one the spec names.
+pub const UP_TO_DATE: &str = "UpToDate";
+
+/// How `oci://` sources are fetched and whom they must be signed by.
+#[derive(Debug)]
+pub struct Supply {
+    /// Registry client, blob and verification cache, mirrors.
+    pub puller: Puller,
+    /// The host's trust policy (`--trust-policy`), applied to every source
+    /// it has a rule for.
+    pub policy: Option<TrustPolicy>,
+}
+
+/// What identifies a loaded revision: the OCI manifest digest for `oci://`
+/// sources, the component digest for files.
+pub(crate) type Revision = String;
+
+type Failure = (&'static str, String);
 
 pub(crate) async fn controller(
     plugins: ReflectHandle<Plugin>,
@@ -49,9 +75,27 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     status.observed_generation = Some(generation);
     let outcome = load(&plugin, &ctx, &name, generation).await;
     let t = now();
+    let mut settled = true;
     match outcome {
         Ok(Some(loaded)) => {
+            if status.resolved_source != loaded.resolved_source
+                || status.digest.as_ref() != Some(&loaded.digest)
+            {
+                status.previous_source = status
+                    .resolved_source
+                    .clone()
+                    .or_else(|| {
+                        status
+                            .digest
+                            .as_ref()
+                            .map(|d| format!("{} ({d})", plugin.spec.source))
+                    })
+                    .filter(|_| status.digest.is_some());
+            }
             status.digest = Some(loaded.digest);
+            status.resolved_source = loaded.resolved_source;
+            status.fetched_from = loaded.fetched_from;
+            status.signers = loaded.signers;
             status.world = Some(loaded.world);
             status.version = Some(loaded.version);
             status.contract = Some(loaded.contract);
@@ -65,24 +109,73 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
                 Some(generation),
                 &t,
             );
-        }
-        Ok(None) => {}
-        Err((reason, message)) => {
-            tracing::warn!(plugin = %name, reason, %message, "plugin not loaded");
             set_condition(
                 &mut status.conditions,
-                READY,
-                status::FALSE,
-                reason,
-                message,
+                UP_TO_DATE,
+                status::TRUE,
+                "Active",
+                "the revision the spec names is serving".to_string(),
                 Some(generation),
                 &t,
             );
         }
+        Ok(None) => {
+            set_condition(
+                &mut status.conditions,
+                UP_TO_DATE,
+                status::TRUE,
+                "Active",
+                "the revision the spec names is serving".to_string(),
+                Some(generation),
+                &t,
+            );
+        }
+        Err((reason, message)) => {
+            settled = false;
+            let serving = ctx
+                .providers
+                .get(&name)
+                .is_some_and(|r| r.generation.is_some());
+            tracing::warn!(plugin = %name, reason, %message, serving, "plugin revision not activated");
+            if serving {
+                let still = status
+                    .resolved_source
+                    .clone()
+                    .or(status.digest.clone())
+                    .unwrap_or_default();
+                set_condition(
+                    &mut status.conditions,
+                    UP_TO_DATE,
+                    status::FALSE,
+                    reason,
+                    format!("{message}; still serving {still}"),
+                    Some(generation),
+                    &t,
+                );
+            } else {
+                set_condition(
+                    &mut status.conditions,
+                    READY,
+                    status::FALSE,
+                    reason,
+                    message.clone(),
+                    Some(generation),
+                    &t,
+                );
+                set_condition(
+                    &mut status.conditions,
+                    UP_TO_DATE,
+                    status::FALSE,
+                    reason,
+                    message,
+                    Some(generation),
+                    &t,
+                );
+            }
+        }
     }
     apply_status(&ctx, CONTROLLER, plugin.as_ref(), current.as_ref(), &status).await?;
-    let ready = capstan_api::is_true(&status.conditions, READY);
-    Ok(Action::requeue(if ready {
+    Ok(Action::requeue(if settled {
         ctx.options.resync
     } else {
         Duration::from_secs(30)
@@ -91,6 +184,9 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
 
 struct Loaded {
     digest: String,
+    resolved_source: Option<String>,
+    fetched_from: Option<String>,
+    signers: Vec<String>,
     world: String,
     version: String,
     contract: String,
@@ -98,24 +194,26 @@ struct Loaded {
     message: String,
 }
 
-/// Load the plugin if its spec or bytes changed. `Ok(None)` means nothing
-/// changed; `Err((reason, message))` is what the condition shows.
-async fn load(
-    plugin: &Plugin,
-    ctx: &Context,
-    name: &str,
-    generation: i64,
-) -> Result<Option<Loaded>, (&'static str, String)> {
-    let Some(runtime) = ctx.runtime.clone() else {
-        return Err((
-            "NoRuntime",
-            "this host runs without a plugin runtime".to_string(),
-        ));
-    };
+/// A revision found at the source, before it is activated.
+struct Found {
+    revision: Revision,
+    manifest: PluginManifest,
+    /// The component bytes (files are read whole; OCI components are
+    /// downloaded only after grants and signatures check out).
+    bytes: Option<Vec<u8>>,
+    described: Option<(Reference, capstan_registry::artifact::Described)>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ("LoadFailed", format!("a background task failed: {e}")))
+}
+
+async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
     let source = &plugin.spec.source;
-    let path = match source.strip_prefix("file://") {
-        Some(path) if path.starts_with('/') => std::path::PathBuf::from(path),
-        Some(_) => {
+    if let Some(path) = source.strip_prefix("file://") {
+        if !path.starts_with('/') {
             return Err((
                 "InvalidSource",
                 format!(
@@ -123,41 +221,204 @@ async fn load(
                 ),
             ));
         }
-        None if source.starts_with("oci://") => {
-            return Err((
-                "UnsupportedSource",
-                format!(
-                    "spec.source {source:?}: oci:// sources are not supported by this host yet; use a file:// source"
-                ),
-            ));
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| ("SourceUnreadable", format!("cannot read {path}: {e}")))?;
+        let manifest = PluginManifest::from_component(&bytes)
+            .map_err(|e| ("LoadFailed", format!("{path}: {e}")))?;
+        return Ok(Found {
+            revision: capstan_runtime::digest(&bytes),
+            manifest,
+            bytes: Some(bytes),
+            described: None,
+        });
+    }
+    if !source.starts_with("oci://") {
+        return Err((
+            "InvalidSource",
+            format!("spec.source {source:?} must start with oci:// or file://"),
+        ));
+    }
+    let reference =
+        Reference::parse(source).map_err(|e| ("InvalidSource", format!("spec.source: {e}")))?;
+    let supply = supply(ctx)?;
+    let r = reference.clone();
+    let described = blocking(move || supply.puller.describe(&r)).await?;
+    let described = match described {
+        Ok(d) => {
+            ctx.metrics.artifact_step("resolve", "ok");
+            d
         }
-        None => {
-            return Err((
-                "InvalidSource",
-                format!("spec.source {source:?} must start with file://"),
-            ));
+        Err(e) => {
+            ctx.metrics.artifact_step("resolve", "failed");
+            return Err(("ResolveFailed", e.to_string()));
         }
     };
-    let bytes = tokio::fs::read(&path).await.map_err(|e| {
+    Ok(Found {
+        revision: described.digest.to_string(),
+        manifest: described.plugin.clone(),
+        bytes: None,
+        described: Some((reference, described)),
+    })
+}
+
+fn supply(ctx: &Context) -> Result<Arc<Supply>, Failure> {
+    ctx.options.supply.clone().ok_or_else(|| {
         (
-            "SourceUnreadable",
-            format!("cannot read {}: {e}", path.display()),
+            "UnsupportedSource",
+            "this host has no registry configuration for oci:// sources".to_string(),
         )
-    })?;
-    let digest = capstan_runtime::digest(&bytes);
+    })
+}
+
+/// The policies an `oci://` source must satisfy: the Plugin's own
+/// `verification` and the host policy's rule for it; at least one.
+fn policies(
+    plugin: &Plugin,
+    supply: &Supply,
+    reference: &Reference,
+) -> Result<Vec<TrustPolicy>, Failure> {
+    let mut policies = Vec::new();
+    if let Some(v) = &plugin.spec.verification {
+        let mut keys = Vec::new();
+        for (i, k) in v.public_keys.iter().enumerate() {
+            let key = PublicKey::from_pem(
+                &format!("spec.verification.publicKeys[{i}] ({:?})", k.name),
+                &k.public_key,
+            )
+            .map_err(|e| ("InvalidVerification", e.to_string()))?;
+            keys.push((k.name.clone(), key));
+        }
+        let policy = TrustPolicy::single(keys, v.all_of.clone(), v.any_of.clone())
+            .map_err(|e| ("InvalidVerification", format!("spec.{e}")))?;
+        policies.push(policy);
+    }
+    if let Some(host) = &supply.policy
+        && host.rule_for(&reference.to_string()).is_some()
+    {
+        policies.push(host.clone());
+    }
+    if policies.is_empty() {
+        return Err((
+            "NoTrustPolicy",
+            format!(
+                "{reference} is not covered by the host's trust policy and the Plugin has no spec.verification; name the keys that must have signed it"
+            ),
+        ));
+    }
+    Ok(policies)
+}
+
+/// Load the plugin if its spec or revision changed. `Ok(None)` means
+/// nothing changed; `Err((reason, message))` is what the conditions show.
+async fn load(
+    plugin: &Plugin,
+    ctx: &Context,
+    name: &str,
+    generation: i64,
+) -> Result<Option<Loaded>, Failure> {
+    let Some(runtime) = ctx.runtime.clone() else {
+        return Err((
+            "NoRuntime",
+            "this host runs without a plugin runtime".to_string(),
+        ));
+    };
+    let found = find(plugin, ctx).await?;
     let already = ctx.loaded.lock().expect("loaded lock").get(name).cloned();
     let status_ready = plugin
         .status
         .as_ref()
         .is_some_and(|s| capstan_api::is_true(&s.conditions, READY));
-    if already == Some((generation, digest.clone()))
+    if already == Some((generation, found.revision.clone()))
         && ctx.providers.get(name).is_some()
         && status_ready
     {
         return Ok(None);
     }
 
+    // Grants first: what the revision declares is known from its manifest,
+    // so a revision asking for more is refused before anything is fetched.
     let grants = grants(plugin, ctx).await?;
+    let missing = grants.missing(&found.manifest.capabilities.http);
+    if !missing.is_empty() {
+        return Err((
+            "GrantsMissing",
+            format!(
+                "revision {} ({} {}) declares capabilities spec.grants does not grant: {}; grant them to activate it",
+                found.revision,
+                found.manifest.name,
+                found.manifest.version,
+                missing.join(", ")
+            ),
+        ));
+    }
+
+    let mut resolved_source = None;
+    let mut fetched_from = None;
+    let mut signers = Vec::new();
+    let bytes = match (found.bytes, found.described) {
+        (Some(bytes), _) => bytes,
+        (None, Some((reference, described))) => {
+            let supply = supply(ctx)?;
+            for policy in policies(plugin, &supply, &reference)? {
+                let (s, r, d) = (supply.clone(), reference.clone(), described.clone());
+                let verified = blocking(move || s.puller.verify(&r, &d, &policy, &[])).await?;
+                let verified = match verified {
+                    Ok(v) => {
+                        ctx.metrics
+                            .artifact_step("verify", if v.cached { "cached" } else { "ok" });
+                        v
+                    }
+                    Err(e) => {
+                        ctx.metrics.artifact_step("verify", "failed");
+                        return Err(("VerificationFailed", e.to_string()));
+                    }
+                };
+                for s in verified.signers {
+                    let line = format!("{} ({})", s.name, s.key_id);
+                    if !signers.contains(&line) {
+                        signers.push(line);
+                    }
+                }
+            }
+            resolved_source = Some(reference.pinned(&described.digest).to_string());
+            if described.reference.registry != reference.registry
+                || described.reference.repository != reference.repository
+            {
+                fetched_from = Some(described.reference.to_string());
+            }
+            let s = supply.clone();
+            let fetched = blocking(move || {
+                let cached = s
+                    .puller
+                    .cache
+                    .as_ref()
+                    .and_then(|c| c.get(&described.manifest.layers[0].digest).ok().flatten())
+                    .is_some();
+                capstan_registry::artifact::fetch_component(
+                    &s.puller.client,
+                    s.puller.cache.as_ref(),
+                    &described,
+                    &capstan_registry::NoProgress,
+                )
+                .map(|b| (b, cached))
+            })
+            .await?;
+            match fetched {
+                Ok((bytes, cached)) => {
+                    ctx.metrics
+                        .artifact_step("fetch", if cached { "cached" } else { "ok" });
+                    bytes
+                }
+                Err(e) => {
+                    ctx.metrics.artifact_step("fetch", "failed");
+                    return Err(("PullFailed", e.to_string()));
+                }
+            }
+        }
+        (None, None) => unreachable!("find returns bytes or a described artifact"),
+    };
+
     let mut limits = Limits::default();
     if let Some(mib) = plugin.spec.limits.memory_mib {
         limits.memory_bytes = mib as usize * 1024 * 1024;
@@ -165,13 +426,12 @@ async fn load(
     if let Some(ms) = plugin.spec.limits.call_timeout_ms {
         limits.call_timeout = Duration::from_millis(ms);
     }
-    let source_name = source.clone();
-    let loaded =
-        tokio::task::spawn_blocking(move || runtime.load(&source_name, &bytes, limits, grants))
-            .await
-            .map_err(|e| ("LoadFailed", format!("the load task failed: {e}")))?
-            .map_err(|e| ("LoadFailed", e.to_string()))?;
+    let source_name = plugin.spec.source.clone();
+    let loaded = blocking(move || runtime.load(&source_name, &bytes, limits, grants))
+        .await?
+        .map_err(|e| ("LoadFailed", e.to_string()))?;
     let manifest = loaded.manifest().clone();
+    let digest = loaded.digest().to_string();
     let message = match loaded.load_path() {
         capstan_runtime::LoadPath::Compiled => "compiled and loaded".to_string(),
         capstan_runtime::LoadPath::Cached => "loaded from the code cache".to_string(),
@@ -194,10 +454,13 @@ async fn load(
     ctx.loaded
         .lock()
         .expect("loaded lock")
-        .insert(name.to_string(), (generation, digest.clone()));
-    tracing::info!(plugin = %name, %digest, "plugin loaded");
+        .insert(name.to_string(), (generation, found.revision.clone()));
+    tracing::info!(plugin = %name, revision = %found.revision, %digest, "plugin loaded");
     Ok(Some(Loaded {
         digest,
+        resolved_source,
+        fetched_from,
+        signers,
         world: format!("{}-plugin", manifest.world.as_str()),
         version: manifest.version.clone(),
         contract: manifest.contract.clone(),
@@ -214,7 +477,7 @@ async fn load(
     }))
 }
 
-async fn grants(plugin: &Plugin, ctx: &Context) -> Result<Grants, (&'static str, String)> {
+async fn grants(plugin: &Plugin, ctx: &Context) -> Result<Grants, Failure> {
     let mut grants = Grants::default();
     for (i, text) in plugin.spec.grants.http.iter().enumerate() {
         let pattern = text.parse().map_err(|e| {

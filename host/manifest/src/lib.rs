@@ -365,6 +365,31 @@ impl DestinationPattern {
     }
 }
 
+impl DestinationPattern {
+    /// Whether every destination `other` matches is also matched by this
+    /// pattern (a grant covering a declaration).
+    pub fn covers(&self, other: &DestinationPattern) -> bool {
+        if self.scheme != other.scheme {
+            return false;
+        }
+        if let Some(port) = self.port
+            && other.port != Some(port)
+        {
+            return false;
+        }
+        match (&self.host, &other.host) {
+            (HostPattern::Exact(a), HostPattern::Exact(b)) => a == b,
+            (HostPattern::Exact(_), HostPattern::Subdomains(_)) => false,
+            (HostPattern::Subdomains(suffix), HostPattern::Exact(host)) => {
+                host.len() > suffix.len() && host.ends_with(suffix.as_str())
+            }
+            (HostPattern::Subdomains(suffix), HostPattern::Subdomains(other)) => {
+                other.ends_with(suffix.as_str())
+            }
+        }
+    }
+}
+
 impl FromStr for DestinationPattern {
     type Err = ManifestError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -451,6 +476,19 @@ mod tests {
 
     fn dest(s: &str, a: &str) -> Destination {
         Destination::new(s, a).unwrap()
+    }
+
+    #[test]
+    fn a_pattern_covers_narrower_patterns_only() {
+        let p = |s: &str| s.parse::<DestinationPattern>().unwrap();
+        assert!(p("https://*.example.com:*").covers(&p("https://api.example.com")));
+        assert!(p("https://*.example.com:*").covers(&p("https://*.eu.example.com:8443")));
+        assert!(!p("https://*.example.com:*").covers(&p("https://example.com")));
+        assert!(!p("https://*.example.com:443").covers(&p("https://a.example.com:*")));
+        assert!(!p("https://api.example.com").covers(&p("https://*.example.com")));
+        assert!(!p("http://127.0.0.1:*").covers(&p("https://127.0.0.1:443")));
+        assert!(p("http://127.0.0.1:*").covers(&p("http://127.0.0.1:*")));
+        assert!(!p("http://127.0.0.1:9000").covers(&p("http://127.0.0.1:*")));
     }
 
     #[test]

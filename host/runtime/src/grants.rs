@@ -80,6 +80,29 @@ pub struct Grants {
     pub credentials: BTreeMap<String, Credential>,
 }
 
+impl Grants {
+    /// The declared capabilities these grants do not cover, one line each
+    /// (`http https://api.example.com:443`, `credential slot "cloud" (for …)`).
+    /// Empty means every declaration is granted: the revision may be activated.
+    pub fn missing(&self, declared: &[HttpCapability]) -> Vec<String> {
+        let mut missing = Vec::new();
+        for cap in declared {
+            if !self.http.iter().any(|g| g.covers(&cap.destination)) {
+                missing.push(format!("http {}", cap.destination));
+            }
+            if let Some(slot) = &cap.credential
+                && !self.credentials.contains_key(slot)
+            {
+                let line = format!("credential slot {slot:?}");
+                if !missing.contains(&line) {
+                    missing.push(line);
+                }
+            }
+        }
+        missing
+    }
+}
+
 /// The verdict on one outbound request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum HttpDecision<'a> {
@@ -161,6 +184,36 @@ mod tests {
             decide(&declared, &grants, &other),
             HttpDecision::Deny { .. }
         ));
+    }
+
+    #[test]
+    fn missing_lists_exactly_the_ungranted_declarations() {
+        let declared = [
+            cap("http://127.0.0.1:*", Some("cloud")),
+            cap("https://api.example.com", None),
+            cap("https://*.svc.example.com:8443", Some("cloud")),
+        ];
+        let mut grants = Grants {
+            http: vec![
+                "http://127.0.0.1:*".parse().unwrap(),
+                "https://*.example.com:*".parse().unwrap(),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(grants.missing(&declared), ["credential slot \"cloud\""]);
+        grants
+            .credentials
+            .insert("cloud".into(), Credential::Bearer("t".into()));
+        assert!(grants.missing(&declared).is_empty());
+        grants.http = vec!["http://127.0.0.1:9000".parse().unwrap()];
+        assert_eq!(
+            grants.missing(&declared),
+            [
+                "http http://127.0.0.1:*",
+                "http https://api.example.com:443",
+                "http https://*.svc.example.com:8443"
+            ]
+        );
     }
 
     #[test]

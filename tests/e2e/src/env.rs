@@ -49,7 +49,10 @@ struct Running {
 
 /// Poll `check` every 100 ms until it returns `Some`, or `None` once
 /// `within` has passed.
-async fn poll_until<T>(within: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+pub async fn poll_until<T>(
+    within: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> Option<T> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(value) = check().await {
@@ -129,25 +132,7 @@ impl Env {
             Err(e) => return Err(format!("cannot create the cloud Secret: {e}")),
         }
         let plugins: Api<Plugin> = Api::all(self.client.clone());
-        let plugin = Plugin::new(
-            name,
-            PluginSpec {
-                source: format!("file://{}", path.display()),
-                grants: PluginGrants {
-                    http: vec!["http://127.0.0.1:*".into()],
-                    credentials: vec![capstan_api::CredentialGrant {
-                        slot: "sim-cloud".into(),
-                        secret_ref: capstan_api::SecretKeyRef {
-                            namespace: "default".into(),
-                            name: "sim-cloud".into(),
-                            key: Some("token".into()),
-                        },
-                        type_: Default::default(),
-                    }],
-                },
-                limits: Default::default(),
-            },
-        );
+        let plugin = Plugin::new(name, sim_plugin_spec(&format!("file://{}", path.display())));
         plugins
             .create(&PostParams::default(), &plugin)
             .await
@@ -307,6 +292,29 @@ impl Drop for Env {
         if let Some(running) = self.controllers.take() {
             running.task.abort();
         }
+    }
+}
+
+/// The spec of a sim-provider Plugin at `source`: it grants everything the
+/// sim-provider declares (loopback HTTP, the `sim-cloud` credential from the
+/// `default/sim-cloud` Secret).
+pub fn sim_plugin_spec(source: &str) -> PluginSpec {
+    PluginSpec {
+        source: source.to_string(),
+        verification: None,
+        grants: PluginGrants {
+            http: vec!["http://127.0.0.1:*".into(), "http://localhost:*".into()],
+            credentials: vec![capstan_api::CredentialGrant {
+                slot: "sim-cloud".into(),
+                secret_ref: capstan_api::SecretKeyRef {
+                    namespace: "default".into(),
+                    name: "sim-cloud".into(),
+                    key: Some("token".into()),
+                },
+                type_: Default::default(),
+            }],
+        },
+        limits: Default::default(),
     }
 }
 
