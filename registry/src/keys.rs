@@ -193,7 +193,7 @@ impl PrivateKey {
 }
 
 fn derive(password: &[u8], salt: &[u8], n: u64, r: u32, p: u32) -> Result<[u8; 32], Error> {
-    if !n.is_power_of_two() || n < 2 || n > 1 << 20 {
+    if !n.is_power_of_two() || !(2..=1 << 20).contains(&n) {
         return Err(Error::key(
             "scrypt parameters",
             format!("N={n} is not a power of two up to 2^20"),

@@ -358,7 +358,7 @@ mod tests {
             ok.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
             ["a", "c"]
         );
-        let err = evaluate(&rule, &[sig_a.clone()]).unwrap_err();
+        let err = evaluate(&rule, std::slice::from_ref(&sig_a)).unwrap_err();
         assert!(
             err.contains("none of the anyOf keys [\"b\", \"c\"]"),
             "{err}"

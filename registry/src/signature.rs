@@ -129,7 +129,7 @@ pub fn bundle_candidates(
     digest: &Digest,
     manifest: &[u8],
 ) -> Result<Vec<Candidate>, Error> {
-    let what = format!("{origin}");
+    let what = origin.to_string();
     let v: Value = serde_json::from_slice(bundle)
         .map_err(|e| Error::malformed(&what, format!("not JSON: {e}")))?;
     let media_type = v["mediaType"].as_str().unwrap_or("");

@@ -35,3 +35,44 @@ fn quickstart_reaches_ready_and_cleans_up() {
         );
     }
 }
+
+/// The README's "Distributing and signing plugins" walk-through, as
+/// `capstan-quickstart --oci` runs it: key, push, sign, verify, trust
+/// policy, an `oci://` Plugin verified by the controller, machines Ready.
+#[test]
+fn quickstart_with_a_signed_oci_plugin() {
+    capstan_e2e::env::capstan_bin().expect("the capstan binary is built");
+    capstan_e2e::plugin("sim_provider");
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan-quickstart"))
+        .args([
+            "--oci",
+            "--exit-when-ready",
+            "--boot-latency-ms",
+            "500",
+            "--replicas",
+            "2",
+        ])
+        .output()
+        .expect("the quickstart runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "quickstart --oci failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "capstan key generate",
+        "capstan plugin push",
+        "capstan plugin sign",
+        "signed by publisher",
+        "--trust-policy=",
+        "==> Plugin/sim-oci verified and loaded: oci://",
+        "2 Ready",
+        "cloud instances left: 0",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "{expected:?} missing from:\n{stdout}"
+        );
+    }
+}

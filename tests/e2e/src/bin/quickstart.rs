@@ -8,10 +8,17 @@
 //! `kubectl get md,ms,ma`, and says what to try next. Ctrl-C deletes the
 //! deployment (releasing every instance) and stops everything.
 //! `scripts/quickstart.sh` builds what it needs and runs it.
+//!
+//! With `--oci` the plugin travels the supply chain first: a loopback OCI
+//! registry, `capstan key generate`, `plugin push`, `plugin sign`, a trust
+//! policy, and a `Plugin` whose source is the `oci://` reference; the
+//! controller verifies it before it runs (the README's "Distributing and
+//! signing plugins", end to end).
 
 use anyhow::{Context, bail};
 use capstan_api::Machine;
 use capstan_e2e::env::{ControllerProcess, Env, SIM_PLUGIN, capstan_bin, sample_deployment};
+use capstan_e2e::registry::{Registry, RegistryOptions};
 use capstan_e2e::sim_cloud::Faults;
 use kube::api::Api;
 use std::io::Write;
@@ -24,12 +31,15 @@ Runs Capstan locally: control plane, simulated cloud, controller, the sim-provid
 plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
   --replicas N          machines in the sample MachineDeployment (default 3)
   --boot-latency-ms MS  simulated instance boot time (default 2000)
-  --exit-when-ready     clean up and exit once every machine is Ready (for CI)";
+  --exit-when-ready     clean up and exit once every machine is Ready (for CI)
+  --oci                 serve the plugin from a local OCI registry, signed, and have the
+                        controller verify it against a trust policy before loading it";
 
 struct Args {
     replicas: i32,
     boot_latency_ms: u64,
     exit_when_ready: bool,
+    oci: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -37,6 +47,7 @@ fn parse_args() -> anyhow::Result<Args> {
         replicas: 3,
         boot_latency_ms: 2000,
         exit_when_ready: false,
+        oci: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -54,6 +65,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     .with_context(|| format!("--boot-latency-ms {v:?} is not a number"))?;
             }
             "--exit-when-ready" => args.exit_when_ready = true,
+            "--oci" => args.oci = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -66,6 +78,116 @@ fn parse_args() -> anyhow::Result<Args> {
 
 fn step(text: &str) {
     println!("==> {text}");
+}
+
+/// Run one `capstan` command the way a user would, showing it.
+fn run(capstan: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
+    println!("    $ capstan {}", args.join(" "));
+    let out = std::process::Command::new(capstan).args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "capstan {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in stdout.lines() {
+        println!("      {line}");
+    }
+    Ok(stdout)
+}
+
+/// Publish the sim-provider to a loopback registry, signed, and create a
+/// Plugin from it; returns the registry and the controller's extra flags.
+async fn publish(env: &Env, capstan: &std::path::Path) -> anyhow::Result<(Registry, Vec<String>)> {
+    let registry = Registry::start(RegistryOptions::default()).map_err(anyhow::Error::msg)?;
+    step(&format!(
+        "started an OCI registry (docker-registry) at {}",
+        registry.host
+    ));
+    let dir = registry.scratch().to_path_buf();
+    // A throwaway password for a throwaway key; a real publisher types one.
+    let prefix = dir.join("publisher");
+    let source = format!("oci://{}/capstan/sim-provider:v1", registry.host);
+    let component = capstan_e2e::plugin("sim_provider");
+    let with_password = |args: &[&str]| -> anyhow::Result<String> {
+        println!("    $ CAPSTAN_PASSWORD=… capstan {}", args.join(" "));
+        let out = std::process::Command::new(capstan)
+            .args(args)
+            .env("CAPSTAN_PASSWORD", "quickstart-only")
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "capstan {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        for line in stdout.lines() {
+            println!("      {line}");
+        }
+        Ok(stdout)
+    };
+    with_password(&[
+        "key",
+        "generate",
+        "--output-prefix",
+        prefix.to_str().unwrap_or_default(),
+    ])?;
+    run(
+        capstan,
+        &[
+            "plugin",
+            "push",
+            component.to_str().unwrap_or_default(),
+            &source,
+        ],
+    )?;
+    let key = prefix.with_extension("key");
+    with_password(&[
+        "plugin",
+        "sign",
+        &source,
+        "--key",
+        key.to_str().unwrap_or_default(),
+    ])?;
+    let public = prefix.with_extension("pub");
+    run(
+        capstan,
+        &[
+            "plugin",
+            "verify",
+            &source,
+            "--key",
+            public.to_str().unwrap_or_default(),
+        ],
+    )?;
+    let policy = dir.join("trust-policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "apiVersion: capstan.dev/v1alpha1\nkind: TrustPolicy\nkeys:\n  - name: publisher\n    path: publisher.pub\nsources:\n  - prefix: oci://{}/capstan/\n    allOf: [publisher]\n",
+            registry.host
+        ),
+    )?;
+    step(&format!("wrote the trust policy {}", policy.display()));
+    let plugin = capstan_api::Plugin::new("sim-oci", capstan_e2e::env::sim_plugin_spec(&source));
+    let yaml = serde_yaml::to_string(&plugin)?;
+    step("kubectl apply -f - <<EOF (Plugin sim-oci from the registry)");
+    print!("{yaml}");
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&yaml))
+            .map_err(anyhow::Error::msg)?
+    );
+    let flags = vec![
+        format!("--trust-policy={}", policy.display()),
+        format!("--oci-cache={}", dir.join("oci-cache").display()),
+    ];
+    Ok((registry, flags))
 }
 
 #[tokio::main]
@@ -93,16 +215,24 @@ async fn main() -> anyhow::Result<()> {
         "    simulated cloud at {} registers a Node per instance, like a kubelet",
         env.cloud.url()
     );
-    step(&format!(
-        "created Plugin/{SIM_PLUGIN}: the sandboxed sim-provider ({}), granted http://127.0.0.1:* and the cloud token from Secret default/sim-cloud",
-        capstan_e2e::plugin("sim_provider").display()
-    ));
-
     let capstan = capstan_bin().map_err(anyhow::Error::msg)?;
-    let mut controller = ControllerProcess::start(&env, &["--poll-interval=500ms"], &[])
-        .map_err(anyhow::Error::msg)?;
+    let (_registry, plugin_name, extra) = if args.oci {
+        let (registry, flags) = publish(&env, &capstan).await?;
+        (Some(registry), "sim-oci", flags)
+    } else {
+        step(&format!(
+            "created Plugin/{SIM_PLUGIN}: the sandboxed sim-provider ({}), granted http://127.0.0.1:*, http://localhost:* and the cloud token from Secret default/sim-cloud",
+            capstan_e2e::plugin("sim_provider").display()
+        ));
+        (None, SIM_PLUGIN, Vec::new())
+    };
+    let mut flags = vec!["--poll-interval=500ms".to_string()];
+    flags.extend(extra);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut controller = ControllerProcess::start(&env, &flags, &[]).map_err(anyhow::Error::msg)?;
     step(&format!(
-        "started `capstan controller` (metrics {}/metrics, log {})",
+        "started `capstan controller {}` (metrics {}/metrics, log {})",
+        flags.join(" "),
         controller.metrics_url,
         controller.log.display()
     ));
@@ -110,9 +240,29 @@ async fn main() -> anyhow::Result<()> {
         .wait_ready(Duration::from_secs(60))
         .map_err(anyhow::Error::msg)?;
 
+    if args.oci {
+        let plugins: Api<capstan_api::Plugin> = Api::all(env.client.clone());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let p = plugins.get(plugin_name).await?;
+            let status = p.status.unwrap_or_default();
+            if capstan_api::is_true(&status.conditions, "Ready") {
+                step(&format!(
+                    "Plugin/{plugin_name} verified and loaded: {} signed by {}",
+                    status.resolved_source.unwrap_or_default(),
+                    status.signers.join(", ")
+                ));
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("Plugin/{plugin_name} not Ready: {:?}", status.conditions);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let md = sample_deployment(
         "quickstart",
-        SIM_PLUGIN,
+        plugin_name,
         &env.cloud.url(),
         args.replicas,
         "v1.30.0",
