@@ -366,8 +366,18 @@ struct RemoteInspection {
     manifest: capstan_registry::oci::Manifest,
     plugin: capstan_manifest::PluginManifest,
     signatures: Vec<SignatureReport>,
-    /// `None` without a policy; else whether it is satisfied and why not.
-    policy_verdict: Option<Result<Vec<Signer>, String>>,
+    /// `None` without --key/--policy.
+    policy: Option<Verdict>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Verdict {
+    satisfied: bool,
+    signers: Vec<Signer>,
+    /// What failed, when not satisfied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
 }
 
 /// `capstan plugin inspect oci://…`: the manifest, capabilities and every
@@ -416,7 +426,18 @@ pub fn inspect_remote(
         manifest: described.manifest.clone(),
         plugin: described.plugin.clone(),
         signatures,
-        policy_verdict: verdict,
+        policy: verdict.map(|v| match v {
+            Ok(signers) => Verdict {
+                satisfied: true,
+                signers,
+                reason: None,
+            },
+            Err(reason) => Verdict {
+                satisfied: false,
+                signers: Vec::new(),
+                reason: Some(reason),
+            },
+        }),
     };
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
@@ -456,16 +477,19 @@ fn render_remote(i: &RemoteInspection) -> String {
         };
         out.push_str(&format!("  {}: {status}\n", s.origin));
     }
-    match &i.policy_verdict {
+    match &i.policy {
         None => out.push_str("Policy:     none given (--key PUB or --policy FILE)\n"),
-        Some(Ok(signers)) => {
-            let names: Vec<&str> = signers.iter().map(|s| s.name.as_str()).collect();
+        Some(v) if v.satisfied => {
+            let names: Vec<&str> = v.signers.iter().map(|s| s.name.as_str()).collect();
             out.push_str(&format!(
                 "Policy:     satisfied (signed by {})\n",
                 names.join(", ")
             ));
         }
-        Some(Err(reason)) => out.push_str(&format!("Policy:     NOT satisfied: {reason}\n")),
+        Some(v) => out.push_str(&format!(
+            "Policy:     NOT satisfied: {}\n",
+            v.reason.as_deref().unwrap_or_default()
+        )),
     }
     out
 }
