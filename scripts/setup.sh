@@ -36,3 +36,14 @@ if [ ! -d "$SIGSTORE_JS/node_modules/@sigstore/verify" ]; then
     (cd "$SIGSTORE_JS" && { [ -f package.json ] || echo '{"private":true}' > package.json; } \
         && npm install --no-audit --no-fund --silent @sigstore/sign@4 @sigstore/verify@3 @sigstore/bundle@4 @sigstore/core@3)
 fi
+# Independent crypto (OpenSSL scrypt, libsodium secretbox, pyca/cryptography)
+# to cross-check the cosign private-key format, in a venv outside the repo.
+CAPSTAN_PY="${CAPSTAN_PYTHON_ENV:-$HOME/.cache/capstan/python}"
+if ! "$CAPSTAN_PY/bin/python" -c "import nacl.secret, cryptography" >/dev/null 2>&1; then
+    echo "==> installing PyNaCl and cryptography into $CAPSTAN_PY (key-format interop test)"
+    if ! python3 -m venv "$CAPSTAN_PY" >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+        python3 -m venv "$CAPSTAN_PY"
+    fi
+    "$CAPSTAN_PY/bin/pip" install -q pynacl cryptography
+fi

@@ -297,6 +297,71 @@ pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `capstan plugin attach`.
+#[derive(Debug, clap::Args)]
+pub struct AttachArgs {
+    /// The plugin: `oci://REGISTRY/REPOSITORY:TAG` or `…@sha256:…`.
+    pub reference: String,
+    /// A Sigstore bundle (JSON) made by another tool, for example cosign or
+    /// sigstore-js; stored as an OCI referrer of the plugin's manifest.
+    #[arg(long, value_name = "FILE")]
+    pub bundle: PathBuf,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// Run `plugin attach`: the bundle must be about this artifact (its
+/// statement or message digest names the manifest digest and repository),
+/// but its signer is not judged here; verify does that.
+pub fn attach(args: AttachArgs) -> anyhow::Result<ExitCode> {
+    let target = reference(&args.reference)?;
+    let json = std::fs::read(&args.bundle)
+        .with_context(|| format!("cannot read bundle {}", args.bundle.display()))?;
+    let client = args.registry.client()?;
+    let described = artifact::describe(&client, &target)?;
+    let origin = format!("sigstore bundle {}", args.bundle.display());
+    let candidates = signature::bundle_candidates(
+        &origin,
+        &json,
+        &target.repository_name(),
+        &described.digest,
+        &described.manifest_bytes,
+    )?;
+    if let Some(Err(reason)) = candidates
+        .iter()
+        .map(|c| c.claim.clone())
+        .find(Result::is_err)
+    {
+        bail!(
+            "{origin} is not about {}: {reason}",
+            target.pinned(&described.digest)
+        );
+    }
+    let subject = capstan_registry::oci::Descriptor::of(
+        capstan_registry::oci::MANIFEST,
+        &described.manifest_bytes,
+    );
+    let digest = signature::attach_bundle(&client, &target, &subject, &json)?;
+    let pinned = target.pinned(&described.digest);
+    match args.output {
+        Output::Text => println!(
+            "attached {} to {pinned} as referrer {digest}",
+            args.bundle.display()
+        ),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "reference": pinned.to_string(),
+                "referrer": digest,
+            }))?
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `capstan plugin verify`.
 #[derive(Debug, clap::Args)]
 pub struct VerifyArgs {

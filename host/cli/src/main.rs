@@ -88,6 +88,9 @@ enum PluginCommand {
     Sign(distribute::SignArgs),
     /// Check a plugin's signatures against --key or --policy.
     Verify(distribute::VerifyArgs),
+    /// Store a Sigstore bundle made by another tool as an OCI referrer of a
+    /// plugin, where `verify` and the controller find it.
+    Attach(distribute::AttachArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -128,6 +131,9 @@ fn main() -> ExitCode {
             }
             Command::Plugin(PluginCommand::Sign(args)) => {
                 blocking(move || distribute::sign(args)).await
+            }
+            Command::Plugin(PluginCommand::Attach(args)) => {
+                blocking(move || distribute::attach(args)).await
             }
             Command::Plugin(PluginCommand::Verify(args)) => {
                 blocking(move || distribute::verify(args)).await

@@ -2,7 +2,9 @@
 //! (installed by scripts/setup.sh into ~/.cache/capstan/sigstore-js):
 //! what Capstan signs, sigstore-js verifies straight from the registry; what
 //! sigstore-js signs, Capstan verifies. Both directions also check that a
-//! wrong key is refused.
+//! wrong key is refused. The cosign private-key format is cross-checked
+//! against independent crypto (OpenSSL scrypt, libsodium secretbox,
+//! pyca/cryptography) in ~/.cache/capstan/python.
 
 use capstan_e2e::cli::{fails, key_pair, ok};
 use capstan_e2e::plugin;
@@ -164,4 +166,138 @@ fn capstan_and_sigstore_js_verify_each_others_signatures() {
         other.to_str().unwrap(),
     ]);
     assert!(err.contains("do not include"), "{err}");
+    let err = fails(&[
+        "plugin",
+        "attach",
+        &reference,
+        "--bundle",
+        other.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("is not about") && err.contains("do not include"),
+        "{err}"
+    );
+
+    // Attached as an OCI referrer, the sigstore-js bundle is found without
+    // the file, next to Capstan's own signature.
+    let attached = ok(&[
+        "plugin",
+        "attach",
+        &reference,
+        "--bundle",
+        bundle.to_str().unwrap(),
+    ]);
+    assert!(attached.contains("as referrer sha256:"), "{attached}");
+    let out = ok(&[
+        "plugin",
+        "verify",
+        &reference,
+        "--key",
+        public.to_str().unwrap(),
+        "--key",
+        js_pub.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("signed by publisher") && out.contains("signed by js"),
+        "{out}"
+    );
+}
+
+/// `cosign_key.py ARGS` in the venv scripts/setup.sh prepares.
+fn python_key_tool_output(args: &[&str]) -> std::process::Output {
+    let env = std::env::var_os("CAPSTAN_PYTHON_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/capstan/python")
+        });
+    let python = env.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing; run scripts/setup.sh",
+        python.display()
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("interop/cosign_key.py");
+    Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run python")
+}
+
+fn python_key_tool(args: &[&str]) -> String {
+    let out = python_key_tool_output(args);
+    assert!(
+        out.status.success(),
+        "cosign_key.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn cosign_key_format_round_trips_with_independent_crypto() {
+    let registry = Registry::start(RegistryOptions::default()).expect("registry");
+    let dir = registry.scratch();
+    let password = capstan_e2e::cli::PASSWORD;
+
+    // Capstan writes, independent crypto decrypts to the same public key.
+    let (key, public) = key_pair(dir, "capstan");
+    let decrypted = python_key_tool(&["decrypt", key.to_str().unwrap(), password]);
+    assert_eq!(
+        decrypted.trim(),
+        std::fs::read_to_string(&public).unwrap().trim()
+    );
+    let wrong = python_key_tool_output(&["decrypt", key.to_str().unwrap(), "not-the-password"]);
+    assert!(
+        !wrong.status.success(),
+        "the password really encrypts the key"
+    );
+
+    // Independent crypto writes a key (N=65536, as cosign does); Capstan
+    // signs with it, and what it signs verifies with that key's .pub.
+    let prefix = dir.join("python");
+    python_key_tool(&["generate", prefix.to_str().unwrap(), password]);
+    let reference = format!("oci://{}/capstan/sim-provider:v1", registry.host);
+    ok(&[
+        "plugin",
+        "push",
+        plugin("sim_provider").to_str().unwrap(),
+        &reference,
+    ]);
+    ok(&[
+        "plugin",
+        "sign",
+        &reference,
+        "--key",
+        prefix.with_extension("key").to_str().unwrap(),
+    ]);
+    let out = ok(&[
+        "plugin",
+        "verify",
+        &reference,
+        "--key",
+        prefix.with_extension("pub").to_str().unwrap(),
+    ]);
+    assert!(out.contains("signed by python"), "{out}");
+
+    // And a signature pyca/cryptography makes verifies in Capstan.
+    let message = dir.join("message");
+    std::fs::write(&message, b"capstan interop").unwrap();
+    let signature = python_key_tool(&[
+        "sign",
+        prefix.with_extension("key").to_str().unwrap(),
+        password,
+        message.to_str().unwrap(),
+    ]);
+    use base64::Engine as _;
+    let signature = base64::engine::general_purpose::STANDARD
+        .decode(signature.trim())
+        .unwrap();
+    let public = capstan_registry::keys::PublicKey::from_pem(
+        "python.pub",
+        &std::fs::read_to_string(prefix.with_extension("pub")).unwrap(),
+    )
+    .unwrap();
+    assert!(public.verifies(b"capstan interop", &signature));
+    assert!(!public.verifies(b"something else", &signature));
 }
