@@ -137,37 +137,39 @@ pub fn parse(reference: Reference, digest: Digest, bytes: Vec<u8>) -> Result<Des
 }
 
 /// Download (or take from the cache) the config and component of a
-/// described plugin and check them against the manifest.
+/// described plugin and check them against the manifest. Returns the
+/// component and whether it came from the cache.
 pub fn fetch_component(
     client: &Client,
     cache: Option<&Cache>,
     described: &Described,
     progress: &dyn Progress,
-) -> Result<Vec<u8>, Error> {
-    let fetch = |descriptor: &Descriptor, progress: &dyn Progress| -> Result<Vec<u8>, Error> {
-        if let Some(cache) = cache
-            && let Some(bytes) = cache.get(&descriptor.digest)?
-            && bytes.len() as u64 == descriptor.size
-        {
-            return Ok(bytes);
-        }
-        let bytes = client.fetch_blob(&described.reference, descriptor, progress)?;
-        if bytes.len() as u64 != descriptor.size {
-            return Err(Error::Truncated {
-                what: format!("blob {}", descriptor.digest),
-                expected: descriptor.size,
-                got: bytes.len() as u64,
-            });
-        }
-        if let Some(cache) = cache {
-            cache.put(&descriptor.digest, &bytes)?;
-        }
-        Ok(bytes)
-    };
-    let config = fetch(&described.manifest.config, &NoProgress)?;
-    let component = fetch(&described.manifest.layers[0], progress)?;
+) -> Result<(Vec<u8>, bool), Error> {
+    let fetch =
+        |descriptor: &Descriptor, progress: &dyn Progress| -> Result<(Vec<u8>, bool), Error> {
+            if let Some(cache) = cache
+                && let Some(bytes) = cache.get(&descriptor.digest)?
+                && bytes.len() as u64 == descriptor.size
+            {
+                return Ok((bytes, true));
+            }
+            let bytes = client.fetch_blob(&described.reference, descriptor, progress)?;
+            if bytes.len() as u64 != descriptor.size {
+                return Err(Error::Truncated {
+                    what: format!("blob {}", descriptor.digest),
+                    expected: descriptor.size,
+                    got: bytes.len() as u64,
+                });
+            }
+            if let Some(cache) = cache {
+                cache.put(&descriptor.digest, &bytes)?;
+            }
+            Ok((bytes, false))
+        };
+    let (config, _) = fetch(&described.manifest.config, &NoProgress)?;
+    let (component, cached) = fetch(&described.manifest.layers[0], progress)?;
     check_component(described, &config, &component)?;
-    Ok(component)
+    Ok((component, cached))
 }
 
 /// The config and component must agree with the manifest that was verified.

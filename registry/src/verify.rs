@@ -1,14 +1,15 @@
-//! From a source reference to verified component bytes, in the only order
-//! that is safe: resolve the manifest (by digest from then on), check the
-//! signatures over that digest against the policy, and only then download
-//! the component, whose bytes must match the verified manifest.
+//! From a source reference to a verified manifest, in the only order that
+//! is safe: resolve the manifest (by digest from then on) and check the
+//! signatures over that digest against the policy. Only then may the caller
+//! download the component ([`crate::artifact::fetch_component`]), whose
+//! bytes must match the verified manifest; the controller checks grants in
+//! between.
 //!
 //! [`Puller`] holds the client, the cache and the mirror rewrites. Results
 //! of verification are cached by (digest, rule, repository), so a digest is
 //! verified once, not on every load.
 
 use crate::artifact::{self, Described};
-use crate::client::Progress;
 use crate::policy::{self, Rule, Signer, TrustPolicy};
 use crate::signature::{self, Candidate};
 use crate::{Cache, Client, Digest, Error, Mirrors, Reference};
@@ -143,20 +144,6 @@ impl Puller {
             )?;
         }
         Ok(verified(signers, false))
-    }
-
-    /// Resolve, verify, then download the component: the whole pull.
-    pub fn pull_verified(
-        &self,
-        source: &Reference,
-        policy: &TrustPolicy,
-        progress: &dyn Progress,
-    ) -> Result<(Verified, Vec<u8>), Error> {
-        let described = self.describe(source)?;
-        let verified = self.verify(source, &described, policy, &[])?;
-        let component =
-            artifact::fetch_component(&self.client, self.cache.as_ref(), &described, progress)?;
-        Ok((verified, component))
     }
 }
 

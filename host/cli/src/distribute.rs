@@ -178,7 +178,7 @@ pub fn pull(args: PullArgs) -> anyhow::Result<ExitCode> {
         }
         None => Vec::new(),
     };
-    let component = artifact::fetch_component(
+    let (component, _) = artifact::fetch_component(
         &puller.client,
         puller.cache.as_ref(),
         &described,

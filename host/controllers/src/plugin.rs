@@ -389,19 +389,12 @@ async fn load(
             }
             let s = supply.clone();
             let fetched = blocking(move || {
-                let cached = s
-                    .puller
-                    .cache
-                    .as_ref()
-                    .and_then(|c| c.get(&described.manifest.layers[0].digest).ok().flatten())
-                    .is_some();
                 capstan_registry::artifact::fetch_component(
                     &s.puller.client,
                     s.puller.cache.as_ref(),
                     &described,
                     &capstan_registry::NoProgress,
                 )
-                .map(|b| (b, cached))
             })
             .await?;
             match fetched {

@@ -64,7 +64,7 @@ fn load(
     let t1 = Instant::now();
     puller.verify(source, &described, policy, &[])?;
     let t2 = Instant::now();
-    let bytes = artifact::fetch_component(
+    let (bytes, _) = artifact::fetch_component(
         &puller.client,
         puller.cache.as_ref(),
         &described,
