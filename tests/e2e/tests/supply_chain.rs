@@ -57,6 +57,19 @@ impl Published {
         let (_, _, bytes) = client.fetch_manifest(&r).unwrap();
         Manifest::parse("m", &bytes).unwrap()
     }
+    /// Push the component padded by `pad` bytes (same plugin, another
+    /// digest) to `tag`; returns the reference and the digest `push` printed.
+    fn push_variant(&self, tag: &str, pad: usize) -> (String, String) {
+        let bytes = padded(&std::fs::read(&self.component).unwrap(), "padding", pad);
+        let path = self.registry.scratch().join(format!("{tag}.wasm"));
+        std::fs::write(&path, bytes).unwrap();
+        let reference = self.reference.replace(":v1", &format!(":{tag}"));
+        let digest = ok(&["plugin", "push", path.to_str().unwrap(), &reference])
+            .trim()
+            .to_string();
+        (reference, digest)
+    }
+
     fn verify_fails(&self, reference: &str) -> String {
         fails(&["plugin", "verify", reference, "--key", self.pub_key()])
     }
@@ -284,14 +297,8 @@ fn rejects_a_signature_over_a_different_digest() {
     let p = published();
     // Another artifact in the same repository, whose .sig tag holds the
     // first artifact's signature (a replayed signature).
-    let other_bytes = padded(&std::fs::read(&p.component).unwrap(), "padding", 16);
-    let other_path = p.registry.scratch().join("other.wasm");
-    std::fs::write(&other_path, other_bytes).unwrap();
-    let other_ref = p.reference.replace(":v1", ":v2");
-    let other_digest: Digest = ok(&["plugin", "push", other_path.to_str().unwrap(), &other_ref])
-        .trim()
-        .parse()
-        .unwrap();
+    let (other_ref, other_digest) = p.push_variant("v2", 16);
+    let other_digest: Digest = other_digest.parse().unwrap();
     let client = Client::new(ClientOptions::default()).unwrap();
     let repo = Reference::parse(&p.reference).unwrap();
     let first: Digest = p.digest.parse().unwrap();
@@ -358,17 +365,7 @@ fn rejects_a_tampered_manifest() {
 #[test]
 fn rejects_a_tag_re_pushed_after_signing() {
     let p = published();
-    let changed = padded(&std::fs::read(&p.component).unwrap(), "padding", 64);
-    let changed_path = p.registry.scratch().join("changed.wasm");
-    std::fs::write(&changed_path, changed).unwrap();
-    let new_digest = ok(&[
-        "plugin",
-        "push",
-        changed_path.to_str().unwrap(),
-        &p.reference,
-    ])
-    .trim()
-    .to_string();
+    let (_, new_digest) = p.push_variant("v1", 64);
     assert_ne!(new_digest, p.digest);
     let err = p.verify_fails(&p.reference);
     assert!(
@@ -428,15 +425,7 @@ fn rejects_oversized_blobs_declared_or_sent() {
     let p = published();
     // Declared: a 2 MiB component against a 1 MiB limit is refused before
     // a byte of it is downloaded.
-    let big = padded(
-        &std::fs::read(&p.component).unwrap(),
-        "padding",
-        2 * 1024 * 1024,
-    );
-    let big_path = p.registry.scratch().join("big.wasm");
-    std::fs::write(&big_path, big).unwrap();
-    let big_ref = p.reference.replace(":v1", ":big");
-    ok(&["plugin", "push", big_path.to_str().unwrap(), &big_ref]);
+    let (big_ref, _) = p.push_variant("big", 2 * 1024 * 1024);
     ok(&[
         "plugin",
         "sign",
@@ -484,17 +473,7 @@ fn rejects_a_registry_serving_another_digest_than_requested() {
     let p = published();
     // The registry's storage answers a request for the signed manifest with
     // a different, valid manifest (what a compromised mirror would do).
-    let other = padded(&std::fs::read(&p.component).unwrap(), "padding", 8);
-    let other_path = p.registry.scratch().join("other.wasm");
-    std::fs::write(&other_path, other).unwrap();
-    let other_digest = ok(&[
-        "plugin",
-        "push",
-        other_path.to_str().unwrap(),
-        &p.reference.replace(":v1", ":other"),
-    ])
-    .trim()
-    .to_string();
+    let (_, other_digest) = p.push_variant("other", 8);
     std::fs::copy(
         p.registry.blob_file(&other_digest),
         p.registry.blob_file(&p.digest),
