@@ -515,21 +515,10 @@ fn render_remote(i: &RemoteInspection) -> String {
     let m = &i.plugin;
     let layer = &i.manifest.layers[0];
     let mut out = format!(
-        "Plugin:     {} {}\nReference:  {}\nDigest:     {}\nComponent:  {} ({} bytes)\nWorld:      {}-plugin\nContract:   {}\nCapabilities:\n",
+        "Plugin:     {} {}\nReference:  {}\nDigest:     {}\nComponent:  {} ({} bytes)\nWorld:      {}-plugin\nContract:   {}\n",
         m.name, m.version, i.reference, i.digest, layer.digest, layer.size, m.world, m.contract
     );
-    if m.capabilities.http.is_empty() {
-        out.push_str("  (none: no outbound HTTP)\n");
-    }
-    for cap in &m.capabilities.http {
-        match &cap.credential {
-            Some(slot) => out.push_str(&format!(
-                "  http  {}  credential slot `{slot}`\n",
-                cap.destination
-            )),
-            None => out.push_str(&format!("  http  {}\n", cap.destination)),
-        }
-    }
+    out.push_str(&crate::inspect::render_capabilities(m));
     out.push_str("Signatures:\n");
     if i.signatures.is_empty() {
         out.push_str("  (none: unsigned)\n");

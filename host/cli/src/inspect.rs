@@ -96,7 +96,21 @@ fn render(i: &Inspection) -> String {
             " (NOT supported by this host)"
         },
     );
-    out.push_str("Capabilities:\n");
+    out.push_str(&render_capabilities(m));
+    out.push_str("Exports:\n");
+    for e in &i.exports {
+        out.push_str(&format!("  {e}\n"));
+    }
+    out.push_str("Imports:\n");
+    for e in &i.imports {
+        out.push_str(&format!("  {e}\n"));
+    }
+    out
+}
+
+/// The `Capabilities:` block of a manifest (local and remote inspect).
+pub(crate) fn render_capabilities(m: &capstan_runtime::PluginManifest) -> String {
+    let mut out = String::from("Capabilities:\n");
     if m.capabilities.http.is_empty() {
         out.push_str("  (none: no outbound HTTP)\n");
     }
@@ -108,14 +122,6 @@ fn render(i: &Inspection) -> String {
             )),
             None => out.push_str(&format!("  http  {}\n", cap.destination)),
         }
-    }
-    out.push_str("Exports:\n");
-    for e in &i.exports {
-        out.push_str(&format!("  {e}\n"));
-    }
-    out.push_str("Imports:\n");
-    for e in &i.imports {
-        out.push_str(&format!("  {e}\n"));
     }
     out
 }

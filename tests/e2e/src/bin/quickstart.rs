@@ -80,10 +80,19 @@ fn step(text: &str) {
     println!("==> {text}");
 }
 
-/// Run one `capstan` command the way a user would, showing it.
-fn run(capstan: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
-    println!("    $ capstan {}", args.join(" "));
-    let out = std::process::Command::new(capstan).args(args).output()?;
+/// Run one `capstan` command the way a user would, showing it (and that a
+/// password is set, never the password).
+fn run(capstan: &std::path::Path, args: &[&str], password: Option<&str>) -> anyhow::Result<String> {
+    let mut command = std::process::Command::new(capstan);
+    command.args(args);
+    match password {
+        Some(p) => {
+            println!("    $ CAPSTAN_PASSWORD=… capstan {}", args.join(" "));
+            command.env("CAPSTAN_PASSWORD", p);
+        }
+        None => println!("    $ capstan {}", args.join(" ")),
+    }
+    let out = command.output()?;
     if !out.status.success() {
         bail!(
             "capstan {} failed: {}",
@@ -111,25 +120,7 @@ async fn publish(env: &Env, capstan: &std::path::Path) -> anyhow::Result<(Regist
     let prefix = dir.join("publisher");
     let source = format!("oci://{}/capstan/sim-provider:v1", registry.host);
     let component = capstan_e2e::plugin("sim_provider");
-    let with_password = |args: &[&str]| -> anyhow::Result<String> {
-        println!("    $ CAPSTAN_PASSWORD=… capstan {}", args.join(" "));
-        let out = std::process::Command::new(capstan)
-            .args(args)
-            .env("CAPSTAN_PASSWORD", "quickstart-only")
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "capstan {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        for line in stdout.lines() {
-            println!("      {line}");
-        }
-        Ok(stdout)
-    };
+    let with_password = |args: &[&str]| run(capstan, args, Some("quickstart-only"));
     with_password(&[
         "key",
         "generate",
@@ -144,6 +135,7 @@ async fn publish(env: &Env, capstan: &std::path::Path) -> anyhow::Result<(Regist
             component.to_str().unwrap_or_default(),
             &source,
         ],
+        None,
     )?;
     let key = prefix.with_extension("key");
     with_password(&[
@@ -163,6 +155,7 @@ async fn publish(env: &Env, capstan: &std::path::Path) -> anyhow::Result<(Regist
             "--key",
             public.to_str().unwrap_or_default(),
         ],
+        None,
     )?;
     let policy = dir.join("trust-policy.yaml");
     std::fs::write(
