@@ -31,7 +31,7 @@ pub use provider::{MachineProvider, ProviderError, Providers, Registered, WasmPr
 use capstan_api::{Machine, MachineDeployment, MachineSet, Plugin};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -43,6 +43,8 @@ use std::time::{Duration, Instant};
 
 /// Field manager of every write.
 pub const FIELD_MANAGER: &str = "capstan";
+/// The controller name on the Events Capstan records.
+const REPORTING_CONTROLLER: &str = "capstan";
 
 /// Errors of the controllers.
 #[derive(Debug, thiserror::Error)]
@@ -236,6 +238,77 @@ pub enum Seen {
     Present,
     /// In the cache with a deletion timestamp.
     Deleting,
+}
+
+/// Record a Kubernetes Event about `object` (shown by `kubectl describe`).
+/// Events are best effort: a failure to record one is logged, never fatal.
+/// Callers record only when they also changed the status, so a condition
+/// that stays the same does not repeat its Event every retry.
+pub(crate) async fn record_event(
+    ctx: &Context,
+    controller: &'static str,
+    object: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    note: String,
+) {
+    use kube::runtime::events::{Event, EventType};
+    let result = if object.namespace.is_some() {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        ctx.recorder.publish(&event, object).await
+    } else {
+        // A cluster-scoped object (a Plugin). Kubernetes before 1.25
+        // refuses events.k8s.io Events about those ("involvedObject.namespace
+        // does not match event.namespace"), so write a core/v1 Event in
+        // "default", which every version accepts and `kubectl describe`
+        // finds by the involved object.
+        use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let name = object.name.clone().unwrap_or_default();
+        let event = CoreEvent {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            involved_object: object.clone(),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            reason: Some(reason.to_string()),
+            message: Some(note),
+            action: Some("Reconcile".into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            source: Some(EventSource {
+                component: Some(REPORTING_CONTROLLER.into()),
+                host: std::env::var("HOSTNAME").ok(),
+            }),
+            reporting_component: Some(REPORTING_CONTROLLER.into()),
+            reporting_instance: std::env::var("HOSTNAME").ok(),
+            ..Default::default()
+        };
+        Api::<CoreEvent>::namespaced(ctx.client.clone(), "default")
+            .create(&PostParams::default(), &event)
+            .await
+            .map(drop)
+    };
+    match result {
+        Ok(()) => ctx.metrics.wrote(controller, "event"),
+        Err(error) => tracing::warn!(%error, controller, reason, "cannot record an Event"),
+    }
 }
 
 /// Apply `status` to an object's status subresource with server-side apply,
@@ -443,7 +516,7 @@ pub async fn run(
         recorder: Recorder::new(
             client.clone(),
             Reporter {
-                controller: "capstan".into(),
+                controller: REPORTING_CONTROLLER.into(),
                 instance: std::env::var("HOSTNAME").ok(),
             },
         ),

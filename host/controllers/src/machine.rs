@@ -13,7 +13,8 @@
 use crate::plugin::Availability;
 use crate::provider::{ProviderError, timed};
 use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, retry_soon,
+    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now,
+    record_event, retry_soon,
 };
 use capstan_api::machine_conditions::{CONFIG_VALID, INSTANCE_PROVISIONED, READY};
 use capstan_api::{
@@ -24,7 +25,7 @@ use capstan_runtime::types::{AddressKind, Deletion, InstanceState, Machine as Pl
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config, Controller};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Resource, ResourceExt};
 use std::sync::Arc;
@@ -487,18 +488,16 @@ async fn fail(
         &t,
     );
     if apply_status(ctx, CONTROLLER, machine, current, &status).await? {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.to_string(),
-            note: Some(message),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(error) = ctx.recorder.publish(&event, &machine.object_ref(&())).await {
-            tracing::debug!(%error, "cannot publish an event");
-        } else {
-            ctx.metrics.wrote(CONTROLLER, "event");
-        }
+        let object = machine.object_ref(&());
+        record_event(
+            ctx,
+            CONTROLLER,
+            &object,
+            EventType::Warning,
+            reason,
+            message,
+        )
+        .await;
     }
     Ok(Action::requeue(ctx.options.resync))
 }

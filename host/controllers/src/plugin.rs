@@ -12,7 +12,8 @@
 
 use crate::provider::{Registered, WasmProvider};
 use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, retry_soon,
+    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now,
+    record_event, retry_soon,
 };
 use capstan_api::{CredentialType, Plugin, set_condition, status};
 use capstan_registry::Reference;
@@ -21,10 +22,11 @@ use capstan_registry::policy::TrustPolicy;
 use capstan_registry::verify::Puller;
 use capstan_runtime::{Credential, Grants, Limits, PluginManifest, World};
 use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ReflectHandle;
+use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,8 +78,28 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     let outcome = load(&plugin, &ctx, &name, generation).await;
     let t = now();
     let mut settled = true;
+    // What `kubectl describe plugin` should tell, if this reconcile changes
+    // the status: a revision activated, or one refused.
+    let mut event = None;
     match outcome {
         Ok(Some(loaded)) => {
+            let serving = loaded
+                .resolved_source
+                .clone()
+                .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, loaded.digest));
+            let signed = if loaded.signers.is_empty() {
+                String::new()
+            } else {
+                format!(", signed by {}", loaded.signers.join(", "))
+            };
+            event = Some((
+                EventType::Normal,
+                "Activated",
+                format!(
+                    "now serving {serving} (version {}){signed}; {}",
+                    loaded.version, loaded.message
+                ),
+            ));
             if status.resolved_source != loaded.resolved_source
                 || status.digest.as_ref() != Some(&loaded.digest)
             {
@@ -143,16 +165,19 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
                     .clone()
                     .or(status.digest.clone())
                     .unwrap_or_default();
+                let message = format!("{message}; still serving {still}");
+                event = Some((EventType::Warning, reason, message.clone()));
                 set_condition(
                     &mut status.conditions,
                     UP_TO_DATE,
                     status::FALSE,
                     reason,
-                    format!("{message}; still serving {still}"),
+                    message,
                     Some(generation),
                     &t,
                 );
             } else {
+                event = Some((EventType::Warning, reason, message.clone()));
                 set_condition(
                     &mut status.conditions,
                     READY,
@@ -174,7 +199,12 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
             }
         }
     }
-    apply_status(&ctx, CONTROLLER, plugin.as_ref(), current.as_ref(), &status).await?;
+    let changed =
+        apply_status(&ctx, CONTROLLER, plugin.as_ref(), current.as_ref(), &status).await?;
+    if let Some((type_, reason, note)) = event.filter(|_| changed) {
+        let object = plugin.object_ref(&());
+        record_event(&ctx, CONTROLLER, &object, type_, reason, note).await;
+    }
     Ok(Action::requeue(if settled {
         ctx.options.resync
     } else {

@@ -29,18 +29,8 @@ fn faults(boot_ms: u64) -> Faults {
     }
 }
 
-fn logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
 fn fast_options() -> Options {
-    logs();
+    crate::logs();
     Options {
         poll: Duration::from_millis(250),
         ..Options::default()

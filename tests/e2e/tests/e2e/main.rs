@@ -12,3 +12,15 @@ mod quickstart;
 mod sandbox;
 mod supply_chain;
 mod updater;
+
+/// Show the in-process controllers' logs (warnings by default, `RUST_LOG`
+/// for more) in a failing test's output.
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}

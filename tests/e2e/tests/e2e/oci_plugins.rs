@@ -76,6 +76,25 @@ async fn wait_condition(env: &Env, name: &str, kind: &str, status: &str, reason:
     })
 }
 
+/// The Events recorded about Plugin `name`, as `kubectl get events -A` shows
+/// them (the same list `kubectl describe plugin` prints): (type, reason,
+/// message).
+fn plugin_events(env: &Env, name: &str) -> Vec<(String, String, String)> {
+    let out = env
+        .control_plane
+        .kubectl(&["get", "events", "-A", "-o", "json"], None)
+        .unwrap();
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Plugin" && e["involvedObject"]["name"] == name)
+        .map(|e| (text(&e["type"]), text(&e["reason"]), text(&e["message"])))
+        .collect()
+}
+
 async fn ready_machines(env: &Env, md: &str) -> i32 {
     let d: MachineDeployment = Api::namespaced(env.client.clone(), NS)
         .get(md)
@@ -86,6 +105,7 @@ async fn ready_machines(env: &Env, md: &str) -> i32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_restart() {
+    crate::logs();
     let mut env = Env::start(Faults::default()).await.expect("env");
     let mut registry = Registry::start(RegistryOptions::default()).expect("registry");
     let dir = registry.scratch().to_path_buf();
@@ -193,6 +213,38 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
     );
     assert_eq!(condition(&p, READY).unwrap().0, "True");
     assert_eq!(p.status.as_ref().unwrap().version.as_deref(), Some("0.1.0"));
+    let events = eventually("a GrantsMissing Event", LONG, async || {
+        let events = plugin_events(&env, "oci-sim");
+        events
+            .iter()
+            .any(|(_, reason, _)| reason == "GrantsMissing")
+            .then_some(events)
+    })
+    .await;
+    assert!(
+        events
+            .iter()
+            .any(|(type_, reason, message)| type_ == "Normal"
+                && reason == "Activated"
+                && message.contains(&v1)),
+        "v1's activation was recorded: {events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(type_, reason, message)| type_ == "Warning"
+                && reason == "GrantsMissing"
+                && message.contains("does not grant: http https://api.example.com:443")),
+        "the refusal names the missing capability: {events:?}"
+    );
+    let described = env
+        .control_plane
+        .kubectl(&["describe", "plugin", "oci-sim"], None)
+        .unwrap();
+    assert!(
+        described.contains("Warning  GrantsMissing"),
+        "kubectl describe shows the Event: {described}"
+    );
     Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
         .patch(
             "oci-pool",
