@@ -113,6 +113,11 @@ impl Client {
             .timeout_connect(Some(Duration::from_secs(10)))
             .timeout_global(Some(Duration::from_secs(600)))
             .user_agent(concat!("capstan/", env!("CARGO_PKG_VERSION")))
+            // Registries backed by S3 or a CDN redirect blob downloads to
+            // presigned URLs on another host: follow them, but never send
+            // the registry's credentials there.
+            .max_redirects(10)
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::Never)
             .tls_config(tls.build())
             .build();
         let credentials = CredentialStore::load(options.registry_config.as_deref())?;
@@ -321,6 +326,18 @@ impl Client {
         mut response: Response<ureq::Body>,
     ) -> Error {
         let status = response.status().as_u16();
+        // After a redirect (blob storage), say which host answered — only
+        // the host: a presigned URL's query is a credential.
+        let request = {
+            use ureq::ResponseExt;
+            match response.get_uri().authority() {
+                Some(host) if host.as_str() != reference.registry => {
+                    let scheme = response.get_uri().scheme_str().unwrap_or("https");
+                    format!("{request} (redirected to {scheme}://{host})")
+                }
+                _ => request,
+            }
+        };
         let body = response
             .body_mut()
             .with_config()

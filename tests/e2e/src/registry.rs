@@ -1,8 +1,11 @@
 //! Real OCI registries for tests: Debian's `docker-registry` (distribution
 //! 2.8) on a loopback port, optionally with TLS (a throwaway CA) and htpasswd
-//! auth. Its storage directory is exposed so tests can tamper with what it
-//! serves at rest, the way a compromised registry would.
+//! auth, and optionally redirecting blob downloads to a separate blob store
+//! the way registries backed by S3 or a CDN do. Its storage directory is
+//! exposed so tests can tamper with what it serves at rest, the way a
+//! compromised registry would.
 
+use crate::blob_store::BlobStore;
 use crate::control_plane::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,6 +18,9 @@ pub struct RegistryOptions {
     pub tls: bool,
     /// Require this username/password (htpasswd, bcrypt).
     pub basic_auth: Option<(String, String)>,
+    /// Answer blob GET/HEAD with a 307 to a [`BlobStore`] (distribution's
+    /// `redirect` storage middleware), as S3- or CDN-backed registries do.
+    pub redirect_blobs: bool,
 }
 
 /// A running registry; stopped on drop.
@@ -24,6 +30,8 @@ pub struct Registry {
     pub host: String,
     /// The CA certificate (PEM file) when TLS is on.
     pub ca_file: Option<PathBuf>,
+    /// Where blob downloads are redirected, with `redirect_blobs`.
+    pub blob_store: Option<BlobStore>,
     dir: tempfile::TempDir,
     child: Option<Child>,
     options: RegistryOptions,
@@ -38,6 +46,7 @@ impl Registry {
         let mut registry = Registry {
             host: format!("127.0.0.1:{port}"),
             ca_file: None,
+            blob_store: None,
             dir,
             child: None,
             options,
@@ -82,6 +91,14 @@ impl Registry {
                 root.join("server.key").display()
             ));
             self.ca_file = Some(root.join("ca.pem"));
+        }
+        if self.options.redirect_blobs {
+            let store = BlobStore::start(root.join("data"))?;
+            config.push_str(&format!(
+                "middleware:\n  storage:\n    - name: redirect\n      options:\n        baseurl: {}\n",
+                store.url
+            ));
+            self.blob_store = Some(store);
         }
         if let Some((user, password)) = &self.options.basic_auth {
             let out = Command::new("htpasswd")

@@ -494,6 +494,7 @@ fn authenticated_registry_over_tls_with_an_extra_ca() {
     let registry = Registry::start(RegistryOptions {
         tls: true,
         basic_auth: Some(("alice".into(), "s3cret-pass".into())),
+        ..Default::default()
     })
     .expect("registry");
     let ca = registry.ca_file.clone().unwrap();
@@ -577,4 +578,104 @@ fn authenticated_registry_over_tls_with_an_extra_ca() {
         err.contains("refused access") && !err.contains("wrong-pass"),
         "{err}"
     );
+}
+
+/// Registries backed by S3 or a CDN answer blob downloads with a redirect to
+/// a presigned URL. The download must follow it, must not carry the
+/// registry's credentials there (S3 refuses a second auth mechanism, and the
+/// storage host is not the registry), and must still be digest-checked.
+#[test]
+fn blob_downloads_follow_redirects_without_the_registry_credentials() {
+    let registry = Registry::start(RegistryOptions {
+        basic_auth: Some(("alice".into(), "s3cret-pass".into())),
+        redirect_blobs: true,
+        ..Default::default()
+    })
+    .expect("registry");
+    let store = registry.blob_store.as_ref().unwrap();
+    let scratch = registry.scratch();
+    let config = scratch.join("docker-config.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"auths":{{"{}":{{"username":"alice","password":"s3cret-pass"}}}}}}"#,
+            registry.host
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let (key, public) = key_pair(scratch, "publisher");
+    let component = plugin("sim_provider");
+    let reference = format!("oci://{}/capstan/sim-provider:v1", registry.host);
+    let digest = ok(&[
+        "plugin",
+        "push",
+        component.to_str().unwrap(),
+        &reference,
+        "--registry-config",
+        config,
+    ])
+    .trim()
+    .to_string();
+    ok(&[
+        "plugin",
+        "sign",
+        &reference,
+        "--key",
+        key.to_str().unwrap(),
+        "--registry-config",
+        config,
+    ]);
+    let out = scratch.join("pulled.wasm");
+    let pull = |cache: &str| {
+        vec![
+            "plugin".to_string(),
+            "pull".into(),
+            reference.clone(),
+            "-o".into(),
+            out.to_str().unwrap().into(),
+            "--key".into(),
+            public.to_str().unwrap().into(),
+            "--registry-config".into(),
+            config.into(),
+            "--oci-cache".into(),
+            scratch.join(cache).to_str().unwrap().into(),
+        ]
+    };
+    let args = pull("cache-a");
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(&component).unwrap()
+    );
+    assert!(
+        store.served() >= 2,
+        "the signature payload and the component came from the blob store ({} served)",
+        store.served()
+    );
+    assert_eq!(
+        store.with_authorization(),
+        0,
+        "the registry's credentials followed a redirect"
+    );
+
+    // Whatever the storage host sends is checked like the registry's own.
+    let client = Client::new(ClientOptions {
+        registry_config: Some(config.into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let pinned =
+        Reference::parse(&format!("{}@{digest}", reference.trim_end_matches(":v1"))).unwrap();
+    let (_, _, bytes) = client.fetch_manifest(&pinned).unwrap();
+    let layer = Manifest::parse("m", &bytes).unwrap().layers[0].clone();
+    corrupt(&registry, layer.digest.as_str());
+    let args = pull("cache-b");
+    let err = fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        err.contains(&format!("blob {}", layer.digest))
+            && err.contains("but got content with digest"),
+        "{err}"
+    );
+    assert_eq!(store.with_authorization(), 0);
 }
