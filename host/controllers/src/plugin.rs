@@ -131,27 +131,9 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
                 Some(generation),
                 &t,
             );
-            set_condition(
-                &mut status.conditions,
-                UP_TO_DATE,
-                status::TRUE,
-                "Active",
-                "the revision the spec names is serving".to_string(),
-                Some(generation),
-                &t,
-            );
         }
-        Ok(None) => {
-            set_condition(
-                &mut status.conditions,
-                UP_TO_DATE,
-                status::TRUE,
-                "Active",
-                "the revision the spec names is serving".to_string(),
-                Some(generation),
-                &t,
-            );
-        }
+        // Unchanged: the serving revision is still the spec's.
+        Ok(None) => {}
         Err((reason, message)) => {
             settled = false;
             let serving = ctx
@@ -198,6 +180,17 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
                 );
             }
         }
+    }
+    if settled {
+        set_condition(
+            &mut status.conditions,
+            UP_TO_DATE,
+            status::TRUE,
+            "Active",
+            "the revision the spec names is serving".to_string(),
+            Some(generation),
+            &t,
+        );
     }
     let changed =
         apply_status(&ctx, CONTROLLER, plugin.as_ref(), current.as_ref(), &status).await?;
