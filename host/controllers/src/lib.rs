@@ -263,11 +263,11 @@ pub(crate) async fn record_event(
         };
         ctx.recorder.publish(&event, object).await
     } else {
-        // A cluster-scoped object (a Plugin). Kubernetes before 1.25
-        // refuses events.k8s.io Events about those ("involvedObject.namespace
-        // does not match event.namespace"), so write a core/v1 Event in
-        // "default", which every version accepts and `kubectl describe`
-        // finds by the involved object.
+        // A cluster-scoped object (a Plugin). Kubernetes 1.20 (the version
+        // tested here) refuses events.k8s.io Events about those
+        // ("involvedObject.namespace does not match event.namespace"), so
+        // write a core/v1 Event in "default", which the API accepts from
+        // legacy clients and `kubectl describe` finds by the involved object.
         use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
         let now = k8s_openapi::jiff::Timestamp::now();
