@@ -141,25 +141,15 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
                 .get(&name)
                 .is_some_and(|r| r.generation.is_some());
             tracing::warn!(plugin = %name, reason, %message, serving, "plugin revision not activated");
-            if serving {
+            let message = if serving {
                 let still = status
                     .resolved_source
                     .clone()
                     .or(status.digest.clone())
                     .unwrap_or_default();
-                let message = format!("{message}; still serving {still}");
-                event = Some((EventType::Warning, reason, message.clone()));
-                set_condition(
-                    &mut status.conditions,
-                    UP_TO_DATE,
-                    status::FALSE,
-                    reason,
-                    message,
-                    Some(generation),
-                    &t,
-                );
+                format!("{message}; still serving {still}")
             } else {
-                event = Some((EventType::Warning, reason, message.clone()));
+                // Nothing serves: the plugin itself is not ready.
                 set_condition(
                     &mut status.conditions,
                     READY,
@@ -169,16 +159,18 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
                     Some(generation),
                     &t,
                 );
-                set_condition(
-                    &mut status.conditions,
-                    UP_TO_DATE,
-                    status::FALSE,
-                    reason,
-                    message,
-                    Some(generation),
-                    &t,
-                );
-            }
+                message
+            };
+            event = Some((EventType::Warning, reason, message.clone()));
+            set_condition(
+                &mut status.conditions,
+                UP_TO_DATE,
+                status::FALSE,
+                reason,
+                message,
+                Some(generation),
+                &t,
+            );
         }
     }
     if settled {
