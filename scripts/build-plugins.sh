@@ -4,7 +4,7 @@
 # They go to their own target dir so this never waits on a host build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"$(dirname "$0")/setup.sh"
+"$(dirname "$0")/setup.sh" build
 echo "==> building plugins for wasm32-wasip2"
 cargo build --release --target wasm32-wasip2 --target-dir "${CARGO_TARGET_DIR:-target}/plugins" \
     -p sim-provider -p sim-updater -p hostile-plugin

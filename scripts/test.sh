@@ -4,8 +4,9 @@
 # (including the hostile test fixtures), and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+"$(dirname "$0")/setup.sh"
 "$(dirname "$0")/build-plugins.sh"
-echo "==> local control plane (etcd + kube-apiserver v1.20.2; built once, then cached)"
+echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 7 minutes, then cached)"
 CAPSTAN_K8S_BIN="$("$(dirname "$0")/control-plane.sh" | tail -n 1)"
 export CAPSTAN_K8S_BIN
 export CAPSTAN_PLUGIN_DIR="$PWD/${CARGO_TARGET_DIR:-target}/plugins/wasm32-wasip2/release"

@@ -1,14 +1,19 @@
 //! A real Kubernetes control plane for tests: Debian's etcd and the
-//! kube-apiserver built by `scripts/control-plane.sh`, on loopback with free
-//! ports and a private data directory. [`ControlPlane::start`] waits until the
-//! API server is ready; dropping the value stops both processes (also when a
-//! test panics) and removes the directory.
+//! kube-apiserver, kube-controller-manager and kube-scheduler built by
+//! `scripts/control-plane.sh`, on loopback with free ports and a private
+//! data directory. [`ControlPlane::start`] waits until the API server is
+//! ready; dropping the value stops every process (also when a test panics)
+//! and removes the directory.
 //!
 //! Authentication is a static bearer token (`system:masters`); the API
 //! server's self-signed serving certificate is the CA to trust. A
-//! kubeconfig for both is written next to the data ([`ControlPlane::kubeconfig`]),
-//! and kube-controller-manager runs the garbage collector (owner
-//! references) and namespace deletion.
+//! kubeconfig for both is written next to the data ([`ControlPlane::kubeconfig`]).
+//! kube-controller-manager runs the controllers that give workloads their
+//! real semantics ([`CONTROLLERS`]: garbage collection, namespaces, service
+//! accounts, Deployments, ReplicaSets, DaemonSets, PodDisruptionBudgets, the
+//! node lifecycle, pod GC), and kube-scheduler binds pods to Nodes. The
+//! node-lifecycle timings are [`ControlPlaneOptions`], short by default so
+//! tests see a silent Node go `Ready=Unknown` in seconds.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -27,7 +32,52 @@ pub fn bin_dir() -> PathBuf {
     cache.join("capstan/kubernetes-1.20.2/bin")
 }
 
-/// A running etcd + kube-apiserver.
+/// The kube-controller-manager controllers the control plane runs.
+pub const CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount,serviceaccount-token,deployment,replicaset,daemonset,disruption,nodelifecycle,podgc";
+
+/// Timings of the node-lifecycle controller and the API server's default
+/// tolerations. Kubernetes' own defaults are 5 s / 40 s / 60 s / 300 s;
+/// the defaults here are short so that tests run in seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneOptions {
+    /// `--node-monitor-period`: how often Node health is checked.
+    pub node_monitor_period: Duration,
+    /// `--node-monitor-grace-period`: how long a Node may go without a
+    /// heartbeat (Lease renewal or status post) before it is `Ready=Unknown`.
+    pub node_monitor_grace_period: Duration,
+    /// `--node-startup-grace-period`: the same for a Node never yet Ready.
+    pub node_startup_grace_period: Duration,
+    /// `--default-not-ready-toleration-seconds` and
+    /// `--default-unreachable-toleration-seconds` (API server): how long pods
+    /// stay on a not-ready or unreachable Node before eviction.
+    pub pod_toleration_seconds: u32,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        ControlPlaneOptions {
+            node_monitor_period: Duration::from_secs(1),
+            node_monitor_grace_period: Duration::from_secs(10),
+            node_startup_grace_period: Duration::from_secs(30),
+            pod_toleration_seconds: 30,
+        }
+    }
+}
+
+impl ControlPlaneOptions {
+    /// For runs whose Nodes never heartbeat (scale benchmarks with the
+    /// simulated kubelet's heartbeats off): Nodes stay as registered.
+    pub fn without_heartbeats() -> Self {
+        let hour = Duration::from_secs(3600);
+        ControlPlaneOptions {
+            node_monitor_grace_period: hour,
+            node_startup_grace_period: hour,
+            ..Default::default()
+        }
+    }
+}
+
+/// A running etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
 #[derive(Debug)]
 pub struct ControlPlane {
     /// `https://127.0.0.1:<port>`.
@@ -36,6 +86,8 @@ pub struct ControlPlane {
     pub token: String,
     /// PEM of the API server's self-signed serving certificate.
     pub ca_pem: Vec<u8>,
+    /// The timings it runs with.
+    pub options: ControlPlaneOptions,
     dir: PathBuf,
     children: Vec<(&'static str, Child)>,
 }
@@ -71,17 +123,49 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
+/// A Go duration flag value.
+fn go_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
 impl ControlPlane {
-    /// Start etcd and kube-apiserver and wait (up to 60 s) until ready.
+    /// [`ControlPlane::start_with`] the default (test) timings.
     pub fn start() -> Result<ControlPlane, String> {
-        let bin = bin_dir();
-        let apiserver = bin.join("kube-apiserver");
-        if !apiserver.exists() {
-            return Err(format!(
-                "{} is missing: run scripts/control-plane.sh first (it builds and caches it)",
-                apiserver.display()
-            ));
+        ControlPlane::start_with(ControlPlaneOptions::default())
+    }
+
+    /// Start etcd and kube-apiserver, wait (up to 60 s) until it is ready,
+    /// then start kube-controller-manager and kube-scheduler.
+    ///
+    /// Ports are picked free, then released for the process to bind; a test
+    /// running in parallel can take one in between, so a start that fails
+    /// with "address already in use" is tried again with new ports.
+    pub fn start_with(options: ControlPlaneOptions) -> Result<ControlPlane, String> {
+        let mut attempt = 1;
+        loop {
+            match ControlPlane::try_start(options.clone()) {
+                Err(e) if e.contains("address already in use") && attempt < 3 => attempt += 1,
+                result => return result,
+            }
         }
+    }
+
+    fn try_start(options: ControlPlaneOptions) -> Result<ControlPlane, String> {
+        let bin = bin_dir();
+        for tool in [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubectl",
+        ] {
+            if !bin.join(tool).exists() {
+                return Err(format!(
+                    "{} is missing: run scripts/control-plane.sh first (it builds and caches it)",
+                    bin.join(tool).display()
+                ));
+            }
+        }
+        let apiserver = bin.join("kube-apiserver");
         let dir = std::env::temp_dir().join(format!(
             "capstan-control-plane-{}-{}",
             std::process::id(),
@@ -92,6 +176,7 @@ impl ControlPlane {
             url: String::new(),
             token: format!("capstan-test-{:x}", std::process::id()),
             ca_pem: Vec::new(),
+            options: options.clone(),
             dir: dir.clone(),
             children: Vec::new(),
         };
@@ -152,6 +237,14 @@ impl ControlPlane {
                     "--service-account-signing-key-file={}",
                     key.display()
                 ))
+                .arg(format!(
+                    "--default-not-ready-toleration-seconds={}",
+                    options.pod_toleration_seconds
+                ))
+                .arg(format!(
+                    "--default-unreachable-toleration-seconds={}",
+                    options.pod_toleration_seconds
+                ))
                 .arg("--enable-priority-and-fairness=false"),
             &dir.join("kube-apiserver.log"),
         )?);
@@ -159,19 +252,58 @@ impl ControlPlane {
         plane.wait_ready(Duration::from_secs(60))?;
         plane.write_kubeconfig()?;
 
-        let controller_manager = bin.join("kube-controller-manager");
+        let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
         plane.children.push(spawn(
             "kube-controller-manager",
-            Command::new(&controller_manager)
-                .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
-                .arg("--controllers=garbagecollector,namespace")
+            Command::new(bin.join("kube-controller-manager"))
+                .arg(&kubeconfig)
+                .arg(format!("--controllers={CONTROLLERS}"))
+                // Signs the service-account token Secrets that pods mount.
+                .arg(format!(
+                    "--service-account-private-key-file={}",
+                    key.display()
+                ))
+                .arg(format!(
+                    "--node-monitor-period={}",
+                    go_duration(options.node_monitor_period)
+                ))
+                .arg(format!(
+                    "--node-monitor-grace-period={}",
+                    go_duration(options.node_monitor_grace_period)
+                ))
+                .arg(format!(
+                    "--node-startup-grace-period={}",
+                    go_duration(options.node_startup_grace_period)
+                ))
                 .arg("--leader-elect=false")
                 .arg("--port=0")
                 .arg("--secure-port=0")
+                .arg("--kube-api-qps=100")
+                .arg("--kube-api-burst=200")
                 .arg("--concurrent-gc-syncs=5"),
             &dir.join("kube-controller-manager.log"),
         )?);
+        plane.children.push(spawn(
+            "kube-scheduler",
+            Command::new(bin.join("kube-scheduler"))
+                .arg(&kubeconfig)
+                .arg("--leader-elect=false")
+                .arg("--port=0")
+                .arg("--secure-port=0")
+                .arg("--kube-api-qps=100")
+                .arg("--kube-api-burst=200"),
+            &dir.join("kube-scheduler.log"),
+        )?);
         Ok(plane)
+    }
+
+    /// The process id of one of its processes (`etcd`, `kube-apiserver`,
+    /// `kube-controller-manager`, `kube-scheduler`), for CPU and memory figures.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| c.id())
     }
 
     fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
@@ -209,6 +341,7 @@ impl ControlPlane {
             "etcd.log",
             "kube-apiserver.log",
             "kube-controller-manager.log",
+            "kube-scheduler.log",
         ] {
             let text = std::fs::read_to_string(self.dir.join(log)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -234,13 +367,36 @@ impl ControlPlane {
             .map_err(|e| format!("cannot write the kubeconfig: {e}"))
     }
 
-    /// A kube-rs client for the admin.
+    /// Where the simulated kubelet reaches this API server (as the admin).
+    pub fn kube_target(&self) -> capstan_sim_cloud::KubeTarget {
+        capstan_sim_cloud::KubeTarget {
+            url: self.url.clone(),
+            token: self.token.clone(),
+            ca_pem: self.ca_pem.clone(),
+        }
+    }
+
+    /// A kube-rs client for the admin, configured as `capstan controller`'s
+    /// is (kube-rs retries 429, 503 and 504 answers, up to 15 times over
+    /// about five minutes).
     pub async fn client(&self) -> Result<kube::Client, String> {
+        self.client_with(true).await
+    }
+
+    /// A kube-rs client for the admin that reports 429, 503 and 504 answers
+    /// at once: what a test needs to see an eviction refused by a
+    /// disruption budget.
+    pub async fn client_without_retries(&self) -> Result<kube::Client, String> {
+        self.client_with(false).await
+    }
+
+    async fn client_with(&self, retries: bool) -> Result<kube::Client, String> {
         let kc =
             kube::config::Kubeconfig::read_from(self.kubeconfig()).map_err(|e| e.to_string())?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
             .map_err(|e| e.to_string())?;
+        config.default_retry = retries;
         kube::Client::try_from(config).map_err(|e| e.to_string())
     }
 

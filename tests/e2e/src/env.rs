@@ -1,14 +1,16 @@
 //! A whole local Capstan environment: control plane, CRDs, the simulated
-//! cloud registering Nodes, the sim-provider plugin as a `Plugin` object with
-//! its credential in a Secret, and the controllers running in this process.
-//! Used by the end-to-end tests, the quickstart and the scale benchmark.
+//! cloud and its kubelet (Nodes that heartbeat and run pods), the
+//! sim-provider plugin as a `Plugin` object with its credential in a Secret,
+//! and the controllers running in this process. Used by the end-to-end
+//! tests, the quickstart and the scale benchmark.
 //!
-//! Start with [`Env::start`]; [`Env::start_controllers`] /
+//! Start with [`Env::start`] (or [`Env::start_with`] for other kubelet or
+//! node-lifecycle timings); [`Env::start_controllers`] /
 //! [`Env::kill_controllers`] run and abruptly stop the controllers (to test
 //! restarts); dropping an `Env` stops everything.
 
-use crate::control_plane::ControlPlane;
-use crate::sim_cloud::{Faults, KubeTarget, SimCloud, SimCloudConfig};
+use crate::control_plane::{ControlPlane, ControlPlaneOptions};
+use crate::sim_cloud::{Faults, KubeletConfig, SimCloud, SimCloudConfig};
 use capstan_api::{
     IntOrString, LabelSelector, Machine, MachineDeployment, MachineDeploymentSpec, MachineSpec,
     MachineTemplateSpec, Plugin, PluginGrants, PluginSpec, ProviderRef, RollingUpdate, Strategy,
@@ -28,13 +30,15 @@ pub const SIM_PLUGIN: &str = "sim";
 /// Token the simulated cloud requires (from the Secret, attached by the host).
 pub const CLOUD_TOKEN: &str = "quickstart-cloud-token";
 
-/// A running environment.
+/// A running environment. Fields drop in order: the cloud and its kubelet
+/// stop before the control plane they talk to.
 pub struct Env {
+    /// The simulated cloud and its kubelet.
+    pub cloud: SimCloud,
     /// The control plane (kubectl, kubeconfig, client).
     pub control_plane: Arc<ControlPlane>,
-    /// The simulated cloud.
-    pub cloud: SimCloud,
-    /// An admin client.
+    /// An admin client that does not retry (a 429 is seen at once); the
+    /// controllers get their own, retrying as in production.
     pub client: Client,
     /// Metrics of the current (or last) controllers run.
     pub metrics: Metrics,
@@ -78,26 +82,62 @@ pub async fn eventually<T>(
     }
 }
 
+/// How to start an [`Env`].
+#[derive(Debug, Clone)]
+pub struct EnvOptions {
+    /// The simulated cloud's faults and latencies.
+    pub faults: Faults,
+    /// The simulated kubelet's heartbeats and pod start delay.
+    pub kubelet: KubeletConfig,
+    /// The node-lifecycle timings.
+    pub control_plane: ControlPlaneOptions,
+}
+
+/// The simulated kubelet's test timings: heartbeats every 2 s (with the
+/// control plane's default 10 s grace period, a Node goes `Ready=Unknown`
+/// about 10 s after its kubelet stops), pods running 200 ms after they are
+/// bound.
+pub fn test_kubelet() -> KubeletConfig {
+    KubeletConfig {
+        heartbeat_interval_ms: 2_000,
+        pod_start_delay_ms: 200,
+        ..Default::default()
+    }
+}
+
+impl EnvOptions {
+    /// Test timings ([`test_kubelet`], [`ControlPlaneOptions::default`]).
+    pub fn new(faults: Faults) -> EnvOptions {
+        EnvOptions {
+            faults,
+            kubelet: test_kubelet(),
+            control_plane: ControlPlaneOptions::default(),
+        }
+    }
+}
+
 impl Env {
-    /// Start the control plane, install the CRDs, start the cloud (with
-    /// `faults`) registering Nodes, and create the `sim` Plugin. Controllers
-    /// are not started yet.
+    /// [`Env::start_with`] test timings ([`EnvOptions::new`]).
     pub async fn start(faults: Faults) -> Result<Env, String> {
+        Env::start_with(EnvOptions::new(faults)).await
+    }
+
+    /// Start the control plane, install the CRDs, start the cloud and its
+    /// kubelet, and create the `sim` Plugin. Controllers are not started yet.
+    pub async fn start_with(options: EnvOptions) -> Result<Env, String> {
+        let plane_options = options.control_plane.clone();
         let control_plane = Arc::new(
-            tokio::task::spawn_blocking(ControlPlane::start)
+            tokio::task::spawn_blocking(move || ControlPlane::start_with(plane_options))
                 .await
                 .map_err(|e| e.to_string())??,
         );
-        let client = control_plane.client().await?;
+        let client = control_plane.client_without_retries().await?;
         install_crds(&client).await?;
         let cloud = SimCloud::start(SimCloudConfig {
             token: Some(CLOUD_TOKEN.into()),
-            faults,
-            kube: Some(KubeTarget {
-                url: control_plane.url.clone(),
-                token: control_plane.token.clone(),
-                ca_pem: control_plane.ca_pem.clone(),
-            }),
+            faults: options.faults,
+            kube: Some(control_plane.kube_target()),
+            kubelet: options.kubelet,
             ..Default::default()
         })
         .await
@@ -189,6 +229,86 @@ impl Env {
         }
     }
 
+    /// Launch `count` instances straight in the simulated cloud (no
+    /// Machines) and wait until their Nodes are Ready and schedulable (the
+    /// node-lifecycle controller has lifted the `not-ready` taint). Returns
+    /// the Node names.
+    pub async fn add_nodes(&self, count: usize) -> Result<Vec<String>, String> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let url = format!("{}/v1/instances", self.cloud.url());
+        let mut names = Vec::new();
+        for _ in 0..count {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let body = serde_json::json!({ "clientToken": format!("extra-node-{n}"), "name": format!("worker-{n}") });
+            let (code, answer) = self.cloud_call("POST", &url, Some(body)).await?;
+            let id = answer["id"]
+                .as_str()
+                .ok_or_else(|| format!("the cloud answered {code} {answer}"))?;
+            names.push(crate::sim_cloud::node_name(id));
+        }
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        for name in &names {
+            poll_until(Duration::from_secs(60), async || {
+                let node = nodes.get(name).await.ok()?;
+                let ready = node
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let tainted = node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| !t.is_empty());
+                (ready && !tainted).then_some(())
+            })
+            .await
+            .ok_or_else(|| format!("Node {name} not Ready and untainted in 60 s"))?;
+        }
+        Ok(names)
+    }
+
+    /// Call the simulated cloud's API (with its token): (status, JSON body
+    /// or null). `url` may be a path (`/admin/nodes`).
+    pub async fn cloud_call(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<(u16, serde_json::Value), String> {
+        let url = if url.starts_with('/') {
+            format!("{}{url}", self.cloud.url())
+        } else {
+            url.to_string()
+        };
+        let method = method.to_string();
+        tokio::task::spawn_blocking(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into();
+            let request = ureq::http::Request::builder()
+                .method(method.as_str())
+                .uri(&url)
+                .header("authorization", format!("Bearer {CLOUD_TOKEN}"))
+                .header("content-type", "application/json")
+                .body(body.map(|b| b.to_string()).unwrap_or_default())
+                .map_err(|e| e.to_string())?;
+            let mut resp = agent
+                .run(request)
+                .map_err(|e| format!("{method} {url}: {e}"))?;
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            Ok((
+                resp.status().as_u16(),
+                serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+            ))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
     /// The Machines in a namespace.
     pub async fn machines(&self, namespace: &str) -> Vec<Machine> {
         Api::<Machine>::namespaced(self.client.clone(), namespace)
@@ -244,6 +364,14 @@ impl Env {
         }
     }
 
+    /// The value, or a panic with the error and the environment's state.
+    pub async fn or_describe<T>(&self, result: Result<T, String>) -> T {
+        match result {
+            Ok(value) => value,
+            Err(e) => panic!("{e}\n{}", self.describe("default").await),
+        }
+    }
+
     /// Everything Capstan owns, as YAML-ish text, for failure messages.
     pub async fn describe(&self, namespace: &str) -> String {
         let kubectl = |args: &[&str]| self.control_plane.kubectl(args, None).unwrap_or_else(|e| e);
@@ -251,7 +379,7 @@ impl Env {
             "{}\n{}\n--- machine status ---\n{}\n--- cloud ---\n{:?}\n--- metrics ---\n{}",
             kubectl(&[
                 "get",
-                "plugins,md,ms,ma,nodes",
+                "plugins,md,ms,ma,nodes,deploy,ds,pods",
                 "-n",
                 namespace,
                 "-o",

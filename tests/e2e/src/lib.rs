@@ -4,8 +4,12 @@
 //! [`plugin`] returns the path of a plugin component, building every plugin
 //! under `plugins/` for `wasm32-wasip2` once per test process (a no-op when
 //! they are up to date). Set `CAPSTAN_PLUGIN_DIR` to use prebuilt components
-//! instead. [`control_plane`] starts a real etcd + kube-apiserver;
-//! [`registry`] starts real OCI registries (Debian's docker-registry).
+//! instead. [`control_plane`] starts a real control plane (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler); [`env`] adds
+//! the CRDs, the simulated cloud and its kubelet, and the controllers;
+//! [`workloads`] runs Deployments, DaemonSets, disruption budgets and
+//! evictions on it; [`registry`] starts real OCI registries (Debian's
+//! docker-registry).
 
 #![forbid(unsafe_code)]
 
@@ -82,3 +86,4 @@ pub mod cli;
 pub mod control_plane;
 pub mod env;
 pub mod registry;
+pub mod workloads;

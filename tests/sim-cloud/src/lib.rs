@@ -11,9 +11,11 @@
 //! Start with [`SimCloud::start`]; the HTTP API is described on `router`
 //! below (and in the README).
 //! State is computed from timestamps when read. With a Kubernetes API
-//! configured ([`SimCloudConfig::kube`]), the [`kubelet`] module registers a
-//! Node for each instance once it has booted, and deletes it with the
-//! instance.
+//! configured ([`SimCloudConfig::kube`]), the [`kubelet`] module acts as the
+//! kubelet of a Node per instance: it registers the Node once the instance
+//! has booted, heartbeats, runs the pods bound to it, and deletes it with
+//! the instance; the admin API's fault switches stop a Node's kubelet, bend
+//! its conditions or fail a pod's readiness.
 
 #![forbid(unsafe_code)]
 
@@ -30,7 +32,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 pub mod kubelet;
-pub use kubelet::{KubeTarget, Kubelet, NodeSpec, agent_trusting, node_name};
+pub use kubelet::{
+    ConditionOverride, KubeTarget, Kubelet, KubeletConfig, KubeletStats, NodeSpec, agent_trusting,
+    node_name,
+};
 
 /// Faults and latencies; all can be changed while running.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -73,8 +78,10 @@ pub struct SimCloudConfig {
     pub faults: Faults,
     /// Seed of the error-rate dice, for reproducible runs.
     pub seed: u64,
-    /// Register a Node per booted instance in this Kubernetes API.
+    /// Act as the kubelet of a Node per booted instance in this Kubernetes API.
     pub kube: Option<KubeTarget>,
+    /// How that kubelet behaves (heartbeats, pod start delay).
+    pub kubelet: KubeletConfig,
 }
 
 /// An instance as the API returns it.
@@ -156,6 +163,29 @@ pub struct Stats {
     pub nodes_deleted: u64,
     /// Failed Kubernetes calls (details in the log).
     pub node_errors: u64,
+    /// Node Lease renewals (heartbeats).
+    pub lease_renewals: u64,
+    /// Node status writes (registration aside).
+    pub node_status_posts: u64,
+    /// Pods the kubelet started.
+    pub pods_started: u64,
+    /// Pods the kubelet removed after their grace period.
+    pub pods_removed: u64,
+}
+
+impl Stats {
+    fn with_kubelet(mut self, k: Option<KubeletStats>) -> Stats {
+        if let Some(k) = k {
+            self.nodes_registered = k.nodes_registered;
+            self.nodes_deleted = k.nodes_deleted;
+            self.node_errors = k.errors;
+            self.lease_renewals = k.lease_renewals;
+            self.node_status_posts = k.node_status_posts;
+            self.pods_started = k.pods_started;
+            self.pods_removed = k.pods_removed;
+        }
+        self
+    }
 }
 
 #[derive(Debug)]
@@ -348,12 +378,14 @@ pub struct SimCloud {
 impl SimCloud {
     /// Bind and serve in the background on the current tokio runtime.
     pub async fn start(config: SimCloudConfig) -> std::io::Result<SimCloud> {
-        let kubelet = config
-            .kube
-            .clone()
-            .map(Kubelet::new)
-            .transpose()
-            .map_err(std::io::Error::other)?;
+        let kubelet = match config.kube.clone() {
+            Some(target) => Some(
+                Kubelet::start(target, config.kubelet.clone())
+                    .await
+                    .map_err(std::io::Error::other)?,
+            ),
+            None => None,
+        };
         let listen = config
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -401,11 +433,12 @@ impl SimCloud {
 
     /// Current counters.
     pub fn stats(&self) -> Stats {
-        let mut inner = lock(&self.state);
-        inner.settle(Instant::now());
-        let mut stats = inner.stats.clone();
-        stats.live_instances = inner.records.len() as u64;
-        stats
+        current_stats(&self.state)
+    }
+
+    /// The simulated kubelet, when a Kubernetes API was configured.
+    pub fn kubelet(&self) -> Option<Kubelet> {
+        lock(&self.state).kubelet.clone()
     }
 
     /// Every live instance.
@@ -480,8 +513,17 @@ struct ListQuery {
 /// | `POST /v1/instances/{id}/update` ([`UpdateInstance`]) | 202 updating, 404, 409 while terminating |
 /// | `GET /admin/stats` | [`Stats`] |
 /// | `PUT /admin/faults` ([`Faults`]) | 204 |
-/// | `PUT /admin/instances/{id}/ready` (`{"ready": false}`) | 204; flips the Node's `Ready` condition |
+/// | `PUT /admin/instances/{id}/ready` (`{"ready": false}`) | 204; the instance's Node reports `Ready=False` (`true` clears it) |
+/// | `GET /admin/nodes` | 200 the kubelet's Nodes and their fault switches |
+/// | `PUT /admin/nodes/{node}/heartbeats` (`{"enabled": false}`) | 204; stops (or restarts) that Node's kubelet: no Lease, no status, no pod changes |
+/// | `PUT /admin/nodes/{node}/conditions` ([`ConditionOverride`]) | 204; the Node reports that condition, for `seconds` or until cleared |
+/// | `DELETE /admin/nodes/{node}/conditions/{type}` | 204; the kubelet reports its own again |
+/// | `PUT /admin/pods/{namespace}/{name}/readiness` (`{"ready": false}`) | 204; the pod fails (or passes) readiness |
 /// | `GET /debug/redirect?to=URL` | 302 to `URL` (for redirect-escape tests) |
+///
+/// The kubelet routes answer 409 `NoKubernetes` when the cloud was started
+/// without a Kubernetes API, 404 `NodeNotFound` for an unknown Node and 400
+/// `InvalidParameter` for a bad request.
 ///
 /// Every `/v1` call may answer 401 (token), 429 with `Retry-After`
 /// (throttling) or 500 (injected error).
@@ -493,6 +535,17 @@ fn router(state: Shared) -> Router {
         .route("/admin/stats", get(stats))
         .route("/admin/faults", put(set_faults))
         .route("/admin/instances/{id}/ready", put(set_node_ready))
+        .route("/admin/nodes", get(list_nodes))
+        .route("/admin/nodes/{node}/heartbeats", put(set_heartbeats))
+        .route("/admin/nodes/{node}/conditions", put(set_condition))
+        .route(
+            "/admin/nodes/{node}/conditions/{type}",
+            axum::routing::delete(clear_condition),
+        )
+        .route(
+            "/admin/pods/{namespace}/{name}/readiness",
+            put(set_pod_ready),
+        )
         .route("/debug/redirect", get(redirect))
         .with_state(state)
 }
@@ -557,12 +610,7 @@ async fn create(
             zone: view.failure_domain.clone(),
             version: view.version.clone(),
         };
-        node_call_later(
-            &state,
-            boot,
-            move || kubelet.register(&node),
-            |s| s.nodes_registered += 1,
-        );
+        node_call_later(boot, async move { kubelet.register(node).await });
     }
     (StatusCode::CREATED, Json(view)).into_response()
 }
@@ -631,12 +679,7 @@ async fn delete(
     if first_delete && let Some(kubelet) = inner.kubelet.clone() {
         let after = Duration::from_millis(inner.faults.delete_latency_ms);
         let name = node_name(&id);
-        node_call_later(
-            &state,
-            after,
-            move || kubelet.delete(&name),
-            |s| s.nodes_deleted += 1,
-        );
+        node_call_later(after, async move { kubelet.unregister(&name).await });
     }
     inner.settle(now);
     match inner.records.get(&id) {
@@ -677,12 +720,16 @@ async fn update(
     }
 }
 
-async fn stats(State(state): State<Shared>) -> Response {
-    let mut inner = lock(&state);
+fn current_stats(state: &Shared) -> Stats {
+    let mut inner = lock(state);
     inner.settle(Instant::now());
     let mut stats = inner.stats.clone();
     stats.live_instances = inner.records.len() as u64;
-    Json(stats).into_response()
+    stats.with_kubelet(inner.kubelet.as_ref().map(Kubelet::stats))
+}
+
+async fn stats(State(state): State<Shared>) -> Response {
+    Json(current_stats(&state)).into_response()
 }
 
 async fn set_faults(State(state): State<Shared>, Json(faults): Json<Faults>) -> StatusCode {
@@ -690,27 +737,15 @@ async fn set_faults(State(state): State<Shared>, Json(faults): Json<Faults>) -> 
     StatusCode::NO_CONTENT
 }
 
-/// Run a Kubernetes call after `delay`, off the async threads, and count it.
+/// Run a kubelet call after `delay` without holding up the cloud's answer
+/// (its errors are counted and logged by the kubelet).
 fn node_call_later(
-    state: &Shared,
     delay: Duration,
-    call: impl FnOnce() -> Result<(), String> + Send + 'static,
-    on_ok: impl FnOnce(&mut Stats) + Send + 'static,
+    call: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
 ) {
-    let state = state.clone();
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
-        let result = tokio::task::spawn_blocking(call)
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
-        let mut inner = lock(&state);
-        match result {
-            Ok(()) => on_ok(&mut inner.stats),
-            Err(e) => {
-                inner.stats.node_errors += 1;
-                tracing::warn!(error = %e, "simulated kubelet call failed");
-            }
-        }
+        let _ = call.await;
     });
 }
 
@@ -720,34 +755,123 @@ struct NodeReady {
     ready: bool,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Enabled {
+    enabled: bool,
+}
+
+/// The kubelet, or the 409 that says the cloud runs without Kubernetes.
+#[allow(clippy::result_large_err)]
+fn kubelet_of(state: &Shared) -> Result<Kubelet, Response> {
+    lock(state).kubelet.clone().ok_or_else(|| {
+        api_error(
+            StatusCode::CONFLICT,
+            "NoKubernetes",
+            "the simulated cloud was started without a Kubernetes API (--kube-url)",
+        )
+    })
+}
+
+fn switched(result: Result<(), kubelet::SwitchError>) -> Response {
+    use kubelet::SwitchError;
+    match result {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e @ SwitchError::UnknownNode(_)) => {
+            api_error(StatusCode::NOT_FOUND, "NodeNotFound", &e.to_string())
+        }
+        Err(e @ SwitchError::Invalid(_)) => {
+            api_error(StatusCode::BAD_REQUEST, "InvalidParameter", &e.to_string())
+        }
+        Err(e @ SwitchError::Kubernetes(_)) => {
+            api_error(StatusCode::BAD_GATEWAY, "KubernetesError", &e.to_string())
+        }
+    }
+}
+
+/// Shorthand kept from before the general switches: `ready: false` forces
+/// `Ready=False` on the instance's Node, `ready: true` clears that.
 async fn set_node_ready(
     State(state): State<Shared>,
     Path(id): Path<String>,
     Json(req): Json<NodeReady>,
 ) -> Response {
-    let kubelet = {
-        let inner = lock(&state);
-        if !inner.records.contains_key(&id) {
-            return not_found(&id);
-        }
-        inner.kubelet.clone()
-    };
-    let Some(kubelet) = kubelet else {
-        return api_error(
-            StatusCode::CONFLICT,
-            "NoKubernetes",
-            "the simulated cloud was started without a Kubernetes API",
-        );
+    if !lock(&state).records.contains_key(&id) {
+        return not_found(&id);
+    }
+    let kubelet = match kubelet_of(&state) {
+        Ok(k) => k,
+        Err(resp) => return resp,
     };
     let name = node_name(&id);
-    match tokio::task::spawn_blocking(move || kubelet.set_ready(&name, req.ready)).await {
-        Ok(Ok(())) => StatusCode::NO_CONTENT.into_response(),
-        Ok(Err(e)) => api_error(StatusCode::BAD_GATEWAY, "KubernetesError", &e),
-        Err(e) => api_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            &e.to_string(),
-        ),
+    switched(if req.ready {
+        kubelet.clear_condition(&name, "Ready").await
+    } else {
+        kubelet
+            .set_condition(
+                &name,
+                ConditionOverride {
+                    type_: "Ready".into(),
+                    status: "False".into(),
+                    reason: Some("KubeletNotReady".into()),
+                    message: Some("simulated kubelet was told to report not ready".into()),
+                    seconds: None,
+                },
+            )
+            .await
+    })
+}
+
+async fn list_nodes(State(state): State<Shared>) -> Response {
+    match kubelet_of(&state) {
+        Ok(k) => Json(serde_json::json!({ "nodes": k.nodes() })).into_response(),
+        Err(resp) => resp,
+    }
+}
+
+async fn set_heartbeats(
+    State(state): State<Shared>,
+    Path(node): Path<String>,
+    Json(req): Json<Enabled>,
+) -> Response {
+    match kubelet_of(&state) {
+        Ok(k) => switched(k.set_heartbeats(&node, req.enabled)),
+        Err(resp) => resp,
+    }
+}
+
+async fn set_condition(
+    State(state): State<Shared>,
+    Path(node): Path<String>,
+    Json(req): Json<ConditionOverride>,
+) -> Response {
+    match kubelet_of(&state) {
+        Ok(k) => switched(k.set_condition(&node, req).await),
+        Err(resp) => resp,
+    }
+}
+
+async fn clear_condition(
+    State(state): State<Shared>,
+    Path((node, type_)): Path<(String, String)>,
+) -> Response {
+    match kubelet_of(&state) {
+        Ok(k) => switched(k.clear_condition(&node, &type_).await),
+        Err(resp) => resp,
+    }
+}
+
+async fn set_pod_ready(
+    State(state): State<Shared>,
+    Path((namespace, name)): Path<(String, String)>,
+    Json(req): Json<NodeReady>,
+) -> Response {
+    match kubelet_of(&state) {
+        Ok(k) => {
+            k.set_pod_ready(&namespace, &name, req.ready);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(resp) => resp,
     }
 }
 

@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use anyhow::Context;
-use capstan_sim_cloud::{Faults, KubeTarget, SimCloud, SimCloudConfig};
+use capstan_sim_cloud::{Faults, KubeTarget, KubeletConfig, SimCloud, SimCloudConfig};
 use clap::Parser;
 use std::net::SocketAddr;
 
@@ -35,7 +35,8 @@ struct Args {
     /// Most live instances at once (stock-out beyond).
     #[arg(long)]
     capacity: Option<usize>,
-    /// Register a Node per booted instance in this Kubernetes API (https URL).
+    /// Act as the kubelet of a Node per booted instance in this Kubernetes
+    /// API (https URL): register it, heartbeat, run the pods bound to it.
     #[arg(long, requires_all = ["kube_token_file", "kube_ca_file"])]
     kube_url: Option<String>,
     /// File holding a bearer token allowed to manage Nodes.
@@ -44,6 +45,17 @@ struct Args {
     /// PEM file of the CA that signed the API server's certificate.
     #[arg(long)]
     kube_ca_file: Option<std::path::PathBuf>,
+    /// Milliseconds between Node Lease renewals and status checks; 0 turns
+    /// heartbeats off (Nodes then go Ready=Unknown after the node-lifecycle
+    /// controller's grace period).
+    #[arg(long, default_value_t = KubeletConfig::default().heartbeat_interval_ms)]
+    heartbeat_interval_ms: u64,
+    /// Milliseconds between status posts of an unchanged Node.
+    #[arg(long, default_value_t = KubeletConfig::default().status_report_interval_ms)]
+    status_report_interval_ms: u64,
+    /// Milliseconds from a pod being bound to a Node to it running.
+    #[arg(long, default_value_t = KubeletConfig::default().pod_start_delay_ms)]
+    pod_start_delay_ms: u64,
 }
 
 #[tokio::main]
@@ -79,6 +91,11 @@ async fn main() -> anyhow::Result<()> {
         },
         seed: 1,
         kube,
+        kubelet: KubeletConfig {
+            heartbeat_interval_ms: args.heartbeat_interval_ms,
+            status_report_interval_ms: args.status_report_interval_ms,
+            pod_start_delay_ms: args.pod_start_delay_ms,
+        },
     })
     .await
     .with_context(|| format!("cannot listen on {}", args.listen))?;

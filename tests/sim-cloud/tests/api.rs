@@ -222,3 +222,37 @@ fn faults_throttle_stock_out_refuse_and_fail() {
         (1, 1, 1, 1)
     );
 }
+
+#[test]
+fn kubelet_switches_need_a_kubernetes_api() {
+    let f = start(Faults::default());
+    for (method, path, body) in [
+        ("GET", "/admin/nodes", None),
+        (
+            "PUT",
+            "/admin/nodes/sim-i-000001/heartbeats",
+            Some(json!({ "enabled": false })),
+        ),
+        (
+            "PUT",
+            "/admin/nodes/sim-i-000001/conditions",
+            Some(json!({ "type": "Ready", "status": "False" })),
+        ),
+        (
+            "PUT",
+            "/admin/pods/default/web-0/readiness",
+            Some(json!({ "ready": false })),
+        ),
+    ] {
+        let (s, answer, _) = f.call(method, path, body);
+        assert_eq!(
+            (s, answer["code"].as_str()),
+            (409, Some("NoKubernetes")),
+            "{path}"
+        );
+        assert!(
+            answer["message"].as_str().unwrap().contains("--kube-url"),
+            "{answer}"
+        );
+    }
+}

@@ -4,26 +4,38 @@
 //! `capstan controller` process, side by side in one run against one local
 //! control plane and simulated cloud. Prints `name value` lines (not a timed
 //! test): time to all Ready, controller CPU seconds, controller peak RSS, API
-//! writes per machine, the Wasm/native ratio of each, and the writes during
-//! an idle period after convergence.
+//! writes per machine, the API server's CPU seconds, the Wasm/native ratio
+//! of each, and the writes and the API server's and etcd's CPU during an
+//! idle period after convergence.
+//!
+//! The simulated kubelet's heartbeats are off by default (Nodes stay as
+//! registered; the node-lifecycle grace period is an hour);
+//! `--heartbeat-interval-ms 10000` renews every Node's Lease every 10 s as a
+//! real kubelet does, with Kubernetes' default 40 s grace period, to show
+//! what heartbeats of N Nodes cost the API server.
 
 use anyhow::{Context, bail};
 use capstan_api::MachineDeployment;
-use capstan_e2e::env::{CLOUD_TOKEN, ControllerProcess, Env, SIM_PLUGIN, sample_deployment};
-use capstan_e2e::sim_cloud::Faults;
+use capstan_e2e::control_plane::ControlPlaneOptions;
+use capstan_e2e::env::{
+    CLOUD_TOKEN, ControllerProcess, Env, EnvOptions, SIM_PLUGIN, sample_deployment,
+};
+use capstan_e2e::sim_cloud::{Faults, KubeletConfig};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
-    "usage: capstan-bench-scale [--machines N] [--idle-seconds S] [--boot-latency-ms MS]
-  --machines N          machines to scale to (default 1000)
-  --idle-seconds S      idle period after convergence in which writes are counted (default 60)
-  --boot-latency-ms MS  simulated instance boot time (default 1000)";
+    "usage: capstan-bench-scale [--machines N] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS]
+  --machines N              machines to scale to (default 1000)
+  --idle-seconds S          idle period after convergence in which writes and CPU are counted (default 60)
+  --boot-latency-ms MS      simulated instance boot time (default 1000)
+  --heartbeat-interval-ms MS  the simulated kubelet renews each Node's Lease this often (default 0: off)";
 
 struct Args {
     machines: i32,
     idle: Duration,
     boot_latency_ms: u64,
+    heartbeat_interval_ms: u64,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -31,6 +43,7 @@ fn parse_args() -> anyhow::Result<Args> {
         machines: 1000,
         idle: Duration::from_secs(60),
         boot_latency_ms: 1000,
+        heartbeat_interval_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -45,6 +58,9 @@ fn parse_args() -> anyhow::Result<Args> {
             "--machines" => args.machines = i32::try_from(value("--machines")?)?,
             "--idle-seconds" => args.idle = Duration::from_secs(value("--idle-seconds")?),
             "--boot-latency-ms" => args.boot_latency_ms = value("--boot-latency-ms")?,
+            "--heartbeat-interval-ms" => {
+                args.heartbeat_interval_ms = value("--heartbeat-interval-ms")?
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -85,7 +101,26 @@ struct Figures {
     cpu_seconds: f64,
     peak_rss_mib: f64,
     writes_per_machine: f64,
+    apiserver_cpu_seconds: f64,
     idle_writes: f64,
+    idle_apiserver_cpu_percent: f64,
+    idle_etcd_cpu_percent: f64,
+    idle_kubelet_writes: u64,
+}
+
+/// CPU seconds of a control-plane process.
+fn plane_cpu(env: &Env, name: &str) -> anyhow::Result<f64> {
+    let pid = env
+        .control_plane
+        .pid(name)
+        .with_context(|| format!("no {name} process"))?;
+    cpu_seconds(pid)
+}
+
+/// Writes the simulated kubelet made so far (Lease renewals and status posts).
+fn kubelet_writes(env: &Env) -> u64 {
+    let s = env.cloud.stats();
+    s.lease_renewals + s.node_status_posts
 }
 
 async fn run_variant(
@@ -119,6 +154,7 @@ async fn run_variant(
     mds.create(&PostParams::default(), &md).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu_before = cpu_seconds(pid)?;
+    let apiserver_before = plane_cpu(env, "kube-apiserver")?;
     let writes_before = controller
         .metric_sum("capstan_api_writes_total")
         .map_err(anyhow::Error::msg)?;
@@ -157,6 +193,7 @@ async fn run_variant(
     }
     let seconds_to_ready = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds(pid)? - cpu_before;
+    let apiserver_cpu_seconds = plane_cpu(env, "kube-apiserver")? - apiserver_before;
     let rss = peak_rss_mib(pid)?;
     // Let the last status writes land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -171,11 +208,22 @@ async fn run_variant(
     let idle_before = controller
         .metric_sum("capstan_api_writes_total")
         .map_err(anyhow::Error::msg)?;
+    let (apiserver_idle, etcd_idle, kubelet_idle) = (
+        plane_cpu(env, "kube-apiserver")?,
+        plane_cpu(env, "etcd")?,
+        kubelet_writes(env),
+    );
+    let idle_started = Instant::now();
     tokio::time::sleep(args.idle).await;
     let idle_writes = controller
         .metric_sum("capstan_api_writes_total")
         .map_err(anyhow::Error::msg)?
         - idle_before;
+    let idle_seconds = idle_started.elapsed().as_secs_f64();
+    let idle_apiserver_cpu_percent =
+        100.0 * (plane_cpu(env, "kube-apiserver")? - apiserver_idle) / idle_seconds;
+    let idle_etcd_cpu_percent = 100.0 * (plane_cpu(env, "etcd")? - etcd_idle) / idle_seconds;
+    let idle_kubelet_writes = kubelet_writes(env) - kubelet_idle;
 
     eprintln!("# {variant}: deleting md/{name} and waiting for every instance to be released");
     mds.delete(&name, &DeleteParams::foreground()).await?;
@@ -192,7 +240,11 @@ async fn run_variant(
         cpu_seconds: cpu,
         peak_rss_mib: rss,
         writes_per_machine: writes / f64::from(args.machines.max(1)),
+        apiserver_cpu_seconds,
         idle_writes,
+        idle_apiserver_cpu_percent,
+        idle_etcd_cpu_percent,
+        idle_kubelet_writes,
     })
 }
 
@@ -200,18 +252,43 @@ async fn run_variant(
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     eprintln!("# starting the control plane and the simulated cloud");
-    let env = Env::start(Faults {
-        boot_latency_ms: args.boot_latency_ms,
-        delete_latency_ms: 200,
-        ..Default::default()
+    let heartbeat = Duration::from_millis(args.heartbeat_interval_ms);
+    let control_plane = if heartbeat.is_zero() {
+        ControlPlaneOptions::without_heartbeats()
+    } else {
+        // Kubernetes' own timings, stretched for slower heartbeats.
+        ControlPlaneOptions {
+            node_monitor_period: Duration::from_secs(5),
+            node_monitor_grace_period: (heartbeat * 4).max(Duration::from_secs(40)),
+            node_startup_grace_period: (heartbeat * 6).max(Duration::from_secs(60)),
+            pod_toleration_seconds: 300,
+        }
+    };
+    let env = Env::start_with(EnvOptions {
+        faults: Faults {
+            boot_latency_ms: args.boot_latency_ms,
+            delete_latency_ms: 200,
+            ..Default::default()
+        },
+        kubelet: KubeletConfig {
+            heartbeat_interval_ms: args.heartbeat_interval_ms,
+            ..Default::default()
+        },
+        control_plane,
     })
     .await
     .map_err(anyhow::Error::msg)?;
     let wasm = run_variant(&env, &args, "wasm", SIM_PLUGIN).await?;
     let native = run_variant(&env, &args, "native", "sim-native").await?;
     println!(
-        "# capstan-bench-scale: 0 -> {} machines, boot latency {} ms, controller --machine-concurrency=64",
-        args.machines, args.boot_latency_ms
+        "# capstan-bench-scale: 0 -> {} machines, boot latency {} ms, controller --machine-concurrency=64, kubelet heartbeats {}",
+        args.machines,
+        args.boot_latency_ms,
+        if heartbeat.is_zero() {
+            "off".to_string()
+        } else {
+            format!("every {heartbeat:?}")
+        }
     );
     let lines = [
         (
@@ -234,6 +311,11 @@ async fn main() -> anyhow::Result<()> {
             wasm.writes_per_machine,
             native.writes_per_machine,
         ),
+        (
+            "apiserver_cpu_seconds",
+            wasm.apiserver_cpu_seconds,
+            native.apiserver_cpu_seconds,
+        ),
     ];
     for (name, w, n) in lines {
         println!("{name}_wasm {w:.3}");
@@ -253,5 +335,20 @@ async fn main() -> anyhow::Result<()> {
         args.idle.as_secs(),
         native.idle_writes
     );
+    let idle = args.idle.as_secs();
+    for (variant, f) in [("wasm", &wasm), ("native", &native)] {
+        println!(
+            "idle_{idle}s_apiserver_cpu_percent_{variant} {:.1}",
+            f.idle_apiserver_cpu_percent
+        );
+        println!(
+            "idle_{idle}s_etcd_cpu_percent_{variant} {:.1}",
+            f.idle_etcd_cpu_percent
+        );
+        println!(
+            "idle_{idle}s_kubelet_writes_{variant} {}",
+            f.idle_kubelet_writes
+        );
+    }
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! `capstan-quickstart`: everything on one machine, with visible progress.
 //!
-//! Starts a local control plane (etcd, kube-apiserver, kube-controller-manager),
-//! installs the CRDs, starts the simulated cloud (which registers Nodes like a
-//! kubelet), runs `capstan controller` as a separate process, creates the
+//! Starts a local control plane (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler), installs the CRDs, starts the simulated cloud (whose
+//! kubelet registers Nodes, heartbeats and runs pods), runs `capstan
+//! controller` as a separate process, creates the
 //! sandboxed sim-provider `Plugin`, applies a MachineDeployment with
 //! `kubectl`, follows it until every machine is Ready, prints
 //! `kubectl get md,ms,ma`, and says what to try next. Ctrl-C deletes the
@@ -187,7 +188,7 @@ async fn publish(env: &Env, capstan: &std::path::Path) -> anyhow::Result<(Regist
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let started = Instant::now();
-    step("starting etcd, kube-apiserver and kube-controller-manager on loopback");
+    step("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on loopback");
     let env = Env::start(Faults {
         boot_latency_ms: args.boot_latency_ms,
         delete_latency_ms: 500,
@@ -205,7 +206,7 @@ async fn main() -> anyhow::Result<()> {
     );
     step("installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment)");
     println!(
-        "    simulated cloud at {} registers a Node per instance, like a kubelet",
+        "    simulated cloud at {}; its kubelet registers a Node per instance, renews the Node's Lease and runs the pods bound to it",
         env.cloud.url()
     );
     let capstan = capstan_bin().map_err(anyhow::Error::msg)?;
@@ -322,14 +323,14 @@ async fn main() -> anyhow::Result<()> {
     env.wait_rolled_out("default", "quickstart", Duration::from_secs(60))
         .await;
     step(&format!(
-        "all {} machines Ready in {:.1}s; kubectl get md,ms,ma",
+        "all {} machines Ready in {:.1}s; kubectl get md,ms,ma,nodes",
         args.replicas,
         started.elapsed().as_secs_f64()
     ));
     print!(
         "{}",
         env.control_plane
-            .kubectl(&["get", "md,ms,ma"], None)
+            .kubectl(&["get", "md,ms,ma,nodes"], None)
             .map_err(anyhow::Error::msg)?
     );
 
@@ -344,6 +345,8 @@ async fn main() -> anyhow::Result<()> {
   {k} scale md/quickstart --replicas=5
   {k} patch md/quickstart --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"version\":\"v1.31.0\"}}}}}}}}'
   {k} get md,ms,ma -w
+  {k} create deployment web --image=registry.k8s.io/pause:3.2 --replicas=3
+  {k} get pods -o wide        # scheduled onto the machines' Nodes and Running
   {capstan} rollout history md/quickstart --kubeconfig {kc}
   {capstan} rollout undo md/quickstart --kubeconfig {kc}
   {k} delete md/quickstart

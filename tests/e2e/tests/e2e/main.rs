@@ -12,6 +12,7 @@ mod quickstart;
 mod sandbox;
 mod supply_chain;
 mod updater;
+mod workloads;
 
 /// Show the in-process controllers' logs (warnings by default, `RUST_LOG`
 /// for more) in a failing test's output.

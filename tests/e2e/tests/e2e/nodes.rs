@@ -5,7 +5,7 @@
 
 use capstan_e2e::control_plane::ControlPlane;
 use capstan_e2e::plugin;
-use capstan_e2e::sim_cloud::{Faults, KubeTarget, SimCloud, SimCloudConfig, node_name};
+use capstan_e2e::sim_cloud::{Faults, SimCloud, SimCloudConfig, node_name};
 use capstan_runtime::types::{Deletion, Machine};
 use capstan_runtime::{Credential, Grants, Limits, Runtime, RuntimeConfig};
 use serde_json::Value;
@@ -51,11 +51,8 @@ async fn machines_become_nodes_with_matching_provider_id() {
             delete_latency_ms: 200,
             ..Default::default()
         },
-        kube: Some(KubeTarget {
-            url: cp.url.clone(),
-            token: cp.token.clone(),
-            ca_pem: cp.ca_pem.clone(),
-        }),
+        kube: Some(cp.kube_target()),
+        kubelet: capstan_e2e::env::test_kubelet(),
         ..Default::default()
     })
     .await
