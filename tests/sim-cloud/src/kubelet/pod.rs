@@ -43,10 +43,11 @@ pub fn next_step(pod: &Pod, kubelet_up: bool, fail_readiness: bool, now: Timesta
                 .and_then(|s| s.conditions.as_ref())
                 .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
                 .is_some_and(|c| c.status == "True");
-            if ready == !fail_readiness {
+            let wanted = !fail_readiness;
+            if ready == wanted {
                 PodStep::Wait
             } else {
-                PodStep::SetReady(!fail_readiness)
+                PodStep::SetReady(wanted)
             }
         }
         _ => PodStep::Wait,
