@@ -3,7 +3,8 @@
 //! Field names follow Cluster API where it has them. Start with
 //! [`MachineDeployment`], which owns [`MachineSet`]s, which own
 //! [`Machine`]s; every machine names a [`Plugin`] (cluster-scoped) that
-//! provides its instances. [`crds`] returns the CustomResourceDefinitions
+//! provides its instances. A [`MachineHealthCheck`] marks unhealthy
+//! machines for their MachineSet to replace. [`crds`] returns the CustomResourceDefinitions
 //! (what `capstan crds` prints).
 //!
 //! The OpenAPI schema validates what it can express (Kubernetes 1.20 has no
@@ -14,10 +15,12 @@
 // kube-derive's `printcolumn(type_ = …)` repeats keys across columns by design.
 #![allow(clippy::duplicated_attributes)]
 
+mod healthcheck;
 mod machine;
 mod plugin;
 mod sets;
 
+pub use healthcheck::*;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 pub use machine::*;
@@ -49,6 +52,17 @@ pub const ANNOTATION_REPLACE_DELETED: &str = "capstan.dev/replace-deleted";
 /// Finalizer the Machine controller puts on every Machine so the cloud
 /// instance is released before the object goes.
 pub const MACHINE_FINALIZER: &str = "capstan.dev/machine";
+/// Annotation on a Machine: present (any value) means its Node is not
+/// drained before the machine is deleted.
+pub const ANNOTATION_EXCLUDE_NODE_DRAINING: &str = "machine.capstan.dev/exclude-node-draining";
+/// Prefix of pre-drain hook annotations
+/// (`pre-drain.delete.hook.machine.capstan.dev/<name>`): each one holds a
+/// deleting machine before its Node is drained, until it is removed.
+pub const PRE_DRAIN_HOOK_PREFIX: &str = "pre-drain.delete.hook.machine.capstan.dev/";
+/// Prefix of pre-terminate hook annotations
+/// (`pre-terminate.delete.hook.machine.capstan.dev/<name>`): each one holds
+/// a deleting machine after the drain, before its instance is deleted.
+pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.capstan.dev/";
 
 /// Condition status values.
 pub mod status {
@@ -67,6 +81,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Machine::crd(),
         MachineSet::crd(),
         MachineDeployment::crd(),
+        MachineHealthCheck::crd(),
     ]
 }
 
@@ -204,10 +219,15 @@ fn string_map(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// Schema for a list of conditions (Kubernetes API conventions).
+/// Schema for a list of conditions (Kubernetes API conventions). A map
+/// keyed by type, so that controllers writing different condition types of
+/// one object (the Machine controller and the health check) each own only
+/// their entries under server-side apply.
 fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
         "items": {
             "type": "object",
             "required": ["type", "status", "lastTransitionTime"],

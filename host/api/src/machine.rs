@@ -46,6 +46,29 @@ pub struct MachineSpec {
     pub failure_domain: Option<String>,
     /// Which plugin provides the instance, and its configuration.
     pub provider: ProviderRef,
+    /// How the machine is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<MachineDeletionSpec>,
+}
+
+/// How a machine is deleted (Cluster API's `spec.deletion`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeletionSpec {
+    /// Most seconds spent draining the Node before the instance is deleted
+    /// anyway. Unset or 0: wait until the drain completes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub node_drain_timeout_seconds: Option<i32>,
+}
+
+/// Progress of a machine's deletion.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeletionStatus {
+    /// When draining the Node started (the drain timeout counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_drain_start_time: Option<crate::Time>,
 }
 
 /// A reference to a provider plugin plus the configuration it gets.
@@ -141,7 +164,12 @@ pub struct MachineStatus {
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` (the Node is Ready), `InstanceProvisioned`, `ConfigValid`.
+    /// Progress of the deletion, once it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<MachineDeletionStatus>,
+    /// `Ready` (the Node is Ready), `InstanceProvisioned`, `ConfigValid`,
+    /// `Deleting` (which deletion step, what blocks it); written by the
+    /// health check: `HealthCheckSucceeded`, `OwnerRemediated`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -180,4 +208,18 @@ pub mod machine_conditions {
     pub const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
     /// The plugin accepted the provider config.
     pub const CONFIG_VALID: &str = "ConfigValid";
+    /// The machine is being deleted; the reason says which step it is at
+    /// (`WaitingForPreDrainHook`, `DrainingNode`, `WaitingForPreTerminateHook`,
+    /// `WaitingForInfrastructureDeletion`, `DeletingNode`) and the message
+    /// what blocks it.
+    pub const DELETING: &str = "Deleting";
+    /// Written by a MachineHealthCheck: `False` when the machine is unhealthy.
+    pub const HEALTH_CHECK_SUCCEEDED: &str = "HealthCheckSucceeded";
+    /// Written by a MachineHealthCheck: `False` while the machine waits for
+    /// (or undergoes) remediation by its owner.
+    pub const OWNER_REMEDIATED: &str = "OwnerRemediated";
+    /// The condition types the Machine controller owns (the others on a
+    /// Machine belong to other controllers and are left alone).
+    pub const OWNED_BY_MACHINE_CONTROLLER: [&str; 4] =
+        [READY, INSTANCE_PROVISIONED, CONFIG_VALID, DELETING];
 }

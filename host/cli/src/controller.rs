@@ -91,7 +91,12 @@ impl Args {
 
 /// A client from an explicit kubeconfig, or the usual inference.
 pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+    kube::Client::try_from(config(kubeconfig).await?).context("cannot build a Kubernetes client")
+}
+
+/// How to reach the API server: an explicit kubeconfig, or the usual inference.
+pub async fn config(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
@@ -102,8 +107,7 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client
         None => kube::Config::infer()
             .await
             .context("no Kubernetes configuration found: pass --kubeconfig or set KUBECONFIG")?,
-    };
-    kube::Client::try_from(config).context("cannot build a Kubernetes client")
+    })
 }
 
 /// The default code cache directory.
@@ -132,7 +136,7 @@ async fn shutdown_signal() {
 
 /// Run until a signal.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let config = config(args.kubeconfig.as_ref()).await?;
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir: Some(args.code_cache.clone().unwrap_or_else(default_code_cache)),
         ..RuntimeConfig::default()
@@ -186,7 +190,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let result = capstan_controllers::run(
-        client,
+        config,
         Some(runtime),
         providers,
         metrics,

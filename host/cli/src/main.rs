@@ -62,7 +62,7 @@ enum Command {
     Demo(demo::Args),
     /// Print the CustomResourceDefinitions (`capstan crds | kubectl apply -f -`).
     Crds,
-    /// Run the controllers (Plugin, Machine, MachineSet, MachineDeployment)
+    /// Run the controllers (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck)
     /// against a Kubernetes API until SIGINT/SIGTERM.
     Controller(controller::Args),
     /// Inspect and roll back MachineDeployment rollouts.

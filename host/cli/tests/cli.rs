@@ -293,7 +293,7 @@ fn crds_print_every_kind_for_kubectl_apply() {
     let yaml = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
         yaml.matches("kind: CustomResourceDefinition").count(),
-        4,
+        5,
         "{yaml}"
     );
     for name in [
@@ -301,6 +301,7 @@ fn crds_print_every_kind_for_kubectl_apply() {
         "machines.capstan.dev",
         "machinesets.capstan.dev",
         "machinedeployments.capstan.dev",
+        "machinehealthchecks.capstan.dev",
     ] {
         assert!(yaml.contains(&format!("name: {name}")), "{name} missing");
     }

@@ -68,8 +68,12 @@ pub(crate) async fn controller(
 }
 
 /// A stable hash of a machine template (keys sorted, so the same template
-/// always hashes the same whatever order its JSON arrived in).
+/// always hashes the same whatever order its JSON arrived in). `deletion`
+/// is left out: as in Cluster API, how machines are deleted changes in
+/// place on the existing sets and machines, without a rollout.
 pub fn template_hash(template: &MachineTemplateSpec) -> String {
+    let mut template = template.clone();
+    template.spec.deletion = None;
     fn canonical(value: serde_json::Value) -> serde_json::Value {
         match value {
             serde_json::Value::Object(map) => {
@@ -83,7 +87,7 @@ pub fn template_hash(template: &MachineTemplateSpec) -> String {
             other => other,
         }
     }
-    let value = canonical(serde_json::to_value(template).expect("a template serializes"));
+    let value = canonical(serde_json::to_value(&template).expect("a template serializes"));
     let digest = Sha256::digest(value.to_string().as_bytes());
     hex::encode(&digest[..5])
 }
@@ -249,6 +253,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         &old_views,
     );
 
+    let deletion = in_place_deletion(&md.spec.template.spec);
     match &new_set {
         None if !md.spec.paused => {
             create_set(&sets_api, &ctx, &md, &hash, plan.new_replicas, revision).await?;
@@ -262,6 +267,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
                 set,
                 plan.new_replicas,
                 md.spec.min_ready_seconds,
+                deletion,
                 &[
                     (ANNOTATION_REVISION, Some(revision.as_str())),
                     (ANNOTATION_REPLACE_DELETED, None),
@@ -284,6 +290,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             set,
             replicas,
             set.spec.min_ready_seconds,
+            deletion,
             &[(ANNOTATION_REPLACE_DELETED, keep_slots)],
         )
         .await?;
@@ -415,15 +422,33 @@ struct Totals {
 
 /// Patch a set's replicas, `minReadySeconds` and annotations (`None`
 /// removes one) to these values, writing only what differs.
+/// The deletion settings of a machine spec, with "nothing set" as `None`,
+/// so an empty `deletion: {}` and no `deletion` compare equal.
+pub(crate) fn in_place_deletion(
+    spec: &capstan_api::MachineSpec,
+) -> Option<&capstan_api::MachineDeletionSpec> {
+    spec.deletion
+        .as_ref()
+        .filter(|d| **d != capstan_api::MachineDeletionSpec::default())
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn sync_set(
     api: &Api<MachineSet>,
     ctx: &Context,
     set: &MachineSet,
     replicas: i32,
     min_ready_seconds: i32,
+    deletion: Option<&capstan_api::MachineDeletionSpec>,
     annotations: &[(&str, Option<&str>)],
 ) -> Result<(), Error> {
     let mut spec = serde_json::Map::new();
+    if in_place_deletion(&set.spec.template.spec) != deletion {
+        spec.insert(
+            "template".into(),
+            serde_json::json!({ "spec": { "deletion": deletion } }),
+        );
+    }
     if set.spec.replicas != replicas {
         spec.insert("replicas".into(), replicas.into());
     }
@@ -579,6 +604,14 @@ mod tests {
         assert_eq!(
             template_hash(&a.spec.template),
             template_hash(&b.spec.template)
+        );
+        b.spec.template.spec.deletion = Some(capstan_api::MachineDeletionSpec {
+            node_drain_timeout_seconds: Some(30),
+        });
+        assert_eq!(
+            template_hash(&a.spec.template),
+            template_hash(&b.spec.template),
+            "deletion settings change in place, not by a rollout"
         );
         b.spec.template.spec.version = Some("v1.31.0".into());
         assert_ne!(

@@ -1,7 +1,7 @@
 //! Capstan's controllers: the generic Cluster API machine lifecycle, run by
 //! one host for every provider plugin.
 //!
-//! Start with [`run`], which starts four kube-rs controllers over shared
+//! Start with [`run`], which starts five kube-rs controllers over shared
 //! reflector caches:
 //!
 //! - [`plugin`]: loads each `Plugin`'s component into the sandbox and
@@ -9,7 +9,9 @@
 //! - [`machine`]: creates, follows and deletes each `Machine`'s instance
 //!   through its provider plugin;
 //! - [`machineset`]: keeps a set's number of machines;
-//! - [`deployment`]: rolls templates out across MachineSets.
+//! - [`deployment`]: rolls templates out across MachineSets;
+//! - [`healthcheck`]: marks unhealthy machines for their MachineSet to
+//!   replace (the Machine controller drains their Nodes first).
 //!
 //! What to do next is decided by the pure functions of `capstan-planner`;
 //! this crate observes, calls them, and writes only what changed (an idle
@@ -18,17 +20,19 @@
 #![forbid(unsafe_code)]
 
 pub mod deployment;
+pub mod healthcheck;
 pub mod history;
 pub mod machine;
 pub mod machineset;
 pub mod metrics;
+mod nodedrain;
 pub mod plugin;
 pub mod provider;
 
 pub use metrics::Metrics;
 pub use provider::{MachineProvider, ProviderError, Providers, Registered, WasmProvider};
 
-use capstan_api::{Machine, MachineDeployment, MachineSet, Plugin};
+use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -137,6 +141,8 @@ pub struct Stores {
     pub deployments: Store<MachineDeployment>,
     /// Nodes.
     pub nodes: Store<Node>,
+    /// MachineHealthChecks.
+    pub health_checks: Store<MachineHealthCheck>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -152,6 +158,11 @@ impl std::fmt::Debug for Stores {
 pub struct Context {
     /// API client.
     pub client: Client,
+    /// The same API without kube-rs's retries of 429, for evictions: a
+    /// PodDisruptionBudget's refusal must come back at once.
+    pub eviction_client: Client,
+    /// The Eviction API version the server takes, once known.
+    pub(crate) eviction_version: std::sync::OnceLock<&'static str>,
     /// The sandbox plugins load into (`None` runs only built-in providers).
     pub runtime: Option<capstan_runtime::Runtime>,
     /// Providers by plugin name.
@@ -461,20 +472,33 @@ impl Listed {
 }
 
 /// Run all controllers until `shutdown` resolves. Returns when every
-/// controller has finished its in-flight reconciles.
+/// controller has finished its in-flight reconciles. `config` is how to
+/// reach the API server (two clients are made from it: one that retries
+/// throttled requests, one for evictions that does not).
 pub async fn run(
-    client: Client,
+    config: kube::Config,
     runtime: Option<capstan_runtime::Runtime>,
     providers: Providers,
     metrics: Metrics,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
+    let mut no_retries = config.clone();
+    no_retries.default_retry = false;
+    let eviction_client = Client::try_from(no_retries).map_err(|source| Error::Kube {
+        what: "cannot build a Kubernetes client".into(),
+        source,
+    })?;
+    let client = Client::try_from(config).map_err(|source| Error::Kube {
+        what: "cannot build a Kubernetes client".into(),
+        source,
+    })?;
     let mut plugins = Shared::new(Api::<Plugin>::all(client.clone()));
     let mut machines = Shared::new(Api::<Machine>::all(client.clone()));
     let mut sets = Shared::new(Api::<MachineSet>::all(client.clone()));
     let mut deployments = Shared::new(Api::<MachineDeployment>::all(client.clone()));
     let mut nodes = Shared::new(Api::<Node>::all(client.clone()));
+    let mut health_checks = Shared::new(Api::<MachineHealthCheck>::all(client.clone()));
 
     // Fail early and clearly when the CRDs are missing.
     for (kind, result) in [
@@ -498,6 +522,14 @@ pub async fn run(
                 .await
                 .err(),
         ),
+        (
+            "machinehealthchecks.capstan.dev",
+            health_checks
+                .api
+                .list_metadata(&Default::default())
+                .await
+                .err(),
+        ),
     ] {
         if let Some(error) = result {
             tracing::error!(%error, "cannot list {kind}");
@@ -511,6 +543,7 @@ pub async fn run(
         machine_sets: sets.store.clone(),
         deployments: deployments.store.clone(),
         nodes: nodes.store.clone(),
+        health_checks: health_checks.store.clone(),
     };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
@@ -521,6 +554,8 @@ pub async fn run(
             },
         ),
         client,
+        eviction_client,
+        eviction_version: std::sync::OnceLock::new(),
         runtime,
         providers,
         metrics: metrics.clone(),
@@ -551,9 +586,16 @@ pub async fn run(
         &ctx,
         shutdown.clone(),
     );
+    let health_check_controller = healthcheck::controller(
+        health_checks.subscribe(),
+        machines.subscribe(),
+        nodes.subscribe(),
+        &ctx,
+        shutdown.clone(),
+    );
 
     let listed = Arc::new(Listed {
-        remaining: std::sync::atomic::AtomicUsize::new(5),
+        remaining: std::sync::atomic::AtomicUsize::new(6),
         metrics: metrics.clone(),
     });
     let reflectors = futures::stream::select_all([
@@ -563,15 +605,17 @@ pub async fn run(
         deployments
             .start("machinedeployments", listed.clone())
             .boxed(),
-        nodes.start("nodes", listed).boxed(),
+        nodes.start("nodes", listed.clone()).boxed(),
+        health_checks.start("machinehealthchecks", listed).boxed(),
     ]);
     let reflectors = tokio::spawn(reflectors.for_each(|_| async {}));
 
-    futures::future::join4(
+    futures::future::join5(
         plugin_controller,
         machine_controller,
         set_controller,
         deployment_controller,
+        health_check_controller,
     )
     .await;
     reflectors.abort();

@@ -5,8 +5,9 @@
 //! per generation); `create` (idempotent by the machine's uid) until a
 //! provider ID is known, which is persisted at once; then `get` until the
 //! instance runs; link the Node whose `spec.providerID` matches and mirror
-//! its Ready condition. On deletion, `delete` until the provider says done,
-//! then drop the finalizer. Transient errors back off (honouring the
+//! its Ready condition. On deletion: wait for pre-drain hooks, drain the
+//! Node (`crate::nodedrain`), wait for pre-terminate hooks, `delete` until the
+//! provider says done, delete the Node object, then drop the finalizer. Transient errors back off (honouring the
 //! plugin's retry-after); terminal errors set `failureReason` /
 //! `failureMessage` and an Event, and the machine waits for a spec change.
 
@@ -16,11 +17,15 @@ use crate::{
     Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now,
     record_event, retry_soon,
 };
-use capstan_api::machine_conditions::{CONFIG_VALID, INSTANCE_PROVISIONED, READY};
+use capstan_api::machine_conditions::{
+    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, OWNED_BY_MACHINE_CONTROLLER, READY,
+};
 use capstan_api::{
-    MACHINE_FINALIZER, Machine, MachineAddress, MachinePhase, MachineStatus, NodeRef, Plugin,
+    ANNOTATION_EXCLUDE_NODE_DRAINING, MACHINE_FINALIZER, Machine, MachineAddress, MachinePhase,
+    MachineStatus, NodeRef, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin,
     set_condition, status as cond,
 };
+use capstan_planner::deletion::{DeletionStep, DeletionView, next_step};
 use capstan_runtime::types::{AddressKind, Deletion, InstanceState, Machine as PluginMachine};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -141,7 +146,7 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
                 &t,
             );
             status.phase.get_or_insert(MachinePhase::Pending);
-            apply_status(
+            apply_machine_status(
                 &ctx,
                 CONTROLLER,
                 machine.as_ref(),
@@ -360,7 +365,7 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     } else {
         MachinePhase::Provisioning
     });
-    apply_status(
+    apply_machine_status(
         &ctx,
         CONTROLLER,
         machine.as_ref(),
@@ -377,16 +382,210 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     })
 }
 
+/// Deletion, one step per reconcile pass (`capstan_planner::deletion`):
+/// pre-drain hooks, drain, pre-terminate hooks, the instance, the Node
+/// object, the finalizer. The `Deleting` condition says which step holds
+/// the machine and why.
 async fn delete(
     machine: &Machine,
     ctx: &Context,
     mut status: MachineStatus,
     current: Option<&MachineStatus>,
 ) -> Result<Action, Error> {
-    let plugin_name = &machine.spec.provider.plugin;
     status.phase = Some(MachinePhase::Deleting);
     let t = now();
     let generation = machine.metadata.generation;
+    let node = status
+        .node_ref
+        .as_ref()
+        .and_then(|n| ctx.stores.nodes.get(&ObjectRef::new(&n.name)));
+    let mut view = DeletionView {
+        pre_drain_hooks: hooks(machine, PRE_DRAIN_HOOK_PREFIX),
+        pre_terminate_hooks: hooks(machine, PRE_TERMINATE_HOOK_PREFIX),
+        node: node.as_ref().map(|n| n.name_any()),
+        exclude_draining: machine
+            .annotations()
+            .contains_key(ANNOTATION_EXCLUDE_NODE_DRAINING),
+        drained_for: status
+            .deletion
+            .as_ref()
+            .and_then(|d| d.node_drain_start_time.as_ref())
+            .map(|start| t.0.as_second() - start.0.as_second()),
+        drain_timeout: machine
+            .spec
+            .deletion
+            .as_ref()
+            .and_then(|d| d.node_drain_timeout_seconds)
+            .map_or(0, |s| i64::from(s.max(0))),
+        // A pass that went past the drain says so in the Deleting
+        // condition; later passes (the instance takes a while to go)
+        // resume from there instead of listing the Node's pods again.
+        drain_complete: current
+            .and_then(|c| capstan_api::condition(&c.conditions, DELETING))
+            .is_some_and(|c| {
+                c.reason == "WaitingForPreTerminateHook"
+                    || c.reason == "WaitingForInfrastructureDeletion"
+            }),
+    };
+    let mut step = next_step(&view);
+    if let (DeletionStep::DrainNode(_), Some(node)) = (&step, &node) {
+        status
+            .deletion
+            .get_or_insert_with(Default::default)
+            .node_drain_start_time
+            .get_or_insert_with(|| t.clone());
+        match crate::nodedrain::drain_round(ctx, node).await? {
+            crate::nodedrain::Round::Complete => {
+                view.drain_complete = true;
+                step = next_step(&view);
+                record_event(
+                    ctx,
+                    CONTROLLER,
+                    &machine.object_ref(&()),
+                    EventType::Normal,
+                    "NodeDrained",
+                    format!("drained Node {}", node.name_any()),
+                )
+                .await;
+            }
+            crate::nodedrain::Round::Pending { message, blocked } => {
+                set_deleting(&mut status, "DrainingNode", message, generation, &t);
+                apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
+                // A refused eviction (a PodDisruptionBudget) is retried with
+                // backoff; pods already evicted are checked again soon.
+                return Ok(Action::requeue(if blocked {
+                    Duration::from_secs(5)
+                } else {
+                    Duration::from_secs(1)
+                }));
+            }
+        }
+    }
+    let skipped = match &step {
+        DeletionStep::WaitForPreTerminateHooks { drain_skipped, .. }
+        | DeletionStep::DeleteInstance { drain_skipped } => drain_skipped.clone(),
+        _ => None,
+    };
+    if let Some(why) = &skipped {
+        record_event(
+            ctx,
+            CONTROLLER,
+            &machine.object_ref(&()),
+            EventType::Warning,
+            "DrainSkipped",
+            why.clone(),
+        )
+        .await;
+    }
+    let drain_skipped = match step {
+        DeletionStep::WaitForPreDrainHooks(names) => {
+            let message = hook_message("pre-drain", PRE_DRAIN_HOOK_PREFIX, &names);
+            set_deleting(
+                &mut status,
+                "WaitingForPreDrainHook",
+                message,
+                generation,
+                &t,
+            );
+            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
+            return Ok(Action::requeue(ctx.options.resync));
+        }
+        DeletionStep::WaitForPreTerminateHooks { hooks, .. } => {
+            let mut message = hook_message("pre-terminate", PRE_TERMINATE_HOOK_PREFIX, &hooks);
+            if let Some(why) = skipped {
+                message = format!("{message}; {why}");
+            }
+            set_deleting(
+                &mut status,
+                "WaitingForPreTerminateHook",
+                message,
+                generation,
+                &t,
+            );
+            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
+            return Ok(Action::requeue(ctx.options.resync));
+        }
+        DeletionStep::DrainNode(_) => {
+            // The Node vanished between the step and the drain: look again.
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        DeletionStep::DeleteInstance { drain_skipped } => drain_skipped,
+    };
+    delete_instance(
+        machine,
+        ctx,
+        status,
+        current,
+        node.as_deref(),
+        drain_skipped,
+    )
+    .await
+}
+
+/// The names of the hooks with this annotation prefix, sorted.
+fn hooks(machine: &Machine, prefix: &str) -> Vec<String> {
+    machine
+        .annotations()
+        .keys()
+        .filter_map(|k| k.strip_prefix(prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+fn hook_message(kind: &str, prefix: &str, names: &[String]) -> String {
+    format!(
+        "waiting for {kind} hooks: {} (remove the annotations {} to continue)",
+        names.join(", "),
+        names
+            .iter()
+            .map(|n| format!("{prefix}{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+fn set_deleting(
+    status: &mut MachineStatus,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) {
+    set_condition(
+        &mut status.conditions,
+        DELETING,
+        cond::TRUE,
+        reason,
+        message,
+        generation,
+        t,
+    );
+}
+
+/// The last steps: the instance through the provider, then the Node
+/// object, then the finalizer.
+async fn delete_instance(
+    machine: &Machine,
+    ctx: &Context,
+    mut status: MachineStatus,
+    current: Option<&MachineStatus>,
+    node: Option<&Node>,
+    drain_skipped: Option<String>,
+) -> Result<Action, Error> {
+    let plugin_name = &machine.spec.provider.plugin;
+    let t = now();
+    let generation = machine.metadata.generation;
+    let waiting = match &drain_skipped {
+        Some(why) => format!("deleting the instance ({why})"),
+        None => "deleting the instance".to_string(),
+    };
+    set_deleting(
+        &mut status,
+        "WaitingForInfrastructureDeletion",
+        waiting,
+        generation,
+        &t,
+    );
     let provider = match crate::plugin::availability(ctx, plugin_name) {
         Availability::Ready => ctx.providers.get(plugin_name),
         Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
@@ -400,7 +599,7 @@ async fn delete(
                 generation,
                 &t,
             );
-            apply_status(ctx, CONTROLLER, machine, current, &status).await?;
+            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
             return Ok(Action::requeue(Duration::from_secs(15)));
         }
     };
@@ -417,6 +616,9 @@ async fn delete(
     .await;
     match outcome {
         Ok(Deletion::Done) | Err(ProviderError::NotFound(_)) => {
+            if let Some(node) = node {
+                delete_node(ctx, node).await?;
+            }
             let remaining: Vec<String> = machine
                 .finalizers()
                 .iter()
@@ -436,7 +638,7 @@ async fn delete(
                 generation,
                 &t,
             );
-            apply_status(ctx, CONTROLLER, machine, current, &status).await?;
+            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
             Ok(Action::requeue(Duration::from_millis(ms.max(100))))
         }
         Err(ProviderError::Transient {
@@ -444,6 +646,7 @@ async fn delete(
             retry_after,
         }) => {
             tracing::debug!(machine = %key_of(machine), %message, "delete will be retried");
+            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
             Ok(Action::requeue(retry_after))
         }
         Err(error) => {
@@ -457,10 +660,53 @@ async fn delete(
                 generation,
                 &t,
             );
-            apply_status(ctx, CONTROLLER, machine, current, &status).await?;
+            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
             Ok(Action::requeue(Duration::from_secs(30)))
         }
     }
+}
+
+/// Delete the machine's Node object once its instance is gone (a cloud's
+/// node controller may have done it already).
+async fn delete_node(ctx: &Context, node: &Node) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let params = kube::api::DeleteParams {
+        preconditions: node.uid().map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&node.name_any(), &params).await {
+        Ok(_) => {
+            ctx.metrics.wrote(CONTROLLER, "delete_node");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(kube_err(format!("cannot delete Node {}", node.name_any()))(
+            e,
+        )),
+    }
+}
+
+/// Apply the machine's status, carrying only the condition types the
+/// Machine controller owns: the others (a health check's) belong to other
+/// field managers and must not be overwritten from a stale cache.
+async fn apply_machine_status(
+    ctx: &Context,
+    controller: &'static str,
+    machine: &Machine,
+    current: Option<&MachineStatus>,
+    status: &MachineStatus,
+) -> Result<bool, Error> {
+    let own = |s: &MachineStatus| {
+        let mut s = s.clone();
+        s.conditions
+            .retain(|c| OWNED_BY_MACHINE_CONTROLLER.contains(&c.type_.as_str()));
+        s
+    };
+    let current = current.map(own);
+    apply_status(ctx, controller, machine, current.as_ref(), &own(status)).await
 }
 
 /// Record a terminal failure: status, an Event, and no retry until the spec
@@ -487,7 +733,7 @@ async fn fail(
         generation,
         &t,
     );
-    if apply_status(ctx, CONTROLLER, machine, current, &status).await? {
+    if apply_machine_status(ctx, CONTROLLER, machine, current, &status).await? {
         let object = machine.object_ref(&());
         record_event(
             ctx,
@@ -527,7 +773,7 @@ async fn retry(
         &t,
     );
     status.phase.get_or_insert(MachinePhase::Pending);
-    apply_status(ctx, CONTROLLER, machine, current, &status).await?;
+    apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
     Ok(Action::requeue(delay))
 }
 
@@ -573,7 +819,7 @@ async fn set_finalizers(
     Ok(())
 }
 
-fn find_node(nodes: &Store<Node>, provider_id: &str) -> Option<Arc<Node>> {
+pub(crate) fn find_node(nodes: &Store<Node>, provider_id: &str) -> Option<Arc<Node>> {
     nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
 }
 

@@ -8,7 +8,7 @@
 
 use crate::{
     Context, Error, Seen, apply_status, counted, drain, instrumented, key_of, kube_err, now,
-    retry_soon,
+    record_event, retry_soon,
 };
 use capstan_api::set_conditions::{AVAILABLE, VALID_SPEC};
 use capstan_api::{
@@ -22,6 +22,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Resource, ResourceExt};
 use std::sync::Arc;
@@ -107,6 +108,26 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
     }
 }
 
+/// The kind of the object that controls `obj`, if any.
+pub(crate) fn owner_reference_kind(obj: &impl Resource) -> Option<&str> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.kind.as_str())
+}
+
+/// Whether a MachineHealthCheck handed this machine to its owner for
+/// remediation (`OwnerRemediated=False`).
+fn remediation_requested(machine: &Machine) -> bool {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| capstan_api::condition(&s.conditions, machine_conditions::OWNER_REMEDIATED))
+        .is_some_and(|c| c.status == cond::FALSE)
+}
+
 /// Whether a machine is controlled by the object with this uid.
 pub fn controlled_by(machine: &impl Resource, uid: &str) -> bool {
     machine
@@ -187,6 +208,33 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         }
     }
 
+    // Deletion settings change in place (they are not part of the template
+    // hash): carry them to the machines.
+    let deletion = crate::deployment::in_place_deletion(&set.spec.template.spec);
+    for m in mine.iter().filter(|m| {
+        m.metadata.deletion_timestamp.is_none()
+            && crate::deployment::in_place_deletion(&m.spec) != deletion
+    }) {
+        let patch = serde_json::json!({ "spec": { "deletion": deletion } });
+        match machines_api
+            .patch(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => ctx.metrics.wrote(CONTROLLER, "patch"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                return Err(kube_err(format!(
+                    "cannot update the deletion settings of machine {}",
+                    key_of(m.as_ref())
+                ))(e));
+            }
+        }
+    }
+
     let seen = |name: &str| match mine.iter().find(|m| m.name_any() == name) {
         None => Seen::Absent,
         Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
@@ -194,6 +242,53 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     };
     if !ctx.expectations.satisfied(&uid, seen) {
         return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+
+    // Remediation: a machine a health check handed over is deleted now (its
+    // Node drained first by the Machine controller) and, being gone from
+    // the set's count, replaced below.
+    let mut deleted = vec![];
+    for m in mine
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none() && remediation_requested(m))
+    {
+        let name = m.name_any();
+        match machines_api
+            .delete(&name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {
+                ctx.metrics.wrote(CONTROLLER, "delete");
+                deleted.push(name.clone());
+                let why = m
+                    .status
+                    .as_ref()
+                    .and_then(|s| {
+                        capstan_api::condition(
+                            &s.conditions,
+                            machine_conditions::HEALTH_CHECK_SUCCEEDED,
+                        )
+                    })
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                tracing::info!(set = %key_of(set.as_ref()), machine = %name, %why, "remediating");
+                record_event(
+                    &ctx,
+                    CONTROLLER,
+                    &set.object_ref(&()),
+                    EventType::Normal,
+                    "MachineRemediated",
+                    format!("deleting unhealthy machine {name} ({why}); a replacement is created"),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                return Err(kube_err(format!(
+                    "cannot delete unhealthy machine {namespace}/{name}"
+                ))(e));
+            }
+        }
     }
 
     let now_s = t.0.as_second();
@@ -209,7 +304,8 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
                 name: m.name_any(),
                 created: m.creation_timestamp().map_or(0, |c| c.0.as_second()),
                 health,
-                deleting: m.metadata.deletion_timestamp.is_some(),
+                deleting: m.metadata.deletion_timestamp.is_some()
+                    || deleted.contains(&m.name_any()),
             }
         })
         .collect();
@@ -234,7 +330,6 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     }
 
     let created = create_machines(&machines_api, &ctx, set.as_ref(), scale.create).await;
-    let mut deleted = vec![];
     for name in &scale.delete {
         match machines_api.delete(name, &DeleteParams::background()).await {
             Ok(_) => {

@@ -5,11 +5,15 @@
 //! Start with [`rollout::plan`], which turns a deployment's MachineSets into
 //! replica targets under `maxSurge` / `maxUnavailable`, and
 //! [`machineset::plan_scale`], which says how many machines a set creates and
-//! which ones it deletes. The controllers (`capstan-controllers`) observe the
+//! which ones it deletes; [`healthcheck`] judges machines and holds the
+//! remediation short-circuit; [`deletion`] says which step a deleting
+//! machine is at and which pods its drain evicts. The controllers (`capstan-controllers`) observe the
 //! cluster, call these, and write the result.
 
 #![forbid(unsafe_code)]
 
+pub mod deletion;
+pub mod healthcheck;
 pub mod machineset;
 pub mod rollout;
 

@@ -391,13 +391,18 @@ impl ControlPlane {
     }
 
     async fn client_with(&self, retries: bool) -> Result<kube::Client, String> {
-        let kc =
-            kube::config::Kubeconfig::read_from(self.kubeconfig()).map_err(|e| e.to_string())?;
-        let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut config = self.config().await?;
         config.default_retry = retries;
         kube::Client::try_from(config).map_err(|e| e.to_string())
+    }
+
+    /// How to reach this control plane as the admin (what the controllers get).
+    pub async fn config(&self) -> Result<kube::Config, String> {
+        let kc =
+            kube::config::Kubeconfig::read_from(self.kubeconfig()).map_err(|e| e.to_string())?;
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Run the cached `kubectl` against this control plane; returns stdout,

@@ -154,6 +154,23 @@ impl Env {
         Ok(env)
     }
 
+    /// An environment with the controllers running and a MachineDeployment
+    /// `pool` (labels `capstan.dev/pool: pool`) of `replicas` sim machines
+    /// in `default`, rolled out: Nodes Ready, ready for workloads.
+    pub async fn start_with_pool(faults: Faults, replicas: i32) -> Result<Env, String> {
+        let mut env = Env::start(faults).await?;
+        env.start_controllers(Providers::default(), Options::default())
+            .await;
+        let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
+        Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
+            .create(&Default::default(), &md)
+            .await
+            .map_err(|e| format!("cannot create md/pool: {e}"))?;
+        env.wait_rolled_out("default", "pool", Duration::from_secs(90))
+            .await;
+        Ok(env)
+    }
+
     /// Create the Secret holding the cloud token and a `Plugin` for the
     /// component at `path`, granted the loopback cloud.
     pub async fn create_plugin(&self, name: &str, path: &std::path::Path) -> Result<(), String> {
@@ -191,14 +208,14 @@ impl Env {
         .expect("the plugin runtime starts");
         self.metrics = Metrics::new();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let client = self.control_plane.client().await.expect("a client");
+        let config = self.control_plane.config().await.expect("a kubeconfig");
         let metrics = self.metrics.clone();
         let task = tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stopped.await;
             };
             if let Err(e) = capstan_controllers::run(
-                client,
+                config,
                 Some(runtime),
                 providers,
                 metrics,
@@ -309,6 +326,45 @@ impl Env {
         .map_err(|e| e.to_string())?
     }
 
+    /// The simulated cloud's timeline (`GET /admin/timeline`): what
+    /// happened to instances and pods, in order.
+    pub async fn timeline(&self) -> Vec<crate::sim_cloud::Moment> {
+        let (_, body) = self
+            .cloud_call("GET", "/admin/timeline", None)
+            .await
+            .expect("the cloud answers");
+        serde_json::from_value(body["moments"].clone()).expect("a timeline")
+    }
+
+    /// Whether the cloud still has this instance (`sim://ID` or `ID`), in
+    /// any state but gone.
+    pub async fn instance_exists(&self, provider_id: &str) -> bool {
+        let id = provider_id.trim_start_matches("sim://");
+        let (code, _) = self
+            .cloud_call("GET", &format!("/v1/instances/{id}"), None)
+            .await
+            .expect("the cloud answers");
+        code == 200
+    }
+
+    /// The reasons of every Event in a namespace, space-separated (what
+    /// `kubectl get events` shows in its REASON column).
+    pub fn event_reasons(&self, namespace: &str) -> String {
+        self.control_plane
+            .kubectl(
+                &[
+                    "get",
+                    "events",
+                    "-n",
+                    namespace,
+                    "-o",
+                    "jsonpath={.items[*].reason}",
+                ],
+                None,
+            )
+            .expect("kubectl get events")
+    }
+
     /// The Machines in a namespace.
     pub async fn machines(&self, namespace: &str) -> Vec<Machine> {
         Api::<Machine>::namespaced(self.client.clone(), namespace)
@@ -379,7 +435,7 @@ impl Env {
             "{}\n{}\n--- machine status ---\n{}\n--- cloud ---\n{:?}\n--- metrics ---\n{}",
             kubectl(&[
                 "get",
-                "plugins,md,ms,ma,nodes,deploy,ds,pods",
+                "plugins,md,ms,ma,mhc,nodes,deploy,ds,pods",
                 "-n",
                 namespace,
                 "-o",
@@ -388,7 +444,7 @@ impl Env {
             kubectl(&["get", "plugins", "-o", "jsonpath={.items[*].status}"]),
             kubectl(&[
                 "get",
-                "ma,md",
+                "ma,md,mhc",
                 "-n",
                 namespace,
                 "-o",

@@ -48,6 +48,30 @@ pub fn deployment(namespace: &str, name: &str, replicas: i32, grace_seconds: i64
     .expect("a valid Deployment")
 }
 
+/// The same Deployment with at most one of its pods per Node (required
+/// pod anti-affinity on the hostname), so a test knows which Node holds
+/// which pod.
+pub fn one_per_node(mut deployment: Deployment) -> Deployment {
+    let name = deployment.metadata.name.clone().unwrap_or_default();
+    let affinity: k8s_openapi::api::core::v1::Affinity = serde_json::from_value(json!({
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": { "matchLabels": { "app": name } },
+                "topologyKey": "kubernetes.io/hostname",
+            }],
+        },
+    }))
+    .expect("a valid affinity");
+    if let Some(spec) = deployment
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+    {
+        spec.affinity = Some(affinity);
+    }
+    deployment
+}
+
 /// A DaemonSet labelled `app: NAME` (one pod per schedulable Node).
 pub fn daemonset(namespace: &str, name: &str, grace_seconds: i64) -> DaemonSet {
     let labels = BTreeMap::from([("app".to_string(), name.to_string())]);

@@ -32,10 +32,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 pub mod kubelet;
+pub mod timeline;
 pub use kubelet::{
     ConditionOverride, KubeTarget, Kubelet, KubeletConfig, KubeletStats, NodeSpec, agent_trusting,
     node_name,
 };
+pub use timeline::{Moment, Timeline};
 
 /// Faults and latencies; all can be changed while running.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -53,6 +55,9 @@ pub struct Faults {
     pub throttle_rps: Option<u32>,
     /// Most live instances at once; `None` for unlimited.
     pub capacity: Option<usize>,
+    /// Whether a booted instance's kubelet registers its Node (default
+    /// true); false simulates machines that never join the cluster.
+    pub register_nodes: bool,
 }
 
 impl Default for Faults {
@@ -64,6 +69,7 @@ impl Default for Faults {
             error_rate: 0.0,
             throttle_rps: None,
             capacity: None,
+            register_nodes: true,
         }
     }
 }
@@ -213,6 +219,7 @@ struct Inner {
     rng: u64,
     bucket: (f64, Instant),
     kubelet: Option<Kubelet>,
+    timeline: Timeline,
 }
 
 impl Inner {
@@ -378,9 +385,10 @@ pub struct SimCloud {
 impl SimCloud {
     /// Bind and serve in the background on the current tokio runtime.
     pub async fn start(config: SimCloudConfig) -> std::io::Result<SimCloud> {
+        let timeline = Timeline::default();
         let kubelet = match config.kube.clone() {
             Some(target) => Some(
-                Kubelet::start(target, config.kubelet.clone())
+                Kubelet::start(target, config.kubelet.clone(), timeline.clone())
                     .await
                     .map_err(std::io::Error::other)?,
             ),
@@ -403,6 +411,7 @@ impl SimCloud {
             rng: config.seed | 1,
             bucket: (rps, Instant::now()),
             kubelet,
+            timeline,
         }));
         let app = router(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -536,6 +545,7 @@ fn router(state: Shared) -> Router {
         .route("/admin/faults", put(set_faults))
         .route("/admin/instances/{id}/ready", put(set_node_ready))
         .route("/admin/nodes", get(list_nodes))
+        .route("/admin/timeline", get(timeline))
         .route("/admin/nodes/{node}/heartbeats", put(set_heartbeats))
         .route("/admin/nodes/{node}/conditions", put(set_condition))
         .route(
@@ -600,7 +610,11 @@ async fn create(
     let view = inner.view(&record, now);
     inner.records.insert(id, record);
     inner.stats.instances_launched += 1;
-    if let Some(kubelet) = inner.kubelet.clone() {
+    if let Some(kubelet) = inner
+        .kubelet
+        .clone()
+        .filter(|_| inner.faults.register_nodes)
+    {
         let boot = Duration::from_millis(inner.faults.boot_latency_ms);
         let node = NodeSpec {
             name: node_name(&view.id),
@@ -675,6 +689,11 @@ async fn delete(
     };
     let first_delete = r.deleting_since.is_none();
     r.deleting_since.get_or_insert(now);
+    if first_delete {
+        inner
+            .timeline
+            .record("instance-delete-requested", &id, Some(&node_name(&id)));
+    }
     inner.changing.insert(id.clone());
     if first_delete && let Some(kubelet) = inner.kubelet.clone() {
         let after = Duration::from_millis(inner.faults.delete_latency_ms);
@@ -730,6 +749,10 @@ fn current_stats(state: &Shared) -> Stats {
 
 async fn stats(State(state): State<Shared>) -> Response {
     Json(current_stats(&state)).into_response()
+}
+
+async fn timeline(State(state): State<Shared>) -> Response {
+    Json(serde_json::json!({ "moments": lock(&state).timeline.moments() })).into_response()
 }
 
 async fn set_faults(State(state): State<Shared>, Json(faults): Json<Faults>) -> StatusCode {

@@ -88,6 +88,7 @@ async fn main() -> anyhow::Result<()> {
             error_rate: args.error_rate,
             throttle_rps: args.throttle_rps,
             capacity: args.capacity,
+            register_nodes: true,
         },
         seed: 1,
         kube,

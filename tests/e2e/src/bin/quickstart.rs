@@ -4,10 +4,11 @@
 //! kube-scheduler), installs the CRDs, starts the simulated cloud (whose
 //! kubelet registers Nodes, heartbeats and runs pods), runs `capstan
 //! controller` as a separate process, creates the
-//! sandboxed sim-provider `Plugin`, applies a MachineDeployment with
-//! `kubectl`, follows it until every machine is Ready, prints
-//! `kubectl get md,ms,ma`, and says what to try next. Ctrl-C deletes the
-//! deployment (releasing every instance) and stops everything.
+//! sandboxed sim-provider `Plugin`, applies a MachineDeployment and a
+//! MachineHealthCheck with `kubectl`, follows the deployment until every
+//! machine is Ready, prints `kubectl get md,ms,ma,nodes`, and says what to
+//! try next. Ctrl-C deletes the deployment (releasing every instance) and
+//! stops everything.
 //! `scripts/quickstart.sh` builds what it needs and runs it.
 //!
 //! With `--oci` the plugin travels the supply chain first: a loopback OCI
@@ -24,6 +25,10 @@ use capstan_e2e::sim_cloud::Faults;
 use kube::api::Api;
 use std::io::Write;
 use std::time::{Duration, Instant};
+
+/// How long a quickstart Node may be `Ready=Unknown`/`False` before its
+/// machine is replaced.
+const QUICKSTART_UNHEALTHY_SECONDS: u32 = 5;
 
 const USAGE: &str =
     "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready]
@@ -204,7 +209,7 @@ async fn main() -> anyhow::Result<()> {
         env.control_plane.url,
         kubeconfig.display()
     );
-    step("installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment)");
+    step("installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck)");
     println!(
         "    simulated cloud at {}; its kubelet registers a Node per instance, renews the Node's Lease and runs the pods bound to it",
         env.cloud.url()
@@ -269,6 +274,28 @@ async fn main() -> anyhow::Result<()> {
         "{}",
         env.control_plane
             .kubectl(&["apply", "-f", "-"], Some(&yaml))
+            .map_err(anyhow::Error::msg)?
+    );
+
+    // A health check, so a Node that goes silent is drained and replaced
+    // (the "Try next" list says how to make one go silent).
+    let check = format!(
+        "apiVersion: capstan.dev/v1alpha1
+kind: MachineHealthCheck
+metadata: {{name: quickstart, namespace: default}}
+spec:
+  selector: {{matchLabels: {{capstan.dev/pool: quickstart}}}}
+  checks:
+    unhealthyNodeConditions:
+    - {{type: Ready, status: Unknown, timeoutSeconds: {QUICKSTART_UNHEALTHY_SECONDS}}}
+    - {{type: Ready, status: \"False\", timeoutSeconds: {QUICKSTART_UNHEALTHY_SECONDS}}}
+  remediation: {{maxInFlight: 1}}
+"
+    );
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&check))
             .map_err(anyhow::Error::msg)?
     );
 
@@ -347,6 +374,10 @@ async fn main() -> anyhow::Result<()> {
   {k} get md,ms,ma -w
   {k} create deployment web --image=registry.k8s.io/pause:3.2 --replicas=3
   {k} get pods -o wide        # scheduled onto the machines' Nodes and Running
+  curl -X PUT {cloud}/admin/nodes/NODE/heartbeats -d '{{\"enabled\":false}}'
+                              # NODE's kubelet stops: Unknown after 10 s, the health check
+                              # marks it {QUICKSTART_UNHEALTHY_SECONDS} s later, it is drained and replaced
+  {k} get mhc,ma,nodes -w
   {capstan} rollout history md/quickstart --kubeconfig {kc}
   {capstan} rollout undo md/quickstart --kubeconfig {kc}
   {k} delete md/quickstart
@@ -357,6 +388,7 @@ controller, the cloud and the control plane stop and their data is removed.",
             capstan = capstan.display(),
             kc = kubeconfig.display(),
             metrics = controller.metrics_url,
+            cloud = env.cloud.url(),
         );
         tokio::signal::ctrl_c().await?;
         println!();

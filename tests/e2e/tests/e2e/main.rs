@@ -5,6 +5,8 @@
 //! supply_chain::` still runs one area.
 
 mod controllers;
+mod drain;
+mod healthchecks;
 mod interop;
 mod nodes;
 mod oci_plugins;

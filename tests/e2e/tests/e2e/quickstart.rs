@@ -24,6 +24,7 @@ fn quickstart_reaches_ready_and_cleans_up() {
     );
     for expected in [
         "==> kubectl apply -f",
+        "machinehealthcheck.capstan.dev/quickstart created",
         "3 Ready",
         "machinedeployment.capstan.dev/quickstart   3          3       3         3           v1.30.0   Running",
         "sim://i-",

@@ -219,6 +219,8 @@ impl NodeState {
 struct Inner {
     client: Client,
     config: KubeletConfig,
+    /// Where pod removals are recorded for tests that assert an order.
+    timeline: crate::Timeline,
     nodes: Mutex<BTreeMap<String, NodeState>>,
     /// Pods (namespace, name) told to fail readiness.
     unready_pods: Mutex<BTreeSet<(String, String)>>,
@@ -273,13 +275,18 @@ fn is_code(e: &kube::Error, codes: &[u16]) -> bool {
 impl Kubelet {
     /// Connect to `target` and start watching simulated Nodes and bound pods,
     /// and heartbeating (on the current tokio runtime).
-    pub async fn start(target: KubeTarget, config: KubeletConfig) -> Result<Kubelet, String> {
+    pub async fn start(
+        target: KubeTarget,
+        config: KubeletConfig,
+        timeline: crate::Timeline,
+    ) -> Result<Kubelet, String> {
         let client = client_for(&target)?;
         let (node_cache, node_writer) = reflector::store();
         let (pod_cache, pod_writer) = reflector::store();
         let inner = Arc::new(Inner {
             client: client.clone(),
             config,
+            timeline,
             nodes: Mutex::new(BTreeMap::new()),
             unready_pods: Mutex::new(BTreeSet::new()),
             busy: Mutex::new(HashSet::new()),
@@ -624,6 +631,11 @@ impl Inner {
             }
             PodStep::Remove { after } => {
                 tokio::time::sleep(after).await;
+                self.timeline.record(
+                    "pod-removed",
+                    &format!("{namespace}/{name}"),
+                    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+                );
                 let params = DeleteParams {
                     grace_period_seconds: Some(0),
                     preconditions: Some(Preconditions {

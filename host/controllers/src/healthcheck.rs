@@ -1,0 +1,550 @@
+//! The MachineHealthCheck controller: judges the machines a check selects
+//! (`capstan_planner::healthcheck`), writes each machine's
+//! `HealthCheckSucceeded` condition, and hands unhealthy machines to their
+//! owning MachineSet by setting `OwnerRemediated=False` — within the
+//! short-circuit (`remediation.triggerIf`) and `remediation.maxInFlight`.
+//! The MachineSet then deletes and replaces them (see `machineset`).
+//!
+//! The machine conditions are written with their own field manager
+//! ([`FIELD_MANAGER`]) so the Machine controller's status writes, which
+//! carry only its own condition types, never erase them.
+
+use crate::machineset::owner_reference_kind;
+use crate::{
+    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now,
+    record_event, retry_soon,
+};
+use capstan_api::health_check_conditions::{REMEDIATION_ALLOWED, VALID_SPEC};
+use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED};
+use capstan_api::{
+    Condition, DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS, IntOrString, Machine, MachineHealthCheck,
+    selector_matches, set_condition, status as cond,
+};
+use capstan_planner::Bound;
+use capstan_planner::healthcheck::{
+    self as plan, Checks, ObservedCondition, Rule, Target, Trigger, Unhealthy, Verdict,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+const CONTROLLER: &str = "machinehealthcheck";
+/// Field manager of the conditions this controller writes on Machines.
+pub const FIELD_MANAGER: &str = "capstan-healthcheck";
+
+pub(crate) async fn controller(
+    checks: ReflectHandle<MachineHealthCheck>,
+    machines: ReflectHandle<Machine>,
+    nodes: ReflectHandle<Node>,
+    ctx: &Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let trigger = counted(CONTROLLER, &ctx.metrics, checks, |c| Some(key_of(c)));
+    let by_machine = ctx.stores.health_checks.clone();
+    let by_node = ctx.stores.health_checks.clone();
+    let machine_store = ctx.stores.machines.clone();
+    let stream = Controller::for_shared_stream(trigger, ctx.stores.health_checks.clone())
+        .watches_shared_stream(machines, move |machine: Arc<Machine>| {
+            checks_selecting(&by_machine, &machine)
+        })
+        .watches_shared_stream(nodes, move |node: Arc<Node>| {
+            let Some(id) = node.spec.as_ref().and_then(|s| s.provider_id.clone()) else {
+                return vec![];
+            };
+            machine_store
+                .state()
+                .iter()
+                .filter(|m| {
+                    m.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id.as_str())
+                })
+                .flat_map(|m| checks_selecting(&by_node, m))
+                .collect()
+        })
+        .with_config(Config::default().concurrency(2))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
+            retry_soon,
+            ctx.clone(),
+        );
+    drain(CONTROLLER, stream).await;
+}
+
+fn checks_selecting(
+    checks: &Store<MachineHealthCheck>,
+    machine: &Machine,
+) -> Vec<ObjectRef<MachineHealthCheck>> {
+    checks
+        .state()
+        .iter()
+        .filter(|c| selects(c, machine))
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
+fn selects(check: &MachineHealthCheck, machine: &Machine) -> bool {
+    check.namespace() == machine.namespace()
+        && selector_matches(&check.spec.selector, machine.labels())
+        && check
+            .spec
+            .cluster_name
+            .as_ref()
+            .is_none_or(|c| machine.spec.cluster_name.as_ref() == Some(c))
+}
+
+/// The spec resolved for the planner, or which field is wrong.
+fn resolve(check: &MachineHealthCheck) -> Result<(Checks, Trigger, Option<Bound>), String> {
+    let spec = &check.spec;
+    let rules = |rules: &[capstan_api::UnhealthyCondition], field: &str| {
+        rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if !matches!(r.status.as_str(), "True" | "False" | "Unknown") {
+                    return Err(format!(
+                        "spec.checks.{field}[{i}].status: {:?} is not True, False or Unknown",
+                        r.status
+                    ));
+                }
+                Ok(Rule {
+                    type_: r.type_.clone(),
+                    status: r.status.clone(),
+                    timeout: i64::from(r.timeout_seconds.max(0)),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()
+    };
+    let checks = Checks {
+        node_startup_timeout: i64::from(
+            spec.checks
+                .node_startup_timeout_seconds
+                .unwrap_or(DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS)
+                .max(0),
+        ),
+        node_rules: rules(
+            &spec.checks.unhealthy_node_conditions,
+            "unhealthyNodeConditions",
+        )?,
+        machine_rules: rules(
+            &spec.checks.unhealthy_machine_conditions,
+            "unhealthyMachineConditions",
+        )?,
+    };
+    let bound = |value: &IntOrString, field: &str| match value {
+        IntOrString::Int(n) if *n >= 0 => Ok(Bound::Count(*n)),
+        IntOrString::Int(n) => Err(format!("{field}: {n} is negative")),
+        IntOrString::String(s) => Bound::parse(s).map_err(|e| format!("{field}: {e}")),
+    };
+    let trigger_if = spec.remediation.trigger_if.as_ref();
+    let trigger = Trigger {
+        max_unhealthy: trigger_if
+            .and_then(|t| t.unhealthy_less_than_or_equal_to.as_ref())
+            .map(|v| bound(v, "spec.remediation.triggerIf.unhealthyLessThanOrEqualTo"))
+            .transpose()?,
+        range: trigger_if
+            .and_then(|t| t.unhealthy_in_range.as_deref())
+            .map(|r| {
+                plan::parse_range(r)
+                    .map_err(|e| format!("spec.remediation.triggerIf.unhealthyInRange: {e}"))
+            })
+            .transpose()?,
+    };
+    let max_in_flight = spec
+        .remediation
+        .max_in_flight
+        .as_ref()
+        .map(|v| bound(v, "spec.remediation.maxInFlight"))
+        .transpose()?;
+    Ok((checks, trigger, max_in_flight))
+}
+
+fn observed(conditions: &[Condition]) -> Vec<ObservedCondition> {
+    conditions
+        .iter()
+        .map(|c| ObservedCondition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            since: c.last_transition_time.0.as_second(),
+        })
+        .collect()
+}
+
+fn node_conditions(node: &Node) -> Vec<ObservedCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| ObservedCondition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            since: c
+                .last_transition_time
+                .as_ref()
+                .map_or(0, |t| t.0.as_second()),
+        })
+        .collect()
+}
+
+/// Whether the MachineSet controller can remediate this machine.
+fn has_owner(machine: &Machine) -> bool {
+    owner_reference_kind(machine) == Some("MachineSet")
+}
+
+async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if check.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let generation = check.metadata.generation;
+    let current = check.status.clone();
+    let mut status = current.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    let t = now();
+    let (checks, trigger, max_in_flight) = match resolve(&check) {
+        Ok(resolved) => resolved,
+        Err(message) => {
+            set_condition(
+                &mut status.conditions,
+                VALID_SPEC,
+                cond::FALSE,
+                "InvalidSpec",
+                message,
+                generation,
+                &t,
+            );
+            apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    set_condition(
+        &mut status.conditions,
+        VALID_SPEC,
+        cond::TRUE,
+        "Valid",
+        "",
+        generation,
+        &t,
+    );
+
+    let now_s = t.0.as_second();
+    let mut machines: Vec<Arc<Machine>> = ctx
+        .stores
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| selects(&check, m))
+        .collect();
+    machines.sort_by_key(|m| m.name_any());
+    let requested = |m: &Machine| {
+        m.status
+            .as_ref()
+            .and_then(|s| capstan_api::condition(&s.conditions, OWNER_REMEDIATED))
+            .is_some_and(|c| c.status == cond::FALSE)
+    };
+    let in_flight = machines
+        .iter()
+        .filter(|m| has_owner(m) && requested(m))
+        .count();
+    let live: Vec<&Arc<Machine>> = machines
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .collect();
+    let mut verdicts = Vec::with_capacity(live.len());
+    let mut recheck: Option<i64> = None;
+    for m in &live {
+        let machine_status = m.status.clone().unwrap_or_default();
+        let node = machine_status
+            .provider_id
+            .as_deref()
+            .and_then(|id| crate::machine::find_node(&ctx.stores.nodes, id));
+        let target = Target {
+            name: m.name_any(),
+            created: m.creation_timestamp().map_or(now_s, |c| c.0.as_second()),
+            node_ref: machine_status.node_ref.as_ref().map(|n| n.name.clone()),
+            node: node.as_deref().map(node_conditions),
+            machine_conditions: observed(&machine_status.conditions),
+        };
+        let verdict = plan::judge(&target, &checks, now_s);
+        if let Verdict::Healthy {
+            recheck_in: Some(wait),
+        } = verdict
+        {
+            recheck = Some(recheck.map_or(wait, |r| r.min(wait)));
+        }
+        verdicts.push(verdict);
+    }
+    let expected = i32::try_from(live.len()).unwrap_or(i32::MAX);
+    let unhealthy_count = verdicts.iter().filter(|v| v.is_unhealthy()).count();
+    let unhealthy_i32 = i32::try_from(unhealthy_count).unwrap_or(i32::MAX);
+    let allowed = plan::remediations_allowed(expected, unhealthy_i32, &trigger);
+    let unhealthy: Vec<Unhealthy> = live
+        .iter()
+        .zip(&verdicts)
+        .filter(|(m, v)| v.is_unhealthy() && has_owner(m))
+        .map(|(m, _)| Unhealthy {
+            name: m.name_any(),
+            since: unhealthy_since(m, now_s),
+            requested: requested(m),
+        })
+        .collect();
+    let max_in_flight =
+        max_in_flight.map(|b| usize::try_from(b.resolve(expected, true)).unwrap_or(0));
+    let chosen = plan::to_remediate(&unhealthy, in_flight, max_in_flight, allowed.is_ok());
+
+    for (m, verdict) in live.iter().zip(&verdicts) {
+        let remediate = chosen.contains(&m.name_any());
+        mark(&ctx, m, verdict, remediate, &t).await?;
+    }
+
+    status.expected_machines = expected;
+    status.current_healthy = expected - unhealthy_i32;
+    status.remediations_allowed = *allowed.as_ref().unwrap_or(&0);
+    status.targets = live.iter().map(|m| m.name_any()).collect();
+    let blocked = match &allowed {
+        Ok(_) => {
+            set_condition(
+                &mut status.conditions,
+                REMEDIATION_ALLOWED,
+                cond::TRUE,
+                "RemediationAllowed",
+                "",
+                generation,
+                &t,
+            );
+            None
+        }
+        Err(message) => {
+            set_condition(
+                &mut status.conditions,
+                REMEDIATION_ALLOWED,
+                cond::FALSE,
+                "TooManyUnhealthy",
+                message.clone(),
+                generation,
+                &t,
+            );
+            Some(message.clone())
+        }
+    };
+    let changed = apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
+    if changed
+        && let Some(message) = blocked
+        && current
+            .as_ref()
+            .and_then(|s| capstan_api::condition(&s.conditions, REMEDIATION_ALLOWED))
+            .is_none_or(|c| c.status != cond::FALSE)
+    {
+        record_event(
+            &ctx,
+            CONTROLLER,
+            &check.object_ref(&()),
+            EventType::Warning,
+            "RemediationRestricted",
+            message,
+        )
+        .await;
+    }
+    // Unhealthy machines left waiting are looked at again soon: the
+    // removal of a machine in remediation frees a maxInFlight slot, and a
+    // removal is not an event the shared caches pass on.
+    let waiting = unhealthy
+        .iter()
+        .any(|u| !u.requested && !chosen.contains(&u.name));
+    let mut next = recheck.map_or(ctx.options.resync, |wait| {
+        Duration::from_secs(wait.max(0) as u64 + 1)
+    });
+    if waiting {
+        next = next.min(if allowed.is_ok() {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(10)
+        });
+    }
+    Ok(Action::requeue(next))
+}
+
+/// Since when a machine has been unhealthy: its `HealthCheckSucceeded=False`
+/// transition if recorded, else now.
+fn unhealthy_since(machine: &Machine, now_s: i64) -> i64 {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| capstan_api::condition(&s.conditions, HEALTH_CHECK_SUCCEEDED))
+        .filter(|c| c.status == cond::FALSE)
+        .map_or(now_s, |c| c.last_transition_time.0.as_second())
+}
+
+/// Write the machine's health conditions (only when they change), and an
+/// Event when it is handed to its owner or found without one.
+async fn mark(
+    ctx: &Context,
+    machine: &Machine,
+    verdict: &Verdict,
+    remediate: bool,
+    t: &capstan_api::Time,
+) -> Result<(), Error> {
+    let existing = machine
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let mut mine: Vec<Condition> = existing
+        .iter()
+        .filter(|c| c.type_ == HEALTH_CHECK_SUCCEEDED || c.type_ == OWNER_REMEDIATED)
+        .cloned()
+        .collect();
+    let before = mine.clone();
+    let generation = machine.metadata.generation;
+    match verdict {
+        Verdict::Healthy { .. } => set_condition(
+            &mut mine,
+            HEALTH_CHECK_SUCCEEDED,
+            cond::TRUE,
+            "HealthCheckSucceeded",
+            "",
+            generation,
+            t,
+        ),
+        Verdict::Unhealthy { reason, message } => set_condition(
+            &mut mine,
+            HEALTH_CHECK_SUCCEEDED,
+            cond::FALSE,
+            reason,
+            message.clone(),
+            generation,
+            t,
+        ),
+    }
+    if remediate {
+        set_condition(
+            &mut mine,
+            OWNER_REMEDIATED,
+            cond::FALSE,
+            "WaitingForRemediation",
+            "the owning MachineSet will delete and replace this machine",
+            generation,
+            t,
+        );
+    }
+    if mine == before {
+        return Ok(());
+    }
+    let api: Api<Machine> =
+        Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "Machine",
+        "status": { "conditions": mine },
+    });
+    match api
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+    {
+        Ok(_) => ctx.metrics.wrote(CONTROLLER, "apply_machine_conditions"),
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => {
+            return Err(kube_err(format!(
+                "cannot mark the health of machine {}",
+                key_of(machine)
+            ))(e));
+        }
+    }
+    let newly_unhealthy = verdict.is_unhealthy()
+        && capstan_api::condition(&before, HEALTH_CHECK_SUCCEEDED)
+            .is_none_or(|c| c.status != cond::FALSE);
+    if let Verdict::Unhealthy { message, .. } = verdict {
+        let object = machine.object_ref(&());
+        if remediate {
+            record_event(
+                ctx,
+                CONTROLLER,
+                &object,
+                EventType::Warning,
+                "MachineMarkedUnhealthy",
+                format!("{message}; handed to its MachineSet for remediation"),
+            )
+            .await;
+        } else if newly_unhealthy {
+            let why = if has_owner(machine) {
+                "remediation waits for the short-circuit or maxInFlight (see the MachineHealthCheck)"
+            } else {
+                "the machine has no owning MachineSet to remediate it"
+            };
+            record_event(
+                ctx,
+                CONTROLLER,
+                &object,
+                EventType::Warning,
+                "MachineUnhealthy",
+                format!("{message}; {why}"),
+            )
+            .await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(spec: serde_json::Value) -> MachineHealthCheck {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "capstan.dev/v1alpha1",
+            "kind": "MachineHealthCheck",
+            "metadata": { "name": "c", "namespace": "default" },
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_cluster_api() {
+        let (checks, trigger, max) =
+            resolve(&check(serde_json::json!({ "selector": {} }))).unwrap();
+        assert_eq!(checks.node_startup_timeout, 600);
+        assert_eq!(trigger, Trigger::default());
+        assert_eq!(max, None);
+    }
+
+    #[test]
+    fn a_bad_field_is_named() {
+        let bad_range = check(serde_json::json!({
+            "selector": {},
+            "remediation": { "triggerIf": { "unhealthyInRange": "[5-1]" } },
+        }));
+        let e = resolve(&bad_range).unwrap_err();
+        assert!(
+            e.starts_with("spec.remediation.triggerIf.unhealthyInRange"),
+            "{e}"
+        );
+        let bad_percent = check(serde_json::json!({
+            "selector": {},
+            "remediation": { "maxInFlight": "lots" },
+        }));
+        let e = resolve(&bad_percent).unwrap_err();
+        assert!(e.starts_with("spec.remediation.maxInFlight"), "{e}");
+        let bad_status = check(serde_json::json!({
+            "selector": {},
+            "checks": { "unhealthyNodeConditions": [{ "type": "Ready", "status": "Maybe", "timeoutSeconds": 1 }] },
+        }));
+        let e = resolve(&bad_status).unwrap_err();
+        assert!(e.contains("unhealthyNodeConditions[0].status"), "{e}");
+        let ok = check(serde_json::json!({
+            "selector": {},
+            "remediation": { "triggerIf": { "unhealthyLessThanOrEqualTo": "40%" }, "maxInFlight": 2 },
+        }));
+        let (_, trigger, max) = resolve(&ok).unwrap();
+        assert_eq!(trigger.max_unhealthy, Some(Bound::Percent(40)));
+        assert_eq!(max, Some(Bound::Count(2)));
+    }
+}

@@ -1,0 +1,469 @@
+//! MachineHealthCheck decisions: whether one machine is healthy
+//! ([`judge`]), whether the short-circuit lets remediation happen
+//! ([`remediations_allowed`]), and which unhealthy machines to hand to
+//! their owners now ([`to_remediate`]).
+//!
+//! Times are unix seconds; every answer that depends on time passing also
+//! says when to look again, so the controller requeues instead of polling.
+
+use crate::Bound;
+
+/// A condition as observed, with the time it last changed status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedCondition {
+    /// Type (`Ready`, …).
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Last transition, unix seconds.
+    pub since: i64,
+}
+
+/// A condition that makes a machine unhealthy once it held `timeout` seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Condition type.
+    pub type_: String,
+    /// Unhealthy status.
+    pub status: String,
+    /// Seconds it must hold.
+    pub timeout: i64,
+}
+
+/// The checks of one MachineHealthCheck.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Checks {
+    /// Seconds a machine may exist without a Node; 0 disables.
+    pub node_startup_timeout: i64,
+    /// Rules on the Node's conditions.
+    pub node_rules: Vec<Rule>,
+    /// Rules on the Machine's conditions.
+    pub machine_rules: Vec<Rule>,
+}
+
+/// What the health check sees of one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Machine name.
+    pub name: String,
+    /// Creation, unix seconds.
+    pub created: i64,
+    /// The Node the machine recorded (`status.nodeRef`), if any.
+    pub node_ref: Option<String>,
+    /// The Node's conditions, or `None` when no such Node exists.
+    pub node: Option<Vec<ObservedCondition>>,
+    /// The machine's own conditions.
+    pub machine_conditions: Vec<ObservedCondition>,
+}
+
+/// The verdict on one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Healthy; `recheck_in` seconds from now a pending timeout expires.
+    Healthy {
+        /// When to look again, if time alone could change the verdict.
+        recheck_in: Option<i64>,
+    },
+    /// Unhealthy, with the condition reason and a message for humans.
+    Unhealthy {
+        /// `NodeDeleted`, `NodeStartupTimeout`, `UnhealthyNode`, `UnhealthyMachine`.
+        reason: &'static str,
+        /// Which condition, since when, against which timeout.
+        message: String,
+    },
+}
+
+impl Verdict {
+    /// Whether the verdict is unhealthy.
+    pub fn is_unhealthy(&self) -> bool {
+        matches!(self, Verdict::Unhealthy { .. })
+    }
+}
+
+/// Judge one machine at `now`.
+pub fn judge(target: &Target, checks: &Checks, now: i64) -> Verdict {
+    let mut recheck: Option<i64> = None;
+    let mut soonest = |wait: i64| recheck = Some(recheck.map_or(wait, |r: i64| r.min(wait)));
+    match &target.node {
+        None => {
+            if let Some(node) = &target.node_ref {
+                return Verdict::Unhealthy {
+                    reason: "NodeDeleted",
+                    message: format!("Node {node} has been deleted"),
+                };
+            }
+            if checks.node_startup_timeout > 0 {
+                let waited = now - target.created;
+                if waited >= checks.node_startup_timeout {
+                    return Verdict::Unhealthy {
+                        reason: "NodeStartupTimeout",
+                        message: format!(
+                            "no Node joined within {}s of the machine's creation (nodeStartupTimeoutSeconds)",
+                            checks.node_startup_timeout
+                        ),
+                    };
+                }
+                soonest(checks.node_startup_timeout - waited);
+            }
+        }
+        Some(conditions) => {
+            let node = target.node_ref.as_deref().unwrap_or("the Node");
+            if let Some(message) = first_expired(conditions, &checks.node_rules, now, &mut soonest)
+            {
+                return Verdict::Unhealthy {
+                    reason: "UnhealthyNode",
+                    message: format!("Node {node}: {message}"),
+                };
+            }
+        }
+    }
+    if let Some(message) = first_expired(
+        &target.machine_conditions,
+        &checks.machine_rules,
+        now,
+        &mut soonest,
+    ) {
+        return Verdict::Unhealthy {
+            reason: "UnhealthyMachine",
+            message: format!("Machine: {message}"),
+        };
+    }
+    Verdict::Healthy {
+        recheck_in: recheck,
+    }
+}
+
+/// The first rule whose condition has held past its timeout, described; the
+/// rules still counting down report how long they have left.
+fn first_expired(
+    conditions: &[ObservedCondition],
+    rules: &[Rule],
+    now: i64,
+    soonest: &mut impl FnMut(i64),
+) -> Option<String> {
+    for rule in rules {
+        let Some(c) = conditions
+            .iter()
+            .find(|c| c.type_ == rule.type_ && c.status == rule.status)
+        else {
+            continue;
+        };
+        let held = (now - c.since).max(0);
+        if held >= rule.timeout {
+            return Some(format!(
+                "condition {}={} for {held}s (timeout {}s)",
+                rule.type_, rule.status, rule.timeout
+            ));
+        }
+        soonest(rule.timeout - held);
+    }
+    None
+}
+
+/// The short-circuit of `remediation.triggerIf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Trigger {
+    /// `unhealthyLessThanOrEqualTo`.
+    pub max_unhealthy: Option<Bound>,
+    /// `unhealthyInRange`, inclusive.
+    pub range: Option<(i32, i32)>,
+}
+
+/// Parse `unhealthyInRange` (`[min-max]`); the error says what was wrong.
+pub fn parse_range(text: &str) -> Result<(i32, i32), String> {
+    let inner = text
+        .trim()
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or_else(|| format!("{text:?} is not of the form [min-max], e.g. [1-3]"))?;
+    let (min, max) = inner
+        .split_once('-')
+        .ok_or_else(|| format!("{text:?} is not of the form [min-max], e.g. [1-3]"))?;
+    let parse = |n: &str| {
+        n.trim()
+            .parse::<i32>()
+            .map_err(|_| format!("{text:?}: {n:?} is not a whole number"))
+    };
+    let (min, max) = (parse(min)?, parse(max)?);
+    if min > max {
+        return Err(format!(
+            "{text:?}: the minimum {min} is above the maximum {max}"
+        ));
+    }
+    Ok((min, max))
+}
+
+/// How many more machines may be remediated, or why none may: with
+/// `unhealthy` of `expected` machines unhealthy. Percentages round down,
+/// as in Cluster API.
+pub fn remediations_allowed(
+    expected: i32,
+    unhealthy: i32,
+    trigger: &Trigger,
+) -> Result<i32, String> {
+    if let Some((min, max)) = trigger.range {
+        if unhealthy < min || unhealthy > max {
+            return Err(format!(
+                "{unhealthy} of {expected} machines are unhealthy, outside unhealthyInRange [{min}-{max}]: remediation is off until that changes"
+            ));
+        }
+        return Ok(max - unhealthy);
+    }
+    let max = trigger
+        .max_unhealthy
+        .map_or(expected, |b| b.resolve(expected, false));
+    if unhealthy > max {
+        return Err(format!(
+            "{unhealthy} of {expected} machines are unhealthy, more than unhealthyLessThanOrEqualTo allows ({max}): remediation is off until that changes"
+        ));
+    }
+    Ok(max - unhealthy)
+}
+
+/// One unhealthy machine as the remediation choice sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhealthy {
+    /// Machine name.
+    pub name: String,
+    /// Unhealthy since (unix seconds; the longest broken go first).
+    pub since: i64,
+    /// Already handed to its owner (`OwnerRemediated=False` set).
+    pub requested: bool,
+}
+
+/// Which unhealthy machines to hand to their owners now: none when the
+/// short-circuit holds; otherwise the longest-unhealthy first, while the
+/// machines already in remediation (`in_flight`, including those being
+/// deleted) stay within `max_in_flight`.
+pub fn to_remediate(
+    unhealthy: &[Unhealthy],
+    in_flight: usize,
+    max_in_flight: Option<usize>,
+    allowed: bool,
+) -> Vec<String> {
+    if !allowed {
+        return vec![];
+    }
+    let room = max_in_flight.map_or(usize::MAX, |m| m.saturating_sub(in_flight));
+    let mut waiting: Vec<&Unhealthy> = unhealthy.iter().filter(|u| !u.requested).collect();
+    waiting.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.name.cmp(&b.name)));
+    waiting
+        .into_iter()
+        .take(room)
+        .map(|u| u.name.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ready(status: &str, since: i64) -> ObservedCondition {
+        ObservedCondition {
+            type_: "Ready".into(),
+            status: status.into(),
+            since,
+        }
+    }
+
+    fn checks() -> Checks {
+        Checks {
+            node_startup_timeout: 600,
+            node_rules: vec![
+                Rule {
+                    type_: "Ready".into(),
+                    status: "Unknown".into(),
+                    timeout: 300,
+                },
+                Rule {
+                    type_: "Ready".into(),
+                    status: "False".into(),
+                    timeout: 60,
+                },
+            ],
+            machine_rules: vec![],
+        }
+    }
+
+    fn target(node: Option<Vec<ObservedCondition>>) -> Target {
+        Target {
+            name: "m".into(),
+            created: 1000,
+            node_ref: node.as_ref().map(|_| "n".into()),
+            node,
+            machine_conditions: vec![],
+        }
+    }
+
+    #[test]
+    fn a_condition_is_unhealthy_only_after_its_timeout() {
+        let t = target(Some(vec![ready("Unknown", 2000)]));
+        assert_eq!(
+            judge(&t, &checks(), 2100),
+            Verdict::Healthy {
+                recheck_in: Some(200)
+            }
+        );
+        let v = judge(&t, &checks(), 2300);
+        assert!(v.is_unhealthy());
+        let Verdict::Unhealthy { reason, message } = v else {
+            unreachable!()
+        };
+        assert_eq!(reason, "UnhealthyNode");
+        assert_eq!(
+            message,
+            "Node n: condition Ready=Unknown for 300s (timeout 300s)"
+        );
+        assert_eq!(
+            judge(&target(Some(vec![ready("True", 0)])), &checks(), 9999),
+            Verdict::Healthy { recheck_in: None }
+        );
+    }
+
+    #[test]
+    fn a_missing_node_times_out_and_a_deleted_one_is_unhealthy_at_once() {
+        let t = target(None);
+        assert_eq!(
+            judge(&t, &checks(), 1500),
+            Verdict::Healthy {
+                recheck_in: Some(100)
+            }
+        );
+        assert!(matches!(
+            judge(&t, &checks(), 1600),
+            Verdict::Unhealthy {
+                reason: "NodeStartupTimeout",
+                ..
+            }
+        ));
+        let off = Checks {
+            node_startup_timeout: 0,
+            ..checks()
+        };
+        assert_eq!(
+            judge(&t, &off, 999_999),
+            Verdict::Healthy { recheck_in: None }
+        );
+        let deleted = Target {
+            node_ref: Some("gone".into()),
+            ..target(None)
+        };
+        assert!(matches!(
+            judge(&deleted, &checks(), 1001),
+            Verdict::Unhealthy {
+                reason: "NodeDeleted",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn machine_conditions_count_too() {
+        let mut t = target(Some(vec![ready("True", 0)]));
+        t.machine_conditions = vec![ObservedCondition {
+            type_: "Updating".into(),
+            status: "False".into(),
+            since: 100,
+        }];
+        let c = Checks {
+            machine_rules: vec![Rule {
+                type_: "Updating".into(),
+                status: "False".into(),
+                timeout: 0,
+            }],
+            ..checks()
+        };
+        assert!(matches!(
+            judge(&t, &c, 100),
+            Verdict::Unhealthy {
+                reason: "UnhealthyMachine",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_short_circuit_follows_cluster_api() {
+        let none = Trigger::default();
+        assert_eq!(remediations_allowed(4, 3, &none), Ok(1));
+        let one = Trigger {
+            max_unhealthy: Some(Bound::Count(1)),
+            range: None,
+        };
+        assert_eq!(remediations_allowed(4, 1, &one), Ok(0));
+        assert!(
+            remediations_allowed(4, 3, &one)
+                .unwrap_err()
+                .contains("3 of 4 machines are unhealthy")
+        );
+        let forty = Trigger {
+            max_unhealthy: Some(Bound::Percent(40)),
+            range: None,
+        };
+        // 40 % of 4 rounds down to 1.
+        assert!(remediations_allowed(4, 2, &forty).is_err());
+        let range = Trigger {
+            max_unhealthy: None,
+            range: Some(parse_range("[2-3]").unwrap()),
+        };
+        assert!(remediations_allowed(5, 1, &range).is_err());
+        assert_eq!(remediations_allowed(5, 2, &range), Ok(1));
+        assert!(parse_range("[3-1]").is_err());
+        assert!(parse_range("1-3").is_err());
+        assert!(parse_range("[a-3]").unwrap_err().contains("\"a\""));
+    }
+
+    proptest! {
+        #[test]
+        fn remediation_never_exceeds_max_in_flight(
+            names in proptest::collection::vec((0i64..100, any::<bool>()), 0..20),
+            in_flight in 0usize..5,
+            max in proptest::option::of(0usize..5),
+            allowed in any::<bool>(),
+        ) {
+            let unhealthy: Vec<Unhealthy> = names
+                .iter()
+                .enumerate()
+                .map(|(i, (since, requested))| Unhealthy {
+                    name: format!("m{i}"),
+                    since: *since,
+                    requested: *requested,
+                })
+                .collect();
+            let chosen = to_remediate(&unhealthy, in_flight, max, allowed);
+            if !allowed {
+                prop_assert!(chosen.is_empty());
+            }
+            if let Some(max) = max {
+                prop_assert!(in_flight + chosen.len() <= max.max(in_flight));
+            }
+            for name in &chosen {
+                let u = unhealthy.iter().find(|u| &u.name == name).unwrap();
+                prop_assert!(!u.requested);
+            }
+            // The longest unhealthy go first.
+            let waiting = unhealthy.iter().filter(|u| !u.requested).count();
+            if chosen.len() < waiting {
+                let last = chosen.iter().map(|n| unhealthy.iter().find(|u| &u.name == n).unwrap().since).max();
+                let skipped_min = unhealthy
+                    .iter()
+                    .filter(|u| !u.requested && !chosen.contains(&u.name))
+                    .map(|u| u.since)
+                    .min();
+                if let (Some(last), Some(skipped)) = (last, skipped_min) {
+                    prop_assert!(last <= skipped);
+                }
+            }
+        }
+
+        #[test]
+        fn allowed_remediations_are_never_negative(expected in 0i32..50, unhealthy in 0i32..50, max in 0i32..50, percent in any::<bool>()) {
+            let bound = if percent { Bound::Percent(max * 2) } else { Bound::Count(max) };
+            let trigger = Trigger { max_unhealthy: Some(bound), range: None };
+            if let Ok(n) = remediations_allowed(expected, unhealthy.min(expected), &trigger) {
+                prop_assert!(n >= 0);
+            }
+        }
+    }
+}

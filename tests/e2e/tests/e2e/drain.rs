@@ -1,0 +1,383 @@
+//! Draining a machine's Node before its instance goes: evictions through
+//! the real Eviction API (PodDisruptionBudgets enforced by the API server),
+//! DaemonSet pods left alone, `nodeDrainTimeoutSeconds`, the exclude
+//! annotation and the pre-drain / pre-terminate hooks.
+
+use crate::logs;
+use capstan_api::{Machine, MachineDeployment, condition};
+use capstan_e2e::env::Env;
+use capstan_e2e::sim_cloud::{Faults, Moment};
+use capstan_e2e::workloads;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const NS: &str = "default";
+const LONG: Duration = Duration::from_secs(90);
+
+async fn start(replicas: i32) -> Env {
+    logs();
+    let faults = Faults {
+        boot_latency_ms: 200,
+        ..Default::default()
+    };
+    Env::start_with_pool(faults, replicas)
+        .await
+        .expect("environment starts")
+}
+
+async fn scale(env: &Env, replicas: i32) {
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "replicas": replicas } })),
+        )
+        .await
+        .unwrap();
+}
+
+fn deleting(m: &Machine) -> Option<(String, String)> {
+    let c = condition(&m.status.as_ref()?.conditions, "Deleting")?;
+    Some((c.reason.clone(), c.message.clone()))
+}
+
+fn node_of(m: &Machine) -> String {
+    m.status
+        .as_ref()
+        .unwrap()
+        .node_ref
+        .as_ref()
+        .unwrap()
+        .name
+        .clone()
+}
+
+fn instance_of(m: &Machine) -> String {
+    m.status
+        .as_ref()
+        .unwrap()
+        .provider_id
+        .clone()
+        .unwrap()
+        .trim_start_matches("sim://")
+        .to_string()
+}
+
+fn moment<'a>(timeline: &'a [Moment], event: &str, subject: &str) -> Option<&'a Moment> {
+    timeline
+        .iter()
+        .find(|m| m.event == event && m.subject == subject)
+}
+
+async fn deleting_machine(env: &Env) -> Machine {
+    env.eventually("a machine being deleted", LONG, async || {
+        env.machines(NS)
+            .await
+            .into_iter()
+            .find(|m| m.metadata.deletion_timestamp.is_some())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_respects_disruption_budgets_then_moves_pods_before_the_instance_goes() {
+    let env = start(3).await;
+    let client = env.client.clone();
+    // The drain timeout changes in place, as in Cluster API: no rollout,
+    // the same machines get it.
+    let before: Vec<String> = env
+        .machines(NS)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    Api::<MachineDeployment>::namespaced(client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "template": { "spec": {
+                "deletion": { "nodeDrainTimeoutSeconds": 8 } } } } })),
+        )
+        .await
+        .unwrap();
+    env.eventually(
+        "the drain timeout reaches every machine",
+        LONG,
+        async || {
+            let machines = env.machines(NS).await;
+            machines
+                .iter()
+                .all(|m| {
+                    m.spec
+                        .deletion
+                        .as_ref()
+                        .and_then(|d| d.node_drain_timeout_seconds)
+                        == Some(8)
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let mut after: Vec<String> = env
+        .machines(NS)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    let mut before = before;
+    before.sort();
+    after.sort();
+    assert_eq!(before, after, "no machine replaced");
+    let sets = Api::<capstan_api::MachineSet>::namespaced(client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(sets.items.len(), 1, "no new MachineSet");
+    // One web pod per machine Node, all protected by a budget that allows
+    // no disruption; an agent DaemonSet pod on every Node.
+    workloads::create(
+        &client,
+        &workloads::one_per_node(workloads::deployment(NS, "web", 3, 1)),
+    )
+    .await
+    .unwrap();
+    workloads::create(&client, &workloads::daemonset(NS, "agent", 1))
+        .await
+        .unwrap();
+    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
+        .await;
+    workloads::create_pdb(&client, NS, "web-budget", "web", json!(3))
+        .await
+        .unwrap();
+    workloads::wait_pdb_allows(&client, NS, "web-budget", 0, LONG)
+        .await
+        .unwrap();
+
+    // Scale down: the drain is refused by the budget, and the Machine says
+    // which pod and which budget, until nodeDrainTimeoutSeconds (8 s).
+    scale(&env, 2).await;
+    let victim = deleting_machine(&env).await;
+    let name = victim.name_any();
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
+    let (reason, message) = env
+        .eventually("the drain reports the budget", LONG, async || {
+            let m = machines.get_opt(&name).await.ok()??;
+            deleting(&m).filter(|(_, msg)| msg.contains("cannot evict"))
+        })
+        .await;
+    assert_eq!(reason, "DrainingNode");
+    assert!(
+        message.contains("disruption budget") && message.contains("web-budget"),
+        "{message}"
+    );
+    let node: Node = Api::all(client.clone())
+        .get(&node_of(&victim))
+        .await
+        .unwrap();
+    assert_eq!(
+        node.spec.unwrap().unschedulable,
+        Some(true),
+        "the Node is cordoned"
+    );
+    let blocked_since = Instant::now();
+    env.eventually(
+        "the drain times out and the machine goes",
+        LONG,
+        async || machines.get_opt(&name).await.ok()?.is_none().then_some(()),
+    )
+    .await;
+    assert!(
+        blocked_since.elapsed() >= Duration::from_secs(4),
+        "held for most of the 8 s timeout, went after {:?}",
+        blocked_since.elapsed()
+    );
+    let timeline = env.timeline().await;
+    assert!(
+        timeline
+            .iter()
+            .all(|m| m.event != "pod-removed" || m.node.as_deref() != Some(&node_of(&victim))),
+        "no pod was evicted past the budget: {timeline:?}"
+    );
+    let reasons = env.event_reasons(NS);
+    assert!(reasons.contains("DrainSkipped"), "{reasons}");
+
+    // With room in the budget and a free Node to move to, the pod is
+    // evicted and rescheduled before the instance is deleted; the DaemonSet
+    // pod stays where it is.
+    let pdbs = workloads::pdbs(&client, NS);
+    pdbs.delete("web-budget", &DeleteParams::default())
+        .await
+        .unwrap();
+    workloads::create_pdb(&client, NS, "web-budget", "web", json!(2))
+        .await
+        .unwrap();
+    env.add_nodes(2).await.unwrap();
+    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
+        .await;
+    workloads::wait_pdb_allows(&client, NS, "web-budget", 1, LONG)
+        .await
+        .unwrap();
+    scale(&env, 1).await;
+    let victim = deleting_machine(&env).await;
+    let (node, instance) = (node_of(&victim), instance_of(&victim));
+    let on_node: Vec<Pod> = workloads::pods_on_node(&client, &node).await.unwrap();
+    let web_pod = on_node
+        .iter()
+        .find(|p| p.labels().get("app").map(String::as_str) == Some("web"))
+        .expect("a web pod on the drained Node")
+        .name_any();
+    let agent_pod = on_node
+        .iter()
+        .find(|p| p.labels().get("app").map(String::as_str) == Some("agent"))
+        .expect("an agent pod on the drained Node")
+        .name_any();
+    let victim_name = victim.name_any();
+    env.eventually("the drained machine goes", LONG, async || {
+        machines
+            .get_opt(&victim_name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let timeline = env.timeline().await;
+    let removed = moment(&timeline, "pod-removed", &format!("{NS}/{web_pod}"))
+        .unwrap_or_else(|| panic!("web pod {web_pod} was not removed: {timeline:?}"));
+    let deleted = moment(&timeline, "instance-delete-requested", &instance)
+        .unwrap_or_else(|| panic!("instance {instance} not deleted: {timeline:?}"));
+    assert!(
+        removed.seq < deleted.seq,
+        "pod removed before the instance was deleted: {timeline:?}"
+    );
+    assert!(
+        moment(&timeline, "pod-removed", &format!("{NS}/{agent_pod}"))
+            .is_none_or(|m| m.seq > deleted.seq),
+        "the DaemonSet pod is not evicted: {timeline:?}"
+    );
+    // The evicted pod's replacement runs on another Node.
+    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
+        .await;
+    for pod in workloads::pods_of(&client, NS, "web").await.unwrap() {
+        let on = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+        assert_ne!(on, node, "{} still on the drained Node", pod.name_any());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hooks_hold_deletion_and_the_exclude_annotation_skips_the_drain() {
+    let env = start(2).await;
+    let client = env.client.clone();
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
+    workloads::create(
+        &client,
+        &workloads::one_per_node(workloads::deployment(NS, "web", 2, 1)),
+    )
+    .await
+    .unwrap();
+    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
+        .await;
+    // A budget that forbids any eviction: only a skipped drain lets a
+    // machine with a web pod go.
+    workloads::create_pdb(&client, NS, "web-budget", "web", json!(2))
+        .await
+        .unwrap();
+    let all = env.machines(NS).await;
+    let (hooked, excluded) = (&all[0], &all[1]);
+    let pre_drain = "pre-drain.delete.hook.machine.capstan.dev/backup";
+    let pre_terminate = "pre-terminate.delete.hook.machine.capstan.dev/detach";
+    let annotate = async |name: &str, annotations: serde_json::Value| {
+        machines
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "metadata": { "annotations": annotations } })),
+            )
+            .await
+            .unwrap();
+    };
+    annotate(
+        &hooked.name_any(),
+        json!({ pre_drain: "", pre_terminate: "", "machine.capstan.dev/exclude-node-draining": "" }),
+    )
+    .await;
+    annotate(
+        &excluded.name_any(),
+        json!({ "machine.capstan.dev/exclude-node-draining": "true" }),
+    )
+    .await;
+
+    // The pre-drain hook holds the machine before anything happens.
+    machines
+        .delete(&hooked.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let name = hooked.name_any();
+    let reason_of = async |name: &str| {
+        machines
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|m| deleting(&m))
+    };
+    let (_, message) = env
+        .eventually("held by the pre-drain hook", LONG, async || {
+            reason_of(&name)
+                .await
+                .filter(|(r, _)| r == "WaitingForPreDrainHook")
+        })
+        .await;
+    assert!(
+        message.contains("backup") && message.contains(pre_drain),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        reason_of(&name).await.map(|r| r.0).as_deref(),
+        Some("WaitingForPreDrainHook")
+    );
+    assert!(env.instance_exists(&instance_of(hooked)).await);
+
+    // Removing it moves on to the pre-terminate hook; the instance stays.
+    annotate(&name, json!({ pre_drain: null })).await;
+    let (_, message) = env
+        .eventually("held by the pre-terminate hook", LONG, async || {
+            reason_of(&name)
+                .await
+                .filter(|(r, _)| r == "WaitingForPreTerminateHook")
+        })
+        .await;
+    assert!(message.contains("detach"), "{message}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(env.instance_exists(&instance_of(hooked)).await);
+    assert!(machines.get_opt(&name).await.unwrap().is_some());
+    annotate(&name, json!({ pre_terminate: null })).await;
+    env.eventually("the hooked machine goes", LONG, async || {
+        machines.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(!env.instance_exists(&instance_of(hooked)).await);
+
+    // The excluded machine goes despite the budget: its Node is not drained.
+    let name = excluded.name_any();
+    machines
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.eventually("the excluded machine goes", LONG, async || {
+        machines.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let timeline = env.timeline().await;
+    let node = node_of(excluded);
+    assert!(
+        timeline
+            .iter()
+            .all(|m| m.event != "pod-removed" || m.node.as_deref() != Some(node.as_str())),
+        "nothing was evicted from {node}: {timeline:?}"
+    );
+}

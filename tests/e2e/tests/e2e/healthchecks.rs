@@ -1,0 +1,329 @@
+//! MachineHealthChecks on a real control plane: the node-lifecycle
+//! controller judges Nodes by their (simulated) kubelet's heartbeats, the
+//! health check marks machines, and their MachineSet deletes and replaces
+//! them — within the short-circuit and `maxInFlight`.
+
+use crate::logs;
+use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED};
+use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, condition};
+use capstan_e2e::env::Env;
+use capstan_e2e::sim_cloud::Faults;
+use capstan_e2e::workloads;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::time::Duration;
+
+const NS: &str = "default";
+const LONG: Duration = Duration::from_secs(90);
+const HOOK: &str = "pre-drain.delete.hook.machine.capstan.dev/hold";
+
+fn faults() -> Faults {
+    Faults {
+        boot_latency_ms: 200,
+        ..Default::default()
+    }
+}
+
+async fn start(replicas: i32) -> Env {
+    logs();
+    Env::start_with_pool(faults(), replicas)
+        .await
+        .expect("environment starts")
+}
+
+/// A health check over the `pool` machines: a Node `Ready=Unknown` or
+/// `False` for 2 s is unhealthy.
+async fn create_check(env: &Env, remediation: serde_json::Value, startup_seconds: i32) {
+    let check: MachineHealthCheck = serde_json::from_value(json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "MachineHealthCheck",
+        "metadata": { "name": "pool", "namespace": NS },
+        "spec": {
+            "selector": { "matchLabels": { "capstan.dev/pool": "pool" } },
+            "checks": {
+                "nodeStartupTimeoutSeconds": startup_seconds,
+                "unhealthyNodeConditions": [
+                    { "type": "Ready", "status": "Unknown", "timeoutSeconds": 2 },
+                    { "type": "Ready", "status": "False", "timeoutSeconds": 2 },
+                ],
+            },
+            "remediation": remediation,
+        },
+    }))
+    .expect("a valid MachineHealthCheck");
+    Api::<MachineHealthCheck>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &check)
+        .await
+        .expect("create mhc");
+}
+
+async fn check(env: &Env) -> MachineHealthCheck {
+    Api::<MachineHealthCheck>::namespaced(env.client.clone(), NS)
+        .get("pool")
+        .await
+        .expect("get mhc")
+}
+
+fn machine_condition(m: &Machine, type_: &str) -> Option<(String, String, String)> {
+    let c = condition(&m.status.as_ref()?.conditions, type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn node_of(m: &Machine) -> String {
+    m.status
+        .as_ref()
+        .unwrap()
+        .node_ref
+        .as_ref()
+        .unwrap()
+        .name
+        .clone()
+}
+
+fn provider_id(m: &Machine) -> String {
+    m.status.as_ref().unwrap().provider_id.clone().unwrap()
+}
+
+async fn set_heartbeats(env: &Env, node: &str, on: bool) {
+    let (code, body) = env
+        .cloud_call(
+            "PUT",
+            &format!("/admin/nodes/{node}/heartbeats"),
+            Some(json!({ "enabled": on })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 204, "{body}");
+}
+
+async fn machine(env: &Env, name: &str) -> Option<Machine> {
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+async fn annotate(env: &Env, machine: &str, key: &str, value: Option<&str>) {
+    let patch = json!({ "metadata": { "annotations": { key: value } } });
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate machine");
+}
+
+/// Every machine of the pool Ready and not deleting, `replicas` of them.
+async fn wait_pool_healthy(env: &Env, replicas: usize) -> Vec<Machine> {
+    env.eventually("the pool back to full health", LONG, async || {
+        let machines = env.machines(NS).await;
+        let ready = machines
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .filter(|m| machine_condition(m, "Ready").is_some_and(|c| c.0 == "True"))
+            .count();
+        (machines.len() == replicas && ready == replicas).then_some(machines)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_whose_node_goes_silent_is_drained_and_replaced() {
+    let env = start(2).await;
+    // Workload on the pool, to be drained off the broken Node.
+    workloads::create(&env.client, &workloads::deployment(NS, "web", 2, 1))
+        .await
+        .unwrap();
+    env.or_describe(workloads::wait_deployment_available(&env.client, NS, "web", LONG).await)
+        .await;
+    create_check(&env, json!({}), 600).await;
+    env.eventually("the check sees 2 healthy machines", LONG, async || {
+        let s = check(&env).await.status?;
+        (s.expected_machines == 2 && s.current_healthy == 2).then_some(())
+    })
+    .await;
+
+    let before = env.machines(NS).await;
+    let victim = before[0].clone();
+    let node = node_of(&victim);
+    set_heartbeats(&env, &node, false).await;
+
+    // The node-lifecycle controller marks the Node Unknown (10 s grace), the
+    // check marks the machine 2 s later, the set deletes and replaces it.
+    let (status, reason, message) = env
+        .eventually("the silent machine marked unhealthy", LONG, async || {
+            let m = machine(&env, &victim.name_any()).await?;
+            let hc = machine_condition(&m, HEALTH_CHECK_SUCCEEDED)?;
+            (hc.0 == "False").then_some(hc)
+        })
+        .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "UnhealthyNode")
+    );
+    assert!(
+        message.contains(&format!("Node {node}: condition Ready=Unknown")),
+        "{message}"
+    );
+    let survivors = wait_pool_healthy(&env, 2).await;
+    assert!(survivors.iter().all(|m| m.name_any() != victim.name_any()));
+    assert!(
+        !env.instance_exists(&provider_id(&victim)).await,
+        "the broken machine's instance is released"
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    assert!(
+        nodes.get_opt(&node).await.unwrap().is_none(),
+        "Node object deleted"
+    );
+    assert_eq!(env.cloud.stats().live_instances, 2);
+    // The workload runs on the healthy machines again.
+    env.or_describe(workloads::wait_deployment_available(&env.client, NS, "web", LONG).await)
+        .await;
+    let s = check(&env).await.status.unwrap();
+    assert_eq!((s.expected_machines, s.current_healthy), (2, 2));
+    let events = env.event_reasons(NS);
+    for reason in ["MachineMarkedUnhealthy", "MachineRemediated"] {
+        assert!(events.contains(reason), "{reason} not in {events}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_short_circuit_and_max_in_flight_hold_remediation() {
+    let env = start(4).await;
+    let machines = env.machines(NS).await;
+    // A pre-drain hook holds each remediated machine mid-deletion, so
+    // "one at a time" can be seen.
+    for m in &machines {
+        annotate(&env, &m.name_any(), HOOK, Some("")).await;
+    }
+    create_check(
+        &env,
+        json!({ "triggerIf": { "unhealthyLessThanOrEqualTo": 1 }, "maxInFlight": 1 }),
+        600,
+    )
+    .await;
+    let silent: Vec<&Machine> = machines.iter().take(3).collect();
+    for m in &silent {
+        set_heartbeats(&env, &node_of(m), false).await;
+    }
+    let mhc = env
+        .eventually("the short-circuit trips", LONG, async || {
+            let c = check(&env).await;
+            let s = c.status.as_ref()?;
+            let allowed = condition(&s.conditions, "RemediationAllowed")?;
+            (allowed.status == "False" && s.current_healthy == 1).then_some(c)
+        })
+        .await;
+    let s = mhc.status.unwrap();
+    let allowed = condition(&s.conditions, "RemediationAllowed").unwrap();
+    assert_eq!(allowed.reason, "TooManyUnhealthy");
+    assert!(
+        allowed.message.contains("3 of 4 machines are unhealthy"),
+        "{}",
+        allowed.message
+    );
+    assert_eq!((s.expected_machines, s.remediations_allowed), (4, 0));
+    // Nothing is remediated while it holds.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for m in env.machines(NS).await {
+        assert!(
+            m.metadata.deletion_timestamp.is_none(),
+            "{} deleted",
+            m.name_any()
+        );
+        assert!(machine_condition(&m, OWNER_REMEDIATED).is_none(), "{m:?}");
+    }
+    let events = env.event_reasons(NS);
+    assert!(events.contains("RemediationRestricted"), "{events}");
+
+    // One Node comes back: 2 unhealthy, within a widened short-circuit, but
+    // maxInFlight 1 lets only one be remediated at a time.
+    set_heartbeats(&env, &node_of(silent[2]), true).await;
+    Api::<MachineHealthCheck>::namespaced(env.client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "remediation": { "triggerIf": { "unhealthyLessThanOrEqualTo": 2 } } } })),
+        )
+        .await
+        .unwrap();
+    let names: Vec<String> = silent[..2].iter().map(|m| m.name_any()).collect();
+    let first = env
+        .eventually("one machine handed over", LONG, async || {
+            for name in &names {
+                let m = machine(&env, name).await?;
+                if m.metadata.deletion_timestamp.is_some() {
+                    return Some(name.clone());
+                }
+            }
+            None
+        })
+        .await;
+    let second = names.iter().find(|n| **n != first).unwrap().clone();
+    let held = machine(&env, &first).await.unwrap();
+    assert_eq!(
+        machine_condition(&held, "Deleting").map(|c| c.1),
+        Some("WaitingForPreDrainHook".to_string())
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = machine(&env, &second).await.unwrap();
+    assert!(
+        waiting.metadata.deletion_timestamp.is_none(),
+        "maxInFlight 1 held"
+    );
+    assert_eq!(
+        machine_condition(&waiting, HEALTH_CHECK_SUCCEEDED).map(|c| c.0),
+        Some("False".to_string())
+    );
+    assert!(machine_condition(&waiting, OWNER_REMEDIATED).is_none());
+
+    // The first finishes; then the second goes.
+    annotate(&env, &first, HOOK, None).await;
+    env.eventually("the second machine handed over", LONG, async || {
+        let m = machine(&env, &second).await?;
+        m.metadata.deletion_timestamp.is_some().then_some(())
+    })
+    .await;
+    assert!(
+        machine(&env, &first).await.is_none(),
+        "the first is gone first"
+    );
+    annotate(&env, &second, HOOK, None).await;
+    let after = wait_pool_healthy(&env, 4).await;
+    assert!(after.iter().all(|m| !names.contains(&m.name_any())));
+    assert_eq!(env.cloud.stats().live_instances, 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_whose_node_never_joins_is_replaced() {
+    let env = start(1).await;
+    create_check(&env, json!({}), 4).await;
+    env.cloud.set_faults(Faults {
+        register_nodes: false,
+        ..faults()
+    });
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "replicas": 2 } })),
+        )
+        .await
+        .unwrap();
+    let stuck = env
+        .eventually("a machine without a Node marked", LONG, async || {
+            env.machines(NS).await.into_iter().find(|m| {
+                machine_condition(m, HEALTH_CHECK_SUCCEEDED)
+                    .is_some_and(|c| c.0 == "False" && c.1 == "NodeStartupTimeout")
+            })
+        })
+        .await;
+    let message = machine_condition(&stuck, HEALTH_CHECK_SUCCEEDED).unwrap().2;
+    assert!(message.contains("within 4s"), "{message}");
+    let instance = provider_id(&stuck);
+    env.cloud.set_faults(faults());
+    let after = wait_pool_healthy(&env, 2).await;
+    assert!(after.iter().all(|m| m.name_any() != stuck.name_any()));
+    assert!(!env.instance_exists(&instance).await);
+    assert_eq!(env.cloud.stats().live_instances, 2);
+}
