@@ -196,16 +196,37 @@ async fn the_short_circuit_and_max_in_flight_hold_remediation() {
     for m in &machines {
         annotate(&env, &m.name_any(), HOOK, Some("")).await;
     }
+    let silent: Vec<&Machine> = machines.iter().take(3).collect();
+    for m in &silent {
+        set_heartbeats(&env, &node_of(m), false).await;
+    }
+    // The check starts once all three Nodes are Unknown: the node-lifecycle
+    // controller marks them a second or so apart, and a check already
+    // running would rightly remediate the first while it is the only one.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    env.eventually("three Nodes Unknown", LONG, async || {
+        for m in &silent {
+            let node = nodes.get(&node_of(m)).await.ok()?;
+            let unknown = node
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "Unknown");
+            if !unknown {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    // ... and past the check's 2 s timeout, so all three count at once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     create_check(
         &env,
         json!({ "triggerIf": { "unhealthyLessThanOrEqualTo": 1 }, "maxInFlight": 1 }),
         600,
     )
     .await;
-    let silent: Vec<&Machine> = machines.iter().take(3).collect();
-    for m in &silent {
-        set_heartbeats(&env, &node_of(m), false).await;
-    }
     let mhc = env
         .eventually("the short-circuit trips", LONG, async || {
             let c = check(&env).await;
