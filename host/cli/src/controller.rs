@@ -1,14 +1,84 @@
-//! `capstan controller`: run the Plugin, Machine, MachineSet and
-//! MachineDeployment controllers against a Kubernetes API, with Prometheus
-//! metrics, `/healthz` and `/readyz`, until SIGINT or SIGTERM.
+//! `capstan controller`: run the Plugin, Machine, MachineSet,
+//! MachineDeployment and MachineHealthCheck controllers against a
+//! Kubernetes API, with Prometheus metrics, `/healthz` and `/readyz`, and
+//! optionally leader election, until SIGINT or SIGTERM. The flags map onto
+//! [`capstan_controllers::serve`], which does the work.
 
 use anyhow::Context as _;
-use capstan_controllers::{Concurrency, Metrics, Options, Providers};
+use capstan_controllers::leader::ElectionConfig;
+use capstan_controllers::{Concurrency, Options, Providers, serve};
 use capstan_runtime::{Runtime, RuntimeConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// Leader election flags (controller-runtime's names and defaults).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ElectionArgs {
+    /// Run only while holding the `capstan-controller` Lease in --namespace,
+    /// so several replicas can run and one reconciles.
+    #[arg(long, env = "CAPSTAN_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// How long a Lease stays valid without renewal; a standby takes over
+    /// after this when the leader vanishes without releasing it.
+    #[arg(long, default_value = "15s", value_parser = crate::options::parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops reconciling
+    /// (must be shorter than the lease duration).
+    #[arg(long, default_value = "10s", value_parser = crate::options::parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the leader renews and a standby retries.
+    #[arg(long, default_value = "2s", value_parser = crate::options::parse_duration)]
+    pub leader_elect_retry_period: Duration,
+}
+
+impl ElectionArgs {
+    /// The election configuration, or why the timings do not work.
+    pub fn config(&self, namespace: &str) -> anyhow::Result<Option<ElectionConfig>> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            self.leader_elect_renew_deadline < self.leader_elect_lease_duration,
+            "--leader-elect-renew-deadline ({:?}) must be shorter than --leader-elect-lease-duration ({:?}), so a leader stops before another replica may take over",
+            self.leader_elect_renew_deadline,
+            self.leader_elect_lease_duration
+        );
+        anyhow::ensure!(
+            self.leader_elect_retry_period < self.leader_elect_renew_deadline,
+            "--leader-elect-retry-period ({:?}) must be shorter than --leader-elect-renew-deadline ({:?})",
+            self.leader_elect_retry_period,
+            self.leader_elect_renew_deadline
+        );
+        Ok(Some(ElectionConfig {
+            namespace: namespace.to_string(),
+            name: LEASE_NAME.into(),
+            identity: capstan_controllers::leader::default_identity(),
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+        }))
+    }
+}
+
+/// The leader Lease's name.
+pub const LEASE_NAME: &str = "capstan-controller";
+
+/// Capstan's namespace when none is given.
+pub const DEFAULT_NAMESPACE: &str = "capstan-system";
+
+/// Capstan's own namespace: the flag, else the in-cluster service account's.
+pub fn own_namespace(flag: Option<&str>) -> String {
+    flag.map(str::to_string)
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .ok()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.into())
+}
 
 /// Flags of `capstan controller`.
 #[derive(Debug, clap::Args)]
@@ -54,12 +124,13 @@ pub struct Args {
     pub trust_policy: Option<PathBuf>,
     #[command(flatten)]
     pub registry: crate::supply::RegistryArgs,
-    /// Benchmarks only: also serve machines whose `provider.plugin` is NAME
-    /// with the sim-provider logic compiled natively (no sandbox), for
-    /// Wasm-versus-native comparisons. Its bearer token comes from
-    /// $CAPSTAN_NATIVE_SIM_TOKEN.
-    #[arg(long, value_name = "NAME")]
-    pub native_sim_provider: Option<String>,
+    /// Capstan's own namespace: the only one credential Secrets are read
+    /// from, and where the leader Lease lives (default: $CAPSTAN_NAMESPACE,
+    /// else the in-cluster service account's namespace, else capstan-system).
+    #[arg(long, env = "CAPSTAN_NAMESPACE")]
+    pub namespace: Option<String>,
+    #[command(flatten)]
+    pub election: ElectionArgs,
 }
 
 impl Args {
@@ -85,6 +156,7 @@ impl Args {
             resync: self.resync,
             poll: self.poll_interval,
             supply: Some(std::sync::Arc::new(supply)),
+            secrets_namespace: Some(own_namespace(self.namespace.as_deref())),
         })
     }
 }
@@ -131,77 +203,34 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
     }
-    tracing::info!("shutting down: finishing in-flight reconciles");
 }
 
-/// Run until a signal.
+/// Run until a signal (or, with leader election, until the Lease is lost:
+/// then the process exits at once with status 1).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = config(args.kubeconfig.as_ref()).await?;
+    let namespace = own_namespace(args.namespace.as_deref());
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir: Some(args.code_cache.clone().unwrap_or_else(default_code_cache)),
         ..RuntimeConfig::default()
     })
     .context("cannot start the plugin runtime")?;
-    let metrics = Metrics::new();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
+    let process = serve::Process {
+        config: config(args.kubeconfig.as_ref()).await?,
+        runtime: Some(runtime),
+        providers: Providers::default(),
+        options: args.options()?,
+        metrics_addr: args.metrics_addr,
+        health_addr: args.health_addr,
+        election: args.election.config(&namespace)?,
+    };
+    match serve::serve(process, shutdown_signal()).await {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e @ capstan_controllers::Error::LeadershipLost(_)) => {
+            // Plugin calls still running on blocking threads must not
+            // finish their work: leave now, as controller-runtime does.
+            eprintln!("error: {e}");
+            std::process::exit(1)
         }
-    };
-    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
-    let servers = tokio::spawn(capstan_controllers::metrics::serve(
-        metrics_listener,
-        metrics.clone(),
-        stopped(),
-    ));
-    let health = if args.health_addr != args.metrics_addr {
-        let listener = tokio::net::TcpListener::bind(args.health_addr)
-            .await
-            .with_context(|| format!("cannot listen on --health-addr {}", args.health_addr))?;
-        Some(tokio::spawn(capstan_controllers::metrics::serve(
-            listener,
-            metrics.clone(),
-            stopped(),
-        )))
-    } else {
-        None
-    };
-    eprintln!(
-        "capstan controller: metrics on http://{}/metrics, health on http://{}/healthz",
-        args.metrics_addr, args.health_addr
-    );
-    let signal = async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    };
-    let providers = Providers::default();
-    if let Some(name) = &args.native_sim_provider {
-        let token = std::env::var("CAPSTAN_NATIVE_SIM_TOKEN").ok();
-        providers.insert(
-            name,
-            capstan_controllers::Registered {
-                provider: std::sync::Arc::new(crate::native::NativeSimProvider::new(token)),
-                generation: None,
-            },
-        );
+        Err(e) => Err(e.into()),
     }
-    let result = capstan_controllers::run(
-        config,
-        Some(runtime),
-        providers,
-        metrics,
-        args.options()?,
-        signal,
-    )
-    .await;
-    servers.abort();
-    if let Some(h) = health {
-        h.abort();
-    }
-    result?;
-    Ok(ExitCode::SUCCESS)
 }

@@ -4,7 +4,7 @@
 //! `plugin conformance` ([`conformance`]), `plugin push|pull|sign|verify`
 //! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `bench plugin`
 //! ([`bench`]) and `demo` ([`demo`]), `crds`, `controller` ([`controller`])
-//! and `rollout` ([`rollout`]). Shared flag types (grants, limits, output
+//! and `rollout` ([`rollout`]), `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
 //! format) are in [`options`]; registry and trust flags in [`supply`].
 
 #![forbid(unsafe_code)]
@@ -16,6 +16,7 @@ mod controller;
 mod demo;
 mod distribute;
 mod inspect;
+mod install;
 mod native;
 mod options;
 mod rollout;
@@ -65,6 +66,13 @@ enum Command {
     /// Run the controllers (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck)
     /// against a Kubernetes API until SIGINT/SIGTERM.
     Controller(controller::Args),
+    /// Print (or --apply) everything to run Capstan in a cluster: CRDs,
+    /// namespace, least-privilege RBAC and a Deployment of leader-elected
+    /// replicas (`capstan install | kubectl apply -f -`).
+    Install(install::InstallArgs),
+    /// Remove what `install` created; refuses while Machines still hold
+    /// finalizers unless --force.
+    Uninstall(install::UninstallArgs),
     /// Inspect and roll back MachineDeployment rollouts.
     #[command(subcommand)]
     Rollout(rollout::Command),
@@ -155,6 +163,8 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Controller(args) => controller::run(args).await,
+            Command::Install(args) => install::install(args).await,
+            Command::Uninstall(args) => install::uninstall(args).await,
             Command::Rollout(rollout::Command::History(args)) => rollout::history(args).await,
             Command::Rollout(rollout::Command::Undo(args)) => rollout::undo(args).await,
         }

@@ -22,12 +22,15 @@
 pub mod deployment;
 pub mod healthcheck;
 pub mod history;
+pub mod leader;
 pub mod machine;
 pub mod machineset;
 pub mod metrics;
 mod nodedrain;
 pub mod plugin;
 pub mod provider;
+pub mod rbac;
+pub mod serve;
 
 pub use metrics::Metrics;
 pub use provider::{MachineProvider, ProviderError, Providers, Registered, WasmProvider};
@@ -65,6 +68,12 @@ pub enum Error {
     /// An object the caller named does not exist (the text says which).
     #[error("{0}")]
     NotFound(String),
+    /// The metrics or health server could not start (the text says which).
+    #[error("{0}")]
+    Serve(String),
+    /// This replica lost the leader Lease and stopped reconciling.
+    #[error("lost the leader Lease: {0}")]
+    LeadershipLost(String),
     /// A watch failed at startup.
     #[error(
         "cannot watch {0}: check the CRDs are installed (`capstan crds | kubectl apply -f -`) and RBAC allows list/watch"
@@ -91,6 +100,10 @@ pub struct Options {
     /// Registry access and trust for `oci://` plugin sources (`None`: such
     /// sources are refused with a condition saying so).
     pub supply: Option<Arc<plugin::Supply>>,
+    /// Capstan's own namespace: credential Secrets are read only from it, so
+    /// the right to create a Plugin is not read access to every Secret
+    /// (`None`: any namespace, for embedding and tests).
+    pub secrets_namespace: Option<String>,
 }
 
 impl Default for Options {
@@ -100,6 +113,7 @@ impl Default for Options {
             resync: Duration::from_secs(600),
             poll: Duration::from_secs(1),
             supply: None,
+            secrets_namespace: None,
         }
     }
 }

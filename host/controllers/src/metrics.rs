@@ -5,7 +5,13 @@
 //! `capstan_reconcile_errors_total{controller}`,
 //! `capstan_plugin_call_duration_seconds{plugin,function,result}`,
 //! `capstan_queue_depth{controller}` (objects triggered but not yet picked
-//! up by a reconcile), `capstan_api_writes_total{controller,verb}`.
+//! up by a reconcile), `capstan_api_writes_total{controller,verb}`,
+//! `capstan_leader` (1 while this replica holds the leader Lease, 0 while it
+//! stands by; 1 without leader election).
+//!
+//! `/readyz` answers 200 once a leader's caches are synced, and 200 for a
+//! standby replica (its body says `standby`), so a rollout of the
+//! controller's Deployment does not wait for a replica that must not lead.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -64,6 +70,8 @@ struct Inner {
     writes_total: AtomicU64,
     dirty: Mutex<HashMap<&'static str, HashSet<String>>>,
     ready: AtomicBool,
+    leader: Gauge,
+    standby: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -84,7 +92,7 @@ impl Metrics {
         let artifacts = Family::default();
         registry.register(
             "plugin_artifact_steps",
-            "Supply-chain steps for oci:// plugins by step (resolve, verify, fetch) and result (ok, cached, failed)",
+            "Plugin supply steps by step (resolve, verify, fetch for oci:// sources; compile for every load) and result (ok, cached, failed)",
             artifacts.clone(),
         );
         registry.register(
@@ -112,6 +120,13 @@ impl Metrics {
             "Writes to the Kubernetes API by controller and verb",
             writes.clone(),
         );
+        let leader = Gauge::default();
+        leader.set(1);
+        registry.register(
+            "leader",
+            "1 while this replica leads (holds the leader Lease), 0 while it stands by",
+            leader.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry: Mutex::new(registry),
@@ -124,6 +139,8 @@ impl Metrics {
                 writes_total: AtomicU64::new(0),
                 dirty: Mutex::new(HashMap::new()),
                 ready: AtomicBool::new(false),
+                leader,
+                standby: AtomicBool::new(false),
             }),
         }
     }
@@ -220,6 +237,17 @@ impl Metrics {
         self.inner.ready.load(Ordering::Relaxed)
     }
 
+    /// This replica leads (`true`) or stands by for the leader Lease.
+    pub fn set_leading(&self, leading: bool) {
+        self.inner.leader.set(i64::from(leading));
+        self.inner.standby.store(!leading, Ordering::Relaxed);
+    }
+
+    /// Whether this replica leads (always, without leader election).
+    pub fn is_leading(&self) -> bool {
+        !self.inner.standby.load(Ordering::Relaxed)
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -261,8 +289,10 @@ pub async fn serve(
             get(move || {
                 let m = metrics.clone();
                 async move {
-                    if m.is_ready() {
-                        (StatusCode::OK, "ok")
+                    if !m.is_leading() {
+                        (StatusCode::OK, "ok: standby, another replica leads")
+                    } else if m.is_ready() {
+                        (StatusCode::OK, "ok: leading")
                     } else {
                         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet")
                     }

@@ -440,10 +440,11 @@ async fn load(
         .map_err(|e| ("LoadFailed", e.to_string()))?;
     let manifest = loaded.manifest().clone();
     let digest = loaded.digest().to_string();
-    let message = match loaded.load_path() {
-        capstan_runtime::LoadPath::Compiled => "compiled and loaded".to_string(),
-        capstan_runtime::LoadPath::Cached => "loaded from the code cache".to_string(),
+    let (message, compiled) = match loaded.load_path() {
+        capstan_runtime::LoadPath::Compiled => ("compiled and loaded".to_string(), "ok"),
+        capstan_runtime::LoadPath::Cached => ("loaded from the code cache".to_string(), "cached"),
     };
+    ctx.metrics.artifact_step("compile", compiled);
     if manifest.world == World::Provider {
         let provider = loaded
             .provider()
@@ -497,6 +498,18 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<Grants, Failure> {
         grants.http.push(pattern);
     }
     for (i, grant) in plugin.spec.grants.credentials.iter().enumerate() {
+        if let Some(own) = &ctx.options.secrets_namespace
+            && grant.secret_ref.namespace != *own
+        {
+            return Err((
+                "CredentialOutOfNamespace",
+                format!(
+                    "spec.grants.credentials[{i}]: Secret {}/{} is outside Capstan's namespace {own:?}; \
+                     Capstan reads credential Secrets only from its own namespace: move the Secret there",
+                    grant.secret_ref.namespace, grant.secret_ref.name
+                ),
+            ));
+        }
         let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &grant.secret_ref.namespace);
         let secret = secrets
             .get_opt(&grant.secret_ref.name)

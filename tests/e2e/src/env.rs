@@ -30,6 +30,10 @@ pub const SIM_PLUGIN: &str = "sim";
 /// Token the simulated cloud requires (from the Secret, attached by the host).
 pub const CLOUD_TOKEN: &str = "quickstart-cloud-token";
 
+/// Capstan's own namespace: credential Secrets live here (the only place
+/// `capstan controller` reads them from).
+pub const CAPSTAN_NAMESPACE: &str = "capstan-system";
+
 /// A running environment. Fields drop in order: the cloud and its kubelet
 /// stop before the control plane they talk to.
 pub struct Env {
@@ -174,7 +178,20 @@ impl Env {
     /// Create the Secret holding the cloud token and a `Plugin` for the
     /// component at `path`, granted the loopback cloud.
     pub async fn create_plugin(&self, name: &str, path: &std::path::Path) -> Result<(), String> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), "default");
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        let namespace = k8s_openapi::api::core::v1::Namespace {
+            metadata: ObjectMeta {
+                name: Some(CAPSTAN_NAMESPACE.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match namespaces.create(&PostParams::default(), &namespace).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(format!("cannot create namespace {CAPSTAN_NAMESPACE}: {e}")),
+        }
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), CAPSTAN_NAMESPACE);
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some("sim-cloud".into()),
@@ -481,7 +498,7 @@ impl Drop for Env {
 
 /// The spec of a sim-provider Plugin at `source`: it grants everything the
 /// sim-provider declares (loopback HTTP, the `sim-cloud` credential from the
-/// `default/sim-cloud` Secret).
+/// `capstan-system/sim-cloud` Secret).
 pub fn sim_plugin_spec(source: &str) -> PluginSpec {
     PluginSpec {
         source: source.to_string(),
@@ -491,7 +508,7 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
             credentials: vec![capstan_api::CredentialGrant {
                 slot: "sim-cloud".into(),
                 secret_ref: capstan_api::SecretKeyRef {
-                    namespace: "default".into(),
+                    namespace: CAPSTAN_NAMESPACE.into(),
                     name: "sim-cloud".into(),
                     key: Some("token".into()),
                 },
@@ -608,24 +625,39 @@ pub fn capstan_bin() -> Result<std::path::PathBuf, String> {
 }
 
 impl ControllerProcess {
-    /// Start `capstan controller` with `extra` flags and environment.
+    /// Start `capstan controller` as the cluster admin with `extra` flags
+    /// and environment.
     pub fn start(
         env: &Env,
         extra: &[&str],
         vars: &[(&str, &str)],
     ) -> Result<ControllerProcess, String> {
-        let capstan = capstan_bin()?;
+        let kubeconfig = env.control_plane.kubeconfig();
+        Self::start_program(&capstan_bin()?, &["controller"], &kubeconfig, extra, vars)
+    }
+
+    /// Start `program` with `command` (for example `capstan controller`,
+    /// or a benchmark's controller) on `kubeconfig`, with `extra` flags and
+    /// environment; it serves metrics and health on a free loopback port.
+    pub fn start_program(
+        program: &std::path::Path,
+        command: &[&str],
+        kubeconfig: &std::path::Path,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Result<ControllerProcess, String> {
+        let capstan = program;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| e.to_string())?
             .port();
-        let kubeconfig = env.control_plane.kubeconfig();
         let log = kubeconfig.with_file_name(format!("capstan-controller-{port}.log"));
         let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let mut cmd = std::process::Command::new(&capstan);
-        cmd.arg("controller")
+        let mut cmd = std::process::Command::new(capstan);
+        cmd.args(command)
+            .arg(format!("--namespace={CAPSTAN_NAMESPACE}"))
             .arg("--kubeconfig")
-            .arg(&kubeconfig)
+            .arg(kubeconfig)
             .arg(format!("--metrics-addr=127.0.0.1:{port}"))
             .arg(format!("--health-addr=127.0.0.1:{port}"))
             .args(extra)
@@ -695,6 +727,25 @@ impl ControllerProcess {
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum())
+    }
+
+    /// Kill with SIGKILL, as a crash or an evicted node would, and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Send SIGTERM and return at once (see [`ControllerProcess::stop`]).
+    pub fn terminate(&self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+    }
+
+    /// The exit status, once the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Stop with SIGTERM (graceful), then SIGKILL after 10 s.

@@ -1,7 +1,8 @@
 //! `capstan-bench-scale`: scale a MachineDeployment from 0 to N machines
 //! until all are Ready, once through the Wasm sim-provider and once through
-//! the same provider logic compiled natively, each with its own
-//! `capstan controller` process, side by side in one run against one local
+//! the same provider logic compiled natively, each with its own controller
+//! process (`capstan controller`, and `capstan-bench-controller` from
+//! `tests/native-sim` for the native variant), side by side in one run against one local
 //! control plane and simulated cloud. Prints `name value` lines (not a timed
 //! test): time to all Ready, controller CPU seconds, controller peak RSS, API
 //! writes per machine, the API server's CPU seconds, the Wasm/native ratio
@@ -18,7 +19,7 @@ use anyhow::{Context, bail};
 use capstan_api::MachineDeployment;
 use capstan_e2e::control_plane::ControlPlaneOptions;
 use capstan_e2e::env::{
-    CLOUD_TOKEN, ControllerProcess, Env, EnvOptions, SIM_PLUGIN, sample_deployment,
+    CLOUD_TOKEN, ControllerProcess, Env, EnvOptions, SIM_PLUGIN, capstan_bin, sample_deployment,
 };
 use capstan_e2e::sim_cloud::{Faults, KubeletConfig};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -130,20 +131,32 @@ async fn run_variant(
     plugin: &str,
 ) -> anyhow::Result<Figures> {
     let name = format!("bench-{variant}");
-    let extra: Vec<&str> = if variant == "native" {
-        vec!["--native-sim-provider", plugin]
+    let kubeconfig = env.control_plane.kubeconfig();
+    let mut controller = if variant == "native" {
+        // The native comparison point is its own binary, so the product's
+        // `capstan controller` has no benchmark flags.
+        let program = capstan_bin()
+            .map_err(anyhow::Error::msg)?
+            .with_file_name("capstan-bench-controller");
+        ControllerProcess::start_program(
+            &program,
+            &[],
+            &kubeconfig,
+            &[
+                "--native-sim-provider",
+                plugin,
+                "--machine-concurrency=64",
+                "--poll-interval-ms=1000",
+            ],
+            &[("CAPSTAN_NATIVE_SIM_TOKEN", CLOUD_TOKEN)],
+        )
     } else {
-        vec![]
-    };
-    let mut controller = ControllerProcess::start(
-        env,
-        &[
-            extra.as_slice(),
+        ControllerProcess::start(
+            env,
             &["--machine-concurrency=64", "--poll-interval=1s"],
-        ]
-        .concat(),
-        &[("CAPSTAN_NATIVE_SIM_TOKEN", CLOUD_TOKEN)],
-    )
+            &[],
+        )
+    }
     .map_err(anyhow::Error::msg)?;
     controller
         .wait_ready(Duration::from_secs(60))

@@ -220,7 +220,7 @@ async fn main() -> anyhow::Result<()> {
         (Some(registry), "sim-oci", flags)
     } else {
         step(&format!(
-            "created Plugin/{SIM_PLUGIN}: the sandboxed sim-provider ({}), granted http://127.0.0.1:*, http://localhost:* and the cloud token from Secret default/sim-cloud",
+            "created Plugin/{SIM_PLUGIN}: the sandboxed sim-provider ({}), granted http://127.0.0.1:*, http://localhost:* and the cloud token from Secret capstan-system/sim-cloud",
             capstan_e2e::plugin("sim_provider").display()
         ));
         (None, SIM_PLUGIN, Vec::new())

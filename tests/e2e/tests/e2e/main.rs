@@ -7,6 +7,7 @@
 mod controllers;
 mod drain;
 mod healthchecks;
+mod in_cluster;
 mod interop;
 mod nodes;
 mod oci_plugins;

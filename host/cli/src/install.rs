@@ -1,0 +1,593 @@
+//! `capstan install` and `capstan uninstall`: everything Capstan needs to run
+//! inside the cluster it manages, least privilege first.
+//!
+//! [`manifests`] builds the objects: the CRDs, the namespace, a
+//! ServiceAccount, a ClusterRole and a Role generated from
+//! [`capstan_controllers::rbac::RULES`] (the one list of what the
+//! controllers do), their bindings, and a Deployment of leader-elected
+//! replicas. `install` prints them as YAML or, with `--apply`, applies them
+//! server-side; `uninstall` deletes them, refusing while Machines still
+//! hold finalizers (their instances would leak).
+
+use anyhow::Context as _;
+use capstan_api::Machine;
+use capstan_controllers::rbac::{self, Scope};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, Namespace, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Volume,
+    VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Name of the ServiceAccount, roles, bindings and Deployment.
+pub const NAME: &str = "capstan-controller";
+/// Field manager of `install --apply`.
+const FIELD_MANAGER: &str = "capstan-install";
+const METRICS_PORT: i32 = 9090;
+const HEALTH_PORT: i32 = 9091;
+const CACHE_DIR: &str = "/var/cache/capstan";
+
+/// Flags of `capstan install`.
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Namespace Capstan runs in; credential Secrets and the leader Lease
+    /// live here.
+    #[arg(long, default_value = crate::controller::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Container image holding the `capstan` binary.
+    #[arg(long, default_value = concat!("capstan:", env!("CARGO_PKG_VERSION")))]
+    pub image: String,
+    /// Controller replicas (one leads, the others stand by).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: i32,
+    /// Extra flag for `capstan controller` (repeatable), e.g.
+    /// `--controller-arg=--resync=5m`.
+    #[arg(
+        long = "controller-arg",
+        value_name = "FLAG",
+        allow_hyphen_values = true
+    )]
+    pub controller_args: Vec<String>,
+    /// Apply the objects to the cluster (server-side apply) instead of
+    /// printing them.
+    #[arg(long)]
+    pub apply: bool,
+    /// Kubeconfig for --apply (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Flags of `capstan uninstall`.
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// Namespace Capstan was installed in.
+    #[arg(long, default_value = crate::controller::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Remove the Machines' finalizers and go on although Machines remain:
+    /// their cloud instances are left behind.
+    #[arg(long)]
+    pub force: bool,
+    /// Kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Everything `install` creates, in the order it is applied.
+#[derive(Debug, Clone)]
+pub struct Manifests {
+    /// Capstan's namespace.
+    pub namespace: Namespace,
+    /// The CRDs.
+    pub crds: Vec<CustomResourceDefinition>,
+    /// The controllers' identity.
+    pub service_account: ServiceAccount,
+    /// Cluster-wide rules.
+    pub cluster_role: ClusterRole,
+    /// Binds them to the ServiceAccount.
+    pub cluster_role_binding: ClusterRoleBinding,
+    /// Rules in Capstan's namespace only (Secrets, the Lease).
+    pub role: Role,
+    /// Binds them to the ServiceAccount.
+    pub role_binding: RoleBinding,
+    /// The controller replicas.
+    pub deployment: Deployment,
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), NAME.to_string()),
+        (
+            "app.kubernetes.io/part-of".to_string(),
+            "capstan".to_string(),
+        ),
+    ])
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(labels()),
+        ..Default::default()
+    }
+}
+
+/// The RBAC rules of one scope, from the controllers' single list.
+pub fn policy_rules(scope: Scope) -> Vec<PolicyRule> {
+    rbac::rules(scope)
+        .map(|r| PolicyRule {
+            api_groups: Some(vec![r.group.to_string()]),
+            resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
+            verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn env_from_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn env_value(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("health".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        ..Default::default()
+    }
+}
+
+fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect()
+}
+
+fn deployment(args: &InstallArgs) -> Deployment {
+    let mut container_args: Vec<String> = vec![
+        "controller".into(),
+        "--leader-elect".into(),
+        format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
+        format!("--health-addr=0.0.0.0:{HEALTH_PORT}"),
+        format!("--code-cache={CACHE_DIR}/code"),
+        format!("--oci-cache={CACHE_DIR}/oci"),
+    ];
+    container_args.extend(args.controller_args.iter().cloned());
+    let container = Container {
+        name: "controller".into(),
+        image: Some(args.image.clone()),
+        args: Some(container_args),
+        env: Some(vec![
+            // Capstan's namespace and the replica's name (its leader identity).
+            env_from_field("CAPSTAN_NAMESPACE", "metadata.namespace"),
+            env_from_field("POD_NAME", "metadata.name"),
+            env_value("HOME", "/tmp"),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: METRICS_PORT,
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("health".into()),
+                container_port: HEALTH_PORT,
+                ..Default::default()
+            },
+        ]),
+        liveness_probe: Some(probe("/healthz", 10)),
+        // A standby answers 200 too (its body says so): only the leader
+        // reconciles, but both must count as available for a rollout.
+        readiness_probe: Some(probe("/readyz", 5)),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(&[("cpu", "100m"), ("memory", "128Mi")])),
+            limits: Some(quantities(&[("memory", "1Gi")])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "cache".into(),
+                mount_path: CACHE_DIR.into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    };
+    let empty_dir = |name: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: meta(NAME, Some(&args.namespace)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(args.replicas),
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/name".to_string(),
+                    NAME.to_string(),
+                )])),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NAME.into()),
+                    termination_grace_period_seconds: Some(30),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        fs_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    containers: vec![container],
+                    volumes: Some(vec![empty_dir("cache"), empty_dir("tmp")]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The objects `install` creates.
+pub fn manifests(args: &InstallArgs) -> Manifests {
+    let ns = args.namespace.as_str();
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: NAME.into(),
+        namespace: Some(ns.into()),
+        ..Default::default()
+    };
+    let role_ref = |kind: &str| RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: NAME.into(),
+    };
+    Manifests {
+        namespace: Namespace {
+            metadata: meta(ns, None),
+            ..Default::default()
+        },
+        crds: capstan_api::crds(),
+        service_account: ServiceAccount {
+            metadata: meta(NAME, Some(ns)),
+            ..Default::default()
+        },
+        cluster_role: ClusterRole {
+            metadata: meta(NAME, None),
+            rules: Some(policy_rules(Scope::Cluster)),
+            ..Default::default()
+        },
+        cluster_role_binding: ClusterRoleBinding {
+            metadata: meta(NAME, None),
+            role_ref: role_ref("ClusterRole"),
+            subjects: Some(vec![subject.clone()]),
+        },
+        role: Role {
+            metadata: meta(NAME, Some(ns)),
+            rules: Some(policy_rules(Scope::OwnNamespace)),
+        },
+        role_binding: RoleBinding {
+            metadata: meta(NAME, Some(ns)),
+            role_ref: role_ref("Role"),
+            subjects: Some(vec![subject]),
+        },
+        deployment: deployment(args),
+    }
+}
+
+fn yaml<T: serde::Serialize>(out: &mut String, obj: &T) -> anyhow::Result<()> {
+    out.push_str("---\n");
+    out.push_str(&serde_yaml::to_string(obj)?);
+    Ok(())
+}
+
+/// The manifests as one multi-document YAML stream, with the reason for
+/// every RBAC rule as comments.
+pub fn render(m: &Manifests) -> anyhow::Result<String> {
+    let mut out = String::from(
+        "# Capstan, installed by `capstan install`. Permissions (from the controllers' one list):\n",
+    );
+    for rule in rbac::RULES {
+        let scope = match rule.scope {
+            Scope::Cluster => "cluster",
+            Scope::OwnNamespace => "own namespace",
+        };
+        out.push_str(&format!(
+            "#   {}/{} [{}] ({scope}): {}\n",
+            if rule.group.is_empty() {
+                "core"
+            } else {
+                rule.group
+            },
+            rule.resources.join(","),
+            rule.verbs.join(","),
+            rule.why
+        ));
+    }
+    yaml(&mut out, &m.namespace)?;
+    for crd in &m.crds {
+        yaml(&mut out, crd)?;
+    }
+    yaml(&mut out, &m.service_account)?;
+    yaml(&mut out, &m.cluster_role)?;
+    yaml(&mut out, &m.cluster_role_binding)?;
+    yaml(&mut out, &m.role)?;
+    yaml(&mut out, &m.role_binding)?;
+    yaml(&mut out, &m.deployment)?;
+    Ok(out)
+}
+
+async fn apply<K>(api: Api<K>, obj: &K) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::Serialize,
+    K: serde::de::DeserializeOwned,
+{
+    let name = obj.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .with_context(|| format!("cannot apply {} {name}", K::kind(&())))?;
+    println!("{}/{name} applied", K::kind(&()).to_lowercase());
+    Ok(())
+}
+
+/// `capstan install`.
+pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.replicas >= 1,
+        "--replicas {} must be at least 1",
+        args.replicas
+    );
+    let m = manifests(&args);
+    if !args.apply {
+        print!("{}", render(&m)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = crate::controller::client(args.kubeconfig.as_ref()).await?;
+    let ns = args.namespace.as_str();
+    apply(Api::all(client.clone()), &m.namespace).await?;
+    for crd in &m.crds {
+        apply(Api::all(client.clone()), crd).await?;
+    }
+    apply(Api::namespaced(client.clone(), ns), &m.service_account).await?;
+    apply(Api::all(client.clone()), &m.cluster_role).await?;
+    apply(Api::all(client.clone()), &m.cluster_role_binding).await?;
+    apply(Api::namespaced(client.clone(), ns), &m.role).await?;
+    apply(Api::namespaced(client.clone(), ns), &m.role_binding).await?;
+    apply(Api::namespaced(client.clone(), ns), &m.deployment).await?;
+    eprintln!(
+        "capstan installed in namespace {ns}: put credential Secrets there; `kubectl -n {ns} get deploy,pods` shows the controllers"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn delete<K>(api: Api<K>, name: &str) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let kind = K::kind(&()).to_lowercase();
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => println!("{kind}/{name} deleted"),
+        Err(kube::Error::Api(e)) if e.code == 404 => println!("{kind}/{name} not found"),
+        Err(e) => return Err(e).with_context(|| format!("cannot delete {kind}/{name}")),
+    }
+    Ok(())
+}
+
+/// `capstan uninstall`.
+pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
+    let client = crate::controller::client(args.kubeconfig.as_ref()).await?;
+    let machines: Api<Machine> = Api::all(client.clone());
+    let held: Vec<Machine> = match machines.list(&Default::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter(|m| !m.finalizers().is_empty())
+            .collect(),
+        // No Machine CRD: nothing can be held.
+        Err(kube::Error::Api(e)) if e.code == 404 => vec![],
+        Err(e) => return Err(e).context("cannot list Machines"),
+    };
+    if !held.is_empty() {
+        let names: Vec<String> = held
+            .iter()
+            .take(10)
+            .map(|m| format!("{}/{}", m.namespace().unwrap_or_default(), m.name_any()))
+            .collect();
+        if !args.force {
+            anyhow::bail!(
+                "{} Machine(s) still hold finalizers ({}{}): their instances would leak. \
+                 Delete their MachineDeployments and MachineSets and wait until the Machines are gone, \
+                 or pass --force to drop the finalizers and leave the instances behind",
+                held.len(),
+                names.join(", "),
+                if held.len() > names.len() {
+                    ", …"
+                } else {
+                    ""
+                }
+            );
+        }
+        for m in &held {
+            let api: Api<Machine> =
+                Api::namespaced(client.clone(), &m.namespace().unwrap_or_default());
+            api.patch(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } })),
+            )
+            .await
+            .with_context(|| format!("cannot remove the finalizers of Machine {}", m.name_any()))?;
+            eprintln!(
+                "warning: removed the finalizers of Machine {}/{}; its instance is left behind",
+                m.namespace().unwrap_or_default(),
+                m.name_any()
+            );
+        }
+    }
+    let ns = args.namespace.as_str();
+    delete(Api::<Deployment>::namespaced(client.clone(), ns), NAME).await?;
+    delete(Api::<RoleBinding>::namespaced(client.clone(), ns), NAME).await?;
+    delete(Api::<Role>::namespaced(client.clone(), ns), NAME).await?;
+    delete(Api::<ClusterRoleBinding>::all(client.clone()), NAME).await?;
+    delete(Api::<ClusterRole>::all(client.clone()), NAME).await?;
+    delete(Api::<ServiceAccount>::namespaced(client.clone(), ns), NAME).await?;
+    for crd in capstan_api::crds() {
+        delete(
+            Api::<CustomResourceDefinition>::all(client.clone()),
+            &crd.name_any(),
+        )
+        .await?;
+    }
+    delete(Api::<Namespace>::all(client), ns).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: InstallArgs,
+    }
+
+    fn args(extra: &[&str]) -> InstallArgs {
+        Cli::parse_from([&["install"], extra].concat()).args
+    }
+
+    #[test]
+    fn roles_come_from_the_one_list_and_secrets_stay_in_the_namespace() {
+        let m = manifests(&args(&["--namespace", "ops"]));
+        let cluster = m.cluster_role.rules.unwrap();
+        assert_eq!(cluster.len(), rbac::rules(Scope::Cluster).count());
+        assert!(
+            cluster
+                .iter()
+                .all(|r| !r.resources.as_ref().unwrap().contains(&"secrets".into())),
+            "no cluster-wide Secret access"
+        );
+        let own = m.role.rules.unwrap();
+        assert!(
+            own.iter()
+                .any(|r| r.resources.as_ref().unwrap() == &["secrets"])
+        );
+        assert_eq!(m.role.metadata.namespace.as_deref(), Some("ops"));
+        let subject = &m.cluster_role_binding.subjects.unwrap()[0];
+        assert_eq!(
+            (subject.name.as_str(), subject.namespace.as_deref()),
+            (NAME, Some("ops"))
+        );
+    }
+
+    #[test]
+    fn the_deployment_runs_leader_elected_non_root_replicas() {
+        let m = manifests(&args(&[
+            "--image",
+            "registry.example/capstan:1",
+            "--controller-arg=--resync=5m",
+        ]));
+        let spec = m.deployment.spec.unwrap();
+        assert_eq!(spec.replicas, Some(2));
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+        let c = &pod.containers[0];
+        assert_eq!(c.image.as_deref(), Some("registry.example/capstan:1"));
+        let a = c.args.clone().unwrap();
+        assert!(a.contains(&"--leader-elect".into()) && a.contains(&"--resync=5m".into()));
+        assert_eq!(
+            c.readiness_probe
+                .as_ref()
+                .unwrap()
+                .http_get
+                .as_ref()
+                .unwrap()
+                .path
+                .as_deref(),
+            Some("/readyz")
+        );
+        assert!(c.resources.as_ref().unwrap().requests.is_some());
+    }
+
+    #[test]
+    fn the_yaml_stream_names_every_object() {
+        let text = render(&manifests(&args(&[]))).unwrap();
+        for kind in [
+            "kind: Namespace",
+            "kind: CustomResourceDefinition",
+            "kind: ServiceAccount",
+            "kind: ClusterRole\n",
+            "kind: ClusterRoleBinding",
+            "kind: Role\n",
+            "kind: RoleBinding",
+            "kind: Deployment",
+        ] {
+            assert!(text.contains(kind), "{kind} missing");
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The Kubernetes permissions the controllers need, as one list.
+//!
+//! `capstan install` turns [`RULES`] into a ClusterRole (rules with
+//! [`Scope::Cluster`]) and a Role in Capstan's own namespace (rules with
+//! [`Scope::OwnNamespace`]). Each rule names the controller that needs it,
+//! so a new controller adds its rules here next to the others; the
+//! in-cluster e2e test runs the controllers under exactly these roles, so a
+//! missing rule fails a scenario.
+
+/// Where a rule applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (a ClusterRole).
+    Cluster,
+    /// Only Capstan's own namespace (a Role there).
+    OwnNamespace,
+}
+
+/// One RBAC rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// Which controller needs it and why (a comment in the generated role).
+    pub why: &'static str,
+    /// API group (`""` for core).
+    pub group: &'static str,
+    /// Resources (and subresources, `pods/eviction`).
+    pub resources: &'static [&'static str],
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+    /// Cluster-wide or own namespace.
+    pub scope: Scope,
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+
+/// Every permission `capstan controller` uses, and no more.
+pub const RULES: &[Rule] = &[
+    Rule {
+        why: "all controllers: shared caches of Capstan's objects",
+        group: "capstan.dev",
+        resources: &[
+            "plugins",
+            "machines",
+            "machinesets",
+            "machinedeployments",
+            "machinehealthchecks",
+        ],
+        verbs: READ,
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "all controllers: status subresources (server-side apply)",
+        group: "capstan.dev",
+        resources: &[
+            "plugins/status",
+            "machines/status",
+            "machinesets/status",
+            "machinedeployments/status",
+            "machinehealthchecks/status",
+        ],
+        verbs: &["patch"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "machine: finalizers; machineset: create, adopt and delete machines",
+        group: "capstan.dev",
+        resources: &["machines"],
+        verbs: &["create", "patch", "delete"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "deployment: create, scale and delete MachineSets",
+        group: "capstan.dev",
+        resources: &["machinesets"],
+        verbs: &["create", "patch", "delete"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "machine: match Nodes to machines, cordon them, delete them after the instance",
+        group: "",
+        resources: &["nodes"],
+        verbs: &["get", "list", "watch", "patch", "delete"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "machine (drain): the pods on a Node",
+        group: "",
+        resources: &["pods"],
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "machine (drain): evict pods, honouring PodDisruptionBudgets",
+        group: "",
+        resources: &["pods/eviction"],
+        verbs: &["create"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "all controllers: Events about the objects they act on",
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "plugin: Events about Plugins (cluster-scoped, so core/v1 Events)",
+        group: "",
+        resources: &["events"],
+        verbs: &["create"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "plugin: credential Secrets, only in Capstan's namespace",
+        group: "",
+        resources: &["secrets"],
+        verbs: &["get"],
+        scope: Scope::OwnNamespace,
+    },
+    Rule {
+        why: "leader election: the Lease only one replica holds",
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get", "list", "watch", "create", "update"],
+        scope: Scope::OwnNamespace,
+    },
+];
+
+/// The rules of one scope.
+pub fn rules(scope: Scope) -> impl Iterator<Item = &'static Rule> {
+    RULES.iter().filter(move |r| r.scope == scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_rule_grants_wildcards_or_escalation() {
+        for rule in RULES {
+            for verb in rule.verbs {
+                assert!(
+                    !["*", "escalate", "bind", "impersonate"].contains(verb),
+                    "{rule:?}"
+                );
+            }
+            assert!(!rule.resources.contains(&"*"), "{rule:?}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_only_readable_in_the_own_namespace() {
+        for rule in RULES.iter().filter(|r| r.resources.contains(&"secrets")) {
+            assert_eq!(rule.scope, Scope::OwnNamespace);
+            assert_eq!(rule.verbs, ["get"]);
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! Running Capstan as a cluster runs it: `capstan install` accepted by the
+//! API server and undone by `capstan uninstall`; the controller under a
+//! ServiceAccount bound only to the generated roles (they suffice, and two
+//! rules removed one at a time each break something visibly); two replicas
+//! with leader election, a SIGKILLed leader replaced mid-rollout without a
+//! machine launched twice, and a SIGTERM handover.
+
+use crate::logs;
+use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, Plugin, condition};
+use capstan_e2e::cli;
+use capstan_e2e::env::{
+    CAPSTAN_NAMESPACE, ControllerProcess, Env, SIM_PLUGIN, capstan_bin, sample_deployment,
+    sim_plugin_spec,
+};
+use capstan_e2e::sim_cloud::Faults;
+use capstan_e2e::workloads;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const NS: &str = "default";
+const LONG: Duration = Duration::from_secs(90);
+
+/// `capstan install`'s objects, as JSON values.
+fn install_docs() -> Vec<Value> {
+    let text = cli::ok(&["install", "--namespace", CAPSTAN_NAMESPACE]);
+    text.split("\n---\n")
+        .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
+        .filter(|v| v.get("kind").is_some())
+        .collect()
+}
+
+fn kubectl_apply(env: &Env, docs: &[Value]) {
+    let list = json!({ "apiVersion": "v1", "kind": "List", "items": docs });
+    env.control_plane
+        .kubectl(&["apply", "-f", "-"], Some(&list.to_string()))
+        .expect("kubectl apply");
+}
+
+/// The generated RBAC objects (ServiceAccount, roles, bindings), with the
+/// rule on `without` (if any) taken out.
+fn rbac_docs(without: Option<&str>) -> Vec<Value> {
+    let mut docs: Vec<Value> = install_docs()
+        .into_iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&d["kind"].as_str().unwrap_or(""))
+        })
+        .collect();
+    if let Some(resource) = without {
+        let mut removed = 0;
+        for doc in &mut docs {
+            if let Some(rules) = doc.get_mut("rules").and_then(Value::as_array_mut) {
+                let before = rules.len();
+                rules.retain(|r| r["resources"] != json!([resource]));
+                removed += before - rules.len();
+            }
+        }
+        assert_eq!(removed, 1, "exactly one rule on {resource}");
+    }
+    docs
+}
+
+/// A kubeconfig for the `capstan-controller` ServiceAccount's token.
+async fn service_account_kubeconfig(env: &Env) -> std::path::PathBuf {
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
+    let token = env
+        .eventually("the ServiceAccount's token", LONG, async || {
+            let list = secrets.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find_map(|s| {
+                let for_us = s.type_.as_deref() == Some("kubernetes.io/service-account-token")
+                    && s.annotations().get("kubernetes.io/service-account.name")
+                        == Some(&"capstan-controller".to_string());
+                let token = s.data?.get("token")?.0.clone();
+                for_us.then(|| String::from_utf8(token).expect("a text token"))
+            })
+        })
+        .await;
+    let admin = env.control_plane.kubeconfig();
+    let text = std::fs::read_to_string(&admin).expect("the admin kubeconfig");
+    let replaced = text.replace(&env.control_plane.token, &token);
+    assert_ne!(replaced, text, "the admin token is in the kubeconfig");
+    let path = admin.with_file_name("capstan-controller.kubeconfig");
+    std::fs::write(&path, replaced).expect("write the kubeconfig");
+    path
+}
+
+fn plugin_ready(p: &Plugin) -> Option<(String, String, String)> {
+    let c = condition(&p.status.as_ref()?.conditions, "Ready")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn create_sim_plugin(env: &Env, name: &str, secret_namespace: &str) {
+    let mut spec = sim_plugin_spec(&format!(
+        "file://{}",
+        capstan_e2e::plugin("sim_provider").display()
+    ));
+    spec.grants.credentials[0].secret_ref.namespace = secret_namespace.into();
+    Api::<Plugin>::all(env.client.clone())
+        .create(&PostParams::default(), &Plugin::new(name, spec))
+        .await
+        .expect("create plugin");
+}
+
+async fn plugin_condition(env: &Env, name: &str, reason: &str) -> String {
+    let plugins: Api<Plugin> = Api::all(env.client.clone());
+    env.eventually(&format!("Plugin {name} {reason}"), LONG, async || {
+        let (status, r, message) = plugin_ready(&plugins.get(name).await.ok()?)?;
+        (status == "False" && r == reason).then_some(message)
+    })
+    .await
+}
+
+async fn patch_pool(env: &Env, spec: Value) {
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .expect("patch md/pool");
+}
+
+fn deleting(m: &Machine) -> Option<String> {
+    let c = condition(&m.status.as_ref()?.conditions, "Deleting")?;
+    Some(format!("{}: {}", c.reason, c.message))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn install_is_accepted_and_uninstall_removes_it() {
+    logs();
+    let env = Env::start(Faults::default()).await.expect("environment");
+    let yaml = cli::ok(&["install", "--namespace", "capstan-install"]);
+    // A server-side dry run does not create the namespace the other objects
+    // go in; create it first (it is the first object of the stream).
+    env.control_plane
+        .kubectl(&["create", "namespace", "capstan-install"], None)
+        .expect("create namespace");
+    let out = env
+        .control_plane
+        .kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&yaml))
+        .expect("the API server accepts every object");
+    for object in [
+        "serviceaccount/capstan-controller",
+        "clusterrole.rbac.authorization.k8s.io/capstan-controller",
+        "role.rbac.authorization.k8s.io/capstan-controller",
+        "deployment.apps/capstan-controller",
+    ] {
+        assert!(out.contains(object), "{object} not in:\n{out}");
+    }
+
+    // Applied for real, then uninstalled: refused while a Machine holds
+    // its finalizer, done with --force.
+    let kubeconfig = env.control_plane.kubeconfig();
+    let kc = kubeconfig.to_str().unwrap();
+    let applied = cli::ok(&[
+        "install",
+        "--apply",
+        "--kubeconfig",
+        kc,
+        "--namespace",
+        "capstan-install",
+    ]);
+    assert!(
+        applied.contains("deployment/capstan-controller applied"),
+        "{applied}"
+    );
+    let mut machine: Machine = serde_json::from_value(json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "Machine",
+        "metadata": { "name": "held", "namespace": NS, "finalizers": ["capstan.dev/machine"] },
+        "spec": { "provider": { "plugin": SIM_PLUGIN, "config": {} } },
+    }))
+    .unwrap();
+    machine.metadata.namespace = Some(NS.into());
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    let refused = cli::fails(&[
+        "uninstall",
+        "--kubeconfig",
+        kc,
+        "--namespace",
+        "capstan-install",
+    ]);
+    assert!(
+        refused.contains("1 Machine(s) still hold finalizers (default/held)")
+            && refused.contains("--force"),
+        "{refused}"
+    );
+    let done = cli::ok(&[
+        "uninstall",
+        "--force",
+        "--kubeconfig",
+        kc,
+        "--namespace",
+        "capstan-install",
+    ]);
+    for object in [
+        "deployment/capstan-controller deleted",
+        "clusterrole/capstan-controller deleted",
+        "customresourcedefinition/machines.capstan.dev deleted",
+        "namespace/capstan-install deleted",
+    ] {
+        assert!(done.contains(object), "{object} not in:\n{done}");
+    }
+    let roles = env
+        .control_plane
+        .kubectl(&["get", "clusterroles", "-o", "name"], None)
+        .unwrap();
+    assert!(!roles.contains("capstan-controller"), "{roles}");
+    // Idempotent: a second run finds nothing and succeeds.
+    let again = cli::ok(&[
+        "uninstall",
+        "--kubeconfig",
+        kc,
+        "--namespace",
+        "capstan-install",
+    ]);
+    assert!(
+        again.contains("clusterrole/capstan-controller not found"),
+        "{again}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_generated_roles_are_sufficient_and_not_wider() {
+    logs();
+    let faults = Faults {
+        boot_latency_ms: 200,
+        ..Default::default()
+    };
+    let env = Env::start(faults).await.expect("environment");
+    kubectl_apply(&env, &rbac_docs(None));
+    let kubeconfig = service_account_kubeconfig(&env).await;
+    let mut controller = ControllerProcess::start_program(
+        &capstan_bin().unwrap(),
+        &["controller"],
+        &kubeconfig,
+        &["--poll-interval=250ms"],
+        &[],
+    )
+    .unwrap();
+    controller.wait_ready(LONG).unwrap();
+
+    // The lifecycle: a pool comes up, is health-checked, carries a
+    // workload, rolls to a new version (drains, Node deletion), scales.
+    let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0");
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    let check: MachineHealthCheck = serde_json::from_value(json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "MachineHealthCheck",
+        "metadata": { "name": "pool", "namespace": NS },
+        "spec": {
+            "selector": { "matchLabels": { "capstan.dev/pool": "pool" } },
+            "checks": { "unhealthyNodeConditions": [
+                { "type": "Ready", "status": "Unknown", "timeoutSeconds": 60 }
+            ] },
+        },
+    }))
+    .unwrap();
+    Api::<MachineHealthCheck>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &check)
+        .await
+        .unwrap();
+    let web = workloads::one_per_node(workloads::deployment(NS, "web", 2, 1));
+    workloads::create(&env.client, &web).await.unwrap();
+    env.or_describe(workloads::wait_deployment_available(&env.client, NS, "web", LONG).await)
+        .await;
+    patch_pool(
+        &env,
+        json!({ "template": { "spec": { "version": "v1.31.0" } } }),
+    )
+    .await;
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    env.or_describe(workloads::wait_deployment_available(&env.client, NS, "web", LONG).await)
+        .await;
+    let machines = env.machines(NS).await;
+    assert_eq!(machines.len(), 2);
+    assert!(
+        machines
+            .iter()
+            .all(|m| m.spec.version.as_deref() == Some("v1.31.0"))
+    );
+    let mhcs: Api<MachineHealthCheck> = Api::namespaced(env.client.clone(), NS);
+    env.eventually("the health check counts the pool", LONG, async || {
+        let s = mhcs.get("pool").await.ok()?.status?;
+        (s.expected_machines == 2 && s.current_healthy == 2).then_some(())
+    })
+    .await;
+    let events = env.event_reasons(NS);
+    assert!(events.contains("NodeDrained"), "{events}");
+    assert_eq!(env.cloud.stats().live_instances, 2);
+
+    // A credential outside Capstan's namespace is refused, by the host
+    // before RBAC would be asked.
+    create_sim_plugin(&env, "outside", NS).await;
+    let message = plugin_condition(&env, "outside", "CredentialOutOfNamespace").await;
+    assert!(
+        message.contains("Secret default/sim-cloud is outside Capstan's namespace"),
+        "{message}"
+    );
+
+    // Without pods/eviction, a drain cannot evict: the machine says so.
+    kubectl_apply(&env, &rbac_docs(Some("pods/eviction")));
+    patch_pool(&env, json!({ "replicas": 1 })).await;
+    let blocked = env
+        .eventually("the drain is refused", LONG, async || {
+            env.machines(NS)
+                .await
+                .iter()
+                .filter_map(deleting)
+                .find(|d| d.contains("forbidden"))
+        })
+        .await;
+    assert!(blocked.contains("pods/eviction"), "{blocked}");
+    kubectl_apply(&env, &rbac_docs(None));
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    assert_eq!(env.machines(NS).await.len(), 1);
+
+    // Without Secrets in its own namespace, a Plugin's credential cannot
+    // be read: the Plugin says so.
+    kubectl_apply(&env, &rbac_docs(Some("secrets")));
+    create_sim_plugin(&env, "unreadable", CAPSTAN_NAMESPACE).await;
+    let message = plugin_condition(&env, "unreadable", "CredentialUnavailable").await;
+    assert!(message.contains("forbidden"), "{message}");
+    kubectl_apply(&env, &rbac_docs(None));
+
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .delete("pool", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.eventually("every instance released", LONG, async || {
+        (env.cloud.stats().live_instances == 0 && env.machines(NS).await.is_empty()).then_some(())
+    })
+    .await;
+    controller.stop();
+}
+
+/// How often `c` compiled a plugin (`ok`) or loaded its code from the
+/// cache (`cached`).
+fn compiles(c: &ControllerProcess, result: &str) -> f64 {
+    let (_, body) = c.get("/metrics").unwrap();
+    body.lines()
+        .filter(|l| {
+            l.starts_with("capstan_plugin_artifact_steps_total{")
+                && l.contains("step=\"compile\"")
+                && l.contains(&format!("result=\"{result}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+const ELECTION: &[&str] = &[
+    "--leader-elect",
+    "--leader-elect-lease-duration=6s",
+    "--leader-elect-renew-deadline=4s",
+    "--leader-elect-retry-period=1s",
+    "--poll-interval=250ms",
+];
+
+fn leads(c: &ControllerProcess) -> bool {
+    c.metric_sum("capstan_leader").ok() == Some(1.0)
+}
+
+/// Wait until `c` leads; the time it took.
+fn wait_leads(c: &mut ControllerProcess, within: Duration) -> Duration {
+    let started = Instant::now();
+    while !leads(c) {
+        assert!(c.exited().is_none(), "{} exited", c.log.display());
+        assert!(
+            started.elapsed() < within,
+            "not leading after {within:?}; log {}",
+            c.log.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_replica_leads_and_a_standby_takes_over() {
+    logs();
+    let faults = Faults {
+        boot_latency_ms: 1500,
+        ..Default::default()
+    };
+    let env = Env::start(faults).await.expect("environment");
+    // The replicas share a code cache, as containers of one pod share its
+    // emptyDir across restarts.
+    let cache = env
+        .control_plane
+        .kubeconfig()
+        .with_file_name("shared-code-cache");
+    let cache_flag = format!("--code-cache={}", cache.display());
+    let flags = [ELECTION, &[cache_flag.as_str()]].concat();
+    let mut first = ControllerProcess::start(&env, &flags, &[]).unwrap();
+    wait_leads(&mut first, LONG);
+    let mut second = ControllerProcess::start(&env, &flags, &[]).unwrap();
+    second.wait_ready(LONG).unwrap();
+    let (code, body) = second.get("/readyz").unwrap();
+    assert_eq!((code, body.contains("standby")), (200, true), "{body}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(leads(&first) && !leads(&second), "exactly one leads");
+
+    // Mid-rollout, the leader dies without a word.
+    let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 4, "v1.30.0");
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    env.eventually("instances launching", LONG, async || {
+        (env.cloud.stats().instances_launched >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        compiles(&first, "ok"),
+        1.0,
+        "the first leader compiled the plugin"
+    );
+    let ready = env.deployment(NS, "pool").await.status.unwrap_or_default();
+    assert!(ready.ready_replicas < 4, "killed mid-rollout");
+    first.kill();
+    let takeover = wait_leads(&mut second, LONG);
+    eprintln!("takeover after SIGKILL: {takeover:?} (lease duration 6 s)");
+    assert!(
+        takeover < Duration::from_secs(6 + 2),
+        "took {takeover:?}, lease duration 6 s"
+    );
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    assert_eq!(
+        (compiles(&second, "ok"), compiles(&second, "cached")),
+        (0.0, 1.0),
+        "the new leader loaded the compiled code from the shared cache"
+    );
+    let stats = env.cloud.stats();
+    assert_eq!(stats.live_instances, 4);
+    assert_eq!(stats.instances_launched, 4, "no instance launched twice");
+    assert_eq!(env.machines(NS).await.len(), 4);
+
+    // A restarted replica stands by; SIGTERM on the leader hands over at once.
+    let mut third = ControllerProcess::start(&env, &flags, &[]).unwrap();
+    third.wait_ready(LONG).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!leads(&third));
+    second.terminate();
+    let handover = wait_leads(&mut third, LONG);
+    eprintln!("handover after SIGTERM: {handover:?}");
+    assert!(handover < Duration::from_secs(2), "took {handover:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = second.exited() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the old leader did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    // The new leader reconciles: a scale-up is served.
+    patch_pool(&env, json!({ "replicas": 5 })).await;
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    assert_eq!(env.cloud.stats().instances_launched, 5);
+    third.stop();
+}
