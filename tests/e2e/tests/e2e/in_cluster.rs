@@ -130,6 +130,16 @@ async fn patch_pool(env: &Env, spec: Value) {
         .expect("patch md/pool");
 }
 
+/// An environment whose simulated instances boot in `boot_latency_ms`.
+async fn start(boot_latency_ms: u64) -> Env {
+    logs();
+    let faults = Faults {
+        boot_latency_ms,
+        ..Default::default()
+    };
+    Env::start(faults).await.expect("environment")
+}
+
 fn deleting(m: &Machine) -> Option<String> {
     let c = condition(&m.status.as_ref()?.conditions, "Deleting")?;
     Some(format!("{}: {}", c.reason, c.message))
@@ -137,8 +147,7 @@ fn deleting(m: &Machine) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn install_is_accepted_and_uninstall_removes_it() {
-    logs();
-    let env = Env::start(Faults::default()).await.expect("environment");
+    let env = start(0).await;
     let yaml = cli::ok(&["install", "--namespace", "capstan-install"]);
     // A server-side dry run does not create the namespace the other objects
     // go in; create it first (it is the first object of the stream).
@@ -235,22 +244,19 @@ async fn install_is_accepted_and_uninstall_removes_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_generated_roles_are_sufficient_and_not_wider() {
-    logs();
-    let faults = Faults {
-        boot_latency_ms: 200,
-        ..Default::default()
-    };
-    let env = Env::start(faults).await.expect("environment");
+    let env = start(200).await;
     kubectl_apply(&env, &rbac_docs(None));
     let kubeconfig = service_account_kubeconfig(&env).await;
     let mut controller = ControllerProcess::start_program(
         &capstan_bin().unwrap(),
         &["controller"],
         &kubeconfig,
-        &["--poll-interval=250ms"],
+        // As the installed Deployment runs it: the Lease needs its rules too.
+        &["--poll-interval=250ms", "--leader-elect"],
         &[],
     )
     .unwrap();
+    wait_leads(&mut controller, LONG);
     controller.wait_ready(LONG).unwrap();
 
     // The lifecycle: a pool comes up, is health-checked, carries a
@@ -394,12 +400,7 @@ fn wait_leads(c: &mut ControllerProcess, within: Duration) -> Duration {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_replica_leads_and_a_standby_takes_over() {
-    logs();
-    let faults = Faults {
-        boot_latency_ms: 1500,
-        ..Default::default()
-    };
-    let env = Env::start(faults).await.expect("environment");
+    let env = start(1500).await;
     // The replicas share a code cache, as containers of one pod share its
     // emptyDir across restarts.
     let cache = env
