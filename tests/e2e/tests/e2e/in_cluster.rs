@@ -438,8 +438,10 @@ async fn one_replica_leads_and_a_standby_takes_over() {
     first.kill();
     let takeover = wait_leads(&mut second, LONG);
     eprintln!("takeover after SIGKILL: {takeover:?} (lease duration 6 s)");
+    // Within the lease duration, give or take a retry period (1 s) and
+    // the API round trips of a loaded machine.
     assert!(
-        takeover < Duration::from_secs(6 + 2),
+        takeover < Duration::from_secs(6 + 3),
         "took {takeover:?}, lease duration 6 s"
     );
     env.wait_rolled_out(NS, "pool", LONG).await;
