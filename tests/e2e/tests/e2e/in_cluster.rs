@@ -130,6 +130,17 @@ async fn patch_pool(env: &Env, spec: Value) {
         .expect("patch md/pool");
 }
 
+fn as_args(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+#[track_caller]
+fn says_all(output: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(output.contains(line), "{line} not in:\n{output}");
+    }
+}
+
 /// An environment whose simulated instances boot in `boot_latency_ms`.
 async fn start(boot_latency_ms: u64) -> Env {
     logs();
@@ -158,14 +169,15 @@ async fn install_is_accepted_and_uninstall_removes_it() {
         .control_plane
         .kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&yaml))
         .expect("the API server accepts every object");
-    for object in [
-        "serviceaccount/capstan-controller",
-        "clusterrole.rbac.authorization.k8s.io/capstan-controller",
-        "role.rbac.authorization.k8s.io/capstan-controller",
-        "deployment.apps/capstan-controller",
-    ] {
-        assert!(out.contains(object), "{object} not in:\n{out}");
-    }
+    says_all(
+        &out,
+        &[
+            "serviceaccount/capstan-controller",
+            "clusterrole.rbac.authorization.k8s.io/capstan-controller",
+            "role.rbac.authorization.k8s.io/capstan-controller",
+            "deployment.apps/capstan-controller",
+        ],
+    );
 
     // Applied for real, then uninstalled: refused while a Machine holds
     // its finalizer, done with --force.
@@ -195,47 +207,42 @@ async fn install_is_accepted_and_uninstall_removes_it() {
         .create(&PostParams::default(), &machine)
         .await
         .unwrap();
-    let refused = cli::fails(&[
-        "uninstall",
-        "--kubeconfig",
-        kc,
-        "--namespace",
-        "capstan-install",
-    ]);
+    let uninstall = |extra: &[&'static str]| -> Vec<String> {
+        [
+            "uninstall",
+            "--kubeconfig",
+            kc,
+            "--namespace",
+            "capstan-install",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect()
+    };
+    let refused = cli::fails(&as_args(&uninstall(&[])));
     assert!(
         refused.contains("1 Machine(s) still hold finalizers (default/held)")
             && refused.contains("--force"),
         "{refused}"
     );
-    let done = cli::ok(&[
-        "uninstall",
-        "--force",
-        "--kubeconfig",
-        kc,
-        "--namespace",
-        "capstan-install",
-    ]);
-    for object in [
-        "deployment/capstan-controller deleted",
-        "clusterrole/capstan-controller deleted",
-        "customresourcedefinition/machines.capstan.dev deleted",
-        "namespace/capstan-install deleted",
-    ] {
-        assert!(done.contains(object), "{object} not in:\n{done}");
-    }
+    let done = cli::ok(&as_args(&uninstall(&["--force"])));
+    says_all(
+        &done,
+        &[
+            "deployment/capstan-controller deleted",
+            "clusterrole/capstan-controller deleted",
+            "customresourcedefinition/machines.capstan.dev deleted",
+            "namespace/capstan-install deleted",
+        ],
+    );
     let roles = env
         .control_plane
         .kubectl(&["get", "clusterroles", "-o", "name"], None)
         .unwrap();
     assert!(!roles.contains("capstan-controller"), "{roles}");
     // Idempotent: a second run finds nothing and succeeds.
-    let again = cli::ok(&[
-        "uninstall",
-        "--kubeconfig",
-        kc,
-        "--namespace",
-        "capstan-install",
-    ]);
+    let again = cli::ok(&as_args(&uninstall(&[])));
     assert!(
         again.contains("clusterrole/capstan-controller not found"),
         "{again}"
