@@ -136,8 +136,8 @@ pub struct Args {
 impl Args {
     /// The controllers' options from the flags (reads the trust policy,
     /// mirror configuration and registry credentials now, so a bad file
-    /// fails at startup).
-    pub fn options(&self) -> anyhow::Result<Options> {
+    /// fails at startup); credential Secrets are read only from `namespace`.
+    pub fn options(&self, namespace: &str) -> anyhow::Result<Options> {
         let policy = match &self.trust_policy {
             Some(path) => Some(capstan_registry::policy::TrustPolicy::load(path)?),
             None => None,
@@ -156,7 +156,7 @@ impl Args {
             resync: self.resync,
             poll: self.poll_interval,
             supply: Some(std::sync::Arc::new(supply)),
-            secrets_namespace: Some(own_namespace(self.namespace.as_deref())),
+            secrets_namespace: Some(namespace.to_string()),
         })
     }
 }
@@ -218,7 +218,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         config: config(args.kubeconfig.as_ref()).await?,
         runtime: Some(runtime),
         providers: Providers::default(),
-        options: args.options()?,
+        options: args.options(&namespace)?,
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,
         election: args.election.config(&namespace)?,

@@ -10,9 +10,9 @@
 use crate::machineset::{controlled_by, health, owner_reference};
 use crate::{
     Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, owner_key,
-    retry_soon,
+    retry_soon, set_valid_spec,
 };
-use capstan_api::set_conditions::{AVAILABLE, PROGRESSING, VALID_SPEC};
+use capstan_api::set_conditions::{AVAILABLE, PROGRESSING};
 use capstan_api::{
     ANNOTATION_CHANGE_CAUSE, ANNOTATION_REPLACE_DELETED, ANNOTATION_REVISION, DeploymentPhase,
     IntOrString, LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
@@ -155,29 +155,14 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     let strategy = match strategy {
         Ok(s) => s,
         Err(message) => {
-            set_condition(
-                &mut status.conditions,
-                VALID_SPEC,
-                cond::FALSE,
-                "InvalidSpec",
-                message,
-                generation,
-                &t,
-            );
+            let problem = Some(("InvalidSpec", message.as_str()));
+            set_valid_spec(&mut status.conditions, problem, generation, &t);
             status.phase = Some(DeploymentPhase::Failed);
             apply_status(&ctx, CONTROLLER, md.as_ref(), current.as_ref(), &status).await?;
             return Ok(Action::await_change());
         }
     };
-    set_condition(
-        &mut status.conditions,
-        VALID_SPEC,
-        cond::TRUE,
-        "Valid",
-        "",
-        generation,
-        &t,
-    );
+    set_valid_spec(&mut status.conditions, None, generation, &t);
 
     let sets_api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
     let hash = template_hash(&md.spec.template);

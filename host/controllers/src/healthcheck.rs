@@ -11,10 +11,10 @@
 
 use crate::machineset::owner_reference_kind;
 use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now,
-    record_event, retry_soon,
+    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, machines_of_node,
+    now, record_event, retry_soon, set_valid_spec,
 };
-use capstan_api::health_check_conditions::{REMEDIATION_ALLOWED, VALID_SPEC};
+use capstan_api::health_check_conditions::REMEDIATION_ALLOWED;
 use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED};
 use capstan_api::{
     Condition, DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS, IntOrString, Machine, MachineHealthCheck,
@@ -53,17 +53,10 @@ pub(crate) async fn controller(
             checks_selecting(&by_machine, &machine)
         })
         .watches_shared_stream(nodes, move |node: Arc<Node>| {
-            let Some(id) = node.spec.as_ref().and_then(|s| s.provider_id.clone()) else {
-                return vec![];
-            };
-            machine_store
-                .state()
+            machines_of_node(&machine_store, &node)
                 .iter()
-                .filter(|m| {
-                    m.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id.as_str())
-                })
                 .flat_map(|m| checks_selecting(&by_node, m))
-                .collect()
+                .collect::<Vec<_>>()
         })
         .with_config(Config::default().concurrency(2))
         .graceful_shutdown_on(shutdown)
@@ -208,28 +201,13 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
     let (checks, trigger, max_in_flight) = match resolve(&check) {
         Ok(resolved) => resolved,
         Err(message) => {
-            set_condition(
-                &mut status.conditions,
-                VALID_SPEC,
-                cond::FALSE,
-                "InvalidSpec",
-                message,
-                generation,
-                &t,
-            );
+            let problem = Some(("InvalidSpec", message.as_str()));
+            set_valid_spec(&mut status.conditions, problem, generation, &t);
             apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
             return Ok(Action::await_change());
         }
     };
-    set_condition(
-        &mut status.conditions,
-        VALID_SPEC,
-        cond::TRUE,
-        "Valid",
-        "",
-        generation,
-        &t,
-    );
+    set_valid_spec(&mut status.conditions, None, generation, &t);
 
     let now_s = t.0.as_second();
     let mut machines: Vec<Arc<Machine>> = ctx

@@ -148,7 +148,7 @@ impl Elector {
     /// Wait until this replica holds the Lease. API errors are logged and
     /// retried (a candidate has nothing to lose by waiting).
     pub async fn acquire(&self) {
-        let mut seen: Option<(Record, Option<String>, Instant)> = None;
+        let mut seen: Option<(Option<String>, Instant)> = None;
         loop {
             let wait = match self.try_acquire(&mut seen).await {
                 Ok(None) => {
@@ -177,36 +177,37 @@ impl Elector {
     /// `Ok(Some(wait))` when another does.
     async fn try_acquire(
         &self,
-        seen: &mut Option<(Record, Option<String>, Instant)>,
+        seen: &mut Option<(Option<String>, Instant)>,
     ) -> Result<Option<Duration>, Error> {
         let current = self
             .api
             .get_opt(&self.config.name)
             .await
             .map_err(kube_err(format!("cannot read Lease {}", self.lease_name())))?;
-        let Some(lease) = current else {
-            return self.create().await;
-        };
-        let record = record_of(&lease);
-        let version = lease.resource_version();
-        // A renewal changes the resourceVersion even when the record stays
-        // the same: the holder is alive.
+        // Every write (a renewal too) changes the resourceVersion: the time
+        // since it last changed is how long the holder has been silent.
+        let version = current.as_ref().and_then(|l| l.resource_version());
         let unchanged_for = match seen {
-            Some((r, v, since)) if *r == record && *v == version => since.elapsed(),
+            Some((v, since)) if *v == version => since.elapsed(),
             _ => {
-                *seen = Some((record.clone(), version, Instant::now()));
+                *seen = Some((version, Instant::now()));
                 Duration::ZERO
             }
         };
-        match decide(Some(&record), &self.config.identity, unchanged_for) {
-            Decision::Wait(d) => Ok(Some(d)),
-            Decision::Create | Decision::Take => {
+        let record = current.as_ref().map(record_of);
+        match (
+            decide(record.as_ref(), &self.config.identity, unchanged_for),
+            current,
+        ) {
+            (Decision::Wait(d), _) => Ok(Some(d)),
+            (Decision::Create, _) | (Decision::Take, None) => self.create().await,
+            (Decision::Take, Some(lease)) => {
                 let transitions = lease
                     .spec
                     .as_ref()
                     .and_then(|s| s.lease_transitions)
                     .unwrap_or(0);
-                let ours = record.holder.as_deref() == Some(&self.config.identity);
+                let ours = record.and_then(|r| r.holder).as_deref() == Some(&self.config.identity);
                 let mut taken = lease.clone();
                 taken.spec = Some(self.spec(if ours { transitions } else { transitions + 1 }));
                 match self

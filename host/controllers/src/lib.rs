@@ -336,6 +336,36 @@ pub(crate) async fn record_event(
     }
 }
 
+/// The machines whose instance backs `node` (same provider ID).
+pub(crate) fn machines_of_node(machines: &Store<Machine>, node: &Node) -> Vec<Arc<Machine>> {
+    let Some(id) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) else {
+        return vec![];
+    };
+    machines
+        .state()
+        .into_iter()
+        .filter(|m| m.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id))
+        .collect()
+}
+
+/// Set the `ValidSpec` condition: `problem` is `Some((reason, message))`
+/// when the spec cannot be acted on, `None` when it is valid.
+pub(crate) fn set_valid_spec(
+    conditions: &mut Vec<capstan_api::Condition>,
+    problem: Option<(&str, &str)>,
+    generation: Option<i64>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    use capstan_api::{set_conditions::VALID_SPEC, status as cond};
+    let (status, reason, message) = match problem {
+        Some((reason, message)) => (cond::FALSE, reason, message),
+        None => (cond::TRUE, "Valid", ""),
+    };
+    capstan_api::set_condition(
+        conditions, VALID_SPEC, status, reason, message, generation, now,
+    );
+}
+
 /// Apply `status` to an object's status subresource with server-side apply,
 /// unless it equals `current` (so idle reconciles write nothing).
 pub(crate) async fn apply_status<K, S>(

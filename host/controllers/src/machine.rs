@@ -14,8 +14,8 @@
 use crate::plugin::Availability;
 use crate::provider::{ProviderError, timed};
 use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now,
-    record_event, retry_soon,
+    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, machines_of_node,
+    now, record_event, retry_soon,
 };
 use capstan_api::machine_conditions::{
     CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, OWNED_BY_MACHINE_CONTROLLER, READY,
@@ -54,13 +54,10 @@ pub(crate) async fn controller(
             machines_where(&by_plugin, |m| m.spec.provider.plugin == name)
         })
         .watches_shared_stream(nodes, move |node: Arc<Node>| {
-            let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.clone());
-            match provider_id {
-                Some(id) => machines_where(&by_node, |m| {
-                    m.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id.as_str())
-                }),
-                None => vec![],
-            }
+            machines_of_node(&by_node, &node)
+                .iter()
+                .map(|m| ObjectRef::from_obj(m.as_ref()))
+                .collect::<Vec<_>>()
         })
         .with_config(Config::default().concurrency(ctx.options.concurrency.machines))
         .graceful_shutdown_on(shutdown)

@@ -8,9 +8,9 @@
 
 use crate::{
     Context, Error, Seen, apply_status, counted, drain, instrumented, key_of, kube_err, now,
-    record_event, retry_soon,
+    record_event, retry_soon, set_valid_spec,
 };
-use capstan_api::set_conditions::{AVAILABLE, VALID_SPEC};
+use capstan_api::set_conditions::AVAILABLE;
 use capstan_api::{
     ANNOTATION_REPLACE_DELETED, DeletePolicy, LABEL_SET_NAME, Machine, MachineSet,
     machine_conditions, selector_matches, selector_mismatch, selector_string, set_condition,
@@ -165,27 +165,12 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     let t = now();
 
     if let Some(message) = selector_mismatch(&set.spec.selector, &set.spec.template, "set") {
-        set_condition(
-            &mut status.conditions,
-            VALID_SPEC,
-            cond::FALSE,
-            "SelectorMismatch",
-            message,
-            generation,
-            &t,
-        );
+        let problem = Some(("SelectorMismatch", message.as_str()));
+        set_valid_spec(&mut status.conditions, problem, generation, &t);
         apply_status(&ctx, CONTROLLER, set.as_ref(), current.as_ref(), &status).await?;
         return Ok(Action::await_change());
     }
-    set_condition(
-        &mut status.conditions,
-        VALID_SPEC,
-        cond::TRUE,
-        "Valid",
-        "",
-        generation,
-        &t,
-    );
+    set_valid_spec(&mut status.conditions, None, generation, &t);
 
     let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
     let all = ctx.stores.machines.state();

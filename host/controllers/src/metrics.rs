@@ -71,7 +71,6 @@ struct Inner {
     dirty: Mutex<HashMap<&'static str, HashSet<String>>>,
     ready: AtomicBool,
     leader: Gauge,
-    standby: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -140,7 +139,6 @@ impl Metrics {
                 dirty: Mutex::new(HashMap::new()),
                 ready: AtomicBool::new(false),
                 leader,
-                standby: AtomicBool::new(false),
             }),
         }
     }
@@ -240,12 +238,11 @@ impl Metrics {
     /// This replica leads (`true`) or stands by for the leader Lease.
     pub fn set_leading(&self, leading: bool) {
         self.inner.leader.set(i64::from(leading));
-        self.inner.standby.store(!leading, Ordering::Relaxed);
     }
 
     /// Whether this replica leads (always, without leader election).
     pub fn is_leading(&self) -> bool {
-        !self.inner.standby.load(Ordering::Relaxed)
+        self.inner.leader.get() == 1
     }
 
     /// The Prometheus text exposition.

@@ -496,6 +496,19 @@ impl Drop for Env {
     }
 }
 
+/// The name of the Node a machine's status points at (panics if it has none
+/// yet: call it on machines that are Ready).
+pub fn node_of(m: &Machine) -> String {
+    m.status
+        .as_ref()
+        .unwrap()
+        .node_ref
+        .as_ref()
+        .unwrap()
+        .name
+        .clone()
+}
+
 /// The spec of a sim-provider Plugin at `source`: it grants everything the
 /// sim-provider declares (loopback HTTP, the `sim-cloud` credential from the
 /// `capstan-system/sim-cloud` Secret).
@@ -646,14 +659,13 @@ impl ControllerProcess {
         extra: &[&str],
         vars: &[(&str, &str)],
     ) -> Result<ControllerProcess, String> {
-        let capstan = program;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| e.to_string())?
             .port();
         let log = kubeconfig.with_file_name(format!("capstan-controller-{port}.log"));
         let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let mut cmd = std::process::Command::new(capstan);
+        let mut cmd = std::process::Command::new(program);
         cmd.args(command)
             .arg(format!("--namespace={CAPSTAN_NAMESPACE}"))
             .arg("--kubeconfig")
@@ -670,7 +682,7 @@ impl ControllerProcess {
         }
         let child = cmd
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", capstan.display()))?;
+            .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
         Ok(ControllerProcess {
             child,
             metrics_url: format!("http://127.0.0.1:{port}"),

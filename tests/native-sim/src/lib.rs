@@ -187,6 +187,23 @@ mod convert {
 }
 
 impl NativeSimProvider {
+    /// `call` with `machine` in the SDK's types and its parsed config.
+    async fn on_machine<T: Send + 'static>(
+        &self,
+        machine: &capstan_runtime::types::Machine,
+        call: impl FnOnce(
+            &SimProvider<NativeHttp>,
+            &Machine,
+            &SimConfig,
+        ) -> Result<T, capstan_sdk::PluginError>
+        + Send
+        + 'static,
+    ) -> Result<T, capstan_controllers::ProviderError> {
+        let m = convert::machine(machine);
+        let config = m.provider_config.clone();
+        self.run(&config, move |p, c| call(p, &m, c)).await
+    }
+
     async fn run<T: Send + 'static>(
         &self,
         config: &str,
@@ -224,12 +241,7 @@ impl capstan_controllers::MachineProvider for NativeSimProvider {
         'a,
         Result<capstan_runtime::types::MachineStatus, capstan_controllers::ProviderError>,
     > {
-        let m = convert::machine(machine);
-        Box::pin(async move {
-            let config = m.provider_config.clone();
-            self.run(&config, move |p, c| p.create(&m, c).map(convert::status))
-                .await
-        })
+        Box::pin(self.on_machine(machine, |p, m, c| p.create(m, c).map(convert::status)))
     }
     fn get<'a>(
         &'a self,
@@ -238,12 +250,7 @@ impl capstan_controllers::MachineProvider for NativeSimProvider {
         'a,
         Result<capstan_runtime::types::MachineStatus, capstan_controllers::ProviderError>,
     > {
-        let m = convert::machine(machine);
-        Box::pin(async move {
-            let config = m.provider_config.clone();
-            self.run(&config, move |p, c| p.get(&m, c).map(convert::status))
-                .await
-        })
+        Box::pin(self.on_machine(machine, |p, m, c| p.get(m, c).map(convert::status)))
     }
     fn delete<'a>(
         &'a self,
@@ -252,18 +259,13 @@ impl capstan_controllers::MachineProvider for NativeSimProvider {
         'a,
         Result<capstan_runtime::types::Deletion, capstan_controllers::ProviderError>,
     > {
-        let m = convert::machine(machine);
-        Box::pin(async move {
-            let config = m.provider_config.clone();
-            self.run(&config, move |p, c| {
-                p.delete(&m, c).map(|d| match d {
-                    capstan_sdk::Deletion::Done => capstan_runtime::types::Deletion::Done,
-                    capstan_sdk::Deletion::InProgress(ms) => {
-                        capstan_runtime::types::Deletion::InProgress(ms)
-                    }
-                })
+        Box::pin(self.on_machine(machine, |p, m, c| {
+            p.delete(m, c).map(|d| match d {
+                capstan_sdk::Deletion::Done => capstan_runtime::types::Deletion::Done,
+                capstan_sdk::Deletion::InProgress(ms) => {
+                    capstan_runtime::types::Deletion::InProgress(ms)
+                }
             })
-            .await
-        })
+        }))
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::logs;
 use capstan_api::{Machine, MachineDeployment, condition};
-use capstan_e2e::env::Env;
+use capstan_e2e::env::{Env, node_of};
 use capstan_e2e::sim_cloud::{Faults, Moment};
 use capstan_e2e::workloads;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -42,17 +42,6 @@ async fn scale(env: &Env, replicas: i32) {
 fn deleting(m: &Machine) -> Option<(String, String)> {
     let c = condition(&m.status.as_ref()?.conditions, "Deleting")?;
     Some((c.reason.clone(), c.message.clone()))
-}
-
-fn node_of(m: &Machine) -> String {
-    m.status
-        .as_ref()
-        .unwrap()
-        .node_ref
-        .as_ref()
-        .unwrap()
-        .name
-        .clone()
 }
 
 fn instance_of(m: &Machine) -> String {

@@ -6,7 +6,7 @@
 use crate::logs;
 use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED};
 use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, condition};
-use capstan_e2e::env::Env;
+use capstan_e2e::env::{Env, node_of};
 use capstan_e2e::sim_cloud::Faults;
 use capstan_e2e::workloads;
 use kube::ResourceExt;
@@ -68,17 +68,6 @@ async fn check(env: &Env) -> MachineHealthCheck {
 fn machine_condition(m: &Machine, type_: &str) -> Option<(String, String, String)> {
     let c = condition(&m.status.as_ref()?.conditions, type_)?;
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-fn node_of(m: &Machine) -> String {
-    m.status
-        .as_ref()
-        .unwrap()
-        .node_ref
-        .as_ref()
-        .unwrap()
-        .name
-        .clone()
 }
 
 fn provider_id(m: &Machine) -> String {

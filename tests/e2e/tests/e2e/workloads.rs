@@ -7,7 +7,7 @@
 use crate::logs;
 use capstan_api::MachineDeployment;
 use capstan_controllers::{Options, Providers};
-use capstan_e2e::env::{Env, SIM_PLUGIN, sample_deployment};
+use capstan_e2e::env::{Env, SIM_PLUGIN, node_of, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
 use capstan_e2e::workloads;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -77,21 +77,7 @@ async fn deployments_and_daemonsets_run_on_machines_nodes() {
         .await
         .expect("create md");
     env.wait_rolled_out(NS, "pool", LONG).await;
-    let nodes: Vec<String> = env
-        .machines(NS)
-        .await
-        .iter()
-        .map(|m| {
-            m.status
-                .as_ref()
-                .unwrap()
-                .node_ref
-                .as_ref()
-                .unwrap()
-                .name
-                .clone()
-        })
-        .collect();
+    let nodes: Vec<String> = env.machines(NS).await.iter().map(node_of).collect();
     assert_eq!(nodes.len(), 3);
 
     let client = env.client.clone();
