@@ -2,17 +2,19 @@
 # Install what building, running and testing Capstan needs on a fresh
 # Debian 12 machine. Idempotent: a second run only checks.
 #
-#   setup.sh [PART...]    PART: build | registry | interop   (default: all)
+#   setup.sh [PART...]    PART: build | registry | interop | moto   (default: all)
 #
 #   build     a C compiler and the wasm32-wasip2 target (everything needs it)
 #   registry  Debian's docker-registry and htpasswd (the supply-chain tests,
 #             `quickstart.sh --oci`)
 #   interop   sigstore-js and a Python venv with PyNaCl/cryptography, cached
 #             outside the repo (the interoperability tests only)
+#   moto      moto's EC2 server in a Python venv outside the repo (the EC2
+#             provider's tests: a real EC2 API implementation on loopback)
 set -euo pipefail
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(build registry interop)
+[ ${#parts[@]} -gt 0 ] || parts=(build registry interop moto)
 want() {
     local p
     for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done
@@ -20,8 +22,8 @@ want() {
 }
 for p in "${parts[@]}"; do
     case "$p" in
-        build | registry | interop) ;;
-        *) echo "error: unknown setup part '$p' (expected build, registry or interop)" >&2; exit 2 ;;
+        build | registry | interop | moto) ;;
+        *) echo "error: unknown setup part '$p' (expected build, registry, interop or moto)" >&2; exit 2 ;;
     esac
 done
 
@@ -78,5 +80,21 @@ if want interop; then
             python3 -m venv "$CAPSTAN_PY"
         fi
         "$CAPSTAN_PY/bin/pip" install -q pynacl cryptography
+    fi
+fi
+
+if want moto; then
+    # moto's server implements the EC2 Query API (and IAM, to check request
+    # signatures); pinned so the tests see the same behaviour everywhere.
+    MOTO_VERSION=5.2.5
+    MOTO_VENV="${CAPSTAN_MOTO_VENV:-$HOME/.cache/capstan/moto}"
+    if ! "$MOTO_VENV/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" >/dev/null 2>&1 \
+        || [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
+        echo "==> installing moto[server] $MOTO_VERSION into $MOTO_VENV (EC2 provider tests)"
+        if ! python3 -m venv "$MOTO_VENV" >/dev/null 2>&1; then
+            apt_install python3-venv
+            python3 -m venv "$MOTO_VENV"
+        fi
+        "$MOTO_VENV/bin/pip" install -q "moto[server]==$MOTO_VERSION"
     fi
 fi

@@ -104,9 +104,18 @@ pub struct CredentialGrant {
     /// The Secret holding the value.
     pub secret_ref: SecretKeyRef,
     /// `Bearer` (default): the key holds a token. `Basic`: the Secret has
-    /// `username` and `password` keys and `key` is ignored.
+    /// `username` and `password` keys and `key` is ignored. `AwsSigV4`: the
+    /// Secret has `accessKeyId`, `secretAccessKey` and optionally
+    /// `sessionToken`; the host signs every request to the slot's
+    /// destinations with them, for `region` and `service`.
     #[serde(default, rename = "type")]
     pub type_: CredentialType,
+    /// `AwsSigV4` only: the region of the signing scope (`us-east-1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// `AwsSigV4` only: the service of the signing scope (`ec2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
 }
 
 /// How a credential is sent.
@@ -117,6 +126,8 @@ pub enum CredentialType {
     Bearer,
     /// `Authorization: Basic …`.
     Basic,
+    /// AWS Signature Version 4, computed by the host for each request.
+    AwsSigV4,
 }
 
 /// A key in a Secret.
@@ -144,6 +155,14 @@ pub struct PluginLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 600000))]
     pub call_timeout_ms: Option<u64>,
+    /// Outbound requests in flight at once per call (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_requests_in_flight: Option<u32>,
+    /// Outbound requests per call (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_requests_per_call: Option<u32>,
 }
 
 /// What the host found when it loaded the plugin. Fields describe the

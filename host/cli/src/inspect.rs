@@ -115,13 +115,15 @@ pub(crate) fn render_capabilities(m: &capstan_runtime::PluginManifest) -> String
         out.push_str("  (none: no outbound HTTP)\n");
     }
     for cap in &m.capabilities.http {
-        match &cap.credential {
-            Some(slot) => out.push_str(&format!(
-                "  http  {}  credential slot `{slot}`\n",
-                cap.destination
-            )),
-            None => out.push_str(&format!("  http  {}\n", cap.destination)),
+        let mut line = format!("  http  {}", cap.destination);
+        if let Some(slot) = &cap.credential {
+            line.push_str(&format!("  credential slot `{slot}`"));
         }
+        if cap.optional {
+            line.push_str("  (optional: may stay ungranted)");
+        }
+        out.push_str(&line);
+        out.push('\n');
     }
     out
 }

@@ -47,6 +47,18 @@ pub struct SandboxArgs {
     /// variable: `SLOT=ENV_VAR`. Repeatable. Tokens never go on the command line.
     #[arg(long = "bearer-from-env", value_name = "SLOT=ENV_VAR")]
     pub bearer_from_env: Vec<String>,
+    /// Fill a credential slot with AWS keys from the environment
+    /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN):
+    /// the host signs each request to the slot's destinations with SigV4 for
+    /// REGION and SERVICE, e.g. `aws=us-east-1/ec2`. Repeatable.
+    #[arg(long = "aws-sigv4-from-env", value_name = "SLOT=REGION/SERVICE")]
+    pub aws_sigv4_from_env: Vec<String>,
+    /// Most outbound requests in flight at once per call.
+    #[arg(long, default_value_t = capstan_runtime::limits::DEFAULT_MAX_REQUESTS_IN_FLIGHT)]
+    pub max_requests_in_flight: u32,
+    /// Most outbound requests per call.
+    #[arg(long, default_value_t = capstan_runtime::limits::DEFAULT_MAX_REQUESTS_PER_CALL)]
+    pub max_requests_per_call: u32,
     /// Deadline per plugin call, e.g. `10s`, `500ms`.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub call_timeout: Duration,
@@ -91,6 +103,37 @@ impl SandboxArgs {
                 .credentials
                 .insert(slot.to_string(), Credential::Bearer(token));
         }
+        for spec in &self.aws_sigv4_from_env {
+            let parsed = spec.split_once('=').and_then(|(slot, scope)| {
+                let (region, service) = scope.split_once('/')?;
+                (!slot.is_empty() && !region.is_empty() && !service.is_empty())
+                    .then_some((slot, region, service))
+            });
+            let Some((slot, region, service)) = parsed else {
+                bail!(
+                    "--aws-sigv4-from-env {spec}: expected SLOT=REGION/SERVICE, e.g. aws=us-east-1/ec2"
+                );
+            };
+            let var = |name: &str| {
+                std::env::var(name).with_context(|| {
+                    format!("--aws-sigv4-from-env {spec}: environment variable {name} is not set")
+                })
+            };
+            grants.credentials.insert(
+                slot.to_string(),
+                Credential::AwsSigV4 {
+                    credentials: capstan_runtime::AwsCredentials {
+                        access_key_id: var("AWS_ACCESS_KEY_ID")?,
+                        secret_access_key: var("AWS_SECRET_ACCESS_KEY")?,
+                        session_token: std::env::var("AWS_SESSION_TOKEN").ok(),
+                    },
+                    scope: capstan_runtime::AwsScope {
+                        region: region.to_string(),
+                        service: service.to_string(),
+                    },
+                },
+            );
+        }
         Ok(grants)
     }
 
@@ -99,6 +142,8 @@ impl SandboxArgs {
         Limits {
             call_timeout: self.call_timeout,
             memory_bytes: self.memory_mib * 1024 * 1024,
+            max_requests_in_flight: self.max_requests_in_flight,
+            max_requests_per_call: self.max_requests_per_call,
             ..Limits::default()
         }
     }
@@ -164,15 +209,27 @@ mod tests {
         let args = SandboxArgs {
             allow_hosts: vec!["127.0.0.1:8787".into()],
             bearer_from_env: vec![],
+            aws_sigv4_from_env: vec![],
             call_timeout: Duration::from_secs(1),
             memory_mib: 1,
+            max_requests_in_flight: 2,
+            max_requests_per_call: 3,
         };
         let g = args.grants().unwrap();
         assert_eq!(g.http.len(), 2);
+        assert_eq!(args.limits().max_requests_per_call, 3);
         let bad = SandboxArgs {
             allow_hosts: vec!["example.com".into()],
-            ..args
+            ..args.clone()
         };
         assert!(bad.grants().unwrap_err().to_string().contains("HOST:PORT"));
+        for spec in ["aws", "aws=us-east-1", "=us-east-1/ec2", "aws=/ec2"] {
+            let bad = SandboxArgs {
+                aws_sigv4_from_env: vec![spec.into()],
+                ..args.clone()
+            };
+            let err = bad.grants().unwrap_err().to_string();
+            assert!(err.contains("SLOT=REGION/SERVICE"), "{spec}: {err}");
+        }
     }
 }

@@ -339,21 +339,24 @@ async fn load(
         ));
     };
     let found = find(plugin, ctx).await?;
+    // Grants first: what the revision declares is known from its manifest,
+    // so a revision asking for more is refused before anything is fetched.
+    // Reading the credential Secrets on every reconcile also notices a
+    // rotated key (at the next resync) and loads the plugin with it.
+    let (grants, secret_versions) = grants(plugin, ctx).await?;
+    let loaded_key = format!("{}|{secret_versions}", found.revision);
     let already = ctx.loaded.lock().expect("loaded lock").get(name).cloned();
     let status_ready = plugin
         .status
         .as_ref()
         .is_some_and(|s| capstan_api::is_true(&s.conditions, READY));
-    if already == Some((generation, found.revision.clone()))
+    if already == Some((generation, loaded_key.clone()))
         && ctx.providers.get(name).is_some()
         && status_ready
     {
         return Ok(None);
     }
 
-    // Grants first: what the revision declares is known from its manifest,
-    // so a revision asking for more is refused before anything is fetched.
-    let grants = grants(plugin, ctx).await?;
     let missing = grants.missing(&found.manifest.capabilities.http);
     if !missing.is_empty() {
         return Err((
@@ -431,6 +434,12 @@ async fn load(
     if let Some(mib) = plugin.spec.limits.memory_mib {
         limits.memory_bytes = mib as usize * 1024 * 1024;
     }
+    if let Some(n) = plugin.spec.limits.max_requests_in_flight {
+        limits.max_requests_in_flight = n;
+    }
+    if let Some(n) = plugin.spec.limits.max_requests_per_call {
+        limits.max_requests_per_call = n;
+    }
     if let Some(ms) = plugin.spec.limits.call_timeout_ms {
         limits.call_timeout = Duration::from_millis(ms);
     }
@@ -463,7 +472,7 @@ async fn load(
     ctx.loaded
         .lock()
         .expect("loaded lock")
-        .insert(name.to_string(), (generation, found.revision.clone()));
+        .insert(name.to_string(), (generation, loaded_key));
     tracing::info!(plugin = %name, revision = %found.revision, %digest, "plugin loaded");
     Ok(Some(Loaded {
         digest,
@@ -477,17 +486,27 @@ async fn load(
             .capabilities
             .http
             .iter()
-            .map(|c| match &c.credential {
-                Some(slot) => format!("{} (credential {slot})", c.destination),
-                None => c.destination.to_string(),
+            .map(|c| {
+                let mut shown = c.destination.to_string();
+                if let Some(slot) = &c.credential {
+                    shown.push_str(&format!(" (credential {slot})"));
+                }
+                if c.optional {
+                    shown.push_str(" (optional)");
+                }
+                shown
             })
             .collect(),
         message,
     }))
 }
 
-async fn grants(plugin: &Plugin, ctx: &Context) -> Result<Grants, Failure> {
+/// The grants a Plugin's spec describes, with the credentials read from their
+/// Secrets, and those Secrets' resource versions (what changes when a key is
+/// rotated).
+async fn grants(plugin: &Plugin, ctx: &Context) -> Result<(Grants, String), Failure> {
     let mut grants = Grants::default();
+    let mut versions = Vec::new();
     for (i, text) in plugin.spec.grants.http.iter().enumerate() {
         let pattern = text.parse().map_err(|e| {
             (
@@ -525,6 +544,12 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<Grants, Failure> {
                     ),
                 )
             })?;
+        versions.push(format!(
+            "{}/{}@{}",
+            grant.secret_ref.namespace,
+            grant.secret_ref.name,
+            secret.metadata.resource_version.as_deref().unwrap_or("")
+        ));
         let data = secret.data.unwrap_or_default();
         let value = |key: &str| {
             data.get(key)
@@ -547,10 +572,33 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<Grants, Failure> {
                 username: value("username")?,
                 password: value("password")?,
             },
+            CredentialType::AwsSigV4 => {
+                let scope_part = |field: &Option<String>, name: &str, example: &str| {
+                    field.clone().filter(|v| !v.trim().is_empty()).ok_or_else(|| {
+                        (
+                            "InvalidGrant",
+                            format!(
+                                "spec.grants.credentials[{i}].{name}: required for type AwsSigV4 (for example {example:?})"
+                            ),
+                        )
+                    })
+                };
+                Credential::AwsSigV4 {
+                    credentials: capstan_runtime::AwsCredentials {
+                        access_key_id: value("accessKeyId")?,
+                        secret_access_key: value("secretAccessKey")?,
+                        session_token: value("sessionToken").ok(),
+                    },
+                    scope: capstan_runtime::AwsScope {
+                        region: scope_part(&grant.region, "region", "us-east-1")?,
+                        service: scope_part(&grant.service, "service", "ec2")?,
+                    },
+                }
+            }
         };
         grants.credentials.insert(grant.slot.clone(), credential);
     }
-    Ok(grants)
+    Ok((grants, versions.join(",")))
 }
 
 /// Whether machines can use a plugin right now.

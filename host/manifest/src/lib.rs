@@ -128,6 +128,11 @@ pub struct HttpCapability {
     /// destination (for example `cloud-api`). The plugin never sees the value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// An optional destination (an endpoint override such as a VPC endpoint
+    /// or a test double): the plugin may be activated without it being
+    /// granted, and requests to it are denied unless it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 impl PluginManifest {

@@ -103,6 +103,16 @@ pub enum Error {
         kind: OutputKind,
         limit_bytes: usize,
     },
+    /// The call ran out of an outbound-request budget.
+    #[error(
+        "plugin {plugin} {call} exceeded its limit of {size} {limit}; raise spec.limits on the Plugin if the plugin legitimately needs more"
+    )]
+    RequestLimit {
+        plugin: String,
+        call: &'static str,
+        limit: crate::limits::RequestLimit,
+        size: u32,
+    },
     /// The call tried to use a capability it was not granted.
     #[error("plugin {plugin} {call} was denied a capability: {detail}")]
     CapabilityDenied {
@@ -130,6 +140,7 @@ impl Error {
                 | Error::DeadlineExceeded { .. }
                 | Error::MemoryLimit { .. }
                 | Error::OutputLimit { .. }
+                | Error::RequestLimit { .. }
                 | Error::CapabilityDenied { .. }
         )
     }

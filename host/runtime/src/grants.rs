@@ -19,6 +19,13 @@ pub enum Credential {
     Bearer(String),
     /// `Authorization: Basic base64(<username>:<password>)`.
     Basic { username: String, password: String },
+    /// AWS Signature Version 4 over the whole request (method, path, query,
+    /// `host` and `content-type`, body), computed by the host at send time;
+    /// the scope (region and service) comes from the admin's grant.
+    AwsSigV4 {
+        credentials: capstan_sigv4::Credentials,
+        scope: capstan_sigv4::Scope,
+    },
 }
 
 impl fmt::Debug for Credential {
@@ -31,21 +38,24 @@ impl fmt::Debug for Credential {
                     "Basic {{ username: {username:?}, password: <redacted> }}"
                 )
             }
+            Credential::AwsSigV4 { credentials, scope } => {
+                write!(f, "AwsSigV4 {{ {credentials:?}, {scope:?} }}")
+            }
         }
     }
 }
 
 impl Credential {
-    /// The `Authorization` header value.
-    pub fn authorization(&self) -> String {
+    /// The `Authorization` header value, for credentials that do not
+    /// depend on the request; `None` for a per-request signature.
+    pub fn authorization(&self) -> Option<String> {
         match self {
-            Credential::Bearer(t) => format!("Bearer {t}"),
-            Credential::Basic { username, password } => {
-                format!(
-                    "Basic {}",
-                    base64(format!("{username}:{password}").as_bytes())
-                )
-            }
+            Credential::Bearer(t) => Some(format!("Bearer {t}")),
+            Credential::Basic { username, password } => Some(format!(
+                "Basic {}",
+                base64(format!("{username}:{password}").as_bytes())
+            )),
+            Credential::AwsSigV4 { .. } => None,
         }
     }
 }
@@ -83,11 +93,17 @@ pub struct Grants {
 impl Grants {
     /// The declared capabilities these grants do not cover, one line each
     /// (`http https://api.example.com:443`, `credential slot "cloud" (for …)`).
+    /// An optional destination left ungranted is not missing (nor is its
+    /// credential slot, unless a granted destination needs it).
     /// Empty means every declaration is granted: the revision may be activated.
     pub fn missing(&self, declared: &[HttpCapability]) -> Vec<String> {
         let mut missing = Vec::new();
         for cap in declared {
-            if !self.http.iter().any(|g| g.covers(&cap.destination)) {
+            let granted = self.http.iter().any(|g| g.covers(&cap.destination));
+            if cap.optional && !granted {
+                continue;
+            }
+            if !granted {
                 missing.push(format!("http {}", cap.destination));
             }
             if let Some(slot) = &cap.credential
@@ -143,6 +159,7 @@ mod tests {
         HttpCapability {
             destination: d.parse().unwrap(),
             credential: slot.map(String::from),
+            optional: false,
         }
     }
 
@@ -217,12 +234,58 @@ mod tests {
     }
 
     #[test]
+    fn an_optional_destination_need_not_be_granted_and_stays_denied() {
+        let mut test_double = cap("http://127.0.0.1:*", Some("aws"));
+        test_double.optional = true;
+        let declared = [cap("https://*.amazonaws.com", Some("aws")), test_double];
+        let mut grants = Grants {
+            http: vec!["https://ec2.us-east-1.amazonaws.com".parse().unwrap()],
+            ..Default::default()
+        };
+        assert_eq!(
+            grants.missing(&declared),
+            [
+                "http https://*.amazonaws.com:443",
+                "credential slot \"aws\""
+            ]
+        );
+        grants.http = vec!["https://*.amazonaws.com".parse().unwrap()];
+        grants
+            .credentials
+            .insert("aws".into(), Credential::Bearer("t".into()));
+        assert!(grants.missing(&declared).is_empty());
+        let local = Destination::new("http", "127.0.0.1:5000").unwrap();
+        assert!(matches!(decide(&declared, &grants, &local),
+            HttpDecision::Deny { reason } if reason.contains("not granted")));
+    }
+
+    #[test]
     fn credentials_render_and_never_print() {
         let basic = Credential::Basic {
             username: "Aladdin".into(),
             password: "open sesame".into(),
         };
-        assert_eq!(basic.authorization(), "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
+        assert_eq!(
+            basic.authorization().as_deref(),
+            Some("Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==")
+        );
+        let aws = Credential::AwsSigV4 {
+            credentials: capstan_sigv4::Credentials {
+                access_key_id: "AKIDEXAMPLE".into(),
+                secret_access_key: "wJalrXUtnFEMI".into(),
+                session_token: Some("FwoGZXIvYXdz".into()),
+            },
+            scope: capstan_sigv4::Scope {
+                region: "us-east-1".into(),
+                service: "ec2".into(),
+            },
+        };
+        let shown = format!("{aws:?}");
+        assert!(shown.contains("AKIDEXAMPLE") && shown.contains("us-east-1"));
+        assert!(
+            !shown.contains("wJalr") && !shown.contains("FwoGZ"),
+            "{shown}"
+        );
         assert!(!format!("{basic:?}").contains("sesame"));
         assert!(!format!("{:?}", Credential::Bearer("tok".into())).contains("tok"));
         assert_eq!(base64(b"a"), "YQ==");

@@ -9,18 +9,32 @@
 //! Redirects are never followed by the host: a guest that follows one makes a
 //! new request, which is checked again.
 //!
+//! An AWS SigV4 credential is applied once the guest has written the whole
+//! body (at most [`MAX_SIGNED_BODY_BYTES`]): the host hashes it and signs the
+//! method, path, query, `host`, `content-type` and body, replacing any
+//! `authorization` or `x-amz-*` signing header the guest set.
+//!
+//! Every call has two request budgets ([`crate::Limits`]): requests in
+//! flight at once (a request counts until its response body is read or
+//! dropped, so it also bounds open connections) and requests in total. The
+//! request that would exceed one is refused, and the call fails with
+//! [`crate::Error::RequestLimit`] whatever the plugin makes of the refusal.
+//!
 //! Allowed requests go through one connection pool per [`crate::Runtime`]
 //! (keep-alive, http and https with the Web PKI roots), so a plugin call does
 //! not pay for a TCP and TLS handshake every time. The pool is invisible to
 //! plugins: each request still carries only its own headers.
 
-use crate::grants::{Grants, HttpDecision, decide};
+use crate::grants::{Credential, Grants, HttpDecision, decide};
+use crate::limits::RequestLimit;
+use bytes::Bytes;
 use capstan_manifest::{Destination, HttpCapability};
-use http::header::{AUTHORIZATION, HOST, HeaderValue};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
 use http_body_util::BodyExt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 /// The host's outbound connection pool.
@@ -51,6 +65,9 @@ pub(crate) fn pooled_client() -> Result<PooledClient, String> {
     )
 }
 
+/// The largest request body the host buffers to sign (SigV4 hashes it).
+pub const MAX_SIGNED_BODY_BYTES: usize = 1024 * 1024;
+
 /// Per-call HTTP gate.
 pub(crate) struct HttpGate {
     pub(crate) plugin: Arc<str>,
@@ -58,7 +75,23 @@ pub(crate) struct HttpGate {
     pub(crate) grants: Arc<Grants>,
     /// The first denial of this call.
     pub(crate) denial: Arc<Mutex<Option<String>>>,
+    /// The first request budget this call ran out of, and its size.
+    pub(crate) exhausted: Arc<Mutex<Option<(RequestLimit, u32)>>>,
+    pub(crate) max_in_flight: u32,
+    pub(crate) max_total: u32,
+    pub(crate) in_flight: Arc<AtomicU32>,
+    pub(crate) sent: u32,
     pub(crate) client: PooledClient,
+}
+
+/// Holds one slot of the in-flight budget until dropped (with the response
+/// body, or with the request when it fails).
+struct InFlight(Arc<AtomicU32>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for HttpGate {
@@ -77,11 +110,97 @@ impl HttpGate {
             .clone()
     }
 
+    pub(crate) fn exhausted(&self) -> Option<(RequestLimit, u32)> {
+        *self.exhausted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn deny(&self, reason: String) {
         tracing::warn!(plugin = %self.plugin, %reason, "outbound request denied");
         let mut slot = self.denial.lock().unwrap_or_else(|p| p.into_inner());
         slot.get_or_insert(reason);
     }
+
+    /// Take a slot of both budgets, or record which one ran out.
+    fn admit(&mut self) -> Result<InFlight, ()> {
+        let exhausted = |limit, size| {
+            tracing::warn!(plugin = %self.plugin, %limit, size, "outbound request refused: budget exhausted");
+            let mut slot = self.exhausted.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert((limit, size));
+        };
+        if self.sent >= self.max_total {
+            exhausted(RequestLimit::PerCall, self.max_total);
+            return Err(());
+        }
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            exhausted(RequestLimit::InFlight, self.max_in_flight);
+            return Err(());
+        }
+        self.sent += 1;
+        Ok(InFlight(self.in_flight.clone()))
+    }
+}
+
+/// Replace the guest's signing headers with a SigV4 signature over the
+/// buffered body.
+async fn sign_aws(
+    request: http::Request<WasiBody>,
+    authority: &str,
+    credentials: &capstan_sigv4::Credentials,
+    scope: &capstan_sigv4::Scope,
+) -> Result<http::Request<WasiBody>, String> {
+    let (mut parts, mut body) = request.into_parts();
+    let mut payload = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("reading the request body to sign it: {e}"))?;
+        if let Ok(data) = frame.into_data() {
+            if payload.len() + data.len() > MAX_SIGNED_BODY_BYTES {
+                return Err(format!(
+                    "request body exceeds {MAX_SIGNED_BODY_BYTES} bytes, the most the host signs"
+                ));
+            }
+            payload.extend_from_slice(&data);
+        }
+    }
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut to_sign = vec![("host", authority)];
+    if let Some(ct) = content_type.as_deref() {
+        to_sign.push(("content-type", ct));
+    }
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    let signed = capstan_sigv4::sign(
+        &capstan_sigv4::Request {
+            method: parts.method.as_str(),
+            path_and_query: &path_and_query,
+            headers: &to_sign,
+            payload: &payload,
+        },
+        credentials,
+        scope,
+        SystemTime::now(),
+    );
+    for name in ["x-amz-date", "x-amz-security-token", "x-amz-content-sha256"] {
+        parts.headers.remove(name);
+    }
+    for (name, value) in signed.headers {
+        let mut v = HeaderValue::from_str(&value)
+            .map_err(|_| format!("a signed {name} header is not a valid header value"))?;
+        v.set_sensitive(name != "x-amz-date");
+        parts.headers.insert(HeaderName::from_static(name), v);
+    }
+    let body = http_body_util::Full::new(Bytes::from(payload))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    Ok(http::Request::from_parts(parts, body))
 }
 
 type ResponseFuture = Box<
@@ -116,13 +235,17 @@ impl WasiHttpHooks for HttpGate {
         };
         match (verdict, dest) {
             (HttpDecision::Allow { credential }, Ok((_, authority))) => {
+                let credential = credential.cloned();
+                let Ok(slot) = self.admit() else {
+                    return Box::new(async { Err(HttpError::ConnectionLimitReached) });
+                };
                 let headers = request.headers_mut();
                 headers.remove(HOST);
                 if let Ok(v) = HeaderValue::from_str(&authority) {
                     headers.insert(HOST, v);
                 }
-                if let Some(credential) = credential
-                    && let Ok(mut v) = HeaderValue::from_str(&credential.authorization())
+                if let Some(value) = credential.as_ref().and_then(Credential::authorization)
+                    && let Ok(mut v) = HeaderValue::from_str(&value)
                 {
                     v.set_sensitive(true);
                     headers.insert(AUTHORIZATION, v);
@@ -132,7 +255,21 @@ impl WasiHttpHooks for HttpGate {
                 let _ = options;
                 let client = self.client.clone();
                 let plugin = self.plugin.clone();
+                let denial = self.denial.clone();
                 Box::new(async move {
+                    if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
+                        request = match sign_aws(request, &authority, credentials, scope).await {
+                            Ok(r) => r,
+                            Err(reason) => {
+                                tracing::warn!(%plugin, %reason, "outbound request not signed");
+                                denial
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .get_or_insert(reason);
+                                return Err(HttpError::HttpRequestDenied);
+                            }
+                        };
+                    }
                     let response = client.request(request).await.map_err(|e| {
                         tracing::debug!(%plugin, error = %e, "outbound request failed");
                         if e.is_connect() {
@@ -142,7 +279,14 @@ impl WasiHttpHooks for HttpGate {
                         }
                     })?;
                     Ok((
-                        response.map(|body| body.map_err(HttpError::from).boxed_unsync()),
+                        response.map(|body| {
+                            body.map_err(HttpError::from)
+                                .map_frame(move |frame| {
+                                    let _held = &slot;
+                                    frame
+                                })
+                                .boxed_unsync()
+                        }),
                         Box::new(async { Ok(()) })
                             as Box<dyn Future<Output = Result<(), HttpError>> + Send>,
                     ))

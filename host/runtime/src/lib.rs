@@ -12,7 +12,9 @@
 //! - a linear-memory cap (a store limiter);
 //! - bounded stdout/stderr and log volume, and a bounded return value;
 //! - outbound HTTP only to destinations declared *and* granted, with
-//!   credentials attached by the host (see [`grants`]);
+//!   credentials attached (or AWS requests signed) by the host (see
+//!   [`grants`]), within per-call budgets of requests in flight and in total;
+//! - a bounded resource table, so a guest cannot pile up host-side handles;
 //! - no filesystem, environment, sockets or stdin.
 //!
 //! Start with [`Runtime::new`], [`Runtime::load`], [`ProviderPlugin`] and
@@ -30,6 +32,7 @@ pub mod limits;
 
 pub use cache::CodeCache;
 pub use capstan_manifest::{PluginManifest, World};
+pub use capstan_sigv4::{Credentials as AwsCredentials, Scope as AwsScope};
 pub use error::{Error, OutputKind, describe};
 pub use grants::{Credential, Grants};
 pub use limits::Limits;
@@ -99,6 +102,11 @@ pub mod types {
 
 use bindings::provider::capstan::plugin::log as wit_log;
 use types::{Deletion, Machine, MachineStatus, PluginError, UpdateProgress};
+
+/// The most host-side handles (requests, streams, futures, …) one call may
+/// hold at once. A call within its request budgets uses a few hundred; the
+/// cap keeps a guest that opens handles in a loop from growing host memory.
+pub const MAX_RESOURCES_PER_CALL: usize = 10_000;
 
 /// Engine-wide settings. Per-plugin settings are [`Limits`] and [`Grants`].
 #[derive(Debug, Clone)]
@@ -484,13 +492,22 @@ impl Plugin {
             .build();
         let state = CallState {
             wasi,
-            table: ResourceTable::new(),
+            table: {
+                let mut table = ResourceTable::new();
+                table.set_max_capacity(MAX_RESOURCES_PER_CALL);
+                table
+            },
             http_ctx: WasiHttpCtx::new(),
             http: http::HttpGate {
                 plugin: inner.name.clone(),
                 declared: inner.declared.clone(),
                 grants: inner.grants.clone(),
                 denial: Arc::default(),
+                exhausted: Arc::default(),
+                max_in_flight: limits.max_requests_in_flight,
+                max_total: limits.max_requests_per_call,
+                in_flight: Arc::default(),
+                sent: 0,
                 client: inner.runtime.http_client.clone(),
             },
             memory: MemoryLimiter {
@@ -570,6 +587,14 @@ impl Plugin {
         }
         if state.log_overflowed {
             return Some(output(OutputKind::Log, limits.log_bytes));
+        }
+        if let Some((limit, size)) = state.http.exhausted() {
+            return Some(Error::RequestLimit {
+                plugin,
+                call,
+                limit,
+                size,
+            });
         }
         state.http.denial().map(|detail| Error::CapabilityDenied {
             plugin: plugin.clone(),

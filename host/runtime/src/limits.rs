@@ -18,6 +18,31 @@ pub const DEFAULT_STDIO_BYTES: usize = 64 * 1024;
 pub const DEFAULT_LOG_BYTES: usize = 256 * 1024;
 /// Default cap on the size of a returned value (strings and lists).
 pub const DEFAULT_RETURN_BYTES: usize = 1024 * 1024;
+/// Default cap on outbound requests in flight at once in one call. A cloud
+/// provider's call makes its requests one after another; a few in parallel
+/// (describe calls fanned out) stay well inside.
+pub const DEFAULT_MAX_REQUESTS_IN_FLIGHT: u32 = 16;
+/// Default cap on outbound requests in one call: a create or delete makes
+/// two to five, a paginated list of a large account a few dozen.
+pub const DEFAULT_MAX_REQUESTS_PER_CALL: u32 = 100;
+
+/// Which outbound-request budget a call ran out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestLimit {
+    /// Requests in flight at once.
+    InFlight,
+    /// Requests in the whole call.
+    PerCall,
+}
+
+impl std::fmt::Display for RequestLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RequestLimit::InFlight => "outbound requests in flight",
+            RequestLimit::PerCall => "outbound requests per call",
+        })
+    }
+}
 
 /// Limits for one plugin's calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +59,11 @@ pub struct Limits {
     pub log_bytes: usize,
     /// Returned value size cap.
     pub return_bytes: usize,
+    /// Outbound requests in flight at once (a request holds its slot until
+    /// its response body is read or dropped).
+    pub max_requests_in_flight: u32,
+    /// Outbound requests in one call.
+    pub max_requests_per_call: u32,
 }
 
 impl Default for Limits {
@@ -44,6 +74,8 @@ impl Default for Limits {
             stdio_bytes: DEFAULT_STDIO_BYTES,
             log_bytes: DEFAULT_LOG_BYTES,
             return_bytes: DEFAULT_RETURN_BYTES,
+            max_requests_in_flight: DEFAULT_MAX_REQUESTS_IN_FLIGHT,
+            max_requests_per_call: DEFAULT_MAX_REQUESTS_PER_CALL,
         }
     }
 }

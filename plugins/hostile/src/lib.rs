@@ -16,6 +16,9 @@
 //! | `trap` | panics | trap, naming plugin and function |
 //! | `escape` | reads `/`, the environment, and connects a socket to `target` | all three find nothing |
 //! | `non-idempotent` | creates a new instance at `endpoint` on every call | conformance failure |
+//! | `request-flood` | starts 2,000 GETs of `target` at once and keeps the answers unread, then 100,000 more without waiting | requests-in-flight limit; the host's memory stays flat |
+//! | `request-serial` | GETs `target` 1,000 times, one after another | requests-per-call limit |
+//! | `probe-credentials` | reports its environment and what `target` (an echo) received, then GETs `endpoint` | no secret in what it saw; `endpoint` never contacted |
 //! | `none` | behaves (validate/get/delete always work) | nothing |
 
 // The plugin is only exported (and so only used) in its wasm build.
@@ -150,6 +153,35 @@ impl Provider for Hostile {
                     InstanceState::Running,
                 ));
             }
+            "request-flood" => return Err(PluginError::terminal(flood(target(config)?))),
+            "request-serial" => {
+                let (mut ok, mut failed) = (0, 0);
+                for _ in 0..1_000 {
+                    match http.send(&Request::get(target(config)?)) {
+                        Ok(_) => ok += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+                return Err(PluginError::terminal(format!(
+                    "serial: {ok} answered, {failed} failed"
+                )));
+            }
+            "probe-credentials" => {
+                let env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+                // Try to pre-empt the host's signature with our own headers.
+                let echoed = http
+                    .send(
+                        &Request::get(target(config)?)
+                            .header("authorization", "guest-chosen")
+                            .header("x-amz-security-token", "guest-chosen")
+                            .header("x-amz-date", "19990101T000000Z"),
+                    )
+                    .map(|r| r.text());
+                let elsewhere = http.send(&Request::get(endpoint(config)?));
+                return Err(PluginError::terminal(format!(
+                    "env: {env:?}; echoed: {echoed:?}; elsewhere: {elsewhere:?}"
+                )));
+            }
             other => {
                 return Err(PluginError::invalid_config(format!(
                     "attack: unknown attack `{other}`"
@@ -212,6 +244,57 @@ impl Provider for Hostile {
             _ => Ok(Deletion::InProgress(100)),
         }
     }
+}
+
+/// Start 2,000 requests without waiting for any, then wait for them all
+/// (keeping every response unread, so its connection stays busy); then
+/// start requests in a loop that never waits, 100,000 times.
+#[cfg(target_arch = "wasm32")]
+fn flood(url: &str) -> String {
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{Fields, FutureIncomingResponse, OutgoingRequest, Scheme};
+    let Ok(parts) = capstan_sdk::http::split_url(url) else {
+        return format!("bad target {url}");
+    };
+    let start = || -> Option<FutureIncomingResponse> {
+        let request = OutgoingRequest::new(Fields::new());
+        let _ = request.set_scheme(Some(&Scheme::Http));
+        let _ = request.set_authority(Some(parts.authority));
+        let _ = request.set_path_with_query(Some(&parts.path_and_query));
+        outgoing_handler::handle(request, None).ok()
+    };
+    let pending: Vec<_> = (0..2_000).filter_map(|_| start()).collect();
+    let mut answered = Vec::new();
+    let mut failed = 0u32;
+    for future in &pending {
+        let outcome = loop {
+            match future.get() {
+                Some(r) => break r,
+                None => future.subscribe().block(),
+            }
+        };
+        match outcome {
+            Ok(Ok(response)) => answered.push(response),
+            _ => failed += 1,
+        }
+    }
+    let mut hoard = Vec::new();
+    for _ in 0..100_000 {
+        if let Some(f) = start() {
+            hoard.push(f);
+        }
+    }
+    format!(
+        "flood: {} started, {} answered, {failed} failed; then {} more started",
+        pending.len(),
+        answered.len(),
+        hoard.len()
+    )
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn flood(url: &str) -> String {
+    format!("flood of {url} needs the sandbox")
 }
 
 capstan_sdk::export_provider!(Hostile, manifest: "capstan-plugin.json");

@@ -526,6 +526,8 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
                     key: Some("token".into()),
                 },
                 type_: Default::default(),
+                region: None,
+                service: None,
             }],
         },
         limits: Default::default(),

@@ -18,7 +18,12 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The plugins built for tests, by crate name.
-pub const PLUGIN_CRATES: [&str; 3] = ["sim-provider", "sim-updater", "hostile-plugin"];
+pub const PLUGIN_CRATES: [&str; 4] = [
+    "sim-provider",
+    "sim-updater",
+    "hostile-plugin",
+    "ec2-provider",
+];
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -85,5 +90,6 @@ pub mod blob_store;
 pub mod cli;
 pub mod control_plane;
 pub mod env;
+pub mod moto;
 pub mod registry;
 pub mod workloads;

@@ -177,6 +177,10 @@ pub struct Stats {
     pub pods_started: u64,
     /// Pods the kubelet removed after their grace period.
     pub pods_removed: u64,
+    /// Requests to `/debug/echo` and `/debug/slow`.
+    pub debug_requests: u64,
+    /// The most `/debug/slow` requests open at once.
+    pub max_slow_in_flight: u64,
 }
 
 impl Stats {
@@ -220,6 +224,19 @@ struct Inner {
     bucket: (f64, Instant),
     kubelet: Option<Kubelet>,
     timeline: Timeline,
+    echoed: Vec<Echoed>,
+    slow_in_flight: u64,
+}
+
+/// A request `/debug/echo` received, as it arrived.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Echoed {
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// Headers in arrival order, names lower-case.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
 }
 
 impl Inner {
@@ -412,6 +429,8 @@ impl SimCloud {
             bucket: (rps, Instant::now()),
             kubelet,
             timeline,
+            echoed: Vec::new(),
+            slow_in_flight: 0,
         }));
         let app = router(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -456,6 +475,11 @@ impl SimCloud {
         let now = Instant::now();
         inner.settle(now);
         inner.records.values().map(|r| inner.view(r, now)).collect()
+    }
+
+    /// Every request `/debug/echo` received, oldest first.
+    pub fn echoed(&self) -> Vec<Echoed> {
+        lock(&self.state).echoed.clone()
     }
 
     /// Replace the fault settings.
@@ -529,6 +553,8 @@ struct ListQuery {
 /// | `DELETE /admin/nodes/{node}/conditions/{type}` | 204; the kubelet reports its own again |
 /// | `PUT /admin/pods/{namespace}/{name}/readiness` (`{"ready": false}`) | 204; the pod fails (or passes) readiness |
 /// | `GET /debug/redirect?to=URL` | 302 to `URL` (for redirect-escape tests) |
+/// | `ANY /debug/echo` | 200 [`Echoed`]: the request as received (for credential tests) |
+/// | `GET /debug/slow?ms=N` | 200 after `N` ms; counts how many are open at once (for request-budget tests) |
 ///
 /// The kubelet routes answer 409 `NoKubernetes` when the cloud was started
 /// without a Kubernetes API, 404 `NodeNotFound` for an unknown Node and 400
@@ -557,6 +583,8 @@ fn router(state: Shared) -> Router {
             put(set_pod_ready),
         )
         .route("/debug/redirect", get(redirect))
+        .route("/debug/echo", axum::routing::any(echo))
+        .route("/debug/slow", get(slow))
         .with_state(state)
 }
 
@@ -901,6 +929,53 @@ async fn set_pod_ready(
 #[derive(Debug, Deserialize)]
 struct RedirectQuery {
     to: String,
+}
+
+async fn echo(
+    State(state): State<Shared>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let echoed = Echoed {
+        method: method.to_string(),
+        path: uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "/".into()),
+        headers: headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: String::from_utf8_lossy(&body).into_owned(),
+    };
+    let mut inner = lock(&state);
+    inner.stats.debug_requests += 1;
+    inner.echoed.push(echoed.clone());
+    Json(echoed).into_response()
+}
+
+#[derive(Deserialize)]
+struct SlowQuery {
+    ms: u64,
+}
+
+async fn slow(State(state): State<Shared>, Query(q): Query<SlowQuery>) -> Response {
+    {
+        let mut inner = lock(&state);
+        inner.stats.debug_requests += 1;
+        inner.slow_in_flight += 1;
+        inner.stats.max_slow_in_flight = inner.stats.max_slow_in_flight.max(inner.slow_in_flight);
+    }
+    tokio::time::sleep(Duration::from_millis(q.ms.min(60_000))).await;
+    lock(&state).slow_in_flight -= 1;
+    StatusCode::OK.into_response()
 }
 
 async fn redirect(Query(q): Query<RedirectQuery>) -> Response {

@@ -6,6 +6,7 @@
 
 mod controllers;
 mod drain;
+mod ec2;
 mod healthchecks;
 mod in_cluster;
 mod interop;

@@ -606,3 +606,220 @@ async fn hundreds_of_requests_in_a_row_all_succeed() {
         "create, lookup and delete: nothing retried"
     );
 }
+
+/// Resident memory of this process, in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_request_flood_is_held_to_the_in_flight_budget_and_host_memory_stays_flat() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let p = hostile(&rt, &cloud, Limits::default());
+    let target = format!("{}/debug/slow?ms=300", cloud.url());
+    let attack = machine(
+        "flood",
+        serde_json::json!({ "attack": "request-flood", "target": target }),
+    );
+    // One warm-up call so the pool and code are in place before measuring.
+    let _ = p.create(&attack).await;
+    let before = rss_kib();
+    // The peak while the calls run, sampled every 5 ms.
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    for round in 0..3 {
+        let err = p.create(&attack).await.unwrap_err();
+        match &err {
+            Error::RequestLimit {
+                plugin,
+                call,
+                limit,
+                size,
+            } => {
+                assert_eq!((plugin.as_str(), *call), ("hostile", "create"));
+                assert_eq!(*limit, capstan_runtime::limits::RequestLimit::InFlight);
+                assert_eq!(
+                    *size,
+                    capstan_runtime::limits::DEFAULT_MAX_REQUESTS_IN_FLIGHT
+                );
+                assert!(
+                    err.to_string().contains("16 outbound requests in flight"),
+                    "{err}"
+                );
+            }
+            other => panic!("round {round}: expected the in-flight limit, got {other}"),
+        }
+    }
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let grown_mib = sampler.join().unwrap().saturating_sub(before) / 1024;
+    let stats = cloud.stats();
+    eprintln!(
+        "flood: 3 calls, {} requests reached the target, at most {} at once, host memory peak +{grown_mib} MiB",
+        stats.debug_requests, stats.max_slow_in_flight
+    );
+    assert!(
+        stats.max_slow_in_flight <= 16,
+        "the target saw {} requests open at once",
+        stats.max_slow_in_flight
+    );
+    assert!(
+        stats.debug_requests <= 4 * 16,
+        "4 calls reached the target {} times",
+        stats.debug_requests
+    );
+    // Measured alone: +1 MiB at the peak with the handle cap (the guest traps
+    // at 10,000 handles), +16 MiB without it (100,000 handles, growing with
+    // the loop until the deadline). Other tests run in this process at the
+    // same time, hence the slack.
+    assert!(grown_mib < 64, "host memory peaked {grown_mib} MiB higher");
+    assert_host_still_serves(&rt, &cloud, "after-flood").await;
+}
+
+#[tokio::test]
+async fn a_call_makes_at_most_its_request_budget_and_the_plugin_override_applies() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let target = format!("{}/debug/echo", cloud.url());
+    let attack = machine(
+        "serial",
+        serde_json::json!({ "attack": "request-serial", "target": target }),
+    );
+    let p = hostile(&rt, &cloud, Limits::default());
+    let err = p.create(&attack).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::RequestLimit {
+                limit: capstan_runtime::limits::RequestLimit::PerCall,
+                size: 100,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(cloud.stats().debug_requests, 100);
+
+    let tight = hostile(
+        &rt,
+        &cloud,
+        Limits {
+            max_requests_per_call: 5,
+            ..Limits::default()
+        },
+    );
+    let err = tight.create(&attack).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("exceeded its limit of 5 outbound requests per call"),
+        "{err}"
+    );
+    assert_eq!(cloud.stats().debug_requests, 105);
+}
+
+#[tokio::test]
+async fn aws_keys_sign_requests_but_never_reach_the_plugin() {
+    const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY";
+    let granted = cloud().await;
+    let elsewhere = cloud().await; // declared (127.0.0.1:*) but not granted
+    let rt = runtime();
+    let credentials = capstan_runtime::AwsCredentials {
+        access_key_id: "AKIDCAPSTANTEST".into(),
+        secret_access_key: SECRET.into(),
+        session_token: None,
+    };
+    let scope = capstan_runtime::AwsScope {
+        region: "us-east-1".into(),
+        service: "ec2".into(),
+    };
+    let mut grants = Grants {
+        http: vec![granted.url().parse().unwrap()],
+        ..Default::default()
+    };
+    grants.credentials.insert(
+        "sim-cloud".into(),
+        Credential::AwsSigV4 {
+            credentials: credentials.clone(),
+            scope: scope.clone(),
+        },
+    );
+    let p = rt
+        .load_file(&plugin("hostile_plugin"), Limits::default(), grants)
+        .unwrap()
+        .provider()
+        .unwrap();
+    let err = p
+        .create(&machine(
+            "probe",
+            serde_json::json!({
+                "attack": "probe-credentials",
+                "target": format!("{}/debug/echo?Action=DescribeInstances", granted.url()),
+                "endpoint": format!("{}/debug/echo", elsewhere.url()),
+            }),
+        ))
+        .await
+        .unwrap_err();
+    let shown = err.to_string();
+    // The denial of the second request wins over what the plugin returned.
+    assert!(
+        matches!(&err, Error::CapabilityDenied { detail, .. } if detail.contains("not granted")),
+        "{shown}"
+    );
+    assert!(!shown.contains(SECRET), "{shown}");
+    assert_eq!(elsewhere.stats().debug_requests, 0, "never contacted");
+
+    // What the granted endpoint received: the host's signature, not the
+    // guest's headers, and it verifies with the secret the plugin never had.
+    let echoed = granted.echoed();
+    assert_eq!(echoed.len(), 1);
+    let got = &echoed[0];
+    let header = |name: &str| {
+        got.headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect::<Vec<_>>()
+    };
+    let authorization = header("authorization");
+    assert_eq!(authorization.len(), 1, "{got:?}");
+    assert!(
+        authorization[0].starts_with("AWS4-HMAC-SHA256 Credential=AKIDCAPSTANTEST/")
+            && authorization[0].contains("/us-east-1/ec2/aws4_request"),
+        "{got:?}"
+    );
+    assert!(header("x-amz-security-token").is_empty(), "{got:?}");
+    let date = header("x-amz-date");
+    assert_eq!(date.len(), 1);
+    assert_ne!(date[0], "19990101T000000Z");
+    let host = header("host")[0].to_string();
+    let expected = capstan_sigv4::sign_with_date(
+        &capstan_sigv4::Request {
+            method: &got.method,
+            path_and_query: &got.path,
+            headers: &[("host", host.as_str())],
+            payload: got.body.as_bytes(),
+        },
+        &credentials,
+        &scope,
+        date[0].to_string(),
+    );
+    assert_eq!(expected.get("authorization"), Some(authorization[0]));
+    assert!(!format!("{got:?}").contains(SECRET));
+}

@@ -1,0 +1,392 @@
+//! The EC2 provider plugin against a real EC2 API implementation (moto),
+//! with every request signed by the host: conformance, a MachineDeployment's
+//! whole life, a controller killed between `RunInstances` and the status
+//! write, and wrong keys.
+
+use capstan_api::{
+    CredentialGrant, CredentialType, MachineDeployment, Plugin, PluginGrants, PluginSpec,
+    SecretKeyRef,
+};
+use capstan_controllers::{Options, Providers};
+use capstan_e2e::env::{CAPSTAN_NAMESPACE, Env, sample_deployment};
+use capstan_e2e::moto::{Auth, Moto, REGION};
+use capstan_e2e::plugin;
+use capstan_e2e::sim_cloud::Faults;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Run `capstan plugin conformance` on the EC2 plugin against `moto` with
+/// `secret` as the secret key; (passed, stdout).
+fn conformance(moto: &Moto, secret: &str) -> (bool, String) {
+    let out = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
+        .args(["plugin", "conformance"])
+        .arg(plugin("ec2_provider"))
+        .args(["--config", &moto.provider_config("t3.micro").to_string()])
+        .args(["--allow-host", moto.url.trim_start_matches("http://")])
+        .args(["--aws-sigv4-from-env", &format!("aws={REGION}/ec2")])
+        .args(["--timeout", "60s"])
+        .env("AWS_ACCESS_KEY_ID", &moto.credentials.access_key_id)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .env_remove("AWS_SESSION_TOKEN")
+        .output()
+        .expect("run capstan");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !stdout.contains(&moto.credentials.secret_access_key),
+        "the report shows the secret"
+    );
+    (out.status.success(), stdout)
+}
+
+#[test]
+fn the_ec2_plugin_passes_conformance_against_moto_with_host_signed_requests() {
+    let moto = Moto::start(Auth::Checked).unwrap();
+    let (passed, report) = conformance(&moto, &moto.credentials.secret_access_key.clone());
+    assert!(passed, "{report}");
+    for check in [
+        "PASS  create is idempotent for the same machine uid",
+        "PASS  the instance reaches running",
+        "PASS  delete ends in done",
+        "PASS  get after delete is not-found",
+    ] {
+        assert!(report.contains(check), "missing {check:?} in:\n{report}");
+    }
+    // moto's own view: the one conformance instance, terminated.
+    let instances = moto.instances().unwrap();
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    assert_eq!(instances[0].state, "terminated");
+
+    // moto checks signatures: a wrong secret is unauthorized, not a crash.
+    let (passed, report) = conformance(&moto, "not-the-secret");
+    assert!(!passed, "{report}");
+    assert!(
+        report.contains("unauthorized: DescribeInstances: AuthFailure"),
+        "{report}"
+    );
+    assert_eq!(moto.instances().unwrap().len(), 1, "nothing launched");
+}
+
+/// Create the `aws` Secret and an `ec2` Plugin granted `endpoint` with an
+/// AwsSigV4 credential from it.
+async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret: bool) {
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("aws".into());
+    secret.string_data = Some(moto.secret_data(wrong_secret));
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let spec = PluginSpec {
+        source: format!("file://{}", plugin("ec2_provider").display()),
+        verification: None,
+        grants: PluginGrants {
+            // The required public endpoint, and the optional loopback one
+            // the test double listens on.
+            http: vec!["https://*.amazonaws.com".into(), endpoint.to_string()],
+            credentials: vec![CredentialGrant {
+                slot: "aws".into(),
+                secret_ref: SecretKeyRef {
+                    namespace: CAPSTAN_NAMESPACE.into(),
+                    name: "aws".into(),
+                    key: None,
+                },
+                type_: CredentialType::AwsSigV4,
+                region: Some(REGION.into()),
+                service: Some("ec2".into()),
+            }],
+        },
+        limits: Default::default(),
+    };
+    Api::<Plugin>::all(env.client.clone())
+        .create(&PostParams::default(), &Plugin::new("ec2", spec))
+        .await
+        .unwrap();
+}
+
+fn pid(m: &capstan_api::Machine) -> Option<String> {
+    m.status.as_ref()?.provider_id.clone()
+}
+
+fn ec2_deployment(name: &str, config: serde_json::Value, replicas: i32) -> MachineDeployment {
+    let mut md = sample_deployment(name, "ec2", "unused", replicas, "v1.30.0");
+    md.spec.template.spec.provider.config = config;
+    md
+}
+
+#[tokio::test]
+async fn a_machine_deployment_of_ec2_machines_reaches_ready_rolls_and_terminates_on_moto() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.unwrap();
+    let moto = Arc::new(Moto::start(Auth::Checked).unwrap());
+    let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
+    install_ec2_plugin(&env, &moto, &moto.url, false).await;
+    env.start_controllers(Providers::default(), Options::default())
+        .await;
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), "default");
+    mds.create(
+        &PostParams::default(),
+        &ec2_deployment("ec2", moto.provider_config("t3.micro"), 3),
+    )
+    .await
+    .unwrap();
+    env.wait_rolled_out("default", "ec2", Duration::from_secs(90))
+        .await;
+
+    let first: Vec<String> = env
+        .machines("default")
+        .await
+        .iter()
+        .map(|m| pid(m).unwrap_or_default())
+        .collect();
+    let live = moto.live_instances().unwrap();
+    assert_eq!(live.len(), 3, "{live:?}");
+    for pid in &first {
+        assert!(pid.starts_with("aws:///us-east-1"), "{pid}");
+        assert!(
+            live.iter().any(|i| pid.ends_with(&format!("/{}", i.id))),
+            "{pid} is not a live moto instance: {live:?}"
+        );
+    }
+    // Tags name the machine and carry the user's.
+    assert!(live.iter().all(|i| {
+        i.tags.get("env").map(String::as_str) == Some("e2e")
+            && i.tags
+                .get("capstan.dev/machine")
+                .is_some_and(|m| m.starts_with("default/ec2-"))
+    }));
+
+    // A rolling update to another instance type replaces every machine.
+    let patch = serde_json::json!({"spec": {"template": {"spec": {"provider": {
+        "config": moto.provider_config("t3.small")
+    }}}}});
+    mds.patch("ec2", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    env.eventually(
+        "every machine replaced",
+        Duration::from_secs(120),
+        async || {
+            let machines = env.machines("default").await;
+            let ready = capstan_controllers::deployment::rolled_out(
+                &env.deployment("default", "ec2").await,
+            );
+            (ready
+                && machines.len() == 3
+                && machines
+                    .iter()
+                    .all(|m| pid(m).is_some_and(|p| !first.contains(&p))))
+            .then_some(())
+        },
+    )
+    .await;
+    let all = moto.instances().unwrap();
+    assert_eq!(all.len(), 6, "3 launched, then 3 more: {all:?}");
+    env.eventually(
+        "the old instances terminated",
+        Duration::from_secs(60),
+        async || (moto.live_instances().ok()?.len() == 3).then_some(()),
+    )
+    .await;
+
+    // Deleting the deployment terminates every instance.
+    mds.delete("ec2", &DeleteParams::default()).await.unwrap();
+    env.eventually("machines gone", Duration::from_secs(90), async || {
+        env.machines("default").await.is_empty().then_some(())
+    })
+    .await;
+    let all = moto.instances().unwrap();
+    assert_eq!(all.len(), 6);
+    assert!(all.iter().all(|i| i.state == "terminated"), "{all:?}");
+    nodes.abort();
+}
+
+/// Forwards to moto, and holds back `RunInstances` answers while `hold` is
+/// set (after moto has launched the instance), flagging `launched`.
+async fn holding_proxy(
+    upstream: String,
+    hold: Arc<AtomicBool>,
+    launched: Arc<AtomicBool>,
+) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().fallback(
+        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let (upstream, hold, launched) = (upstream.clone(), hold.clone(), launched.clone());
+            async move {
+                let is_run = body.windows(20).any(|w| w == b"Action=RunInstances&");
+                let forwarded = tokio::task::spawn_blocking(move || {
+                    let agent: ureq::Agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .build()
+                        .into();
+                    let mut request = agent.post(format!("{upstream}/"));
+                    for (k, v) in &headers {
+                        if k != "host" && k != "content-length" {
+                            request = request.header(k.as_str(), v.to_str().unwrap_or(""));
+                        }
+                    }
+                    let mut resp = request.send(&body[..]).map_err(|e| e.to_string())?;
+                    let status = resp.status().as_u16();
+                    let text = resp
+                        .body_mut()
+                        .read_to_string()
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>((status, text))
+                })
+                .await
+                .unwrap();
+                let (status, text) = forwarded.unwrap_or((502, "proxy error".into()));
+                if is_run && hold.load(Ordering::SeqCst) {
+                    launched.store(true, Ordering::SeqCst);
+                    // The caller is killed while waiting; answer late anyway.
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                (
+                    axum::http::StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "text/xml")],
+                    text,
+                )
+            }
+        },
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    url
+}
+
+#[tokio::test]
+async fn a_controller_killed_between_run_instances_and_the_status_write_launches_no_second_instance()
+ {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.unwrap();
+    // No signature checks here: the proxy changes the Host the host signed.
+    let moto = Arc::new(Moto::start(Auth::Off).unwrap());
+    let (hold, launched) = (
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let proxy = holding_proxy(moto.url.clone(), hold.clone(), launched.clone()).await;
+    let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
+    install_ec2_plugin(&env, &moto, &proxy, false).await;
+    env.start_controllers(Providers::default(), Options::default())
+        .await;
+    let mut config = moto.provider_config("t3.micro");
+    config["endpoint"] = proxy.clone().into();
+    Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
+        .create(&PostParams::default(), &ec2_deployment("crash", config, 1))
+        .await
+        .unwrap();
+    env.eventually(
+        "RunInstances done in moto",
+        Duration::from_secs(60),
+        async || launched.load(Ordering::SeqCst).then_some(()),
+    )
+    .await;
+    assert_eq!(moto.instances().unwrap().len(), 1);
+    let machines = env.machines("default").await;
+    assert_eq!(machines.len(), 1);
+    assert!(
+        pid(&machines[0]).is_none(),
+        "the status write has not happened yet: {:?}",
+        pid(&machines[0])
+    );
+
+    env.kill_controllers().await;
+    hold.store(false, Ordering::SeqCst);
+    env.start_controllers(Providers::default(), Options::default())
+        .await;
+    env.wait_rolled_out("default", "crash", Duration::from_secs(90))
+        .await;
+    let instances = moto.instances().unwrap();
+    assert_eq!(
+        instances.len(),
+        1,
+        "a second instance was launched: {instances:?}"
+    );
+    let machine = &env.machines("default").await[0];
+    assert_eq!(
+        pid(machine).as_deref(),
+        Some(ec2_provider::provider_id(&instances[0]).as_str())
+    );
+    nodes.abort();
+}
+
+#[tokio::test]
+async fn wrong_keys_are_unauthorized_on_the_machine_retried_slowly_and_a_fixed_secret_recovers() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.unwrap();
+    let moto = Arc::new(Moto::start(Auth::Checked).unwrap());
+    let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
+    install_ec2_plugin(&env, &moto, &moto.url, true).await;
+    // A short resync, so the Plugin notices the rotated Secret quickly.
+    let options = Options {
+        resync: Duration::from_secs(2),
+        ..Options::default()
+    };
+    env.start_controllers(Providers::default(), options).await;
+    Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &ec2_deployment("denied", moto.provider_config("t3.micro"), 1),
+        )
+        .await
+        .unwrap();
+    let message = env
+        .eventually(
+            "the machine says unauthorized",
+            Duration::from_secs(60),
+            async || {
+                let m = env.machines("default").await.pop()?;
+                let c = capstan_api::condition(
+                    &m.status?.conditions,
+                    capstan_api::machine_conditions::INSTANCE_PROVISIONED,
+                )?
+                .clone();
+                (c.reason == "Unauthorized").then_some(c.message)
+            },
+        )
+        .await;
+    assert!(
+        message.contains("AuthFailure") && message.contains("DescribeInstances"),
+        "{message}"
+    );
+    assert!(!message.contains(&moto.credentials.secret_access_key));
+    // Backed off, not a crash loop: no more requests for a while.
+    let denied = || {
+        std::fs::read_to_string(&moto.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" 401 "))
+            .count()
+    };
+    let before = denied();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        denied() <= before + 1,
+        "{} denied requests in 5 s",
+        denied() - before
+    );
+    assert!(moto.instances().unwrap().is_empty());
+    let shown = env
+        .control_plane
+        .kubectl(&["get", "machines", "-n", "default"], None)
+        .unwrap();
+    assert!(shown.contains("denied-"), "{shown}");
+
+    // The admin fixes the key: the plugin reloads with it and the machine's
+    // next attempt (30 s after the refusal) succeeds.
+    let fixed = serde_json::json!({"stringData": moto.secret_data(false)});
+    Api::<Secret>::namespaced(env.client.clone(), CAPSTAN_NAMESPACE)
+        .patch("aws", &PatchParams::default(), &Patch::Merge(&fixed))
+        .await
+        .unwrap();
+    env.wait_rolled_out("default", "denied", Duration::from_secs(90))
+        .await;
+    assert_eq!(moto.live_instances().unwrap().len(), 1);
+    nodes.abort();
+}
