@@ -587,7 +587,7 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<(Grants, String), Fail
                     credentials: capstan_runtime::AwsCredentials {
                         access_key_id: value("accessKeyId")?,
                         secret_access_key: value("secretAccessKey")?,
-                        session_token: value("sessionToken").ok(),
+                        session_token: value("sessionToken").ok().filter(|t| !t.is_empty()),
                     },
                     scope: capstan_runtime::AwsScope {
                         region: scope_part(&grant.region, "region", "us-east-1")?,

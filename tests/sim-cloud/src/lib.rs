@@ -973,8 +973,15 @@ async fn slow(State(state): State<Shared>, Query(q): Query<SlowQuery>) -> Respon
         inner.slow_in_flight += 1;
         inner.stats.max_slow_in_flight = inner.stats.max_slow_in_flight.max(inner.slow_in_flight);
     }
+    // Counted out when the answer is sent or the client goes away.
+    struct Open(Shared);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            lock(&self.0).slow_in_flight -= 1;
+        }
+    }
+    let _open = Open(state);
     tokio::time::sleep(Duration::from_millis(q.ms.min(60_000))).await;
-    lock(&state).slow_in_flight -= 1;
     StatusCode::OK.into_response()
 }
 

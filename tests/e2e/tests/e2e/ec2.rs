@@ -11,21 +11,25 @@ use capstan_controllers::{Options, Providers};
 use capstan_e2e::env::{CAPSTAN_NAMESPACE, Env, sample_deployment};
 use capstan_e2e::moto::{Auth, Moto, REGION};
 use capstan_e2e::plugin;
-use capstan_e2e::sim_cloud::Faults;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Run `capstan plugin conformance` on the EC2 plugin against `moto` with
-/// `secret` as the secret key; (passed, stdout).
-fn conformance(moto: &Moto, secret: &str) -> (bool, String) {
+/// Run `capstan plugin conformance` on the EC2 plugin with `config`, granted
+/// `endpoint`, signing with `moto`'s key id and `secret`; (passed, stdout).
+fn conformance(
+    moto: &Moto,
+    secret: &str,
+    config: &serde_json::Value,
+    endpoint: &str,
+) -> (bool, String) {
     let out = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
         .args(["plugin", "conformance"])
         .arg(plugin("ec2_provider"))
-        .args(["--config", &moto.provider_config("t3.micro").to_string()])
-        .args(["--allow-host", moto.url.trim_start_matches("http://")])
+        .args(["--config", &config.to_string()])
+        .args(["--allow-host", endpoint.trim_start_matches("http://")])
         .args(["--aws-sigv4-from-env", &format!("aws={REGION}/ec2")])
         .args(["--timeout", "60s"])
         .env("AWS_ACCESS_KEY_ID", &moto.credentials.access_key_id)
@@ -44,7 +48,9 @@ fn conformance(moto: &Moto, secret: &str) -> (bool, String) {
 #[test]
 fn the_ec2_plugin_passes_conformance_against_moto_with_host_signed_requests() {
     let moto = Moto::start(Auth::Checked).unwrap();
-    let (passed, report) = conformance(&moto, &moto.credentials.secret_access_key.clone());
+    let config = moto.provider_config("t3.micro");
+    let secret = moto.credentials.secret_access_key.clone();
+    let (passed, report) = conformance(&moto, &secret, &config, &moto.url);
     assert!(passed, "{report}");
     for check in [
         "PASS  create is idempotent for the same machine uid",
@@ -60,7 +66,7 @@ fn the_ec2_plugin_passes_conformance_against_moto_with_host_signed_requests() {
     assert_eq!(instances[0].state, "terminated");
 
     // moto checks signatures: a wrong secret is unauthorized, not a crash.
-    let (passed, report) = conformance(&moto, "not-the-secret");
+    let (passed, report) = conformance(&moto, "not-the-secret", &config, &moto.url);
     assert!(!passed, "{report}");
     assert!(
         report.contains("unauthorized: DescribeInstances: AuthFailure"),
@@ -120,7 +126,7 @@ fn ec2_deployment(name: &str, config: serde_json::Value, replicas: i32) -> Machi
 #[tokio::test]
 async fn a_machine_deployment_of_ec2_machines_reaches_ready_rolls_and_terminates_on_moto() {
     crate::logs();
-    let mut env = Env::start(Faults::default()).await.unwrap();
+    let mut env = Env::start(Default::default()).await.unwrap();
     let moto = Arc::new(Moto::start(Auth::Checked).unwrap());
     let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
     install_ec2_plugin(&env, &moto, &moto.url, false).await;
@@ -204,19 +210,38 @@ async fn a_machine_deployment_of_ec2_machines_reaches_ready_rolls_and_terminates
     nodes.abort();
 }
 
-/// Forwards to moto, and holds back `RunInstances` answers while `hold` is
-/// set (after moto has launched the instance), flagging `launched`.
-async fn holding_proxy(
-    upstream: String,
-    hold: Arc<AtomicBool>,
-    launched: Arc<AtomicBool>,
-) -> String {
+/// What the proxy in front of moto does besides forwarding.
+#[derive(Default)]
+struct Faults {
+    /// While set, hold back `RunInstances` answers (after moto launched the
+    /// instance) and flag `launched`.
+    hold_run_instances: AtomicBool,
+    launched: AtomicBool,
+    /// Answer every Nth request with EC2's throttling error instead (0: never).
+    throttle_every: std::sync::atomic::AtomicUsize,
+    seen: std::sync::atomic::AtomicUsize,
+    throttled: std::sync::atomic::AtomicUsize,
+}
+
+/// A proxy to `upstream` (moto) with `faults`; returns its URL. It forwards
+/// with moto's own Host, so moto must not check signatures ([`Auth::Off`]).
+async fn fault_proxy(upstream: String, faults: Arc<Faults>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = axum::Router::new().fallback(
         move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-            let (upstream, hold, launched) = (upstream.clone(), hold.clone(), launched.clone());
+            let (upstream, faults) = (upstream.clone(), faults.clone());
             async move {
+                let n = faults.seen.fetch_add(1, Ordering::SeqCst) + 1;
+                let every = faults.throttle_every.load(Ordering::SeqCst);
+                if every > 0 && n % every == 0 {
+                    faults.throttled.fetch_add(1, Ordering::SeqCst);
+                    return (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        [("content-type", "text/xml")],
+                        "<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>throttled</RequestID></Response>".to_string(),
+                    );
+                }
                 let is_run = body.windows(20).any(|w| w == b"Action=RunInstances&");
                 let forwarded = tokio::task::spawn_blocking(move || {
                     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -231,17 +256,14 @@ async fn holding_proxy(
                     }
                     let mut resp = request.send(&body[..]).map_err(|e| e.to_string())?;
                     let status = resp.status().as_u16();
-                    let text = resp
-                        .body_mut()
-                        .read_to_string()
-                        .map_err(|e| e.to_string())?;
+                    let text = resp.body_mut().read_to_string().map_err(|e| e.to_string())?;
                     Ok::<_, String>((status, text))
                 })
                 .await
                 .unwrap();
                 let (status, text) = forwarded.unwrap_or((502, "proxy error".into()));
-                if is_run && hold.load(Ordering::SeqCst) {
-                    launched.store(true, Ordering::SeqCst);
+                if is_run && faults.hold_run_instances.load(Ordering::SeqCst) {
+                    faults.launched.store(true, Ordering::SeqCst);
                     // The caller is killed while waiting; answer late anyway.
                     tokio::time::sleep(Duration::from_secs(30)).await;
                 }
@@ -260,17 +282,41 @@ async fn holding_proxy(
 }
 
 #[tokio::test]
+async fn throttling_from_ec2_is_transient_with_retry_after_and_conformance_still_passes() {
+    let moto = Moto::start(Auth::Off).unwrap();
+    let faults = Arc::new(Faults::default());
+    faults.throttle_every.store(4, Ordering::SeqCst);
+    let proxy = fault_proxy(moto.url.clone(), faults.clone()).await;
+    let mut config = moto.provider_config("t3.micro");
+    config["endpoint"] = proxy.clone().into();
+    let (passed, report) = tokio::task::spawn_blocking(move || {
+        conformance(
+            &moto,
+            &moto.credentials.secret_access_key.clone(),
+            &config,
+            &proxy,
+        )
+    })
+    .await
+    .unwrap();
+    assert!(passed, "{report}");
+    assert!(
+        report.contains("PASS  transient errors carry retry-after"),
+        "{report}"
+    );
+    assert!(faults.throttled.load(Ordering::SeqCst) > 0);
+}
+
+#[tokio::test]
 async fn a_controller_killed_between_run_instances_and_the_status_write_launches_no_second_instance()
  {
     crate::logs();
-    let mut env = Env::start(Faults::default()).await.unwrap();
+    let mut env = Env::start(Default::default()).await.unwrap();
     // No signature checks here: the proxy changes the Host the host signed.
     let moto = Arc::new(Moto::start(Auth::Off).unwrap());
-    let (hold, launched) = (
-        Arc::new(AtomicBool::new(true)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let proxy = holding_proxy(moto.url.clone(), hold.clone(), launched.clone()).await;
+    let faults = Arc::new(Faults::default());
+    faults.hold_run_instances.store(true, Ordering::SeqCst);
+    let proxy = fault_proxy(moto.url.clone(), faults.clone()).await;
     let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
     install_ec2_plugin(&env, &moto, &proxy, false).await;
     env.start_controllers(Providers::default(), Options::default())
@@ -284,7 +330,7 @@ async fn a_controller_killed_between_run_instances_and_the_status_write_launches
     env.eventually(
         "RunInstances done in moto",
         Duration::from_secs(60),
-        async || launched.load(Ordering::SeqCst).then_some(()),
+        async || faults.launched.load(Ordering::SeqCst).then_some(()),
     )
     .await;
     assert_eq!(moto.instances().unwrap().len(), 1);
@@ -297,7 +343,7 @@ async fn a_controller_killed_between_run_instances_and_the_status_write_launches
     );
 
     env.kill_controllers().await;
-    hold.store(false, Ordering::SeqCst);
+    faults.hold_run_instances.store(false, Ordering::SeqCst);
     env.start_controllers(Providers::default(), Options::default())
         .await;
     env.wait_rolled_out("default", "crash", Duration::from_secs(90))
@@ -319,7 +365,7 @@ async fn a_controller_killed_between_run_instances_and_the_status_write_launches
 #[tokio::test]
 async fn wrong_keys_are_unauthorized_on_the_machine_retried_slowly_and_a_fixed_secret_recovers() {
     crate::logs();
-    let mut env = Env::start(Faults::default()).await.unwrap();
+    let mut env = Env::start(Default::default()).await.unwrap();
     let moto = Arc::new(Moto::start(Auth::Checked).unwrap());
     let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
     install_ec2_plugin(&env, &moto, &moto.url, true).await;
