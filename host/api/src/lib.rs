@@ -49,6 +49,13 @@ pub const ANNOTATION_CHANGE_CAUSE: &str = "capstan.dev/change-cause";
 /// the `OnDelete` strategy: `"false"` means a machine a user deletes is not
 /// replaced in this set (the deployment replaces it from the new template).
 pub const ANNOTATION_REPLACE_DELETED: &str = "capstan.dev/replace-deleted";
+/// On an old MachineSet: the deployment's new set, to which the machines
+/// it sheds are handed over for an in-place update instead of deleted.
+pub const ANNOTATION_IN_PLACE_TO: &str = "capstan.dev/in-place-to";
+/// On a Machine handed over for an in-place update: its spec before (JSON).
+/// The Machine controller updates it in place while this is present and
+/// removes it when the update is done.
+pub const ANNOTATION_IN_PLACE_FROM: &str = "capstan.dev/in-place-from";
 /// Finalizer the Machine controller puts on every Machine so the cloud
 /// instance is released before the object goes.
 pub const MACHINE_FINALIZER: &str = "capstan.dev/machine";

@@ -105,6 +105,11 @@ pub enum MachinePhase {
     Deleting,
     /// A terminal failure; see `failureReason` / `failureMessage`.
     Failed,
+    /// Being changed in place by updater plugins (see `Updating`).
+    Updating,
+    /// An in-place update failed; the `Updating` condition says why. The
+    /// machine stays as it is until it is deleted (and replaced).
+    UpdateFailed,
 }
 
 /// An address of a machine.
@@ -167,12 +172,75 @@ pub struct MachineStatus {
     /// Progress of the deletion, once it started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<MachineDeletionStatus>,
+    /// The in-place update under way (or the last one): the plan, recorded
+    /// before the first updater runs, and each step's progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place_update: Option<InPlaceUpdateStatus>,
+    /// Provenance: the updaters (and their digests) that changed this
+    /// machine in place, oldest first (the last 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub updated_by: Vec<UpdateRecord>,
     /// `Ready` (the Node is Ready), `InstanceProvisioned`, `ConfigValid`,
     /// `Deleting` (which deletion step, what blocks it); written by the
     /// health check: `HealthCheckSucceeded`, `OwnerRemediated`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// An in-place update of one machine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InPlaceUpdateStatus {
+    /// The spec generation the update brings the machine to.
+    pub generation: i64,
+    /// When the plan was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<crate::Time>,
+    /// The updaters in the order they run.
+    #[serde(default)]
+    pub steps: Vec<InPlaceStep>,
+    /// Changed fields no updater claimed (the update fails when any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unclaimed: Vec<String>,
+}
+
+/// One updater's part of an in-place update.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InPlaceStep {
+    /// Updater Plugin name.
+    pub updater: String,
+    /// The fields it claimed.
+    pub fields: Vec<String>,
+    /// `Pending`, `Updating`, `Done` or `Failed`.
+    pub state: String,
+    /// Percent done, as the updater last reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u8>,
+    /// The updater's last message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Digest of the updater that ran this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// Which updater changed a machine in place, and when.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateRecord {
+    /// Updater Plugin name.
+    pub updater: String,
+    /// `sha256:…` of the updater's component.
+    pub digest: String,
+    /// The fields it applied.
+    pub fields: Vec<String>,
+    /// The spec generation it brought the machine to.
+    pub generation: i64,
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<crate::Time>,
 }
 
 /// Labels and annotations stamped on every machine made from a template.
@@ -213,6 +281,13 @@ pub mod machine_conditions {
     /// `WaitingForInfrastructureDeletion`, `DeletingNode`) and the message
     /// what blocks it.
     pub const DELETING: &str = "Deleting";
+    /// `False` while an in-place update brings the machine to its spec (or
+    /// after it failed), `True` once it did.
+    pub const UP_TO_DATE: &str = "UpToDate";
+    /// `True` while updaters change the machine in place (the message has
+    /// the updater's percent and message); `False` with reason
+    /// `UpdateFailed` when one failed.
+    pub const UPDATING: &str = "Updating";
     /// Written by a MachineHealthCheck: `False` when the machine is unhealthy.
     pub const HEALTH_CHECK_SUCCEEDED: &str = "HealthCheckSucceeded";
     /// Written by a MachineHealthCheck: `False` while the machine waits for
@@ -220,6 +295,12 @@ pub mod machine_conditions {
     pub const OWNER_REMEDIATED: &str = "OwnerRemediated";
     /// The condition types the Machine controller owns (the others on a
     /// Machine belong to other controllers and are left alone).
-    pub const OWNED_BY_MACHINE_CONTROLLER: [&str; 4] =
-        [READY, INSTANCE_PROVISIONED, CONFIG_VALID, DELETING];
+    pub const OWNED_BY_MACHINE_CONTROLLER: [&str; 6] = [
+        READY,
+        INSTANCE_PROVISIONED,
+        CONFIG_VALID,
+        DELETING,
+        UP_TO_DATE,
+        UPDATING,
+    ];
 }

@@ -56,6 +56,13 @@ pub struct PluginSpec {
     /// Per-call limits (defaults: 64 MiB, 10 s).
     #[serde(default)]
     pub limits: PluginLimits,
+    /// Updaters only: the position in which in-place updaters are asked to
+    /// claim changed fields (lower first; unset comes after every set
+    /// value, then by name). Two updaters whose declared fields overlap are
+    /// only both activated when each sets a different `updateOrder`; the
+    /// earlier one then gets the overlapping fields it claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_order: Option<i32>,
 }
 
 /// Which keys must have signed the plugin.
@@ -200,6 +207,10 @@ pub struct PluginStatus {
     /// HTTP destinations the plugin declares (with their credential slots).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub declared_http: Vec<String>,
+    /// Updaters: the Machine spec fields the serving revision declares it
+    /// may change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub update_fields: Vec<String>,
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

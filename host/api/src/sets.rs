@@ -72,6 +72,11 @@ pub struct MachineSetSpec {
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub min_ready_seconds: i32,
+    /// The in-place policy of the deployment that made this set (copied
+    /// from its `spec.strategy.inPlace`): which updaters may change the
+    /// machines handed over to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<InPlaceStrategy>,
 }
 
 fn one() -> i32 {
@@ -140,6 +145,40 @@ pub struct Strategy {
     /// Bounds for `RollingUpdate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolling_update: Option<RollingUpdate>,
+    /// Opt in to in-place updates (`RollingUpdate` only; `OnDelete` never
+    /// updates in place): machines whose changes updater plugins claim are
+    /// changed where they run instead of replaced, within the same
+    /// `maxSurge` / `maxUnavailable` bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<InPlaceStrategy>,
+}
+
+/// Which updaters a deployment may use, and what happens to changes none
+/// of them claims.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InPlaceStrategy {
+    /// Names of updater Plugins that may be used (default: every active
+    /// updater). They are asked in `spec.updateOrder`, then name, order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updaters: Option<Vec<String>>,
+    /// When some changed field is claimed by no updater: `None` (default)
+    /// changes nothing and reports the unclaimed fields in the
+    /// `InPlaceUpdatable` condition; `Replace` rolls the machines by
+    /// replacement. Decided before a machine starts updating, never
+    /// switched mid-update.
+    #[serde(default)]
+    pub fallback: InPlaceFallback,
+}
+
+/// What an in-place rollout does with changes no updater claims.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum InPlaceFallback {
+    /// Change nothing; wait for the spec, the updaters or the fallback to change.
+    #[default]
+    None,
+    /// Replace the machines (a rolling replacement, as without `inPlace`).
+    Replace,
 }
 
 /// The desired state of a MachineDeployment.
@@ -224,6 +263,9 @@ pub enum DeploymentPhase {
     Running,
     /// The spec is invalid or machines failed terminally.
     Failed,
+    /// An in-place rollout cannot go on: an update failed, or changes no
+    /// updater claims wait for a decision (see `InPlaceUpdatable`).
+    Blocked,
 }
 
 /// What a MachineDeployment observed.
@@ -257,10 +299,55 @@ pub struct MachineDeploymentStatus {
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Available`, `Progressing`, `ValidSpec`.
+    /// With `spec.strategy.inPlace`: what the rollout does with each
+    /// machine not yet on the current template (`capstan rollout plan`
+    /// prints it). Computed also while paused, so a plan can be read
+    /// before anything happens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place_plan: Option<RolloutPlan>,
+    /// `Available`, `Progressing`, `ValidSpec`, `InPlaceUpdatable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// What an in-place rollout will do.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPlan {
+    /// The revision the plan rolls out.
+    pub revision: i64,
+    /// `InPlace`, `Replace` (the fallback applies) or `Blocked`.
+    pub decision: String,
+    /// Per machine not yet on the current template, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<MachinePlanView>,
+}
+
+/// One machine's part in a rollout plan.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePlanView {
+    /// Machine name.
+    pub machine: String,
+    /// `InPlace`, `Replace`, `Blocked`, `Updating` or `UpdateFailed`.
+    pub action: String,
+    /// Updaters in the order they run, with the fields each applies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<PlannedStep>,
+    /// Changed fields no updater claims.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unclaimed: Vec<String>,
+}
+
+/// An updater and the fields it applies.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedStep {
+    /// Updater Plugin name.
+    pub updater: String,
+    /// Fields it claimed.
+    pub fields: Vec<String>,
 }
 
 /// MachineSet and MachineDeployment condition types.
@@ -272,4 +359,7 @@ pub mod set_conditions {
     pub const PROGRESSING: &str = "Progressing";
     /// The spec passes the checks the schema cannot express.
     pub const VALID_SPEC: &str = "ValidSpec";
+    /// With `spec.strategy.inPlace`: whether the rollout can go on in
+    /// place (`False` names the unclaimed fields or the failed update).
+    pub const IN_PLACE_UPDATABLE: &str = "InPlaceUpdatable";
 }

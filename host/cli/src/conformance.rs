@@ -1,6 +1,7 @@
-//! `capstan plugin conformance PATH --world provider --config JSON`: run the
-//! contract checks of `capstan-conformance` against a plugin and print the
-//! report; exit 1 when any check fails.
+//! `capstan plugin conformance PATH --world provider|updater --config JSON`:
+//! run the contract checks of `capstan-conformance` against a plugin and
+//! print the report; exit 1 when any check fails. An updater is checked
+//! against an instance that `--provider` creates.
 
 use crate::options::{Output, SandboxArgs, parse_duration};
 use anyhow::{Context, bail};
@@ -16,17 +17,37 @@ use std::time::Duration;
     after_help = "Example, against a simulated cloud on 127.0.0.1:8787:\n  \
     SIM_TOKEN=s3cret capstan plugin conformance sim_provider.wasm --world provider \\\n    \
     --config '{\"endpoint\":\"http://127.0.0.1:8787\"}' --allow-host 127.0.0.1:8787 \\\n    \
+    --bearer-from-env sim-cloud=SIM_TOKEN\n\n\
+    An updater, against an instance sim_provider.wasm creates:\n  \
+    SIM_TOKEN=s3cret capstan plugin conformance sim_updater.wasm --world updater \\\n    \
+    --provider sim_provider.wasm --config '{\"endpoint\":\"http://127.0.0.1:8787\"}' \\\n    \
+    --current-version v1.30.0 --desired-version v1.31.0 --allow-host 127.0.0.1:8787 \\\n    \
     --bearer-from-env sim-cloud=SIM_TOKEN"
 )]
 pub struct Args {
     /// Path of the plugin component (`.wasm`).
     pub path: PathBuf,
-    /// The world to check (only `provider` has a conformance suite so far).
+    /// The world to check: `provider` or `updater`.
     #[arg(long, default_value = "provider")]
     pub world: String,
     /// A valid provider config (JSON object) pointing at a live target.
+    /// For an updater: the config the test instance is created with.
     #[arg(long)]
     pub config: String,
+    /// Updaters: the provider plugin (`.wasm`) that creates (and at the
+    /// end deletes) the instance the updater changes. It gets the same
+    /// sandbox grants.
+    #[arg(long, value_name = "PATH")]
+    pub provider: Option<PathBuf>,
+    /// Updaters: the provider config after the change (default: --config).
+    #[arg(long, value_name = "JSON")]
+    pub desired_config: Option<String>,
+    /// Updaters: the version the instance is created with.
+    #[arg(long, default_value = "v1.30.0")]
+    pub current_version: String,
+    /// Updaters: the version after the change.
+    #[arg(long, default_value = "v1.31.0")]
+    pub desired_version: String,
     /// A config the plugin must reject with invalid-config. Repeatable;
     /// default `[]` (a provider config is always a JSON object).
     #[arg(long = "invalid-config", value_name = "JSON")]
@@ -44,8 +65,22 @@ pub struct Args {
 /// Run the command.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let world: World = args.world.parse()?;
-    if world != World::Provider {
-        bail!("--world {world}: only the provider world has a conformance suite so far");
+    if world == World::Addon {
+        bail!(
+            "--world addon: the addon world has no conformance suite yet; use provider or updater"
+        );
+    }
+    if world == World::Updater && args.provider.is_none() {
+        bail!(
+            "--world updater needs --provider PATH: a provider plugin that creates the instance the updater changes"
+        );
+    }
+    if let Some(desired) = &args.desired_config {
+        let value: serde_json::Value =
+            serde_json::from_str(desired).context("--desired-config is not valid JSON")?;
+        if !value.is_object() {
+            bail!("--desired-config must be a JSON object, got {value}");
+        }
     }
     let config: serde_json::Value =
         serde_json::from_str(&args.config).context("--config is not valid JSON")?;
@@ -61,6 +96,24 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..Default::default()
     })?;
     let plugin = runtime.load_file(&args.path, args.sandbox.limits(), args.sandbox.grants()?)?;
+    if world == World::Updater {
+        let updater = plugin.updater()?;
+        let provider_path = args.provider.as_ref().expect("checked above");
+        let provider = runtime
+            .load_file(provider_path, args.sandbox.limits(), args.sandbox.grants()?)
+            .with_context(|| format!("--provider {}", provider_path.display()))?
+            .provider()
+            .with_context(|| format!("--provider {}", provider_path.display()))?;
+        let options = capstan_conformance::UpdaterOptions {
+            config: args.config.clone(),
+            desired_config: args.desired_config.clone(),
+            version: args.current_version.clone(),
+            desired_version: args.desired_version.clone(),
+            timeout: args.timeout,
+        };
+        let report = capstan_conformance::run_updater(&updater, &provider, &options).await;
+        return print_report(&report, args.output);
+    }
     let provider = plugin.provider()?;
     let mut options = capstan_conformance::Options::new(args.config.clone());
     if !args.invalid_configs.is_empty() {
@@ -68,8 +121,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     options.timeout = args.timeout;
     let report = capstan_conformance::run_provider(&provider, &options).await;
-    match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    print_report(&report, args.output)
+}
+
+fn print_report(report: &capstan_conformance::Report, output: Output) -> anyhow::Result<ExitCode> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(report)?),
         Output::Text => print!("{}", report.render_text()),
     }
     Ok(if report.passed() {

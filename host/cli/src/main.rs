@@ -167,6 +167,7 @@ fn main() -> ExitCode {
             Command::Uninstall(args) => install::uninstall(args).await,
             Command::Rollout(rollout::Command::History(args)) => rollout::history(args).await,
             Command::Rollout(rollout::Command::Undo(args)) => rollout::undo(args).await,
+            Command::Rollout(rollout::Command::Plan(args)) => rollout::plan(args).await,
         }
     });
     match result {

@@ -1,7 +1,9 @@
-//! `capstan rollout history|undo md/NAME`: list a MachineDeployment's
+//! `capstan rollout history|undo|plan md/NAME`: list a MachineDeployment's
 //! revisions and roll back to one (Cluster API dropped rollback; this brings
-//! it back the way `kubectl rollout undo` works for Deployments). The logic
-//! is `capstan_controllers::history`.
+//! it back the way `kubectl rollout undo` works for Deployments; the logic
+//! is `capstan_controllers::history`), and print what an in-place rollout
+//! does with each machine (the controller's plan, from the deployment's
+//! status).
 
 use anyhow::bail;
 use capstan_controllers::history;
@@ -44,6 +46,24 @@ pub enum Command {
     History(HistoryArgs),
     /// Roll a MachineDeployment back to an earlier revision's template.
     Undo(UndoArgs),
+    /// Print the in-place plan of a MachineDeployment: per machine, which
+    /// updater applies which changed fields, or what is replaced instead.
+    /// To read it before anything happens: pause the deployment
+    /// (`spec.paused: true`), change the template, run this, then unpause.
+    Plan(PlanArgs),
+}
+
+/// Flags of `rollout plan`.
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    target: Target,
+    /// `text` or `json`.
+    #[arg(short, long, value_enum, default_value = "text")]
+    output: crate::options::Output,
+    /// How long to wait for the controller to plan the current generation.
+    #[arg(long, default_value = "30s", value_parser = crate::options::parse_duration)]
+    timeout: std::time::Duration,
 }
 
 /// Flags of `rollout history`.
@@ -102,6 +122,92 @@ pub async fn undo(args: UndoArgs) -> anyhow::Result<ExitCode> {
     match history::undo(&client, &args.target.namespace, name, args.to_revision).await? {
         Some(revision) => println!("machinedeployment/{name} rolled back to revision {revision}"),
         None => println!("machinedeployment/{name} already runs that revision; nothing to do"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rollout plan`.
+pub async fn plan(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    use capstan_api::MachineDeployment;
+    let name = args.target.name()?;
+    let client = crate::controller::client(args.target.kubeconfig.as_ref()).await?;
+    let api: kube::Api<MachineDeployment> = kube::Api::namespaced(client, &args.target.namespace);
+    let deadline = std::time::Instant::now() + args.timeout;
+    let md = loop {
+        let md = api.get_opt(name).await?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "machinedeployment/{name} not found in namespace {}",
+                args.target.namespace
+            )
+        })?;
+        let seen = md.status.as_ref().and_then(|s| s.observed_generation);
+        if seen == md.metadata.generation {
+            break md;
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "the controller has not planned generation {} of machinedeployment/{name} within {:?}; is `capstan controller` running?",
+                md.metadata.generation.unwrap_or(0),
+                args.timeout
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    if md.spec.strategy.in_place.is_none() {
+        bail!(
+            "machinedeployment/{name} has no spec.strategy.inPlace: its rollouts replace machines; set spec.strategy.inPlace to update them in place"
+        );
+    }
+    let status = md.status.clone().unwrap_or_default();
+    let plan = status.in_place_plan.clone().unwrap_or_default();
+    let condition = capstan_api::condition(
+        &status.conditions,
+        capstan_api::set_conditions::IN_PLACE_UPDATABLE,
+    )
+    .cloned();
+    match args.output {
+        crate::options::Output::Json => {
+            println!("{}", serde_json::to_string_pretty(&plan)?);
+        }
+        crate::options::Output::Text => {
+            let paused = if md.spec.paused { " (paused)" } else { "" };
+            println!(
+                "machinedeployment/{name}: revision {}{paused}: {}",
+                status.revision.unwrap_or(0),
+                if plan.decision.is_empty() {
+                    "InPlace"
+                } else {
+                    &plan.decision
+                }
+            );
+            if let Some(c) = &condition
+                && !c.message.is_empty()
+            {
+                println!("  {}", c.message);
+            }
+            if plan.machines.is_empty() {
+                println!("  no machine waits for an update");
+            }
+            for m in &plan.machines {
+                println!("{:<36} {}", m.machine, m.action);
+                for (i, step) in m.steps.iter().enumerate() {
+                    println!(
+                        "  {}. {:<24} {}",
+                        i + 1,
+                        step.updater,
+                        step.fields.join(", ")
+                    );
+                }
+                if !m.unclaimed.is_empty() {
+                    let instead = if m.action == "Replace" {
+                        "replaced instead"
+                    } else {
+                        "blocks the rollout"
+                    };
+                    println!("  unclaimed ({instead}): {}", m.unclaimed.join(", "));
+                }
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

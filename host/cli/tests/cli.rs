@@ -119,10 +119,139 @@ async fn conformance_fails_precisely_for_a_non_idempotent_provider() {
     );
 }
 
+fn updater_args<'a>(
+    path: &'a str,
+    provider: &'a str,
+    config: &'a str,
+    host: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "plugin",
+        "conformance",
+        path,
+        "--world",
+        "updater",
+        "--provider",
+        provider,
+        "--config",
+        config,
+        "--allow-host",
+        host,
+        "--bearer-from-env",
+        "sim-cloud=SIM_TOKEN",
+        "--timeout",
+        "60s",
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn updater_conformance_passes_for_both_sample_updaters() {
+    let cloud = cloud(Faults {
+        boot_latency_ms: 100,
+        update_latency_ms: 500,
+        ..Default::default()
+    })
+    .await;
+    let provider = plugin("sim_provider").display().to_string();
+    let config = format!(r#"{{"endpoint":"{}","tags":{{"team":"a"}}}}"#, cloud.url());
+    let desired = format!(r#"{{"endpoint":"{}","tags":{{"team":"b"}}}}"#, cloud.url());
+    let host = cloud.addr().to_string();
+    for (stem, extra) in [
+        ("sim_updater", vec![]),
+        (
+            "sim_tagger",
+            vec![
+                "--desired-config",
+                desired.as_str(),
+                "--desired-version",
+                "v1.30.0",
+            ],
+        ),
+    ] {
+        let path = plugin(stem).display().to_string();
+        let mut args = updater_args(&path, &provider, &config, &host);
+        args.extend(extra);
+        let out = run(capstan(&args)).await;
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stem}: {stdout}\n{}",
+            text(&out.stderr)
+        );
+        for check in [
+            "PASS  can-update claims only changed fields it declares",
+            "PASS  update reaches done with monotonic progress",
+            "PASS  done is stable when called again",
+            "PASS  update of a machine without an instance is a typed error",
+        ] {
+            assert!(stdout.contains(check), "{stem}: {stdout}");
+        }
+        assert!(stdout.contains("0 failed"), "{stem}: {stdout}");
+    }
+    assert_eq!(cloud.stats().live_instances, 0, "conformance cleans up");
+    assert_eq!(cloud.stats().tag_writes, 1, "sim-tagger wrote the tag once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn updater_conformance_fails_precisely_for_a_broken_updater() {
+    let cloud = cloud(Faults {
+        boot_latency_ms: 100,
+        update_latency_ms: 1_500,
+        ..Default::default()
+    })
+    .await;
+    let provider = plugin("sim_provider").display().to_string();
+    let path = plugin("broken_updater").display().to_string();
+    let config = format!(r#"{{"endpoint":"{}"}}"#, cloud.url());
+    let host = cloud.addr().to_string();
+    let mut args = updater_args(&path, &provider, &config, &host);
+    args.extend(["--output", "json"]);
+    let out = run(capstan(&args)).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let outcome = |name: &str| -> (String, String) {
+        let check = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name:?} in {report}"));
+        (
+            check["result"].as_str().unwrap().to_string(),
+            check["detail"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let (result, detail) = outcome("can-update claims only changed fields it declares");
+    assert_eq!(result, "fail");
+    assert!(detail.contains("failureDomain"), "{detail}");
+    let (result, detail) = outcome("update reaches done with monotonic progress");
+    assert_eq!(result, "fail");
+    assert!(detail.contains("progress went backwards"), "{detail}");
+    let (result, detail) = outcome("done is stable when called again");
+    assert_eq!(result, "fail");
+    assert!(
+        detail.contains("after done returned") && detail.contains("InProgress"),
+        "{detail}"
+    );
+    let (result, detail) = outcome("update of a machine without an instance is a typed error");
+    assert_eq!(result, "fail");
+    assert!(detail.contains("not a typed error"), "{detail}");
+    let (result, detail) = outcome("can-update claims nothing when nothing changed");
+    assert_eq!(result, "fail");
+    assert!(detail.contains("failureDomain"), "{detail}");
+    for passing in [
+        "can-update answers the same twice",
+        "update with nothing claimed is done",
+    ] {
+        assert_eq!(outcome(passing).0, "pass", "{passing}: {report}");
+    }
+    assert_eq!(cloud.stats().live_instances, 0, "cleaned up even so");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_explains_bad_flags() {
     let path = plugin("sim_provider").display().to_string();
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--config", "[1]"], "--config must be a JSON object"),
         (
             &["--config", "{}", "--allow-host", "nohost"],
@@ -130,7 +259,11 @@ async fn conformance_explains_bad_flags() {
         ),
         (
             &["--config", "{}", "--world", "updater"],
-            "only the provider world",
+            "--world updater needs --provider PATH",
+        ),
+        (
+            &["--config", "{}", "--world", "addon"],
+            "the addon world has no conformance suite yet",
         ),
     ];
     for (flags, expected) in cases {

@@ -1,7 +1,7 @@
-//! The provider-world conformance kit: runs the contract's checks against any
-//! provider plugin and a live target, and reports each check.
+//! The conformance kit: runs the contract's checks against a provider or an
+//! updater plugin and a live target, and reports each check.
 //!
-//! The checks (in order): `validate` accepts the given config and rejects
+//! The provider checks (in order): `validate` accepts the given config and rejects
 //! invalid ones with `invalid-config`; `create` with an invalid config is
 //! `invalid-config`; `create` returns a provider ID and is idempotent for the
 //! same machine uid; `get` after `create` finds the same instance; the instance
@@ -10,10 +10,15 @@
 //! transient error carries a retry-after. Transient errors are retried as the
 //! plugin asks, within the time budget.
 //!
-//! Start with [`run_provider`]; render the [`Report`] with
-//! [`Report::render_text`] or serialize it.
+//! Start with [`run_provider`] (or [`run_updater`] for the updater world,
+//! in [`updater`]); render the [`Report`] with [`Report::render_text`] or
+//! serialize it.
 
 #![forbid(unsafe_code)]
+
+pub mod updater;
+
+pub use updater::{UpdaterOptions, run_updater};
 
 use capstan_runtime::types::{Deletion, InstanceState, Machine, MachineStatus, PluginError};
 use capstan_runtime::{Error, ProviderPlugin, describe};

@@ -12,12 +12,14 @@ use crate::{
     Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, owner_key,
     retry_soon, set_valid_spec,
 };
-use capstan_api::set_conditions::{AVAILABLE, PROGRESSING};
+use capstan_api::set_conditions::{AVAILABLE, IN_PLACE_UPDATABLE, PROGRESSING};
 use capstan_api::{
-    ANNOTATION_CHANGE_CAUSE, ANNOTATION_REPLACE_DELETED, ANNOTATION_REVISION, DeploymentPhase,
-    IntOrString, LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
-    MachineDeploymentStatus, MachineSet, MachineSetSpec, MachineTemplateSpec, StrategyType,
-    selector_mismatch, selector_string, set_condition, status as cond,
+    ANNOTATION_CHANGE_CAUSE, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED,
+    ANNOTATION_REVISION, DeploymentPhase, InPlaceFallback, InPlaceStrategy, IntOrString,
+    LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
+    MachineDeploymentStatus, MachinePlanView, MachineSet, MachineSetSpec, MachineTemplateSpec,
+    PlannedStep, RolloutPlan, StrategyType, selector_mismatch, selector_string, set_condition,
+    status as cond,
 };
 use capstan_planner::rollout::{self, SetView, Strategy};
 use capstan_planner::{Bound, Bounds, Health};
@@ -187,6 +189,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             machines: 0,
             deleting: 0,
             available: 0,
+            updating: 0,
         };
         for m in machines
             .iter()
@@ -198,7 +201,10 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
                 continue;
             }
             totals.replicas += 1;
-            if is_new {
+            let updating = crate::inplace::updating_in_place(m);
+            if updating {
+                v.updating += 1;
+            } else if is_new {
                 totals.updated += 1;
             }
             match health(m, md.spec.min_ready_seconds, now_s).0 {
@@ -230,17 +236,107 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     let old_views: Vec<SetView> = old_sets.iter().map(|s| view(s, false)).collect();
 
     let revision = rollout::next_revision(new_view.as_ref(), &old_views);
-    let plan = rollout::plan(
-        md.spec.replicas,
-        strategy,
-        md.spec.paused,
-        new_view.as_ref(),
-        &old_views,
+    let new_name = format!("{}-{hash}", md.name_any());
+    // In place: only rolling updates (OnDelete never updates in place).
+    let policy = match strategy {
+        Strategy::RollingUpdate(_) => md.spec.strategy.in_place.as_ref(),
+        Strategy::OnDelete => None,
+    };
+    let decision = match policy {
+        Some(policy) => {
+            let owned: Vec<&Arc<MachineSet>> = sets.iter().collect();
+            Some(
+                decide(
+                    &ctx,
+                    &md,
+                    policy,
+                    &hash,
+                    revision,
+                    &owned,
+                    new_set.as_deref(),
+                )
+                .await,
+            )
+        }
+        None => None,
+    };
+    let blocked = matches!(
+        decision,
+        Some(Decision {
+            kind: Kind::Blocked { .. },
+            ..
+        })
     );
+    let plan = match (&decision, strategy) {
+        _ if md.spec.paused => rollout::plan(
+            md.spec.replicas,
+            strategy,
+            true,
+            new_view.as_ref(),
+            &old_views,
+        ),
+        (Some(d), Strategy::RollingUpdate(bounds)) if d.kind == Kind::InPlace => {
+            rollout::plan_in_place(md.spec.replicas, bounds, new_view.as_ref(), &old_views)
+        }
+        // Nothing moves until the user (or a human looking at a failed
+        // update) decides.
+        (Some(d), _) if matches!(d.kind, Kind::Blocked { .. }) => rollout::Plan {
+            new_replicas: new_view.as_ref().map_or(0, |v| v.replicas),
+            ..rollout::Plan::default()
+        },
+        _ => rollout::plan(
+            md.spec.replicas,
+            strategy,
+            false,
+            new_view.as_ref(),
+            &old_views,
+        ),
+    };
 
     let deletion = in_place_deletion(&md.spec.template.spec);
+    // Old sets first: a set told to hand machines over must be seen doing
+    // so before the new set (raised for them in this same step) looks.
+    // Under OnDelete, old sets keep the slot of a machine a user deletes.
+    let keep_slots = (strategy == Strategy::OnDelete && !md.spec.paused).then_some("false");
+    let keep_handing = matches!(
+        decision,
+        Some(Decision {
+            kind: Kind::InPlace | Kind::Blocked { .. },
+            ..
+        })
+    );
+    for set in &old_sets {
+        let name = set.name_any();
+        let change = plan.old_replicas.iter().find(|(n, _)| *n == name);
+        let replicas = change.map_or(set.spec.replicas, |(_, r)| *r);
+        let current = set
+            .annotations()
+            .get(ANNOTATION_IN_PLACE_TO)
+            .map(String::as_str);
+        let hand_over_to = if plan.hand_over.contains(&name) {
+            Some(new_name.as_str())
+        } else if change.is_none() && keep_handing {
+            current
+        } else {
+            None
+        };
+        sync_set(
+            &sets_api,
+            &ctx,
+            set,
+            replicas,
+            set.spec.min_ready_seconds,
+            deletion,
+            None,
+            &[
+                (ANNOTATION_REPLACE_DELETED, keep_slots),
+                (ANNOTATION_IN_PLACE_TO, hand_over_to),
+            ],
+        )
+        .await?;
+    }
     match &new_set {
-        None if !md.spec.paused => {
+        None if !md.spec.paused && !blocked => {
             create_set(&sets_api, &ctx, &md, &hash, plan.new_replicas, revision).await?;
         }
         None => {}
@@ -253,32 +349,15 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
                 plan.new_replicas,
                 md.spec.min_ready_seconds,
                 deletion,
+                Some(md.spec.strategy.in_place.as_ref()),
                 &[
                     (ANNOTATION_REVISION, Some(revision.as_str())),
                     (ANNOTATION_REPLACE_DELETED, None),
+                    (ANNOTATION_IN_PLACE_TO, None),
                 ],
             )
             .await?;
         }
-    }
-    // Under OnDelete, old sets keep the slot of a machine a user deletes.
-    let keep_slots = (strategy == Strategy::OnDelete && !md.spec.paused).then_some("false");
-    for set in &old_sets {
-        let replicas = plan
-            .old_replicas
-            .iter()
-            .find(|(n, _)| *n == set.name_any())
-            .map_or(set.spec.replicas, |(_, r)| *r);
-        sync_set(
-            &sets_api,
-            &ctx,
-            set,
-            replicas,
-            set.spec.min_ready_seconds,
-            deletion,
-            &[(ANNOTATION_REPLACE_DELETED, keep_slots)],
-        )
-        .await?;
     }
     let limit = md
         .spec
@@ -313,11 +392,14 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     status.unavailable_replicas = (md.spec.replicas - totals.available).max(0);
     status.revision = Some(revision);
     let old_machines: i32 = old_views.iter().map(|v| v.machines).sum();
+    let updating: i32 = new_view.iter().chain(&old_views).map(|v| v.updating).sum();
     status.phase = Some(if totals.failed > 0 {
         DeploymentPhase::Failed
+    } else if blocked && !md.spec.paused && !complete {
+        DeploymentPhase::Blocked
     } else if md.spec.paused && !complete {
         DeploymentPhase::Paused
-    } else if old_machines > 0 && strategy != Strategy::OnDelete {
+    } else if (old_machines > 0 || updating > 0) && strategy != Strategy::OnDelete {
         DeploymentPhase::RollingOut
     } else if totals.replicas < md.spec.replicas {
         DeploymentPhase::ScalingUp
@@ -353,7 +435,47 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             &t,
         );
     }
-    if md.spec.paused {
+    match &decision {
+        None => status.conditions.retain(|c| c.type_ != IN_PLACE_UPDATABLE),
+        Some(d) => {
+            let (state, reason, message) = match &d.kind {
+                Kind::InPlace => (cond::TRUE, "InPlace", d.summary.clone()),
+                Kind::Replace => (cond::FALSE, "FallbackReplace", d.summary.clone()),
+                Kind::Blocked { reason, message } => (cond::FALSE, *reason, message.clone()),
+            };
+            set_condition(
+                &mut status.conditions,
+                IN_PLACE_UPDATABLE,
+                state,
+                reason,
+                message,
+                generation,
+                &t,
+            );
+        }
+    }
+    status.in_place_plan = decision
+        .as_ref()
+        .map(|d| d.plan.clone())
+        .filter(|p| !p.machines.is_empty());
+    if let (
+        Some(Decision {
+            kind: Kind::Blocked { reason, message },
+            ..
+        }),
+        false,
+    ) = (&decision, md.spec.paused || complete)
+    {
+        set_condition(
+            &mut status.conditions,
+            PROGRESSING,
+            cond::FALSE,
+            reason,
+            message.clone(),
+            generation,
+            &t,
+        );
+    } else if md.spec.paused {
         set_condition(
             &mut status.conditions,
             PROGRESSING,
@@ -396,6 +518,193 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     })
 }
 
+/// What an in-place rollout does now.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    /// Every machine's changes are claimed: hand machines over.
+    InPlace,
+    /// Some are not, and the fallback is `Replace`: roll by replacement.
+    Replace,
+    /// Nothing moves: unclaimed changes without a fallback, a failed
+    /// update, or a plan that cannot be made now.
+    Blocked {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Decision {
+    kind: Kind,
+    summary: String,
+    plan: RolloutPlan,
+}
+
+/// Decide how the deployment's old machines reach the current template,
+/// from each one's plan (asked before any of them moves, and cached), and
+/// describe it for `capstan rollout plan`.
+async fn decide(
+    ctx: &Context,
+    md: &MachineDeployment,
+    policy: &InPlaceStrategy,
+    hash: &str,
+    revision: i64,
+    sets: &[&Arc<MachineSet>],
+    new_set: Option<&MachineSet>,
+) -> Decision {
+    let new_uid = new_set.and_then(|s| s.uid());
+    let mut views = vec![];
+    let mut failed = vec![];
+    let mut unknown = vec![];
+    let mut unclaimed: Vec<String> = vec![];
+    let mut unclaimed_machines = vec![];
+    let mut pending = 0;
+    let all = ctx.stores.machines.state();
+    for set in sets {
+        let uid = set.uid().unwrap_or_default();
+        let is_new = new_uid.as_deref() == Some(uid.as_str());
+        for m in all
+            .iter()
+            .filter(|m| controlled_by(m.as_ref(), &uid) && m.metadata.deletion_timestamp.is_none())
+        {
+            let name = m.name_any();
+            if crate::inplace::updating_in_place(m) {
+                let steps = m
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.in_place_update.as_ref())
+                    .map(|u| {
+                        u.steps
+                            .iter()
+                            .map(|s| PlannedStep {
+                                updater: s.updater.clone(),
+                                fields: s.fields.clone(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let action = match crate::inplace::update_failed(m) {
+                    Some(message) => {
+                        failed.push(format!("{name}: {message}"));
+                        "UpdateFailed"
+                    }
+                    None => "Updating",
+                };
+                views.push(MachinePlanView {
+                    machine: name,
+                    action: action.into(),
+                    steps,
+                    unclaimed: vec![],
+                });
+                continue;
+            }
+            if is_new {
+                continue;
+            }
+            pending += 1;
+            match crate::inplace::cached_plan(ctx, m, &md.spec.template.spec, hash, policy).await {
+                Ok(plan) => {
+                    let action = if plan.in_place() {
+                        "InPlace"
+                    } else if policy.fallback == InPlaceFallback::Replace {
+                        "Replace"
+                    } else {
+                        "Blocked"
+                    };
+                    if !plan.in_place() {
+                        unclaimed_machines.push(name.clone());
+                        for f in &plan.unclaimed {
+                            if !unclaimed.contains(f) {
+                                unclaimed.push(f.clone());
+                            }
+                        }
+                    }
+                    views.push(MachinePlanView {
+                        machine: name,
+                        action: action.into(),
+                        steps: plan
+                            .steps
+                            .iter()
+                            .map(|s| PlannedStep {
+                                updater: s.updater.clone(),
+                                fields: s.fields.clone(),
+                            })
+                            .collect(),
+                        unclaimed: plan.unclaimed,
+                    });
+                }
+                Err(message) => {
+                    unknown.push(format!("{name}: {message}"));
+                    views.push(MachinePlanView {
+                        machine: name,
+                        action: "Blocked".into(),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    }
+    views.sort_by(|a, b| a.machine.cmp(&b.machine));
+    unclaimed.sort();
+    let few = |items: &[String]| {
+        let mut text = items.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+        if items.len() > 3 {
+            text.push_str(&format!("; and {} more", items.len() - 3));
+        }
+        text
+    };
+    let kind = if !failed.is_empty() {
+        Kind::Blocked {
+            reason: "UpdateFailed",
+            message: format!(
+                "the in-place update failed on {}; the rollout stops (nothing is rolled back): delete the machine to replace it on the new template",
+                few(&failed)
+            ),
+        }
+    } else if !unknown.is_empty() {
+        Kind::Blocked {
+            reason: "PlanUnavailable",
+            message: format!("cannot plan in-place updates: {}", few(&unknown)),
+        }
+    } else if unclaimed.is_empty() {
+        Kind::InPlace
+    } else if policy.fallback == InPlaceFallback::Replace {
+        Kind::Replace
+    } else {
+        Kind::Blocked {
+            reason: "UnclaimedChanges",
+            message: format!(
+                "no active updater claims {} (machines {}); nothing changes: change the spec, activate an updater that claims them, or set spec.strategy.inPlace.fallback: Replace",
+                unclaimed.join(", "),
+                few(&unclaimed_machines)
+            ),
+        }
+    };
+    let summary = match &kind {
+        Kind::InPlace if pending == 0 => "no machine waits for an update".to_string(),
+        Kind::InPlace => format!("{pending} machines are updated in place"),
+        Kind::Replace => format!(
+            "no active updater claims {}; those machines are replaced (fallback Replace)",
+            unclaimed.join(", ")
+        ),
+        Kind::Blocked { message, .. } => message.clone(),
+    };
+    let decision = match &kind {
+        Kind::InPlace => "InPlace",
+        Kind::Replace => "Replace",
+        Kind::Blocked { .. } => "Blocked",
+    };
+    Decision {
+        kind,
+        summary,
+        plan: RolloutPlan {
+            revision,
+            decision: decision.into(),
+            machines: views,
+        },
+    }
+}
+
 #[derive(Default)]
 struct Totals {
     replicas: i32,
@@ -425,9 +734,15 @@ async fn sync_set(
     replicas: i32,
     min_ready_seconds: i32,
     deletion: Option<&capstan_api::MachineDeletionSpec>,
+    in_place: Option<Option<&InPlaceStrategy>>,
     annotations: &[(&str, Option<&str>)],
 ) -> Result<(), Error> {
     let mut spec = serde_json::Map::new();
+    if let Some(policy) = in_place
+        && set.spec.in_place.as_ref() != policy
+    {
+        spec.insert("inPlace".into(), serde_json::json!(policy));
+    }
     if in_place_deletion(&set.spec.template.spec) != deletion {
         spec.insert(
             "template".into(),
@@ -514,6 +829,7 @@ async fn create_set(
             template,
             delete_policy: Default::default(),
             min_ready_seconds: md.spec.min_ready_seconds,
+            in_place: md.spec.strategy.in_place.clone(),
         },
         status: None,
     };

@@ -22,6 +22,7 @@
 pub mod deployment;
 pub mod healthcheck;
 pub mod history;
+pub mod inplace;
 pub mod leader;
 pub mod machine;
 pub mod machineset;
@@ -181,6 +182,13 @@ pub struct Context {
     pub runtime: Option<capstan_runtime::Runtime>,
     /// Providers by plugin name.
     pub providers: Providers,
+    /// In-place updaters by plugin name.
+    pub updaters: inplace::Updaters,
+    /// Activating an updater checks its fields against the others and
+    /// registers it as one step.
+    pub(crate) updater_activation: tokio::sync::Mutex<()>,
+    /// Per-machine in-place plans the deployment controller computed.
+    pub(crate) plans: inplace::PlanCache,
     /// Metrics.
     pub metrics: Metrics,
     /// Caches.
@@ -602,6 +610,9 @@ pub async fn run(
         eviction_version: std::sync::OnceLock::new(),
         runtime,
         providers,
+        updaters: inplace::Updaters::default(),
+        updater_activation: tokio::sync::Mutex::default(),
+        plans: inplace::PlanCache::default(),
         metrics: metrics.clone(),
         stores: stores.clone(),
         options: options.clone(),
@@ -694,6 +705,33 @@ pub(crate) async fn drain<K, E1, E2>(
 }
 
 /// Key of an object in logs and queue bookkeeping.
+/// The JSON merge patch (RFC 7386) that turns `from` into `to`: changed
+/// values, and `null` for keys `to` no longer has.
+pub(crate) fn merge_patch(from: &serde_json::Value, to: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (from, to) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut patch = serde_json::Map::new();
+            for key in a.keys().filter(|k| !b.contains_key(*k)) {
+                patch.insert(key.clone(), Value::Null);
+            }
+            for (key, value) in b {
+                match a.get(key) {
+                    Some(old) if old == value => {}
+                    Some(old) => {
+                        patch.insert(key.clone(), merge_patch(old, value));
+                    }
+                    None => {
+                        patch.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+            Value::Object(patch)
+        }
+        _ => to.clone(),
+    }
+}
+
 pub(crate) fn key_of<K: Resource>(obj: &K) -> String {
     format!(
         "{}/{}",

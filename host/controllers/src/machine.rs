@@ -11,6 +11,7 @@
 //! plugin's retry-after); terminal errors set `failureReason` /
 //! `failureMessage` and an Event, and the machine waits for a spec change.
 
+use crate::inplace::Advance;
 use crate::plugin::Availability;
 use crate::provider::{ProviderError, timed};
 use crate::{
@@ -18,12 +19,12 @@ use crate::{
     now, record_event, retry_soon,
 };
 use capstan_api::machine_conditions::{
-    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, OWNED_BY_MACHINE_CONTROLLER, READY,
+    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, OWNED_BY_MACHINE_CONTROLLER, READY, UPDATING,
 };
 use capstan_api::{
-    ANNOTATION_EXCLUDE_NODE_DRAINING, MACHINE_FINALIZER, Machine, MachineAddress, MachinePhase,
-    MachineStatus, NodeRef, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin,
-    set_condition, status as cond,
+    ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_IN_PLACE_FROM, MACHINE_FINALIZER, Machine,
+    MachineAddress, MachinePhase, MachineStatus, NodeRef, PRE_DRAIN_HOOK_PREFIX,
+    PRE_TERMINATE_HOOK_PREFIX, Plugin, set_condition, status as cond,
 };
 use capstan_planner::deletion::{DeletionStep, DeletionView, next_step};
 use capstan_runtime::types::{AddressKind, Deletion, InstanceState, Machine as PluginMachine};
@@ -362,7 +363,19 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     } else {
         MachinePhase::Provisioning
     });
-    apply_machine_status(
+    // Handed over for an in-place update: plan it, or take its next step.
+    let in_place = if crate::inplace::updating_in_place(&machine) {
+        let advance = crate::inplace::advance(&ctx, &machine, &mut status, &t).await;
+        match advance {
+            Advance::Wait(_) => status.phase = Some(MachinePhase::Updating),
+            Advance::Failed => status.phase = Some(MachinePhase::UpdateFailed),
+            Advance::Done => {}
+        }
+        Some(advance)
+    } else {
+        None
+    };
+    let changed = apply_machine_status(
         &ctx,
         CONTROLLER,
         machine.as_ref(),
@@ -370,6 +383,33 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
         &status,
     )
     .await?;
+    match in_place {
+        Some(Advance::Wait(wait)) => return Ok(Action::requeue(wait)),
+        Some(Advance::Failed) => {
+            if changed && crate::inplace::update_failed(&machine).is_none() {
+                let message = capstan_api::condition(&status.conditions, UPDATING)
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                record_event(
+                    &ctx,
+                    CONTROLLER,
+                    &machine.object_ref(&()),
+                    EventType::Warning,
+                    "UpdateFailed",
+                    message,
+                )
+                .await;
+            }
+            return Ok(Action::requeue(ctx.options.resync));
+        }
+        Some(Advance::Done) => {
+            // The status (UpToDate, provenance) is written; now the machine
+            // is an ordinary member of its set.
+            finish_in_place(&machine, &ctx).await?;
+            return Ok(Action::requeue(Duration::from_millis(10)));
+        }
+        None => {}
+    }
     Ok(if !running {
         Action::requeue(ctx.options.poll)
     } else if !node_ready {
@@ -704,6 +744,53 @@ async fn apply_machine_status(
     };
     let current = current.map(own);
     apply_status(ctx, controller, machine, current.as_ref(), &own(status)).await
+}
+
+/// Remove the in-place annotation once every updater is done.
+async fn finish_in_place(machine: &Machine, ctx: &Context) -> Result<(), Error> {
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": machine.resource_version(),
+            "annotations": { ANNOTATION_IN_PLACE_FROM: null },
+        }
+    });
+    let api: Api<Machine> =
+        Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+    match api
+        .patch(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.wrote(CONTROLLER, "patch");
+            let updaters: Vec<String> = machine
+                .status
+                .as_ref()
+                .and_then(|s| s.in_place_update.as_ref())
+                .map(|u| u.steps.iter().map(|s| s.updater.clone()).collect())
+                .unwrap_or_default();
+            tracing::info!(machine = %key_of(machine), ?updaters, "updated in place");
+            record_event(
+                ctx,
+                CONTROLLER,
+                &machine.object_ref(&()),
+                EventType::Normal,
+                "UpdatedInPlace",
+                format!("updated in place by {}", updaters.join(", then ")),
+            )
+            .await;
+            Ok(())
+        }
+        // Changed meanwhile: the next pass sees the new version.
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        Err(e) => Err(kube_err(format!(
+            "cannot finish the in-place update of machine {}",
+            key_of(machine)
+        ))(e)),
+    }
 }
 
 /// Record a terminal failure: status, an Event, and no retry until the spec

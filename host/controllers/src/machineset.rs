@@ -12,9 +12,9 @@ use crate::{
 };
 use capstan_api::set_conditions::AVAILABLE;
 use capstan_api::{
-    ANNOTATION_REPLACE_DELETED, DeletePolicy, LABEL_SET_NAME, Machine, MachineSet,
-    machine_conditions, selector_matches, selector_mismatch, selector_string, set_condition,
-    status as cond,
+    ANNOTATION_IN_PLACE_FROM, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED, DeletePolicy,
+    LABEL_SET_NAME, Machine, MachineSet, machine_conditions, selector_matches, selector_mismatch,
+    selector_string, set_condition, status as cond,
 };
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
@@ -88,6 +88,11 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
     let Some(status) = machine.status.as_ref() else {
         return (Health::NotReady, None);
     };
+    // In-place updates are potentially disruptive: an updating machine is
+    // not available (as in Cluster API).
+    if crate::inplace::updating_in_place(machine) {
+        return (Health::NotReady, None);
+    }
     if status.failure_reason.is_some() {
         return (Health::Failed, None);
     }
@@ -291,6 +296,7 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
                 health,
                 deleting: m.metadata.deletion_timestamp.is_some()
                     || deleted.contains(&m.name_any()),
+                updating: crate::inplace::updating_in_place(m),
             }
         })
         .collect();
@@ -300,7 +306,16 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         DeletePolicy::Newest => plan::DeletePolicy::Newest,
         DeletePolicy::Oldest => plan::DeletePolicy::Oldest,
     };
-    let mut scale = plan::plan_scale(replicas, &views, policy);
+    // In-place rollouts: machines this set sheds go to the deployment's new
+    // set (once it exists), and machines on their way to this set are not
+    // created again.
+    let hand_over_to = set.annotations().get(ANNOTATION_IN_PLACE_TO).map(|target| {
+        ctx.stores
+            .machine_sets
+            .get(&ObjectRef::new(target).within(&namespace))
+    });
+    let incoming = incoming_machines(&ctx, set.as_ref(), &all);
+    let mut scale = plan::plan_scale(replicas, &views, policy, hand_over_to.is_some(), incoming);
     // Under an OnDelete rollout, old sets do not replace machines users
     // delete: a machine being deleted keeps its slot for scale-up until the
     // deployment lowers the set's replicas.
@@ -314,6 +329,23 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         scale.create = scale.create.saturating_sub(deleting);
     }
 
+    match hand_over_to {
+        Some(Some(target)) => {
+            for name in &scale.hand_over {
+                let Some(m) = mine.iter().find(|m| m.name_any() == *name) else {
+                    continue;
+                };
+                if hand_over(&machines_api, &ctx, set.as_ref(), &target, m).await? {
+                    deleted.push(name.clone());
+                }
+            }
+        }
+        // The new set is not in the cache yet: hand over on a later pass.
+        Some(None) if !scale.hand_over.is_empty() => {
+            next_available = Some(Duration::from_millis(500));
+        }
+        _ => {}
+    }
     let created = create_machines(&machines_api, &ctx, set.as_ref(), scale.create).await;
     for name in &scale.delete {
         match machines_api.delete(name, &DeleteParams::background()).await {
@@ -369,6 +401,94 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
         None => Action::requeue(ctx.options.resync),
     })
+}
+
+/// Machines that sibling sets are handing over to `set` and have not yet.
+fn incoming_machines(ctx: &Context, set: &MachineSet, all: &[Arc<Machine>]) -> usize {
+    let name = set.name_any();
+    let namespace = set.namespace();
+    ctx.stores
+        .machine_sets
+        .state()
+        .iter()
+        .filter(|s| s.namespace() == namespace)
+        .filter(|s| s.annotations().get(ANNOTATION_IN_PLACE_TO) == Some(&name))
+        .map(|s| {
+            let uid = s.uid().unwrap_or_default();
+            let live = all
+                .iter()
+                .filter(|m| {
+                    controlled_by(m.as_ref(), &uid) && m.metadata.deletion_timestamp.is_none()
+                })
+                .count();
+            live.saturating_sub(usize::try_from(s.spec.replicas).unwrap_or(0))
+        })
+        .sum()
+}
+
+/// Move a machine to `target` for an in-place update: one patch sets its
+/// owner, labels and spec to the target set's and records its spec before
+/// in `capstan.dev/in-place-from`, so the Machine controller can tell what
+/// changed. The instance stays. `false` when the machine changed meanwhile
+/// (the next pass looks again).
+async fn hand_over(
+    api: &Api<Machine>,
+    ctx: &Context,
+    set: &MachineSet,
+    target: &MachineSet,
+    machine: &Machine,
+) -> Result<bool, Error> {
+    let mut owners: Vec<OwnerReference> = machine
+        .owner_references()
+        .iter()
+        .filter(|o| o.controller != Some(true))
+        .cloned()
+        .collect();
+    owners.push(owner_reference(target));
+    let mut labels = serde_json::Map::new();
+    for key in set.spec.template.metadata.labels.keys() {
+        labels.insert(key.clone(), serde_json::Value::Null);
+    }
+    for (key, value) in &target.spec.template.metadata.labels {
+        labels.insert(key.clone(), value.clone().into());
+    }
+    labels.insert(LABEL_SET_NAME.into(), target.name_any().into());
+    let mut annotations = serde_json::Map::new();
+    for (key, value) in &target.spec.template.metadata.annotations {
+        annotations.insert(key.clone(), value.clone().into());
+    }
+    let previous = serde_json::to_string(&machine.spec).expect("a machine spec serializes");
+    annotations.insert(ANNOTATION_IN_PLACE_FROM.into(), previous.into());
+    let spec_patch = crate::merge_patch(
+        &serde_json::to_value(&machine.spec).expect("a machine spec serializes"),
+        &serde_json::to_value(&target.spec.template.spec).expect("a machine spec serializes"),
+    );
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": machine.resource_version(),
+            "ownerReferences": owners,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec_patch,
+    });
+    let name = machine.name_any();
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.wrote(CONTROLLER, "hand-over");
+            tracing::info!(set = %key_of(set), machine = %name, to = %target.name_any(), "handed over for an in-place update");
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(false),
+        Err(e) => Err(kube_err(format!(
+            "cannot hand machine {} over to MachineSet {}",
+            key_of(machine),
+            target.name_any()
+        ))(e)),
+    }
 }
 
 async fn adopt(

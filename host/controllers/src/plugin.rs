@@ -122,6 +122,7 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
             status.version = Some(loaded.version);
             status.contract = Some(loaded.contract);
             status.declared_http = loaded.declared_http;
+            status.update_fields = loaded.update_fields;
             set_condition(
                 &mut status.conditions,
                 READY,
@@ -206,6 +207,7 @@ struct Loaded {
     version: String,
     contract: String,
     declared_http: Vec<String>,
+    update_fields: Vec<String>,
     message: String,
 }
 
@@ -351,7 +353,7 @@ async fn load(
         .as_ref()
         .is_some_and(|s| capstan_api::is_true(&s.conditions, READY));
     if already == Some((generation, loaded_key.clone()))
-        && ctx.providers.get(name).is_some()
+        && (ctx.providers.get(name).is_some() || ctx.updaters.get(name).is_some())
         && status_ready
     {
         return Ok(None);
@@ -466,6 +468,23 @@ async fn load(
             },
         );
     }
+    if manifest.world == World::Updater {
+        let updater = loaded
+            .updater()
+            .map_err(|e| ("LoadFailed", e.to_string()))?;
+        // Checking and registering is one step, so two overlapping
+        // updaters activated at once cannot both pass.
+        let _one_at_a_time = ctx.updater_activation.lock().await;
+        check_field_ownership(plugin, &manifest, ctx)?;
+        ctx.updaters.insert(
+            name,
+            crate::inplace::RegisteredUpdater {
+                plugin: updater,
+                fields: manifest.update_fields.clone(),
+                order: plugin.spec.update_order,
+            },
+        );
+    }
     if manifest.name != name {
         tracing::info!(plugin = %name, manifest_name = %manifest.name, "the Plugin object's name differs from the manifest's; machines refer to the object's name");
     }
@@ -482,6 +501,11 @@ async fn load(
         world: format!("{}-plugin", manifest.world.as_str()),
         version: manifest.version.clone(),
         contract: manifest.contract.clone(),
+        update_fields: manifest
+            .update_fields
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         declared_http: manifest
             .capabilities
             .http
@@ -599,6 +623,68 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<(Grants, String), Fail
         grants.credentials.insert(grant.slot.clone(), credential);
     }
     Ok((grants, versions.join(",")))
+}
+
+/// Refuse an updater whose declared fields overlap those of another active
+/// updater, unless both Plugins set different `spec.updateOrder`s. Active
+/// means registered in this host or Ready in its status (so after a restart
+/// the updater that was serving keeps its fields, whichever reconciles
+/// first).
+fn check_field_ownership(
+    plugin: &Plugin,
+    manifest: &PluginManifest,
+    ctx: &Context,
+) -> Result<(), Failure> {
+    let name = plugin.name_any();
+    let mine = plugin.spec.update_order;
+    let mut conflicts = vec![];
+    for other in ctx.stores.plugins.state() {
+        let other_name = other.name_any();
+        if other_name == name || other.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let registered = ctx.updaters.get(&other_name);
+        let status = other.status.clone().unwrap_or_default();
+        let ready_updater = status.world.as_deref() == Some("updater-plugin")
+            && capstan_api::is_true(&status.conditions, READY);
+        let fields: Vec<capstan_manifest::FieldPattern> = match (&registered, ready_updater) {
+            (Some(r), _) => r.fields.clone(),
+            (None, true) => status
+                .update_fields
+                .iter()
+                .filter_map(|f| f.parse().ok())
+                .collect(),
+            (None, false) => continue,
+        };
+        let theirs = other.spec.update_order;
+        if matches!((mine, theirs), (Some(a), Some(b)) if a != b) {
+            continue;
+        }
+        let overlap = capstan_manifest::overlapping(&manifest.update_fields, &fields);
+        if !overlap.is_empty() {
+            let pairs: Vec<String> = overlap
+                .iter()
+                .map(|(a, b)| {
+                    if a == b {
+                        a.clone()
+                    } else {
+                        format!("{a} / {b}")
+                    }
+                })
+                .collect();
+            conflicts.push(format!("{other_name} ({})", pairs.join(", ")));
+        }
+    }
+    if conflicts.is_empty() {
+        return Ok(());
+    }
+    Err((
+        "FieldsOverlap",
+        format!(
+            "updater {name} declares fields that active updaters also declare: {}; set spec.updateOrder on both Plugins (different values, lower is asked first) to compose them, or remove one",
+            conflicts.join("; ")
+        ),
+    ))
 }
 
 /// Whether machines can use a plugin right now.

@@ -13,6 +13,9 @@
 
 #![forbid(unsafe_code)]
 
+mod fields;
+
+pub use fields::{FieldPattern, overlapping};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -106,6 +109,12 @@ pub struct PluginManifest {
     /// What the plugin asks the host for.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// Updaters only (and required for them): the Machine spec fields the
+    /// updater may claim, such as `version` or `provider.config.tags.*`.
+    /// Claims outside these are ignored; two active updaters may declare
+    /// overlapping fields only when both Plugins set `spec.updateOrder`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub update_fields: Vec<FieldPattern>,
 }
 
 /// Capabilities a plugin declares. Declaring is asking: the admin's grant
@@ -197,6 +206,25 @@ impl PluginManifest {
                     self.contract
                 ),
             ));
+        }
+        match (self.world, self.update_fields.is_empty()) {
+            (World::Updater, true) => {
+                return Err(invalid(
+                    "updateFields",
+                    "an updater must declare the fields it may change, for example [\"version\"]"
+                        .into(),
+                ));
+            }
+            (World::Provider | World::Addon, false) => {
+                return Err(invalid(
+                    "updateFields",
+                    format!(
+                        "only updaters declare fields; this is a {} plugin",
+                        self.world
+                    ),
+                ));
+            }
+            _ => {}
         }
         for (i, cap) in self.capabilities.http.iter().enumerate() {
             if let Some(slot) = &cap.credential

@@ -7,13 +7,16 @@
 //! [`machineset::plan_scale`], which says how many machines a set creates and
 //! which ones it deletes; [`healthcheck`] judges machines and holds the
 //! remediation short-circuit; [`deletion`] says which step a deleting
-//! machine is at and which pods its drain evicts. The controllers (`capstan-controllers`) observe the
+//! machine is at and which pods its drain evicts; [`inplace`] says which
+//! updater applies which changed field, and [`rollout::plan_in_place`] paces
+//! an in-place rollout. The controllers (`capstan-controllers`) observe the
 //! cluster, call these, and write the result.
 
 #![forbid(unsafe_code)]
 
 pub mod deletion;
 pub mod healthcheck;
+pub mod inplace;
 pub mod machineset;
 pub mod rollout;
 

@@ -3,6 +3,13 @@
 //! Start with [`plan_scale`]. Machines already being deleted count as gone
 //! for the set's replicas (they are on their way out), so a set replaces a
 //! machine as soon as its deletion starts, as Cluster API does.
+//!
+//! In-place rollouts add three things. A machine updating in place is never
+//! chosen to go (the set sheds others, or waits). An old set the deployment
+//! told to hand its machines over (`hand_over`) moves the machines it sheds
+//! to the new set instead of deleting them. And the new set, whose replicas
+//! the deployment raises in the same step, creates nothing for machines
+//! still on their way to it (`incoming`).
 
 use crate::Health;
 
@@ -29,6 +36,8 @@ pub struct MachineView {
     pub health: Health,
     /// Deletion has started (the object has a deletion timestamp).
     pub deleting: bool,
+    /// An in-place update is under way (or failed): the machine stays.
+    pub updating: bool,
 }
 
 /// What a MachineSet should do now.
@@ -38,24 +47,45 @@ pub struct ScalePlan {
     pub create: usize,
     /// Machines to delete, by name, in order.
     pub delete: Vec<String>,
+    /// Machines to hand over to the deployment's new set (in-place rollouts).
+    pub hand_over: Vec<String>,
 }
 
-/// Plan how a set with `replicas` wanted gets there from `machines`.
-pub fn plan_scale(replicas: usize, machines: &[MachineView], policy: DeletePolicy) -> ScalePlan {
+/// Plan how a set with `replicas` wanted gets there from `machines`. With
+/// `hand_over`, the machines the set sheds move to the new set instead of
+/// being deleted; `incoming` machines are being handed over to this set.
+pub fn plan_scale(
+    replicas: usize,
+    machines: &[MachineView],
+    policy: DeletePolicy,
+    hand_over: bool,
+    incoming: usize,
+) -> ScalePlan {
     let active: Vec<&MachineView> = machines.iter().filter(|m| !m.deleting).collect();
-    if active.len() < replicas {
+    if active.len() + incoming < replicas {
         return ScalePlan {
-            create: replicas - active.len(),
-            delete: vec![],
+            create: replicas - active.len() - incoming,
+            ..ScalePlan::default()
         };
     }
-    let excess = active.len() - replicas;
-    let delete = delete_order(&active, policy)
+    let excess = active.len().saturating_sub(replicas);
+    let movable: Vec<&MachineView> = active.iter().copied().filter(|m| !m.updating).collect();
+    let shed: Vec<String> = delete_order(&movable, policy)
         .into_iter()
         .take(excess)
         .map(|m| m.name.clone())
         .collect();
-    ScalePlan { create: 0, delete }
+    if hand_over {
+        ScalePlan {
+            hand_over: shed,
+            ..ScalePlan::default()
+        }
+    } else {
+        ScalePlan {
+            delete: shed,
+            ..ScalePlan::default()
+        }
+    }
 }
 
 /// The order in which machines go when a set shrinks: failed first, then not
@@ -125,6 +155,7 @@ mod tests {
 
     fn machine(name: &str, created: i64, health: Health) -> MachineView {
         MachineView {
+            updating: false,
             name: name.into(),
             created,
             health,
@@ -137,12 +168,12 @@ mod tests {
         let mut gone = machine("a", 1, Health::Available);
         gone.deleting = true;
         let machines = vec![gone, machine("b", 2, Health::Available)];
-        let plan = plan_scale(3, &machines, DeletePolicy::Random);
+        let plan = plan_scale(3, &machines, DeletePolicy::Random, false, 0);
         assert_eq!(
             plan,
             ScalePlan {
                 create: 2,
-                delete: vec![]
+                ..ScalePlan::default()
             }
         );
     }
@@ -161,7 +192,7 @@ mod tests {
             DeletePolicy::Newest,
             DeletePolicy::Oldest,
         ] {
-            let plan = plan_scale(2, &machines, policy);
+            let plan = plan_scale(2, &machines, policy, false, 0);
             assert_eq!(
                 plan.delete,
                 vec!["mid-failed", "mid-booting", "warming"],
@@ -169,11 +200,11 @@ mod tests {
             );
         }
         assert_eq!(
-            plan_scale(1, &machines, DeletePolicy::Newest).delete[3],
+            plan_scale(1, &machines, DeletePolicy::Newest, false, 0).delete[3],
             "new-ok"
         );
         assert_eq!(
-            plan_scale(1, &machines, DeletePolicy::Oldest).delete[3],
+            plan_scale(1, &machines, DeletePolicy::Oldest, false, 0).delete[3],
             "old-ok"
         );
     }
@@ -210,35 +241,53 @@ mod tests {
 
     proptest! {
         /// After applying a plan the set has exactly `replicas` active
-        /// machines; the plan never both creates and deletes, never deletes
-        /// a machine twice or one already going, and never deletes a
-        /// healthier machine while a less healthy one stays.
+        /// machines (more only while machines updating in place, which
+        /// never go, push it over); the plan never both creates and deletes,
+        /// never deletes a machine twice or one already going, and never
+        /// deletes a healthier machine while a less healthy one stays.
+        /// Handing over sheds exactly the machines deleting would.
         #[test]
         fn a_plan_reaches_replicas_exactly(
             replicas in 0usize..12,
-            raw in proptest::collection::vec((0i64..100, health(), any::<bool>()), 0..16),
+            raw in proptest::collection::vec((0i64..100, health(), any::<bool>(), proptest::bool::weighted(0.2)), 0..16),
             policy in prop_oneof![Just(DeletePolicy::Random), Just(DeletePolicy::Newest), Just(DeletePolicy::Oldest)],
         ) {
-            let machines: Vec<MachineView> = raw.iter().enumerate().map(|(i, (created, health, deleting))| MachineView {
-                name: format!("m-{i}"), created: *created, health: *health, deleting: *deleting,
+            let machines: Vec<MachineView> = raw.iter().enumerate().map(|(i, (created, health, deleting, updating))| MachineView {
+                name: format!("m-{i}"), created: *created, health: *health, deleting: *deleting, updating: *updating,
             }).collect();
-            let plan = plan_scale(replicas, &machines, policy);
+            let plan = plan_scale(replicas, &machines, policy, false, 0);
             let active = machines.iter().filter(|m| !m.deleting).count();
+            let movable = machines.iter().filter(|m| !m.deleting && !m.updating).count();
+            let incoming = (replicas % 3).min(replicas);
             prop_assert!(plan.create == 0 || plan.delete.is_empty());
-            prop_assert_eq!(active + plan.create - plan.delete.len(), replicas);
+            prop_assert!(plan.hand_over.is_empty());
+            if plan.create > 0 {
+                prop_assert_eq!(active + plan.create, replicas);
+            } else {
+                // Everything above replicas goes, as far as machines not
+                // updating allow.
+                prop_assert_eq!(plan.delete.len(), (active - replicas).min(movable));
+            }
+            // Machines on their way in are not created again.
+            let with_incoming = plan_scale(replicas, &machines, policy, false, incoming);
+            prop_assert_eq!(with_incoming.create, replicas.saturating_sub(active + incoming));
             let mut seen = std::collections::HashSet::new();
             for name in &plan.delete {
                 prop_assert!(seen.insert(name.clone()));
                 let m = machines.iter().find(|m| &m.name == name).unwrap();
-                prop_assert!(!m.deleting);
+                prop_assert!(!m.deleting && !m.updating);
             }
-            let worst_kept = machines.iter().filter(|m| !m.deleting && !plan.delete.contains(&m.name)).map(|m| m.health).min();
+            let worst_kept = machines.iter().filter(|m| !m.deleting && !m.updating && !plan.delete.contains(&m.name)).map(|m| m.health).min();
             let best_deleted = plan.delete.iter().map(|n| machines.iter().find(|m| &m.name == n).unwrap().health).max();
             if let (Some(kept), Some(deleted)) = (worst_kept, best_deleted) {
                 prop_assert!(deleted <= kept);
             }
+            let handed = plan_scale(replicas, &machines, policy, true, 0);
+            prop_assert_eq!(&handed.hand_over, &plan.delete);
+            prop_assert!(handed.delete.is_empty());
+            prop_assert_eq!(handed.create, plan.create);
             // Same input, same answer (the "random" policy is stable).
-            prop_assert_eq!(plan, plan_scale(replicas, &machines, policy));
+            prop_assert_eq!(plan, plan_scale(replicas, &machines, policy, false, 0));
         }
     }
 }

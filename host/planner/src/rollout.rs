@@ -2,17 +2,23 @@
 //! MachineSets, per-machine dispositions, history pruning and the phase.
 //!
 //! Start with [`plan`]. A rollout moves machines from old sets (made from
-//! earlier templates) to the new set (the current template). Per machine the
-//! planner decides a [`Disposition`]: keep it, replace it (a new machine in
-//! the new set, the old one deleted), or — once updater plugins arrive —
-//! update it in place. Replacement is paced by `maxSurge` /
-//! `maxUnavailable` exactly as Kubernetes Deployments pace ReplicaSets:
+//! earlier templates) to the new set (the current template), by replacing
+//! them (a new machine in the new set, the old one deleted) or, with
+//! [`plan_in_place`], by handing them over to the new set where updater
+//! plugins change them in place (`crate::inplace` says which). Both are
+//! paced by `maxSurge` / `maxUnavailable` exactly as Kubernetes Deployments
+//! pace ReplicaSets:
 //!
 //! - the new set grows while all machines (counting those still being
 //!   deleted) stay within `replicas + maxSurge`;
 //! - old sets shrink, oldest first, while available machines stay at or
 //!   above `replicas - maxUnavailable`; unavailable old machines may go
 //!   first since removing them costs no availability.
+//!
+//! A machine updating in place is unavailable, so handing one over spends
+//! the same availability as deleting it; it never adds an instance, so the
+//! surge bound is only spent on fresh machines (with `maxUnavailable: 0`
+//! one surge machine comes first, as in Cluster API).
 
 use crate::Bounds;
 
@@ -23,47 +29,6 @@ pub enum Strategy {
     RollingUpdate(Bounds),
     /// Replace a machine only after a user deleted it.
     OnDelete,
-}
-
-/// What happens to one existing machine in a rollout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
-    /// It already matches the current template.
-    Keep,
-    /// Create a replacement from the current template, then delete it.
-    Replace,
-    /// Change it in place through an updater plugin (not offered yet: no
-    /// [`InPlace`] capability reports `true` until updaters are wired).
-    UpdateInPlace,
-}
-
-/// Whether a machine that differs from the current template can be updated
-/// in place instead of replaced. The in-place strategy supplies a real one
-/// (asking updater plugins' `can-update`); rolling updates use [`NoInPlace`].
-pub trait InPlace {
-    /// `true` when the machine can reach the current template in place.
-    fn can_update(&self, machine: &str) -> bool;
-}
-
-/// Never update in place.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoInPlace;
-
-impl InPlace for NoInPlace {
-    fn can_update(&self, _machine: &str) -> bool {
-        false
-    }
-}
-
-/// Decide one machine's disposition.
-pub fn disposition(matches_template: bool, machine: &str, in_place: &dyn InPlace) -> Disposition {
-    if matches_template {
-        Disposition::Keep
-    } else if in_place.can_update(machine) {
-        Disposition::UpdateInPlace
-    } else {
-        Disposition::Replace
-    }
 }
 
 /// What the deployment knows about one of its MachineSets.
@@ -82,6 +47,9 @@ pub struct SetView {
     pub deleting: i32,
     /// Machines that are available.
     pub available: i32,
+    /// Machines updating in place (unavailable, and never removed until
+    /// their update ends).
+    pub updating: i32,
 }
 
 /// Replica targets for the deployment's sets.
@@ -92,6 +60,9 @@ pub struct Plan {
     /// Targets for old sets, by name; sets whose target is unchanged are
     /// left out so the controller writes only what changes.
     pub old_replicas: Vec<(String, i32)>,
+    /// Old sets (of those in `old_replicas`) that shrink by handing their
+    /// machines over to the new set rather than deleting them.
+    pub hand_over: Vec<String>,
 }
 
 /// Plan the next step of a deployment with `replicas` wanted. `new` is the
@@ -111,6 +82,7 @@ pub fn plan(
         machines: 0,
         deleting: 0,
         available: 0,
+        updating: 0,
     };
     let new = new.unwrap_or(&empty);
     let mut olds: Vec<&SetView> = olds.iter().collect();
@@ -127,7 +99,7 @@ pub fn plan(
 fn rolling(replicas: i32, bounds: Bounds, new: &SetView, olds: &[&SetView]) -> Plan {
     let mut plan = Plan {
         new_replicas: new.replicas,
-        old_replicas: vec![],
+        ..Plan::default()
     };
     // Everything that holds (or will hold) an instance.
     let footprint = |s: &SetView, target: i32| target.max(s.machines);
@@ -154,7 +126,9 @@ fn rolling(replicas: i32, bounds: Bounds, new: &SetView, olds: &[&SetView]) -> P
         if unhealthy_budget <= 0 {
             break;
         }
-        let unhealthy = (*target - set.available).max(0).min(unhealthy_budget);
+        let unhealthy = (*target - set.available - set.updating)
+            .max(0)
+            .min(unhealthy_budget);
         *target -= unhealthy;
         unhealthy_budget -= unhealthy;
     }
@@ -200,6 +174,7 @@ fn on_delete(replicas: i32, olds: &[&SetView]) -> Plan {
     Plan {
         new_replicas,
         old_replicas: changed(olds, &targets),
+        hand_over: vec![],
     }
 }
 
@@ -226,7 +201,64 @@ fn scale_only(replicas: i32, new: &SetView, olds: &[&SetView]) -> Plan {
     Plan {
         new_replicas,
         old_replicas: changed(olds, &targets),
+        hand_over: vec![],
     }
+}
+
+/// Plan the next step of a rolling update whose old machines are updated in
+/// place. Old sets shrink as in [`plan`], but while the new set still needs
+/// machines the ones they shed are handed over to it ([`Plan::hand_over`])
+/// instead of deleted, and the new set's target grows by the same number in
+/// the same step (its MachineSet creates nothing for machines on their way
+/// in); the rest (for example once surge machines filled the new set) are
+/// deleted. An old set still handing over (more machines than replicas) is
+/// left alone until it has.
+pub fn plan_in_place(
+    replicas: i32,
+    bounds: Bounds,
+    new: Option<&SetView>,
+    olds: &[SetView],
+) -> Plan {
+    let empty = SetView {
+        name: String::new(),
+        revision: 0,
+        replicas: 0,
+        machines: 0,
+        deleting: 0,
+        available: 0,
+        updating: 0,
+    };
+    let new = new.unwrap_or(&empty);
+    let mut olds: Vec<&SetView> = olds.iter().collect();
+    olds.sort_by_key(|s| (s.revision, s.name.clone()));
+    let mut plan = rolling(replicas, bounds, new, &olds);
+    let in_flight = |s: &SetView| s.machines - s.deleting > s.replicas;
+    let mut need = replicas - plan.new_replicas;
+    let mut changes = vec![];
+    for (name, target) in std::mem::take(&mut plan.old_replicas) {
+        let set = olds
+            .iter()
+            .find(|s| s.name == name)
+            .expect("planned sets are olds");
+        if in_flight(set) {
+            continue;
+        }
+        let shrink = set.replicas - target;
+        if shrink > 0 && need > 0 {
+            // Hand over only what the new set needs; the rest of this
+            // set's shrink waits for a later step (shrinking less is
+            // always within the bounds).
+            let take = shrink.min(need);
+            need -= take;
+            plan.new_replicas += take;
+            changes.push((name.clone(), set.replicas - take));
+            plan.hand_over.push(name);
+        } else {
+            changes.push((name, target));
+        }
+    }
+    plan.old_replicas = changes;
+    plan
 }
 
 fn changed(olds: &[&SetView], targets: &[i32]) -> Vec<(String, i32)> {
@@ -289,6 +321,7 @@ mod tests {
             machines,
             deleting: 0,
             available,
+            updating: 0,
         }
     }
 
@@ -318,7 +351,7 @@ mod tests {
             p,
             Plan {
                 new_replicas: 1,
-                old_replicas: vec![]
+                ..Plan::default()
             }
         );
         // Once it is available one old machine may go.
@@ -358,7 +391,7 @@ mod tests {
             p,
             Plan {
                 new_replicas: 0,
-                old_replicas: vec![]
+                ..Plan::default()
             }
         );
         let old = set("old", 1, 3, 2, 2);
@@ -387,7 +420,7 @@ mod tests {
             p,
             Plan {
                 new_replicas: 2,
-                old_replicas: vec![]
+                ..Plan::default()
             }
         );
         let p = plan(2, bounds(1, 0), true, Some(&new), &[old]);
@@ -417,16 +450,39 @@ mod tests {
     }
 
     #[test]
-    fn per_machine_disposition_prefers_in_place_when_possible() {
-        struct Always;
-        impl InPlace for Always {
-            fn can_update(&self, _: &str) -> bool {
-                true
-            }
-        }
-        assert_eq!(disposition(true, "m", &NoInPlace), Disposition::Keep);
-        assert_eq!(disposition(false, "m", &NoInPlace), Disposition::Replace);
-        assert_eq!(disposition(false, "m", &Always), Disposition::UpdateInPlace);
+    fn in_place_hands_over_only_what_the_new_set_needs() {
+        let b = Bounds {
+            max_surge: 0,
+            max_unavailable: 1,
+        };
+        // First step: one machine moves, and the new set's target takes it
+        // in at once; nothing is launched.
+        let old = set("old", 1, 4, 4, 4);
+        let p = plan_in_place(4, b, None, std::slice::from_ref(&old));
+        assert_eq!(p.new_replicas, 1);
+        assert_eq!(p.old_replicas, vec![("old".to_string(), 3)]);
+        assert_eq!(p.hand_over, vec!["old".to_string()]);
+        // Still handing over: the old set is left alone.
+        let new = set("new", 2, 1, 0, 0);
+        let p = plan_in_place(4, b, Some(&new), &[set("old", 1, 3, 4, 4)]);
+        assert!(p.old_replicas.is_empty());
+        assert_eq!(p.new_replicas, 1);
+        // Arrived and updating: the unavailability budget is spent.
+        let mut new = set("new", 2, 1, 1, 0);
+        new.updating = 1;
+        let p = plan_in_place(4, b, Some(&new), &[set("old", 1, 3, 3, 3)]);
+        assert_eq!(p.new_replicas, 1);
+        assert!(p.old_replicas.is_empty());
+        // With surge, fresh machines fill the new set; what is left of the
+        // old set once it is full is deleted, not handed over.
+        let b = Bounds {
+            max_surge: 1,
+            max_unavailable: 0,
+        };
+        let new = set("new", 2, 2, 2, 2);
+        let p = plan_in_place(2, b, Some(&new), &[set("old", 1, 1, 1, 1)]);
+        assert_eq!(p.old_replicas, vec![("old".to_string(), 0)]);
+        assert!(p.hand_over.is_empty());
     }
 
     /// A small simulated fleet: machines boot after a delay, deletions take
@@ -437,6 +493,8 @@ mod tests {
         created: i64,
         ready_at: i64,
         gone_at: Option<i64>,
+        /// Handed over and updating in place until `ready_at`.
+        updating: bool,
     }
 
     #[derive(Debug, Clone)]
@@ -445,6 +503,8 @@ mod tests {
         revision: i64,
         replicas: i32,
         machines: Vec<SimMachine>,
+        /// Told to hand over what it sheds (the controller's annotation).
+        handing: bool,
     }
 
     impl SimSet {
@@ -460,6 +520,11 @@ mod tests {
                     .iter()
                     .filter(|m| m.gone_at.is_none() && m.ready_at <= now)
                     .count() as i32,
+                updating: self
+                    .machines
+                    .iter()
+                    .filter(|m| m.gone_at.is_none() && m.updating && m.ready_at > now)
+                    .count() as i32,
             }
         }
     }
@@ -468,6 +533,10 @@ mod tests {
         sets: Vec<SimSet>,
         next_id: usize,
         now: i64,
+        /// `Some(ticks an in-place update takes)`: roll out in place.
+        in_place: Option<i64>,
+        /// Machines created since the start.
+        launched: usize,
     }
 
     impl Fleet {
@@ -478,17 +547,47 @@ mod tests {
                 .iter()
                 .map(|s| s.view(self.now))
                 .collect();
-            let p = plan(replicas, strategy, false, Some(&new_view), &olds);
+            let p = match (self.in_place, strategy) {
+                (Some(_), Strategy::RollingUpdate(bounds)) => {
+                    plan_in_place(replicas, bounds, Some(&new_view), &olds)
+                }
+                _ => plan(replicas, strategy, false, Some(&new_view), &olds),
+            };
             self.sets[current].replicas = p.new_replicas;
             for (name, target) in p.old_replicas {
-                self.sets
-                    .iter_mut()
-                    .find(|s| s.name == name)
-                    .unwrap()
-                    .replicas = target;
+                let set = self.sets.iter_mut().find(|s| s.name == name).unwrap();
+                set.replicas = target;
+                set.handing = p.hand_over.contains(&name);
             }
+            let handing: Vec<String> = self.sets[..current]
+                .iter()
+                .filter(|s| s.handing)
+                .map(|s| s.name.clone())
+                .collect();
             let now = self.now;
-            for set in &mut self.sets {
+            let mut moved = vec![];
+            // Old sets first, then the new one (which counts what is on
+            // its way in), as the controllers' caches would see them.
+            let mut order: Vec<usize> = (0..current).collect();
+            order.push(current);
+            for index in order {
+                if index == current {
+                    self.sets[current].machines.append(&mut moved);
+                }
+                let incoming: i32 = if index == current {
+                    self.sets[..current]
+                        .iter()
+                        .filter(|s| handing.contains(&s.name))
+                        .map(|s| {
+                            let live =
+                                s.machines.iter().filter(|m| m.gone_at.is_none()).count() as i32;
+                            (live - s.replicas).max(0)
+                        })
+                        .sum()
+                } else {
+                    0
+                };
+                let set = &mut self.sets[index];
                 let views: Vec<MachineView> = set
                     .machines
                     .iter()
@@ -501,12 +600,27 @@ mod tests {
                             Health::NotReady
                         },
                         deleting: m.gone_at.is_some(),
+                        updating: m.updating && m.ready_at > now,
                     })
                     .collect();
-                let sp = plan_scale(set.replicas as usize, &views, DeletePolicy::Random);
+                let hand_over = index != current && handing.contains(&set.name);
+                let sp = plan_scale(
+                    set.replicas as usize,
+                    &views,
+                    DeletePolicy::Random,
+                    hand_over,
+                    incoming as usize,
+                );
                 for name in sp.delete {
                     let m = set.machines.iter_mut().find(|m| m.name == name).unwrap();
                     m.gone_at = Some(now + delete_delay);
+                }
+                for name in sp.hand_over {
+                    let at = set.machines.iter().position(|m| m.name == name).unwrap();
+                    let mut m = set.machines.remove(at);
+                    m.updating = true;
+                    m.ready_at = now + self.in_place.unwrap_or(1);
+                    moved.push(m);
                 }
                 for _ in 0..sp.create {
                     let delay = boot[self.next_id % boot.len()];
@@ -515,8 +629,10 @@ mod tests {
                         created: now,
                         ready_at: now + delay,
                         gone_at: None,
+                        updating: false,
                     });
                     self.next_id += 1;
+                    self.launched += 1;
                 }
             }
             self.now += 1;
@@ -553,20 +669,22 @@ mod tests {
         ) {
             let bounds = Bounds::resolve(replicas, crate::Bound::Count(surge), crate::Bound::Count(unavailable));
             let strategy = Strategy::RollingUpdate(bounds);
-            let machines = (0..replicas).map(|i| SimMachine { name: format!("o{i}"), created: 0, ready_at: 0, gone_at: None }).collect();
+            let machines = (0..replicas).map(|i| SimMachine { name: format!("o{i}"), created: 0, ready_at: 0, gone_at: None, updating: false }).collect();
             let mut fleet = Fleet {
                 sets: vec![
-                    SimSet { name: "rev1".into(), revision: 1, replicas, machines },
-                    SimSet { name: "rev2".into(), revision: 2, replicas: 0, machines: vec![] },
+                    SimSet { name: "rev1".into(), revision: 1, replicas, machines, handing: false },
+                    SimSet { name: "rev2".into(), revision: 2, replicas: 0, machines: vec![], handing: false },
                 ],
                 next_id: 0,
                 now: 1,
+                in_place: None,
+                launched: 0,
             };
             let floor = replicas - bounds.max_unavailable;
             let mut finished = false;
             for tick in 0..400 {
                 if Some(tick) == second_change_at {
-                    fleet.sets.push(SimSet { name: "rev3".into(), revision: 3, replicas: 0, machines: vec![] });
+                    fleet.sets.push(SimSet { name: "rev3".into(), revision: 3, replicas: 0, machines: vec![], handing: false });
                 }
                 fleet.step(replicas, strategy, &boot, delete_delay);
                 prop_assert!(fleet.total_machines() <= replicas + bounds.max_surge,
@@ -581,6 +699,59 @@ mod tests {
                 }
             }
             prop_assert!(finished, "the rollout did not finish in 400 ticks");
+        }
+
+        /// An in-place rollout keeps the same bounds (a machine updating
+        /// counts as unavailable), finishes with every machine in the new
+        /// set, launches no instance beyond the surge, and with
+        /// `maxSurge: 0` launches none at all.
+        #[test]
+        fn in_place_rollouts_stay_within_bounds_and_launch_only_surge(
+            replicas in 0i32..12,
+            surge in 0i32..3,
+            unavailable in 0i32..4,
+            boot in proptest::collection::vec(1i64..6, 1..8),
+            update_ticks in 1i64..5,
+            delete_delay in 0i64..3,
+            second_change_at in proptest::option::of(1i64..15),
+        ) {
+            let bounds = Bounds::resolve(replicas, crate::Bound::Count(surge), crate::Bound::Count(unavailable));
+            let strategy = Strategy::RollingUpdate(bounds);
+            let machines = (0..replicas).map(|i| SimMachine { name: format!("o{i}"), created: 0, ready_at: 0, gone_at: None, updating: false }).collect();
+            let mut fleet = Fleet {
+                sets: vec![
+                    SimSet { name: "rev1".into(), revision: 1, replicas, machines, handing: false },
+                    SimSet { name: "rev2".into(), revision: 2, replicas: 0, machines: vec![], handing: false },
+                ],
+                next_id: 0,
+                now: 1,
+                in_place: Some(update_ticks),
+                launched: 0,
+            };
+            let floor = replicas - bounds.max_unavailable;
+            let mut finished = false;
+            for tick in 0..400 {
+                if Some(tick) == second_change_at {
+                    fleet.sets.push(SimSet { name: "rev3".into(), revision: 3, replicas: 0, machines: vec![], handing: false });
+                }
+                fleet.step(replicas, strategy, &boot, delete_delay);
+                prop_assert!(fleet.total_machines() <= replicas + bounds.max_surge,
+                    "tick {tick}: {} machines > {replicas} + {}", fleet.total_machines(), bounds.max_surge);
+                prop_assert!(fleet.available() >= floor,
+                    "tick {tick}: {} available < {floor}: {:?}", fleet.available(), fleet.sets);
+                let last = fleet.sets.len() - 1;
+                let olds: Vec<SetView> = fleet.sets[..last].iter().map(|s| s.view(fleet.now)).collect();
+                if complete(replicas, Some(&fleet.sets[last].view(fleet.now)), &olds) {
+                    finished = true;
+                    break;
+                }
+            }
+            prop_assert!(finished, "the rollout did not finish in 400 ticks");
+            // Each template change may spend the surge once per step it
+            // is free; without surge nothing is ever launched.
+            if bounds.max_surge == 0 {
+                prop_assert_eq!(fleet.launched, 0);
+            }
         }
 
         /// OnDelete never touches old machines by itself, and the fleet

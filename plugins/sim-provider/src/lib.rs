@@ -34,6 +34,10 @@ pub struct SimConfig {
     /// One of [`INSTANCE_TYPES`]; default `small`.
     #[serde(default)]
     pub instance_type: Option<String>,
+    /// Tags put on the instance at creation (`sim-tagger` changes them in
+    /// place). Keys under `capstan.dev/` are the provider's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
 }
 
 /// The provider, over any HTTP client.
@@ -136,6 +140,11 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
                 config.endpoint
             )));
         }
+        if let Some(key) = config.tags.keys().find(|k| k.starts_with("capstan.dev/")) {
+            return Err(PluginError::invalid_config(format!(
+                "tags: `{key}` is reserved (keys under capstan.dev/ are set by the provider)"
+            )));
+        }
         if let Some(t) = &config.instance_type
             && !INSTANCE_TYPES.contains(&t.as_str())
         {
@@ -148,7 +157,11 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
     }
 
     fn create(&self, machine: &Machine, config: &SimConfig) -> Result<MachineStatus, PluginError> {
-        let mut tags = BTreeMap::new();
+        let mut tags: BTreeMap<&str, String> = config
+            .tags
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         tags.insert(
             "capstan.dev/machine",
             format!("{}/{}", machine.namespace, machine.name),
@@ -330,6 +343,7 @@ mod tests {
     fn config_validation_names_the_field() {
         let p = SimProvider::<WasiHttp>::default();
         let bad = SimConfig {
+            tags: BTreeMap::new(),
             endpoint: "127.0.0.1:1".into(),
             instance_type: None,
         };
@@ -340,6 +354,7 @@ mod tests {
                 .contains("endpoint")
         );
         let bad = SimConfig {
+            tags: BTreeMap::new(),
             endpoint: "http://x".into(),
             instance_type: Some("huge".into()),
         };

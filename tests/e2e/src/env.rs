@@ -531,6 +531,7 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
             }],
         },
         limits: Default::default(),
+        update_order: None,
     }
 }
 
@@ -604,6 +605,7 @@ pub fn sample_deployment(
                     max_surge: Some(IntOrString::Int(1)),
                     max_unavailable: Some(IntOrString::Int(0)),
                 }),
+                in_place: None,
             },
             ..Default::default()
         },

@@ -18,9 +18,12 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The plugins built for tests, by crate name.
-pub const PLUGIN_CRATES: [&str; 4] = [
+pub const PLUGIN_CRATES: [&str; 7] = [
     "sim-provider",
     "sim-updater",
+    "sim-tagger",
+    "sim-team-tagger",
+    "broken-updater",
     "hostile-plugin",
     "ec2-provider",
 ];

@@ -63,6 +63,10 @@ impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Keep the log only when a test failed, where it is named in the error.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 

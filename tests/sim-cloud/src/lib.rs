@@ -58,6 +58,9 @@ pub struct Faults {
     /// Whether a booted instance's kubelet registers its Node (default
     /// true); false simulates machines that never join the cluster.
     pub register_nodes: bool,
+    /// Refuse in-place version updates with 409 `UpdateRefused` (an
+    /// image that does not exist for that version, say).
+    pub refuse_updates: bool,
 }
 
 impl Default for Faults {
@@ -70,6 +73,7 @@ impl Default for Faults {
             throttle_rps: None,
             capacity: None,
             register_nodes: true,
+            refuse_updates: false,
         }
     }
 }
@@ -181,6 +185,12 @@ pub struct Stats {
     pub debug_requests: u64,
     /// The most `/debug/slow` requests open at once.
     pub max_slow_in_flight: u64,
+    /// In-place version updates started (a repeated request for the same
+    /// target is not counted: it continues the one under way).
+    pub updates_started: u64,
+    /// Tag changes applied (`PATCH /v1/instances/{id}/tags` calls that
+    /// changed something).
+    pub tag_writes: u64,
 }
 
 impl Stats {
@@ -543,7 +553,8 @@ struct ListQuery {
 /// | `GET /v1/instances[?clientToken=T]` | 200 `{"instances": [...]}` |
 /// | `GET /v1/instances/{id}` | 200 [`Instance`], 404 |
 /// | `DELETE /v1/instances/{id}` | 202 terminating, 404 gone |
-/// | `POST /v1/instances/{id}/update` ([`UpdateInstance`]) | 202 updating, 404, 409 while terminating |
+/// | `POST /v1/instances/{id}/update` ([`UpdateInstance`]) | 202 updating, 404, 409 while terminating or with the `refuseUpdates` fault |
+/// | `PATCH /v1/instances/{id}/tags` (`{"key": "value" or null}`) | 200 [`Instance`] with the tags set or removed at once, 404, 409 while terminating |
 /// | `GET /admin/stats` | [`Stats`] |
 /// | `PUT /admin/faults` ([`Faults`]) | 204 |
 /// | `PUT /admin/instances/{id}/ready` (`{"ready": false}`) | 204; the instance's Node reports `Ready=False` (`true` clears it) |
@@ -567,6 +578,7 @@ fn router(state: Shared) -> Router {
         .route("/v1/instances", post(create).get(list))
         .route("/v1/instances/{id}", get(describe).delete(delete))
         .route("/v1/instances/{id}/update", post(update))
+        .route("/v1/instances/{id}/tags", axum::routing::patch(patch_tags))
         .route("/admin/stats", get(stats))
         .route("/admin/faults", put(set_faults))
         .route("/admin/instances/{id}/ready", put(set_node_ready))
@@ -755,14 +767,65 @@ async fn update(
             "instance is terminating",
         );
     }
+    if inner.faults.refuse_updates {
+        return api_error(
+            StatusCode::CONFLICT,
+            "UpdateRefused",
+            &format!("no image for version {} (injected fault)", req.version),
+        );
+    }
+    let r = inner.records.get_mut(&id).expect("looked up above");
     let same_target = r.update.as_ref().is_some_and(|(t, _)| *t == req.version);
     if !same_target && r.version.as_deref() != Some(req.version.as_str()) {
         r.update = Some((req.version, now));
         inner.changing.insert(id.clone());
+        inner.stats.updates_started += 1;
     }
     inner.settle(now);
     match inner.records.get(&id) {
         Some(r) => (StatusCode::ACCEPTED, Json(inner.view(r, now))).into_response(),
+        None => not_found(&id),
+    }
+}
+
+/// `PATCH /v1/instances/{id}/tags`: set (string) or remove (`null`) tags,
+/// at once, without a restart.
+async fn patch_tags(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Json(req): Json<BTreeMap<String, Option<String>>>,
+) -> Response {
+    let (mut inner, now) = match begin(&state, &headers) {
+        Ok(begun) => begun,
+        Err(resp) => return resp,
+    };
+    let Some(r) = inner.records.get_mut(&id) else {
+        return not_found(&id);
+    };
+    if r.deleting_since.is_some() {
+        return api_error(
+            StatusCode::CONFLICT,
+            "IncorrectState",
+            "instance is terminating",
+        );
+    }
+    let mut changed = false;
+    for (key, value) in req {
+        let before = r.req.tags.get(&key).cloned();
+        if before != value {
+            changed = true;
+            match value {
+                Some(v) => r.req.tags.insert(key, v),
+                None => r.req.tags.remove(&key),
+            };
+        }
+    }
+    if changed {
+        inner.stats.tag_writes += 1;
+    }
+    match inner.records.get(&id) {
+        Some(r) => (StatusCode::OK, Json(inner.view(r, now))).into_response(),
         None => not_found(&id),
     }
 }

@@ -89,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
             throttle_rps: args.throttle_rps,
             capacity: args.capacity,
             register_nodes: true,
+            refuse_updates: false,
         },
         seed: 1,
         kube,

@@ -628,6 +628,7 @@ async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
             template: template.template.clone(),
             delete_policy: capstan_api::DeletePolicy::Oldest,
             min_ready_seconds: 0,
+            in_place: None,
         },
     );
     Api::<MachineSet>::namespaced(env.client.clone(), NS)

@@ -106,6 +106,7 @@ async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret
             }],
         },
         limits: Default::default(),
+        update_order: None,
     };
     Api::<Plugin>::all(env.client.clone())
         .create(&PostParams::default(), &Plugin::new("ec2", spec))

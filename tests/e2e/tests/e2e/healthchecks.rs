@@ -270,11 +270,13 @@ async fn the_short_circuit_and_max_in_flight_hold_remediation() {
         })
         .await;
     let second = names.iter().find(|n| **n != first).unwrap().clone();
-    let held = machine(&env, &first).await.unwrap();
-    assert_eq!(
-        machine_condition(&held, "Deleting").map(|c| c.1),
-        Some("WaitingForPreDrainHook".to_string())
-    );
+    // The deletion timestamp comes first; the Machine controller then
+    // says which step holds it.
+    env.eventually("the first waits for its pre-drain hook", LONG, async || {
+        let held = machine(&env, &first).await?;
+        (machine_condition(&held, "Deleting")?.1 == "WaitingForPreDrainHook").then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let waiting = machine(&env, &second).await.unwrap();
     assert!(

@@ -9,6 +9,7 @@ mod drain;
 mod ec2;
 mod healthchecks;
 mod in_cluster;
+mod in_place;
 mod interop;
 mod nodes;
 mod oci_plugins;

@@ -1,0 +1,625 @@
+//! In-place rollouts on a real kube-apiserver with the simulated cloud and
+//! three Wasm updaters (`sim-updater`: `version`; `sim-tagger`:
+//! `provider.config.tags.*`; `sim-team-tagger`: `provider.config.tags.team`):
+//! a version and tag change applied entirely in place within the bounds,
+//! unclaimed changes held until the fallback allows replacement, a
+//! controller killed mid-update, a failing update, and overlapping updaters.
+
+use capstan_api::machine_conditions::{READY, UP_TO_DATE, UPDATING};
+use capstan_api::set_conditions::IN_PLACE_UPDATABLE;
+use capstan_api::{
+    ANNOTATION_IN_PLACE_FROM, InPlaceFallback, InPlaceStrategy, IntOrString, Machine,
+    MachineDeployment, MachinePhase, Plugin, RollingUpdate, is_true,
+};
+use capstan_controllers::{Options, Providers};
+use capstan_e2e::env::{Env, SIM_PLUGIN, eventually, sample_deployment};
+use capstan_e2e::sim_cloud::Faults;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const NS: &str = "default";
+const LONG: Duration = Duration::from_secs(120);
+
+fn options() -> Options {
+    crate::logs();
+    Options {
+        poll: Duration::from_millis(250),
+        ..Options::default()
+    }
+}
+
+/// An environment with the controllers running and these updater Plugins
+/// (name, component file stem) Ready.
+async fn env_with(faults: Faults, updaters: &[(&str, &str)]) -> Env {
+    let mut env = Env::start(faults).await.expect("environment starts");
+    for (name, stem) in updaters {
+        env.create_plugin(name, &capstan_e2e::plugin(stem))
+            .await
+            .expect("create updater plugin");
+    }
+    env.start_controllers(Providers::default(), options()).await;
+    for (name, _) in updaters {
+        wait_plugin(&env, name, true).await;
+    }
+    env
+}
+
+async fn wait_plugin(env: &Env, name: &str, ready: bool) -> Plugin {
+    let api: Api<Plugin> = Api::all(env.client.clone());
+    eventually(&format!("plugin {name} ready={ready}"), LONG, async || {
+        let p = api.get(name).await.ok()?;
+        let status = p.status.as_ref()?;
+        let c = capstan_api::condition(&status.conditions, READY)?;
+        (c.status == if ready { "True" } else { "False" }).then_some(p.clone())
+    })
+    .await
+}
+
+/// `replicas` sim machines tagged `team: a`, rolling with `maxSurge` /
+/// `maxUnavailable`, updated in place with `fallback`.
+fn deployment(
+    env: &Env,
+    name: &str,
+    replicas: i32,
+    surge: i32,
+    unavailable: i32,
+    fallback: InPlaceFallback,
+) -> MachineDeployment {
+    let mut md = sample_deployment(name, SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
+    md.spec.template.spec.provider.config["tags"] = serde_json::json!({"team": "a"});
+    md.spec.strategy.rolling_update = Some(RollingUpdate {
+        max_surge: Some(IntOrString::Int(surge)),
+        max_unavailable: Some(IntOrString::Int(unavailable)),
+    });
+    md.spec.strategy.in_place = Some(InPlaceStrategy {
+        updaters: None,
+        fallback,
+    });
+    md
+}
+
+async fn create(env: &Env, md: &MachineDeployment) {
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), md)
+        .await
+        .expect("create machinedeployment");
+}
+
+async fn patch_md(env: &Env, name: &str, patch: serde_json::Value) {
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch machinedeployment");
+}
+
+fn provider_ids(machines: &[Machine]) -> BTreeSet<String> {
+    machines
+        .iter()
+        .filter_map(|m| m.status.as_ref()?.provider_id.clone())
+        .collect()
+}
+
+fn available(m: &Machine) -> bool {
+    m.metadata.deletion_timestamp.is_none()
+        && !m.annotations().contains_key(ANNOTATION_IN_PLACE_FROM)
+        && m.status
+            .as_ref()
+            .is_some_and(|s| is_true(&s.conditions, READY))
+}
+
+/// The most machines and the fewest available ones any watched state had.
+#[derive(Debug, Default)]
+struct Bounds {
+    machines: BTreeMap<String, Machine>,
+    max_total: usize,
+    min_available: usize,
+    states: usize,
+    listed: bool,
+}
+
+fn observe(env: &Env) -> (Arc<Mutex<Bounds>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Bounds {
+        min_available: usize::MAX,
+        ..Default::default()
+    }));
+    let api: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(Ok(event)) = events.next().await {
+            let mut o = sink.lock().unwrap();
+            match event {
+                watcher::Event::Apply(m) | watcher::Event::InitApply(m) => {
+                    o.machines.insert(m.name_any(), m);
+                }
+                watcher::Event::Delete(m) => {
+                    o.machines.remove(&m.name_any());
+                }
+                watcher::Event::Init => {
+                    o.machines.clear();
+                    o.listed = false;
+                }
+                watcher::Event::InitDone => o.listed = true,
+            }
+            if o.listed {
+                let total = o.machines.len();
+                let up = o.machines.values().filter(|m| available(m)).count();
+                o.max_total = o.max_total.max(total);
+                o.min_available = o.min_available.min(up);
+                o.states += 1;
+            }
+        }
+    });
+    (seen, task)
+}
+
+fn kubeconfig(env: &Env) -> String {
+    env.control_plane.kubeconfig().display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_and_tag_change_is_applied_in_place_by_two_updaters() {
+    let env = env_with(
+        Faults {
+            boot_latency_ms: 200,
+            update_latency_ms: 600,
+            ..Default::default()
+        },
+        &[("sim-updater", "sim_updater"), ("sim-tagger", "sim_tagger")],
+    )
+    .await;
+    create(
+        &env,
+        &deployment(&env, "web", 4, 0, 1, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "web", LONG).await;
+    let before = provider_ids(&env.machines(NS).await);
+    let launched = env.cloud.stats().instances_launched;
+    assert_eq!(before.len(), 4);
+
+    // The plan can be read before anything happens: pause, change, plan.
+    patch_md(&env, "web", serde_json::json!({"spec": {"paused": true}})).await;
+    patch_md(
+        &env,
+        "web",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0", "provider": {"config": {"tags": {"team": "b"}}}}}}}),
+    )
+    .await;
+    let kubeconfig = kubeconfig(&env);
+    let args = [
+        "rollout",
+        "plan",
+        "md/web",
+        "--kubeconfig",
+        kubeconfig.as_str(),
+    ];
+    let text = eventually("the plan covers 4 machines", LONG, async || {
+        let text = capstan_e2e::cli::ok(&args);
+        (text.matches("InPlace").count() >= 5).then_some(text)
+    })
+    .await;
+    assert!(
+        text.contains("1. sim-tagger") && text.contains("provider.config.tags.team"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2. sim-updater") && text.contains("version"),
+        "{text}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.extend(["--output", "json"]);
+    let plan: serde_json::Value =
+        serde_json::from_str(&capstan_e2e::cli::ok(&json_args)).expect("plan JSON");
+    assert_eq!(plan["decision"], "InPlace", "{plan}");
+    assert_eq!(plan["machines"].as_array().unwrap().len(), 4, "{plan}");
+    assert_eq!(
+        plan["machines"][0]["steps"][1]["fields"][0], "version",
+        "{plan}"
+    );
+    // Paused: nothing moved.
+    assert!(
+        env.machines(NS)
+            .await
+            .iter()
+            .all(|m| m.spec.version.as_deref() == Some("v1.30.0"))
+    );
+
+    let (seen, watch) = observe(&env);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    patch_md(&env, "web", serde_json::json!({"spec": {"paused": false}})).await;
+    env.wait_rolled_out(NS, "web", LONG).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watch.abort();
+    {
+        let o = seen.lock().unwrap();
+        assert!(
+            o.states > 8,
+            "the watch saw the rollout ({} states)",
+            o.states
+        );
+        assert!(
+            o.max_total <= 4,
+            "maxSurge 0: at most 4 machines, saw {}",
+            o.max_total
+        );
+        assert!(
+            o.min_available >= 3,
+            "maxUnavailable 1: at least 3 available, saw {}",
+            o.min_available
+        );
+    }
+    let machines = env.machines(NS).await;
+    assert_eq!(provider_ids(&machines), before, "the same instances");
+    assert_eq!(
+        env.cloud.stats().instances_launched,
+        launched,
+        "no instance launched"
+    );
+    for i in env.cloud.instances() {
+        assert_eq!(i.version.as_deref(), Some("v1.31.0"), "{i:?}");
+        assert_eq!(i.tags.get("team").map(String::as_str), Some("b"), "{i:?}");
+    }
+    for m in &machines {
+        let status = m.status.as_ref().unwrap();
+        assert!(!m.annotations().contains_key(ANNOTATION_IN_PLACE_FROM));
+        assert!(
+            is_true(&status.conditions, UP_TO_DATE),
+            "{:?}",
+            status.conditions
+        );
+        assert_eq!(m.spec.version.as_deref(), Some("v1.31.0"));
+        let by: Vec<&str> = status
+            .updated_by
+            .iter()
+            .map(|r| r.updater.as_str())
+            .collect();
+        assert_eq!(
+            by,
+            ["sim-tagger", "sim-updater"],
+            "provenance of {}",
+            m.name_any()
+        );
+        assert!(
+            status
+                .updated_by
+                .iter()
+                .all(|r| r.digest.starts_with("sha256:"))
+        );
+        let owner = m
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .unwrap();
+        assert!(owner.name.starts_with("web-"), "{owner:?}");
+        assert_eq!(m.labels().get("capstan.dev/set-name"), Some(&owner.name));
+    }
+    // Each machine's version update started once.
+    assert_eq!(env.cloud.stats().updates_started, 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unclaimed_changes_wait_until_the_fallback_replaces() {
+    let env = env_with(
+        Faults {
+            boot_latency_ms: 200,
+            delete_latency_ms: 200,
+            ..Default::default()
+        },
+        &[("sim-updater", "sim_updater")],
+    )
+    .await;
+    create(
+        &env,
+        &deployment(&env, "db", 2, 1, 0, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "db", LONG).await;
+    let before = provider_ids(&env.machines(NS).await);
+    patch_md(
+        &env,
+        "db",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0", "provider": {"config": {"instanceType": "large"}}}}}}),
+    )
+    .await;
+    let message = eventually(
+        "the deployment names the unclaimed field",
+        LONG,
+        async || {
+            let md = env.deployment(NS, "db").await;
+            let status = md.status?;
+            let c = capstan_api::condition(&status.conditions, IN_PLACE_UPDATABLE)?;
+            (c.status == "False" && c.reason == "UnclaimedChanges").then(|| c.message.clone())
+        },
+    )
+    .await;
+    assert!(
+        message.contains("provider.config.instanceType"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("version"),
+        "version is claimed: {message}"
+    );
+    let table = env
+        .control_plane
+        .kubectl(&["get", "md", "db"], None)
+        .unwrap();
+    assert!(table.contains("Blocked"), "{table}");
+    // Nothing changes while it waits.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let machines = env.machines(NS).await;
+    assert_eq!(provider_ids(&machines), before);
+    assert!(
+        machines
+            .iter()
+            .all(|m| m.spec.version.as_deref() == Some("v1.30.0"))
+    );
+    assert_eq!(env.cloud.instances().len(), 2);
+
+    // The fallback: replacement.
+    patch_md(
+        &env,
+        "db",
+        serde_json::json!({"spec": {"strategy": {"inPlace": {"fallback": "Replace"}}}}),
+    )
+    .await;
+    env.wait_rolled_out(NS, "db", LONG).await;
+    eventually("old instances released", LONG, async || {
+        (env.cloud.instances().len() == 2).then_some(())
+    })
+    .await;
+    let after = provider_ids(&env.machines(NS).await);
+    assert!(
+        after.is_disjoint(&before),
+        "replaced: {before:?} -> {after:?}"
+    );
+    assert!(
+        env.cloud
+            .instances()
+            .iter()
+            .all(|i| i.instance_type == "large")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_controller_resumes_the_update_without_a_second_plan() {
+    let mut env = env_with(
+        Faults {
+            boot_latency_ms: 200,
+            update_latency_ms: 4_000,
+            ..Default::default()
+        },
+        &[("sim-updater", "sim_updater")],
+    )
+    .await;
+    create(
+        &env,
+        &deployment(&env, "api", 2, 0, 1, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "api", LONG).await;
+    let launched = env.cloud.stats().instances_launched;
+    patch_md(
+        &env,
+        "api",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+    )
+    .await;
+    // Kill the controllers while a machine's update is under way.
+    let (name, started) = eventually("a machine is updating", LONG, async || {
+        env.machines(NS).await.into_iter().find_map(|m| {
+            let status = m.status.as_ref()?;
+            let update = status.in_place_update.as_ref()?;
+            (update.steps.first()?.state == "Updating")
+                .then(|| (m.name_any(), update.start_time.clone()))
+        })
+    })
+    .await;
+    env.kill_controllers().await;
+    assert_eq!(env.cloud.stats().updates_started, 1);
+    env.start_controllers(Providers::default(), options()).await;
+    env.wait_rolled_out(NS, "api", LONG).await;
+
+    let machines = env.machines(NS).await;
+    let resumed = machines.iter().find(|m| m.name_any() == name).unwrap();
+    let status = resumed.status.as_ref().unwrap();
+    assert_eq!(
+        status.in_place_update.as_ref().unwrap().start_time,
+        started,
+        "the plan recorded before the restart was kept"
+    );
+    assert_eq!(status.updated_by.len(), 1, "{:?}", status.updated_by);
+    // One update per machine: the restart did not start another.
+    assert_eq!(env.cloud.stats().updates_started, 2);
+    assert_eq!(env.cloud.stats().instances_launched, launched);
+    assert!(
+        env.cloud
+            .instances()
+            .iter()
+            .all(|i| i.version.as_deref() == Some("v1.31.0"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_update_stops_the_rollout_until_the_machine_is_replaced() {
+    let env = env_with(
+        Faults {
+            boot_latency_ms: 200,
+            delete_latency_ms: 200,
+            update_latency_ms: 300,
+            refuse_updates: true,
+            ..Default::default()
+        },
+        &[("sim-updater", "sim_updater")],
+    )
+    .await;
+    create(
+        &env,
+        &deployment(&env, "jobs", 2, 0, 1, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "jobs", LONG).await;
+    patch_md(
+        &env,
+        "jobs",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+    )
+    .await;
+    let failed = eventually("a machine's update failed", LONG, async || {
+        env.machines(NS).await.into_iter().find(|m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| s.phase == Some(MachinePhase::UpdateFailed))
+        })
+    })
+    .await;
+    let condition = capstan_api::condition(&failed.status.as_ref().unwrap().conditions, UPDATING)
+        .unwrap()
+        .clone();
+    assert_eq!(condition.reason, "UpdateFailed");
+    assert!(
+        condition.message.contains("UpdateRefused"),
+        "{}",
+        condition.message
+    );
+    let table = env.control_plane.kubectl(&["get", "ma"], None).unwrap();
+    assert!(table.contains("UpdateFailed"), "{table}");
+    let described = env
+        .control_plane
+        .kubectl(&["describe", "ma", &failed.name_any()], None)
+        .unwrap();
+    assert!(
+        described.contains("UpdateFailed") && described.contains("UpdateRefused"),
+        "{described}"
+    );
+    let md = eventually("the rollout stops", LONG, async || {
+        let md = env.deployment(NS, "jobs").await;
+        let c = capstan_api::condition(&md.status.as_ref()?.conditions, IN_PLACE_UPDATABLE)?;
+        (c.reason == "UpdateFailed").then_some(md)
+    })
+    .await;
+    assert_eq!(
+        md.status.unwrap().phase,
+        Some(capstan_api::DeploymentPhase::Blocked)
+    );
+    // Nothing else moves, nothing is rolled back or replaced.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let machines = env.machines(NS).await;
+    assert_eq!(machines.len(), 2);
+    let other = machines
+        .iter()
+        .find(|m| m.name_any() != failed.name_any())
+        .unwrap();
+    assert!(!other.annotations().contains_key(ANNOTATION_IN_PLACE_FROM));
+    assert_eq!(other.spec.version.as_deref(), Some("v1.30.0"));
+    assert_eq!(env.cloud.instances().len(), 2);
+
+    // Deleting the failed machine replaces it on the new template; the
+    // rollout goes on.
+    env.cloud.set_faults(Faults {
+        boot_latency_ms: 200,
+        delete_latency_ms: 200,
+        update_latency_ms: 300,
+        ..Default::default()
+    });
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .delete(&failed.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete the failed machine");
+    env.wait_rolled_out(NS, "jobs", LONG).await;
+    let machines = env.machines(NS).await;
+    assert!(
+        machines
+            .iter()
+            .all(|m| m.spec.version.as_deref() == Some("v1.31.0"))
+    );
+    assert!(machines.iter().all(|m| m.name_any() != failed.name_any()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overlapping_updaters_are_refused_and_compose_with_an_order() {
+    let env = env_with(
+        Faults {
+            boot_latency_ms: 200,
+            ..Default::default()
+        },
+        &[("sim-tagger", "sim_tagger")],
+    )
+    .await;
+    env.create_plugin("sim-team-tagger", &capstan_e2e::plugin("sim_team_tagger"))
+        .await
+        .unwrap();
+    let refused = wait_plugin(&env, "sim-team-tagger", false).await;
+    let c = capstan_api::condition(&refused.status.unwrap().conditions, READY)
+        .unwrap()
+        .clone();
+    assert_eq!(c.reason, "FieldsOverlap", "{c:?}");
+    assert!(
+        c.message.contains("sim-tagger") && c.message.contains("provider.config.tags.team"),
+        "{}",
+        c.message
+    );
+    assert!(c.message.contains("spec.updateOrder"), "{}", c.message);
+
+    create(
+        &env,
+        &deployment(&env, "cache", 2, 0, 1, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "cache", LONG).await;
+    // With an order, both are active and the earlier one gets `team`.
+    let plugins: Api<Plugin> = Api::all(env.client.clone());
+    for (name, order) in [("sim-team-tagger", 1), ("sim-tagger", 2)] {
+        plugins
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"updateOrder": order}})),
+            )
+            .await
+            .unwrap();
+    }
+    wait_plugin(&env, "sim-team-tagger", true).await;
+    patch_md(
+        &env,
+        "cache",
+        serde_json::json!({"spec": {"template": {"spec": {"provider": {"config": {"tags": {"team": "c", "env": "prod"}}}}}}}),
+    )
+    .await;
+    env.wait_rolled_out(NS, "cache", LONG).await;
+    for m in env.machines(NS).await {
+        let Some(update) = m.status.as_ref().unwrap().in_place_update.clone() else {
+            panic!("{} was not updated in place: {m:?}", m.name_any());
+        };
+        let steps: Vec<(String, Vec<String>)> = update
+            .steps
+            .iter()
+            .map(|s| (s.updater.clone(), s.fields.clone()))
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                (
+                    "sim-team-tagger".to_string(),
+                    vec!["provider.config.tags.team".to_string()]
+                ),
+                (
+                    "sim-tagger".to_string(),
+                    vec!["provider.config.tags.env".to_string()]
+                ),
+            ]
+        );
+    }
+    for i in env.cloud.instances() {
+        assert_eq!(i.tags.get("team").map(String::as_str), Some("c"));
+        assert_eq!(i.tags.get("env").map(String::as_str), Some("prod"));
+    }
+}
