@@ -190,6 +190,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             deleting: 0,
             available: 0,
             updating: 0,
+            handing_over: set.annotations().contains_key(ANNOTATION_IN_PLACE_TO),
         };
         for m in machines
             .iter()
@@ -305,6 +306,8 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             ..
         })
     );
+    let mut stale = false;
+    let mut new_replicas = plan.new_replicas;
     for set in &old_sets {
         let name = set.name_any();
         let change = plan.old_replicas.iter().find(|(n, _)| *n == name);
@@ -320,7 +323,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         } else {
             None
         };
-        sync_set(
+        let written = sync_set(
             &sets_api,
             &ctx,
             set,
@@ -334,19 +337,27 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             ],
         )
         .await?;
+        if written == Written::Stale {
+            // Decided on an old view: this set hands nothing over now, so
+            // the new set does not wait for it; plan again soon.
+            stale = true;
+            if plan.hand_over.contains(&name) {
+                new_replicas -= set.spec.replicas - replicas;
+            }
+        }
     }
     match &new_set {
         None if !md.spec.paused && !blocked => {
-            create_set(&sets_api, &ctx, &md, &hash, plan.new_replicas, revision).await?;
+            create_set(&sets_api, &ctx, &md, &hash, new_replicas, revision).await?;
         }
         None => {}
         Some(set) => {
             let revision = revision.to_string();
-            sync_set(
+            stale |= sync_set(
                 &sets_api,
                 &ctx,
                 set,
-                plan.new_replicas,
+                new_replicas,
                 md.spec.min_ready_seconds,
                 deletion,
                 Some(md.spec.strategy.in_place.as_ref()),
@@ -356,8 +367,12 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
                     (ANNOTATION_IN_PLACE_TO, None),
                 ],
             )
-            .await?;
+            .await?
+                == Written::Stale;
         }
+    }
+    if stale {
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let limit = md
         .spec
@@ -736,53 +751,99 @@ async fn sync_set(
     deletion: Option<&capstan_api::MachineDeletionSpec>,
     in_place: Option<Option<&InPlaceStrategy>>,
     annotations: &[(&str, Option<&str>)],
-) -> Result<(), Error> {
-    let mut spec = serde_json::Map::new();
+) -> Result<Written, Error> {
+    use serde_json::json;
+    // A JSON patch whose first operation tests the replicas these targets
+    // were computed from: a cache that has not caught up with this
+    // controller's previous write must not take a set's replicas back (the
+    // set would shed a machine it was just handed, and create another
+    // later). Unlike a resourceVersion precondition, status writes do not
+    // make it fail.
+    let mut ops = vec![json!({"op": "test", "path": "/spec/replicas", "value": set.spec.replicas})];
+    let put = |ops: &mut Vec<serde_json::Value>,
+               path: &str,
+               present: bool,
+               value: Option<serde_json::Value>| {
+        match (value, present) {
+            (Some(v), _) => ops.push(json!({"op": "add", "path": path, "value": v})),
+            (None, true) => ops.push(json!({"op": "remove", "path": path})),
+            (None, false) => {}
+        }
+    };
     if let Some(policy) = in_place
         && set.spec.in_place.as_ref() != policy
     {
-        spec.insert("inPlace".into(), serde_json::json!(policy));
+        put(
+            &mut ops,
+            "/spec/inPlace",
+            set.spec.in_place.is_some(),
+            policy.map(|p| json!(p)),
+        );
     }
     if in_place_deletion(&set.spec.template.spec) != deletion {
-        spec.insert(
-            "template".into(),
-            serde_json::json!({ "spec": { "deletion": deletion } }),
+        put(
+            &mut ops,
+            "/spec/template/spec/deletion",
+            set.spec.template.spec.deletion.is_some(),
+            deletion.map(|d| json!(d)),
         );
     }
     if set.spec.replicas != replicas {
-        spec.insert("replicas".into(), replicas.into());
+        ops.push(json!({"op": "replace", "path": "/spec/replicas", "value": replicas}));
     }
     if set.spec.min_ready_seconds != min_ready_seconds {
-        spec.insert("minReadySeconds".into(), min_ready_seconds.into());
+        ops.push(json!({"op": "add", "path": "/spec/minReadySeconds", "value": min_ready_seconds}));
     }
-    let changed: serde_json::Map<String, serde_json::Value> = annotations
+    let current = set.annotations();
+    let changed: Vec<&(&str, Option<&str>)> = annotations
         .iter()
-        .filter(|(k, v)| set.annotations().get(*k).map(String::as_str) != *v)
-        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+        .filter(|(k, v)| current.get(*k).map(String::as_str) != *v)
         .collect();
-    let mut patch = serde_json::Map::new();
-    if !spec.is_empty() {
-        patch.insert("spec".into(), spec.into());
+    if !changed.is_empty() && set.metadata.annotations.is_none() {
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
     }
-    if !changed.is_empty() {
-        patch.insert(
-            "metadata".into(),
-            serde_json::json!({ "annotations": changed }),
+    for (key, value) in changed {
+        let path = format!(
+            "/metadata/annotations/{}",
+            key.replace('~', "~0").replace('/', "~1")
+        );
+        put(
+            &mut ops,
+            &path,
+            current.contains_key(*key),
+            value.map(|v| json!(v)),
         );
     }
-    if patch.is_empty() {
-        return Ok(());
+    if ops.len() == 1 {
+        return Ok(Written::Current);
     }
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).expect("well-formed JSON patch");
     let name = set.name_any();
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(&serde_json::Value::Object(patch)),
-    )
-    .await
-    .map_err(kube_err(format!("cannot update MachineSet {name}")))?;
-    ctx.metrics.wrote(CONTROLLER, "patch");
-    Ok(())
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.wrote(CONTROLLER, "patch");
+            Ok(Written::Current)
+        }
+        // The test failed: the set's replicas changed since the cache saw them.
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
+            tracing::debug!(set = %name, reason = %e.message, "stale view of a MachineSet; planning again");
+            Ok(Written::Stale)
+        }
+        Err(e) => Err(kube_err(format!("cannot update MachineSet {name}"))(e)),
+    }
+}
+
+/// Whether a set's patch went in, or the cache was behind the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// Written, or nothing to write.
+    Current,
+    /// The set changed since the cache saw it: nothing written.
+    Stale,
 }
 
 async fn create_set(

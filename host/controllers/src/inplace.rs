@@ -525,3 +525,79 @@ fn fail(status: &mut MachineStatus, generation: i64, t: &Time, message: String) 
     );
     Advance::Failed
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capstan_api::ProviderRef;
+
+    fn spec(version: &str, config: serde_json::Value) -> MachineSpec {
+        MachineSpec {
+            version: Some(version.into()),
+            provider: ProviderRef {
+                plugin: "sim".into(),
+                config,
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn changed_fields_use_the_api_field_names() {
+        let a = spec(
+            "v1.30.0",
+            serde_json::json!({"endpoint": "e", "tags": {"team": "a"}}),
+        );
+        let mut b = spec(
+            "v1.31.0",
+            serde_json::json!({"endpoint": "e", "tags": {"team": "b"}}),
+        );
+        b.failure_domain = Some("zone-b".into());
+        b.deletion = Some(capstan_api::MachineDeletionSpec {
+            node_drain_timeout_seconds: Some(5),
+        });
+        assert_eq!(
+            changed_fields(&a, &b),
+            ["failureDomain", "provider.config.tags.team", "version"]
+        );
+    }
+
+    #[test]
+    fn the_hand_over_patch_removes_what_the_new_spec_drops() {
+        let mut a = spec(
+            "v1.30.0",
+            serde_json::json!({"endpoint": "e", "instanceType": "small"}),
+        );
+        a.failure_domain = Some("zone-a".into());
+        let b = spec("v1.31.0", serde_json::json!({"endpoint": "e"}));
+        let from = serde_json::to_value(&a).unwrap();
+        let to = serde_json::to_value(&b).unwrap();
+        let patch = crate::merge_patch(&from, &to);
+        assert_eq!(
+            patch,
+            serde_json::json!({
+                "failureDomain": null,
+                "version": "v1.31.0",
+                "provider": {"config": {"instanceType": null}},
+            })
+        );
+        // Applying it (RFC 7386) gives exactly the new spec.
+        fn apply(target: &mut serde_json::Value, patch: &serde_json::Value) {
+            match (target, patch) {
+                (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+                    for (k, v) in p {
+                        if v.is_null() {
+                            t.remove(k);
+                        } else {
+                            apply(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                        }
+                    }
+                }
+                (t, p) => *t = p.clone(),
+            }
+        }
+        let mut applied = from.clone();
+        apply(&mut applied, &patch);
+        assert_eq!(applied, to);
+    }
+}

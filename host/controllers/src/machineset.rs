@@ -331,7 +331,27 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
 
     match hand_over_to {
         Some(Some(target)) => {
-            for name in &scale.hand_over {
+            // Hand over only what the new set's replicas already count:
+            // a machine arriving before that could make the new set shed
+            // another. The deployment raises them in the same step; until
+            // the cache shows it, wait.
+            let target_uid = target.uid().unwrap_or_default();
+            let target_live = all
+                .iter()
+                .filter(|m| {
+                    controlled_by(m.as_ref(), &target_uid)
+                        && m.metadata.deletion_timestamp.is_none()
+                })
+                .count();
+            let others =
+                incoming_machines(&ctx, &target, &all).saturating_sub(scale.hand_over.len());
+            let room = usize::try_from(target.spec.replicas)
+                .unwrap_or(0)
+                .saturating_sub(target_live + others);
+            if room < scale.hand_over.len() {
+                next_available = Some(Duration::from_millis(200));
+            }
+            for name in scale.hand_over.iter().take(room) {
                 let Some(m) = mine.iter().find(|m| m.name_any() == *name) else {
                     continue;
                 };

@@ -50,6 +50,8 @@ pub struct SetView {
     /// Machines updating in place (unavailable, and never removed until
     /// their update ends).
     pub updating: i32,
+    /// An old set told to hand the machines it sheds to the new set.
+    pub handing_over: bool,
 }
 
 /// Replica targets for the deployment's sets.
@@ -83,6 +85,7 @@ pub fn plan(
         deleting: 0,
         available: 0,
         updating: 0,
+        handing_over: false,
     };
     let new = new.unwrap_or(&empty);
     let mut olds: Vec<&SetView> = olds.iter().collect();
@@ -208,11 +211,11 @@ fn scale_only(replicas: i32, new: &SetView, olds: &[&SetView]) -> Plan {
 /// Plan the next step of a rolling update whose old machines are updated in
 /// place. Old sets shrink as in [`plan`], but while the new set still needs
 /// machines the ones they shed are handed over to it ([`Plan::hand_over`])
-/// instead of deleted, and the new set's target grows by the same number in
-/// the same step (its MachineSet creates nothing for machines on their way
-/// in); the rest (for example once surge machines filled the new set) are
-/// deleted. An old set still handing over (more machines than replicas) is
-/// left alone until it has.
+/// instead of deleted, and the new set's target grows by as many in the
+/// same step (its MachineSet creates nothing for machines on their way in);
+/// the rest (for example once surge machines filled the new set) are
+/// deleted. An old set still shedding (more machines than replicas) is left
+/// alone until it has; what it is handing over counts for the new set.
 pub fn plan_in_place(
     replicas: i32,
     bounds: Bounds,
@@ -227,12 +230,23 @@ pub fn plan_in_place(
         deleting: 0,
         available: 0,
         updating: 0,
+        handing_over: false,
     };
-    let new = new.unwrap_or(&empty);
+    let live = |s: &SetView| s.machines - s.deleting;
+    let on_the_way: i32 = olds
+        .iter()
+        .filter(|s| s.handing_over)
+        .map(|s| (live(s) - s.replicas).max(0))
+        .sum();
+    // Machines that arrived or are on their way belong in the new set's
+    // target, even when a write that said so did not go through.
+    let mut new = new.unwrap_or(&empty).clone();
+    new.replicas = new.replicas.max((live(&new) + on_the_way).min(replicas));
     let mut olds: Vec<&SetView> = olds.iter().collect();
     olds.sort_by_key(|s| (s.revision, s.name.clone()));
-    let mut plan = rolling(replicas, bounds, new, &olds);
-    let in_flight = |s: &SetView| s.machines - s.deleting > s.replicas;
+    let mut plan = rolling(replicas, bounds, &new, &olds);
+    plan.new_replicas = plan.new_replicas.max(new.replicas.min(replicas));
+    let in_flight = |s: &SetView| live(s) > s.replicas;
     let mut need = replicas - plan.new_replicas;
     let mut changes = vec![];
     for (name, target) in std::mem::take(&mut plan.old_replicas) {
@@ -322,6 +336,7 @@ mod tests {
             deleting: 0,
             available,
             updating: 0,
+            handing_over: false,
         }
     }
 
@@ -462,9 +477,11 @@ mod tests {
         assert_eq!(p.new_replicas, 1);
         assert_eq!(p.old_replicas, vec![("old".to_string(), 3)]);
         assert_eq!(p.hand_over, vec!["old".to_string()]);
-        // Still handing over: the old set is left alone.
-        let new = set("new", 2, 1, 0, 0);
-        let p = plan_in_place(4, b, Some(&new), &[set("old", 1, 3, 4, 4)]);
+        // Still handing over: the old set is left alone, and what it hands
+        // over counts for the new set even if raising it did not go in.
+        let mut handing = set("old", 1, 3, 4, 4);
+        handing.handing_over = true;
+        let p = plan_in_place(4, b, None, &[handing]);
         assert!(p.old_replicas.is_empty());
         assert_eq!(p.new_replicas, 1);
         // Arrived and updating: the unavailability budget is spent.
@@ -525,6 +542,7 @@ mod tests {
                     .iter()
                     .filter(|m| m.gone_at.is_none() && m.updating && m.ready_at > now)
                     .count() as i32,
+                handing_over: self.handing,
             }
         }
     }
