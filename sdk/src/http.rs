@@ -113,6 +113,31 @@ impl Response {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+
+    /// The contract's error for an unexpected answer to `doing`, by status:
+    /// 401/403 `unauthorized`, 404 `not-found`, 429 `transient` after its
+    /// `Retry-After` seconds (default 1), other 5xx `transient` after 1 s,
+    /// anything else `terminal`. The message has the status and the start
+    /// of the body.
+    pub fn error(&self, doing: &str) -> crate::PluginError {
+        use crate::PluginError;
+        let body: String = self.text().chars().take(200).collect();
+        let message = format!("{doing}: HTTP {} {body}", self.status);
+        match self.status {
+            401 | 403 => PluginError::unauthorized(message),
+            404 => PluginError::not_found(message),
+            429 => {
+                let secs = self
+                    .header("retry-after")
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(1)
+                    .max(1);
+                PluginError::transient(message, secs.saturating_mul(1_000))
+            }
+            500..=599 => PluginError::transient(message, 1_000),
+            _ => PluginError::terminal(message),
+        }
+    }
 }
 
 /// Why a request did not produce a response.

@@ -196,8 +196,22 @@ fn brief(e: &Error) -> String {
     }
 }
 
-fn random_hex() -> String {
-    format!("{:016x}", rand::random::<u64>())
+/// A machine with a fresh uid (so runs never collide), labelled as a
+/// conformance test.
+fn test_machine(config: &str, version: &str) -> Machine {
+    let suffix = format!("{:016x}", rand::random::<u64>());
+    Machine {
+        name: format!("conformance-{}", &suffix[..8]),
+        namespace: "capstan-conformance".into(),
+        uid: format!("capstan-conformance-{suffix}"),
+        cluster_name: None,
+        labels: vec![("capstan.dev/conformance".into(), "true".into())],
+        version: Some(version.to_string()),
+        failure_domain: None,
+        provider_config: config.to_string(),
+        infrastructure_config: None,
+        provider_id: None,
+    }
 }
 
 /// Run every provider check against `provider` and the live target its
@@ -205,19 +219,7 @@ fn random_hex() -> String {
 /// also when checks fail.
 pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Report {
     let plugin = provider.plugin();
-    let suffix = random_hex();
-    let mut machine = Machine {
-        name: format!("conformance-{}", &suffix[..8]),
-        namespace: "capstan-conformance".into(),
-        uid: format!("capstan-conformance-{suffix}"),
-        cluster_name: None,
-        labels: vec![("capstan.dev/conformance".into(), "true".into())],
-        version: Some(options.version.clone()),
-        failure_domain: None,
-        provider_config: options.config.clone(),
-        infrastructure_config: None,
-        provider_id: None,
-    };
+    let mut machine = test_machine(&options.config, &options.version);
     let mut run = Run {
         provider,
         deadline: Instant::now() + options.timeout,

@@ -10,7 +10,7 @@
 //! instance is a typed error (or `failed`), never a trap. The instance is
 //! deleted at the end, also when checks fail.
 
-use crate::{Outcome, Report, Run, brief, delete_until_done, finish, random_hex, wait_running};
+use crate::{Outcome, Report, Run, brief, delete_until_done, finish, test_machine, wait_running};
 use capstan_manifest::FieldPattern;
 use capstan_runtime::types::{Machine, UpdateProgress};
 use capstan_runtime::{Error, ProviderPlugin, UpdaterPlugin};
@@ -65,19 +65,7 @@ pub async fn run_updater(
     provider: &ProviderPlugin,
     options: &UpdaterOptions,
 ) -> Report {
-    let suffix = random_hex();
-    let mut current = Machine {
-        name: format!("conformance-{}", &suffix[..8]),
-        namespace: "capstan-conformance".into(),
-        uid: format!("capstan-conformance-{suffix}"),
-        cluster_name: None,
-        labels: vec![("capstan.dev/conformance".into(), "true".into())],
-        version: Some(options.version.clone()),
-        failure_domain: None,
-        provider_config: options.config.clone(),
-        infrastructure_config: None,
-        provider_id: None,
-    };
+    let mut current = test_machine(&options.config, &options.version);
     let mut run = Run {
         provider,
         deadline: Instant::now() + options.timeout,

@@ -42,16 +42,6 @@ fn send(request: Request) -> Result<Response, PluginError> {
         .map_err(|e| PluginError::transient(e.to_string(), 1_000))
 }
 
-fn unexpected(resp: &Response, doing: &str) -> PluginError {
-    let message = format!("{doing}: HTTP {} {}", resp.status, resp.text());
-    match resp.status {
-        401 | 403 => PluginError::unauthorized(message),
-        404 => PluginError::not_found(message),
-        429 | 500..=599 => PluginError::transient(message, 1_000),
-        _ => PluginError::terminal(message),
-    }
-}
-
 /// Bring the claimed tags of `current`'s instance to `desired`'s values (a
 /// tag gone from `desired` is removed).
 pub fn update(
@@ -78,7 +68,7 @@ pub fn update(
     );
     let resp = send(Request::get(&url))?;
     if resp.status != 200 {
-        return Err(unexpected(&resp, "describing the instance"));
+        return Err(resp.error("describing the instance"));
     }
     let instance: Instance = resp
         .json()
@@ -112,6 +102,6 @@ pub fn update(
             "the cloud refused the tag change: {}",
             resp.text()
         ))),
-        _ => Err(unexpected(&resp, "changing tags")),
+        _ => Err(resp.error("changing tags")),
     }
 }

@@ -48,16 +48,6 @@ fn instance(resp: &Response) -> Result<Instance, PluginError> {
         .map_err(|e| PluginError::transient(e.to_string(), 1_000))
 }
 
-fn unexpected(resp: &Response, doing: &str) -> PluginError {
-    let message = format!("{doing}: HTTP {} {}", resp.status, resp.text());
-    match resp.status {
-        401 | 403 => PluginError::unauthorized(message),
-        404 => PluginError::not_found(message),
-        429 | 500..=599 => PluginError::transient(message, 1_000),
-        _ => PluginError::terminal(message),
-    }
-}
-
 fn in_progress(percent: u8, message: String) -> UpdateProgress {
     UpdateProgress::InProgress(UpdateInProgress {
         retry_after_ms: 200,
@@ -104,7 +94,7 @@ impl Guest for SimUpdater {
 
         let resp = send(Request::get(&url))?;
         if resp.status != 200 {
-            return Err(unexpected(&resp, "describing the instance"));
+            return Err(resp.error("describing the instance"));
         }
         let now = instance(&resp)?;
         if now.state == "terminating" {
@@ -129,7 +119,7 @@ impl Guest for SimUpdater {
                 "the cloud refused the update: {}",
                 resp.text()
             ))),
-            _ => Err(unexpected(&resp, "starting the update")),
+            _ => Err(resp.error("starting the update")),
         }
     }
 }

@@ -95,4 +95,5 @@ pub mod control_plane;
 pub mod env;
 pub mod moto;
 pub mod registry;
+pub mod rollout_watch;
 pub mod workloads;

@@ -10,12 +10,9 @@ use capstan_api::{Machine, MachineDeployment, MachineSet, StrategyType, is_true}
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::env::{Env, SIM_PLUGIN, eventually, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
-use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 const NS: &str = "default";
@@ -77,64 +74,12 @@ async fn assert_cloud_matches(env: &Env) {
     assert_eq!(ids, instances, "cloud instances equal machines");
 }
 
-/// Watches every Machine change and records the worst counts seen: most
-/// machines holding an instance, fewest Ready machines (after the start).
-#[derive(Debug, Default)]
-struct Observed {
-    machines: BTreeMap<String, Machine>,
-    max_total: usize,
-    min_ready: usize,
-    states: usize,
-    listed: bool,
-}
-
-fn observe(env: &Env) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
-    let observed = Arc::new(Mutex::new(Observed {
-        min_ready: usize::MAX,
-        ..Default::default()
-    }));
-    let api: Api<Machine> = Api::namespaced(env.client.clone(), NS);
-    let sink = observed.clone();
-    let task = tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(event) = events.next().await {
-            let Ok(event) = event else { continue };
-            let mut o = sink.lock().unwrap();
-            match event {
-                watcher::Event::Apply(m) | watcher::Event::InitApply(m) => {
-                    o.machines.insert(m.name_any(), m);
-                }
-                watcher::Event::Delete(m) => {
-                    o.machines.remove(&m.name_any());
-                }
-                watcher::Event::Init => {
-                    o.machines.clear();
-                    o.listed = false;
-                }
-                watcher::Event::InitDone => o.listed = true,
-            }
-            if !o.listed {
-                continue;
-            }
-            let total = o.machines.len();
-            let ready = o
-                .machines
-                .values()
-                .filter(|m| {
-                    m.metadata.deletion_timestamp.is_none()
-                        && m.status
-                            .as_ref()
-                            .is_some_and(|s| is_true(&s.conditions, READY))
-                })
-                .count();
-            o.max_total = o.max_total.max(total);
-            o.min_ready = o.min_ready.min(ready);
-            o.states += 1;
-        }
-    });
-    (observed, task)
+/// Ready and not being deleted: what the rolling-update bounds count.
+fn ready(m: &Machine) -> bool {
+    m.metadata.deletion_timestamp.is_none()
+        && m.status
+            .as_ref()
+            .is_some_and(|s| is_true(&s.conditions, READY))
 }
 
 fn versions(machines: &[Machine]) -> BTreeSet<String> {
@@ -195,7 +140,7 @@ async fn scale_roll_back_and_delete_a_deployment() {
 
     // Rolling update: observe every machine change and check the bounds
     // (maxSurge 1, maxUnavailable 0 with 2 replicas).
-    let (observed, watch) = observe(&env);
+    let (observed, watch) = capstan_e2e::rollout_watch::watch(env.client.clone(), NS, ready);
     tokio::time::sleep(Duration::from_millis(500)).await;
     patch_md(
         &env,
@@ -223,9 +168,9 @@ async fn scale_roll_back_and_delete_a_deployment() {
             o.max_total
         );
         assert!(
-            o.min_ready >= 2,
+            o.min_good >= 2,
             "never fewer than replicas - maxUnavailable Ready: saw {}",
-            o.min_ready
+            o.min_good
         );
     }
     let machines = env.machines(NS).await;

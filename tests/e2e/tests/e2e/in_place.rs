@@ -14,12 +14,9 @@ use capstan_api::{
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::env::{Env, SIM_PLUGIN, eventually, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
-use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 const NS: &str = "default";
@@ -112,54 +109,6 @@ fn available(m: &Machine) -> bool {
             .is_some_and(|s| is_true(&s.conditions, READY))
 }
 
-/// The most machines and the fewest available ones any watched state had.
-#[derive(Debug, Default)]
-struct Bounds {
-    machines: BTreeMap<String, Machine>,
-    max_total: usize,
-    min_available: usize,
-    states: usize,
-    listed: bool,
-}
-
-fn observe(env: &Env) -> (Arc<Mutex<Bounds>>, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new(Bounds {
-        min_available: usize::MAX,
-        ..Default::default()
-    }));
-    let api: Api<Machine> = Api::namespaced(env.client.clone(), NS);
-    let sink = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(Ok(event)) = events.next().await {
-            let mut o = sink.lock().unwrap();
-            match event {
-                watcher::Event::Apply(m) | watcher::Event::InitApply(m) => {
-                    o.machines.insert(m.name_any(), m);
-                }
-                watcher::Event::Delete(m) => {
-                    o.machines.remove(&m.name_any());
-                }
-                watcher::Event::Init => {
-                    o.machines.clear();
-                    o.listed = false;
-                }
-                watcher::Event::InitDone => o.listed = true,
-            }
-            if o.listed {
-                let total = o.machines.len();
-                let up = o.machines.values().filter(|m| available(m)).count();
-                o.max_total = o.max_total.max(total);
-                o.min_available = o.min_available.min(up);
-                o.states += 1;
-            }
-        }
-    });
-    (seen, task)
-}
-
 fn kubeconfig(env: &Env) -> String {
     env.control_plane.kubeconfig().display().to_string()
 }
@@ -232,7 +181,7 @@ async fn a_version_and_tag_change_is_applied_in_place_by_two_updaters() {
             .all(|m| m.spec.version.as_deref() == Some("v1.30.0"))
     );
 
-    let (seen, watch) = observe(&env);
+    let (seen, watch) = capstan_e2e::rollout_watch::watch(env.client.clone(), NS, available);
     tokio::time::sleep(Duration::from_millis(500)).await;
     patch_md(&env, "web", serde_json::json!({"spec": {"paused": false}})).await;
     env.wait_rolled_out(NS, "web", LONG).await;
@@ -251,9 +200,9 @@ async fn a_version_and_tag_change_is_applied_in_place_by_two_updaters() {
             o.max_total
         );
         assert!(
-            o.min_available >= 3,
+            o.min_good >= 3,
             "maxUnavailable 1: at least 3 available, saw {}",
-            o.min_available
+            o.min_good
         );
     }
     let machines = env.machines(NS).await;
