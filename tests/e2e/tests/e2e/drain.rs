@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 const NS: &str = "default";
@@ -209,10 +210,20 @@ async fn a_drain_respects_disruption_budgets_then_moves_pods_before_the_instance
     workloads::wait_pdb_allows(&client, NS, "web-budget", 1, LONG)
         .await
         .unwrap();
+    // What runs on each machine's Node before the scale-down: the drain
+    // may evict the victim's web pod before this test could list it.
+    let mut before_drain = BTreeMap::new();
+    for m in env.machines(NS).await {
+        let node = node_of(&m);
+        let pods: Vec<Pod> = workloads::pods_on_node(&client, &node).await.unwrap();
+        before_drain.insert(node, pods);
+    }
     scale(&env, 1).await;
     let victim = deleting_machine(&env).await;
     let (node, instance) = (node_of(&victim), instance_of(&victim));
-    let on_node: Vec<Pod> = workloads::pods_on_node(&client, &node).await.unwrap();
+    let on_node: &Vec<Pod> = before_drain
+        .get(&node)
+        .expect("the victim's Node was listed");
     let web_pod = on_node
         .iter()
         .find(|p| p.labels().get("app").map(String::as_str) == Some("web"))
