@@ -575,6 +575,9 @@ async fn decide(
     let mut unclaimed_machines = vec![];
     let mut pending = 0;
     let all = ctx.stores.machines.state();
+    // Asked once per reconcile, not per machine.
+    let updaters = crate::inplace::eligible(ctx, policy);
+    let fingerprint = crate::inplace::fingerprint(&updaters);
     for set in sets {
         let uid = set.uid().unwrap_or_default();
         let is_new = new_uid.as_deref() == Some(uid.as_str());
@@ -617,7 +620,16 @@ async fn decide(
                 continue;
             }
             pending += 1;
-            match crate::inplace::cached_plan(ctx, m, &md.spec.template.spec, hash, policy).await {
+            match crate::inplace::cached_plan(
+                ctx,
+                m,
+                &md.spec.template.spec,
+                hash,
+                &updaters,
+                &fingerprint,
+            )
+            .await
+            {
                 Ok(plan) => {
                     let action = if plan.in_place() {
                         "InPlace"

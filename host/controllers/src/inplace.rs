@@ -150,18 +150,18 @@ pub fn changed_fields(current: &MachineSpec, desired: &MachineSpec) -> Vec<Strin
 /// Ask the eligible updaters, in order, which of the changed fields they
 /// claim for `machine` going from `current` to `desired`. An updater that
 /// cannot answer (an error or a trap) makes the plan unknown: the error
-/// says which one and why.
+/// says which one and why. `updaters` is [`eligible`]'s answer.
 pub(crate) async fn plan_machine(
     ctx: &Context,
     machine: &Machine,
     current: &MachineSpec,
     desired: &MachineSpec,
-    policy: &InPlaceStrategy,
+    updaters: &[(Updater, Arc<RegisteredUpdater>)],
 ) -> Result<MachinePlan, String> {
     let changed = changed_fields(current, desired);
     let mut planner = Planner::new(changed);
     let (before, after) = machines(machine, current, desired);
-    for (updater, registered) in eligible(ctx, policy) {
+    for (updater, registered) in updaters {
         if planner.remaining().is_empty() {
             break;
         }
@@ -174,7 +174,7 @@ pub(crate) async fn plan_machine(
         })
         .await
         .map_err(|e: ProviderError| format!("updater {}: can-update: {e}", updater.name))?;
-        let claimed = planner.claim(&updater, &answer);
+        let claimed = planner.claim(updater, &answer);
         if !claimed.ignored.is_empty() {
             tracing::warn!(
                 updater = %updater.name,
@@ -187,30 +187,36 @@ pub(crate) async fn plan_machine(
     Ok(planner.finish())
 }
 
+/// The identity of an updater set (names, digests, orders), for
+/// [`cached_plan`]'s key.
+pub(crate) fn fingerprint(updaters: &[(Updater, Arc<RegisteredUpdater>)]) -> String {
+    updaters
+        .iter()
+        .map(|(u, r)| format!("{}@{}#{:?}", u.name, r.digest(), u.order))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// [`plan_machine`], remembered per machine generation, target and
-/// updater set (names, digests, orders) so an unchanged question is not
-/// asked twice.
+/// updater set ([`fingerprint`]) so an unchanged question is not asked
+/// twice.
 pub(crate) async fn cached_plan(
     ctx: &Context,
     machine: &Machine,
     desired: &MachineSpec,
     target_hash: &str,
-    policy: &InPlaceStrategy,
+    updaters: &[(Updater, Arc<RegisteredUpdater>)],
+    fingerprint: &str,
 ) -> Result<MachinePlan, String> {
-    let fingerprint: Vec<String> = eligible(ctx, policy)
-        .iter()
-        .map(|(u, r)| format!("{}@{}#{:?}", u.name, r.digest(), u.order))
-        .collect();
     let key = format!(
-        "{}/{}/{target_hash}/{}",
+        "{}/{}/{target_hash}/{fingerprint}",
         machine.uid().unwrap_or_default(),
         machine.metadata.generation.unwrap_or(0),
-        fingerprint.join(",")
     );
     if let Some(plan) = ctx.plans.plans.lock().expect("plans lock").get(&key) {
         return Ok(plan.clone());
     }
-    let plan = plan_machine(ctx, machine, &machine.spec, desired, policy).await?;
+    let plan = plan_machine(ctx, machine, &machine.spec, desired, updaters).await?;
     let mut plans = ctx.plans.plans.lock().expect("plans lock");
     if plans.len() >= MAX_CACHED_PLANS {
         plans.clear();
@@ -294,8 +300,8 @@ pub(crate) async fn advance(
         .as_ref()
         .is_some_and(|u| u.generation == generation);
     if !planned {
-        let policy = owner_policy(ctx, machine);
-        let plan = match plan_machine(ctx, machine, &previous, &machine.spec, &policy).await {
+        let updaters = eligible(ctx, &owner_policy(ctx, machine));
+        let plan = match plan_machine(ctx, machine, &previous, &machine.spec, &updaters).await {
             Ok(plan) => plan,
             Err(message) => {
                 set_progress(status, generation, t, format!("planning: {message}"));

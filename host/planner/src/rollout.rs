@@ -31,8 +31,9 @@ pub enum Strategy {
     OnDelete,
 }
 
-/// What the deployment knows about one of its MachineSets.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the deployment knows about one of its MachineSets (the default is
+/// a set that does not exist yet).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SetView {
     /// Set name.
     pub name: String,
@@ -77,16 +78,7 @@ pub fn plan(
     new: Option<&SetView>,
     olds: &[SetView],
 ) -> Plan {
-    let empty = SetView {
-        name: String::new(),
-        revision: 0,
-        replicas: 0,
-        machines: 0,
-        deleting: 0,
-        available: 0,
-        updating: 0,
-        handing_over: false,
-    };
+    let empty = SetView::default();
     let new = new.unwrap_or(&empty);
     let mut olds: Vec<&SetView> = olds.iter().collect();
     olds.sort_by_key(|s| (s.revision, s.name.clone()));
@@ -222,16 +214,7 @@ pub fn plan_in_place(
     new: Option<&SetView>,
     olds: &[SetView],
 ) -> Plan {
-    let empty = SetView {
-        name: String::new(),
-        revision: 0,
-        replicas: 0,
-        machines: 0,
-        deleting: 0,
-        available: 0,
-        updating: 0,
-        handing_over: false,
-    };
+    let empty = SetView::default();
     let live = |s: &SetView| s.machines - s.deleting;
     let on_the_way: i32 = olds
         .iter()
