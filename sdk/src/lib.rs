@@ -132,7 +132,10 @@ pub mod addon {
     pub use crate::bindings::addon::exports::capstan::plugin::addon::{
         AddonSpec, Guest, Health, VersionInfo,
     };
+    pub use crate::workload_health::*;
 }
+
+pub mod workload_health;
 
 impl PluginError {
     /// The configuration is wrong; `message` names the field and the problem.

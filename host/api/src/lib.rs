@@ -15,11 +15,13 @@
 // kube-derive's `printcolumn(type_ = …)` repeats keys across columns by design.
 #![allow(clippy::duplicated_attributes)]
 
+mod addon;
 mod healthcheck;
 mod machine;
 mod plugin;
 mod sets;
 
+pub use addon::*;
 pub use healthcheck::*;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -89,6 +91,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         MachineSet::crd(),
         MachineDeployment::crd(),
         MachineHealthCheck::crd(),
+        Addon::crd(),
     ]
 }
 

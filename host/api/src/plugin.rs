@@ -100,6 +100,13 @@ pub struct PluginGrants {
     /// Credentials for the slots the plugin declares, read from Secrets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialGrant>,
+    /// Addon plugins: the kinds of objects they may apply, as
+    /// `[group/]Kind[@namespace|@*]` (`apps/Deployment@kube-system`,
+    /// `ConfigMap@*`, `rbac.authorization.k8s.io/ClusterRole`). Every kind
+    /// the plugin declares must be granted in some scope; a rendered object
+    /// outside these is refused before anything is applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<String>,
 }
 
 /// One credential slot filled from a Secret.
@@ -211,6 +218,10 @@ pub struct PluginStatus {
     /// may change.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub update_fields: Vec<String>,
+    /// Addon plugins: the object kinds the serving revision declares it
+    /// renders.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub declared_objects: Vec<String>,
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -1,4 +1,4 @@
-//! `capstan plugin conformance PATH --world provider|updater --config JSON`:
+//! `capstan plugin conformance PATH --world provider|updater|addon --config JSON`:
 //! run the contract checks of `capstan-conformance` against a plugin and
 //! print the report; exit 1 when any check fails. An updater is checked
 //! against an instance that `--provider` creates.
@@ -22,18 +22,21 @@ use std::time::Duration;
     SIM_TOKEN=s3cret capstan plugin conformance sim_updater.wasm --world updater \\\n    \
     --provider sim_provider.wasm --config '{\"endpoint\":\"http://127.0.0.1:8787\"}' \\\n    \
     --current-version v1.30.0 --desired-version v1.31.0 --allow-host 127.0.0.1:8787 \\\n    \
-    --bearer-from-env sim-cloud=SIM_TOKEN"
+    --bearer-from-env sim-cloud=SIM_TOKEN\n\n\
+    An addon plugin (no cluster needed):\n  \
+    capstan plugin conformance coredns_addon.wasm --world addon --config '{\"replicas\":1}'"
 )]
 pub struct Args {
     /// Path of the plugin component (`.wasm`).
     pub path: PathBuf,
-    /// The world to check: `provider` or `updater`.
+    /// The world to check: `provider`, `updater` or `addon`.
     #[arg(long, default_value = "provider")]
     pub world: String,
     /// A valid provider config (JSON object) pointing at a live target.
-    /// For an updater: the config the test instance is created with.
+    /// For an updater: the config the test instance is created with. For an
+    /// addon: the Addon's `config` to render with (default `{}`).
     #[arg(long)]
-    pub config: String,
+    pub config: Option<String>,
     /// Updaters: the provider plugin (`.wasm`) that creates (and at the
     /// end deletes) the instance the updater changes. It gets the same
     /// sandbox grants.
@@ -65,11 +68,13 @@ pub struct Args {
 /// Run the command.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let world: World = args.world.parse()?;
-    if world == World::Addon {
-        bail!(
-            "--world addon: the addon world has no conformance suite yet; use provider or updater"
-        );
-    }
+    let config_text = match (&args.config, world) {
+        (Some(c), _) => c.clone(),
+        (None, World::Addon) => "{}".to_string(),
+        (None, _) => bail!(
+            "--config is required for the {world} world: a valid provider config (JSON object) pointing at a live target"
+        ),
+    };
     if world == World::Updater && args.provider.is_none() {
         bail!(
             "--world updater needs --provider PATH: a provider plugin that creates the instance the updater changes"
@@ -83,7 +88,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let config: serde_json::Value =
-        serde_json::from_str(&args.config).context("--config is not valid JSON")?;
+        serde_json::from_str(&config_text).context("--config is not valid JSON")?;
     if !config.is_object() {
         bail!("--config must be a JSON object, got {config}");
     }
@@ -96,6 +101,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..Default::default()
     })?;
     let plugin = runtime.load_file(&args.path, args.sandbox.limits(), args.sandbox.grants()?)?;
+    if world == World::Addon {
+        let report = capstan_conformance::run_addon(&plugin.addon()?, &config_text).await;
+        return print_report(&report, args.output);
+    }
     if world == World::Updater {
         let updater = plugin.updater()?;
         let provider_path = args.provider.as_ref().expect("checked above");
@@ -105,7 +114,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             .provider()
             .with_context(|| format!("--provider {}", provider_path.display()))?;
         let options = capstan_conformance::UpdaterOptions {
-            config: args.config.clone(),
+            config: config_text.clone(),
             desired_config: args.desired_config.clone(),
             version: args.current_version.clone(),
             desired_version: args.desired_version.clone(),
@@ -115,7 +124,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         return print_report(&report, args.output);
     }
     let provider = plugin.provider()?;
-    let mut options = capstan_conformance::Options::new(args.config.clone());
+    let mut options = capstan_conformance::Options::new(config_text);
     if !args.invalid_configs.is_empty() {
         options.invalid_configs = args.invalid_configs.clone();
     }

@@ -131,6 +131,17 @@ pub struct Args {
     pub namespace: Option<String>,
     #[command(flatten)]
     pub election: ElectionArgs,
+    /// Rewrite container images in the pod templates addons render, FROM=TO
+    /// by prefix (repeatable; the first matching rule wins), e.g.
+    /// `registry.k8s.io/=mirror.local/` for a disconnected site. Each Addon's
+    /// status records what was rewritten.
+    #[arg(
+        long = "image-rewrite",
+        env = "CAPSTAN_IMAGE_REWRITES",
+        value_delimiter = ',',
+        value_name = "FROM=TO"
+    )]
+    pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
 }
 
 impl Args {
@@ -157,6 +168,7 @@ impl Args {
             poll: self.poll_interval,
             supply: Some(std::sync::Arc::new(supply)),
             secrets_namespace: Some(namespace.to_string()),
+            image_rewrites: self.image_rewrites.clone(),
         })
     }
 }

@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+mod addon;
 mod bench;
 mod bundle;
 mod conformance;
@@ -76,6 +77,10 @@ enum Command {
     /// Inspect and roll back MachineDeployment rollouts.
     #[command(subcommand)]
     Rollout(rollout::Command),
+    /// Addons: `capstan addon render ADDON.yaml --plugin PATH` prints what
+    /// an Addon would apply.
+    #[command(subcommand)]
+    Addon(addon::Command),
 }
 
 #[derive(Debug, Subcommand)]
@@ -168,6 +173,7 @@ fn main() -> ExitCode {
             Command::Rollout(rollout::Command::History(args)) => rollout::history(args).await,
             Command::Rollout(rollout::Command::Undo(args)) => rollout::undo(args).await,
             Command::Rollout(rollout::Command::Plan(args)) => rollout::plan(args).await,
+            Command::Addon(addon::Command::Render(args)) => addon::render(args).await,
         }
     });
     match result {

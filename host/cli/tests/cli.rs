@@ -251,7 +251,7 @@ async fn updater_conformance_fails_precisely_for_a_broken_updater() {
 #[tokio::test(flavor = "multi_thread")]
 async fn conformance_explains_bad_flags() {
     let path = plugin("sim_provider").display().to_string();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--config", "[1]"], "--config must be a JSON object"),
         (
             &["--config", "{}", "--allow-host", "nohost"],
@@ -262,9 +262,10 @@ async fn conformance_explains_bad_flags() {
             "--world updater needs --provider PATH",
         ),
         (
-            &["--config", "{}", "--world", "addon"],
-            "the addon world has no conformance suite yet",
+            &["--world", "addon"],
+            "implements the provider world, not addon",
         ),
+        (&[], "--config is required for the provider world"),
     ];
     for (flags, expected) in cases {
         let mut args = vec!["plugin", "conformance", path.as_str()];
@@ -426,10 +427,11 @@ fn crds_print_every_kind_for_kubectl_apply() {
     let yaml = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
         yaml.matches("kind: CustomResourceDefinition").count(),
-        5,
+        6,
         "{yaml}"
     );
     for name in [
+        "addons.capstan.dev",
         "plugins.capstan.dev",
         "machines.capstan.dev",
         "machinesets.capstan.dev",
@@ -469,4 +471,169 @@ fn rollout_rejects_other_kinds() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("write md/NAME"), "{stderr}");
+}
+
+/// Report lines of `capstan plugin conformance … -o json` as (name, result, detail).
+fn checks(report: &serde_json::Value) -> Vec<(String, String, String)> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (s("name"), s("result"), s("detail"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn addon_conformance_passes_both_sample_addons_and_fails_the_greedy_one_precisely() {
+    for stem in ["coredns_addon", "node_exporter_addon"] {
+        let path = plugin(stem).display().to_string();
+        let out = run(capstan(&[
+            "plugin",
+            "conformance",
+            &path,
+            "--world",
+            "addon",
+            "-o",
+            "json",
+        ]))
+        .await;
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(out.status.success(), "{stem}: {report:#}");
+        assert_eq!(checks(&report).len(), 13, "{report:#}");
+    }
+    let path = plugin("greedy_addon").display().to_string();
+    let out = run(capstan(&[
+        "plugin",
+        "conformance",
+        &path,
+        "--world",
+        "addon",
+        "-o",
+        "json",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failed: Vec<(String, String)> = checks(&report)
+        .into_iter()
+        .filter(|(_, r, _)| r == "fail")
+        .map(|(n, _, d)| (n, d))
+        .collect();
+    let names: Vec<&str> = failed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "versions lists at least one version, each once",
+            "render 1.0.0 stays within the declared kinds",
+            "render 1.0.0 is deterministic",
+            "a version it does not list is a typed error",
+            "assess answers for nothing observed",
+        ],
+        "{report:#}"
+    );
+    assert!(
+        failed[1].1.contains("ClusterRoleBinding greedy-admin"),
+        "{failed:?}"
+    );
+    assert!(failed[4].1.contains("trapped in assess"), "{failed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn addon_render_prints_what_would_be_applied_and_refuses_ungranted_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let addon = dir.path().join("dns.yaml");
+    std::fs::write(
+        &addon,
+        "apiVersion: capstan.dev/v1alpha1
+kind: Addon
+metadata: {name: dns}
+spec:
+  plugin: coredns
+  channel: rapid
+  config: {replicas: 1}
+  patches:
+  - target: {kind: Deployment, name: coredns}
+    type: Strategic
+    patch: {spec: {template: {spec: {containers: [{name: coredns, resources: {limits: {memory: 300Mi}}}]}}}}
+",
+    )
+    .unwrap();
+    let path = plugin("coredns_addon").display().to_string();
+    let a = addon.display().to_string();
+    let out = run(capstan(&[
+        "addon",
+        "render",
+        &a,
+        "--plugin",
+        &path,
+        "--image-rewrite",
+        "registry.k8s.io/=mirror.local/",
+        "-o",
+        "json",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("coredns 1.11.3 (channel rapid): 6 objects"),
+        "{}",
+        text(&out.stderr)
+    );
+    let objects: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "Deployment",
+            "Service"
+        ]
+    );
+    let container = &objects[4]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "mirror.local/coredns/coredns:v1.11.3");
+    assert_eq!(container["resources"]["limits"]["memory"], "300Mi");
+    assert_eq!(
+        container["resources"]["requests"]["cpu"], "100m",
+        "merged, not replaced"
+    );
+    assert_eq!(objects[0]["metadata"]["labels"]["capstan.dev/addon"], "dns");
+
+    // With the Plugin's grants, an object outside them refuses everything.
+    let out = run(capstan(&[
+        "addon",
+        "render",
+        &a,
+        "--plugin",
+        &path,
+        "--grant",
+        "ServiceAccount@kube-system",
+        "--grant",
+        "ConfigMap@kube-system",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("ClusterRole system:coredns is outside spec.grants.objects (it needs a grant covering rbac.authorization.k8s.io/ClusterRole)"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing printed when refused");
+
+    // An unknown version names the known ones.
+    std::fs::write(&addon, "apiVersion: capstan.dev/v1alpha1\nkind: Addon\nmetadata: {name: dns}\nspec: {plugin: coredns, version: '2.0.0'}\n").unwrap();
+    let out = run(capstan(&["addon", "render", &a, "--plugin", &path])).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("known versions: 1.10.1, 1.11.3"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -11,13 +11,15 @@
 //! plugin asks, within the time budget.
 //!
 //! Start with [`run_provider`] (or [`run_updater`] for the updater world,
-//! in [`updater`]); render the [`Report`] with [`Report::render_text`] or
+//! in [`updater`], and [`run_addon`] for the addon world, in [`addon`]); render the [`Report`] with [`Report::render_text`] or
 //! serialize it.
 
 #![forbid(unsafe_code)]
 
+pub mod addon;
 pub mod updater;
 
+pub use addon::run_addon;
 pub use updater::{UpdaterOptions, run_updater};
 
 use capstan_runtime::types::{Deletion, InstanceState, Machine, MachineStatus, PluginError};
@@ -99,9 +101,14 @@ impl Report {
 
     /// A human-readable report, one line per check.
     pub fn render_text(&self) -> String {
+        let machine = if self.machine_uid.is_empty() {
+            String::new()
+        } else {
+            format!(", test machine uid {}", self.machine_uid)
+        };
         let mut out = format!(
-            "Conformance of plugin {} {} ({})\nworld {}, contract {}, test machine uid {}\n\n",
-            self.plugin, self.version, self.digest, self.world, self.contract, self.machine_uid
+            "Conformance of plugin {} {} ({})\nworld {}, contract {}{machine}\n\n",
+            self.plugin, self.version, self.digest, self.world, self.contract
         );
         for check in &self.checks {
             let (tag, detail) = match &check.outcome {

@@ -1,7 +1,7 @@
 //! Capstan's controllers: the generic Cluster API machine lifecycle, run by
 //! one host for every provider plugin.
 //!
-//! Start with [`run`], which starts five kube-rs controllers over shared
+//! Start with [`run`], which starts six kube-rs controllers over shared
 //! reflector caches:
 //!
 //! - [`plugin`]: loads each `Plugin`'s component into the sandbox and
@@ -11,7 +11,9 @@
 //! - [`machineset`]: keeps a set's number of machines;
 //! - [`deployment`]: rolls templates out across MachineSets;
 //! - [`healthcheck`]: marks unhealthy machines for their MachineSet to
-//!   replace (the Machine controller drains their Nodes first).
+//!   replace (the Machine controller drains their Nodes first);
+//! - [`addon`]: installs each `Addon` with its addon plugin, keeps it in
+//!   shape and removes it.
 //!
 //! What to do next is decided by the pure functions of `capstan-planner`;
 //! this crate observes, calls them, and writes only what changed (an idle
@@ -19,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod addon;
 pub mod deployment;
 pub mod healthcheck;
 pub mod history;
@@ -36,7 +39,7 @@ pub mod serve;
 pub use metrics::Metrics;
 pub use provider::{MachineProvider, ProviderError, Providers, Registered, WasmProvider};
 
-use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
+use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -105,6 +108,9 @@ pub struct Options {
     /// the right to create a Plugin is not read access to every Secret
     /// (`None`: any namespace, for embedding and tests).
     pub secrets_namespace: Option<String>,
+    /// Image rewrite rules applied to the pod templates addons render
+    /// (`--image-rewrite registry.k8s.io/=mirror.local/`).
+    pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
 }
 
 impl Default for Options {
@@ -115,6 +121,7 @@ impl Default for Options {
             poll: Duration::from_secs(1),
             supply: None,
             secrets_namespace: None,
+            image_rewrites: Vec::new(),
         }
     }
 }
@@ -158,6 +165,8 @@ pub struct Stores {
     pub nodes: Store<Node>,
     /// MachineHealthChecks.
     pub health_checks: Store<MachineHealthCheck>,
+    /// Addons.
+    pub addons: Store<Addon>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -189,6 +198,11 @@ pub struct Context {
     pub(crate) updater_activation: tokio::sync::Mutex<()>,
     /// Per-machine in-place plans the deployment controller computed.
     pub(crate) plans: inplace::PlanCache,
+    /// Addon plugins by plugin name.
+    pub addons: addon::Addons,
+    /// Drift watches, workload-cluster clients and discovery of the addon
+    /// controller.
+    pub(crate) addon_state: addon::AddonState,
     /// Metrics.
     pub metrics: Metrics,
     /// Caches.
@@ -551,6 +565,7 @@ pub async fn run(
     let mut deployments = Shared::new(Api::<MachineDeployment>::all(client.clone()));
     let mut nodes = Shared::new(Api::<Node>::all(client.clone()));
     let mut health_checks = Shared::new(Api::<MachineHealthCheck>::all(client.clone()));
+    let mut addons = Shared::new(Api::<Addon>::all(client.clone()));
 
     // Fail early and clearly when the CRDs are missing.
     for (kind, result) in [
@@ -582,6 +597,10 @@ pub async fn run(
                 .await
                 .err(),
         ),
+        (
+            "addons.capstan.dev",
+            addons.api.list_metadata(&Default::default()).await.err(),
+        ),
     ] {
         if let Some(error) = result {
             tracing::error!(%error, "cannot list {kind}");
@@ -596,6 +615,7 @@ pub async fn run(
         deployments: deployments.store.clone(),
         nodes: nodes.store.clone(),
         health_checks: health_checks.store.clone(),
+        addons: addons.store.clone(),
     };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
@@ -613,6 +633,8 @@ pub async fn run(
         updaters: inplace::Updaters::default(),
         updater_activation: tokio::sync::Mutex::default(),
         plans: inplace::PlanCache::default(),
+        addons: addon::Addons::default(),
+        addon_state: addon::AddonState::default(),
         metrics: metrics.clone(),
         stores: stores.clone(),
         options: options.clone(),
@@ -649,8 +671,15 @@ pub async fn run(
         shutdown.clone(),
     );
 
+    let addon_controller = addon::controller(
+        addons.subscribe(),
+        plugins.subscribe(),
+        &ctx,
+        shutdown.clone(),
+    );
+
     let listed = Arc::new(Listed {
-        remaining: std::sync::atomic::AtomicUsize::new(6),
+        remaining: std::sync::atomic::AtomicUsize::new(7),
         metrics: metrics.clone(),
     });
     let reflectors = futures::stream::select_all([
@@ -661,16 +690,22 @@ pub async fn run(
             .start("machinedeployments", listed.clone())
             .boxed(),
         nodes.start("nodes", listed.clone()).boxed(),
-        health_checks.start("machinehealthchecks", listed).boxed(),
+        health_checks
+            .start("machinehealthchecks", listed.clone())
+            .boxed(),
+        addons.start("addons", listed).boxed(),
     ]);
     let reflectors = tokio::spawn(reflectors.for_each(|_| async {}));
 
-    futures::future::join5(
-        plugin_controller,
-        machine_controller,
-        set_controller,
-        deployment_controller,
-        health_check_controller,
+    futures::future::join(
+        futures::future::join5(
+            plugin_controller,
+            machine_controller,
+            set_controller,
+            deployment_controller,
+            health_check_controller,
+        ),
+        addon_controller,
     )
     .await;
     reflectors.abort();

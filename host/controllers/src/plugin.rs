@@ -1,7 +1,8 @@
 //! The Plugin controller: fetch each plugin (a local file, or an OCI
 //! artifact resolved, verified and pulled through `capstan-registry`), check
-//! that its grants cover every capability it declares, load it into the
-//! sandbox, and register it as a provider.
+//! that its grants cover every capability it declares (HTTP destinations,
+//! credential slots, object kinds), load it into the sandbox, and register
+//! it as a provider, an in-place updater or an addon plugin.
 //!
 //! Order matters and never changes: resolve the manifest → check grants
 //! against the declared capabilities (read from the manifest, before any
@@ -123,6 +124,7 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
             status.contract = Some(loaded.contract);
             status.declared_http = loaded.declared_http;
             status.update_fields = loaded.update_fields;
+            status.declared_objects = loaded.declared_objects;
             set_condition(
                 &mut status.conditions,
                 READY,
@@ -208,6 +210,7 @@ struct Loaded {
     contract: String,
     declared_http: Vec<String>,
     update_fields: Vec<String>,
+    declared_objects: Vec<String>,
     message: String,
 }
 
@@ -353,13 +356,20 @@ async fn load(
         .as_ref()
         .is_some_and(|s| capstan_api::is_true(&s.conditions, READY));
     if already == Some((generation, loaded_key.clone()))
-        && (ctx.providers.get(name).is_some() || ctx.updaters.get(name).is_some())
+        && (ctx.providers.get(name).is_some()
+            || ctx.updaters.get(name).is_some()
+            || ctx.addons.get(name).is_some())
         && status_ready
     {
         return Ok(None);
     }
 
-    let missing = grants.missing(&found.manifest.capabilities.http);
+    let granted_objects = object_grants(plugin)?;
+    let mut missing = grants.missing(&found.manifest.capabilities.http);
+    missing.extend(capstan_manifest::ungranted_kinds(
+        &found.manifest.capabilities.objects,
+        &granted_objects,
+    ));
     if !missing.is_empty() {
         return Err((
             "GrantsMissing",
@@ -485,6 +495,17 @@ async fn load(
             },
         );
     }
+    if manifest.world == World::Addon {
+        let addon = loaded.addon().map_err(|e| ("LoadFailed", e.to_string()))?;
+        ctx.addons.insert(
+            name,
+            crate::addon::RegisteredAddon {
+                plugin: addon,
+                declared: manifest.capabilities.objects.clone(),
+                granted: granted_objects,
+            },
+        );
+    }
     if manifest.name != name {
         tracing::info!(plugin = %name, manifest_name = %manifest.name, "the Plugin object's name differs from the manifest's; machines refer to the object's name");
     }
@@ -501,6 +522,12 @@ async fn load(
         world: format!("{}-plugin", manifest.world.as_str()),
         version: manifest.version.clone(),
         contract: manifest.contract.clone(),
+        declared_objects: manifest
+            .capabilities
+            .objects
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         update_fields: manifest
             .update_fields
             .iter()
@@ -523,6 +550,21 @@ async fn load(
             .collect(),
         message,
     }))
+}
+
+/// The object kinds `spec.grants.objects` grants (addon plugins).
+fn object_grants(plugin: &Plugin) -> Result<Vec<capstan_manifest::ObjectPattern>, Failure> {
+    plugin
+        .spec
+        .grants
+        .objects
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            text.parse()
+                .map_err(|e| ("InvalidGrant", format!("spec.grants.objects[{i}]: {e}")))
+        })
+        .collect()
 }
 
 /// The grants a Plugin's spec describes, with the credentials read from their

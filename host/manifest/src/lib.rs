@@ -14,8 +14,10 @@
 #![forbid(unsafe_code)]
 
 mod fields;
+mod objects;
 
 pub use fields::{FieldPattern, overlapping};
+pub use objects::{ObjectKey, ObjectPattern, ObjectScope, group_of, ungranted_kinds};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -125,6 +127,11 @@ pub struct Capabilities {
     /// Outbound HTTP destinations.
     #[serde(default)]
     pub http: Vec<HttpCapability>,
+    /// Addon plugins only (and required for them): the kinds of Kubernetes
+    /// objects the plugin renders, such as `apps/Deployment@kube-system`
+    /// (see [`ObjectPattern`]). The host applies nothing outside them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectPattern>,
 }
 
 /// One declared HTTP destination.
@@ -220,6 +227,25 @@ impl PluginManifest {
                     "updateFields",
                     format!(
                         "only updaters declare fields; this is a {} plugin",
+                        self.world
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        match (self.world, self.capabilities.objects.is_empty()) {
+            (World::Addon, true) => {
+                return Err(invalid(
+                    "capabilities.objects",
+                    "an addon plugin must declare the kinds it renders, for example [\"apps/Deployment@kube-system\"]"
+                        .into(),
+                ));
+            }
+            (World::Provider | World::Updater, false) => {
+                return Err(invalid(
+                    "capabilities.objects",
+                    format!(
+                        "only addon plugins render objects; this is a {} plugin",
                         self.world
                     ),
                 ));

@@ -17,9 +17,8 @@
 //! - a bounded resource table, so a guest cannot pile up host-side handles;
 //! - no filesystem, environment, sockets or stdin.
 //!
-//! Start with [`Runtime::new`], [`Runtime::load`], [`ProviderPlugin`] and
-//! [`UpdaterPlugin`] (the addon world's bindings are generated; its typed
-//! wrapper comes with the addon work).
+//! Start with [`Runtime::new`], [`Runtime::load`], and the typed handle of
+//! each world: [`ProviderPlugin`], [`UpdaterPlugin`], [`AddonPlugin`].
 //! Errors are one typed [`Error`], distinguishing contract errors returned by
 //! the plugin from traps and each kind of limit.
 
@@ -93,6 +92,9 @@ pub mod bindings {
 
 /// The contract's data types, as the host sees them.
 pub mod types {
+    pub use crate::bindings::addon::exports::capstan::plugin::addon::{
+        AddonSpec, Health, VersionInfo,
+    };
     pub use crate::bindings::provider::capstan::plugin::types::*;
     pub use crate::bindings::provider::exports::capstan::plugin::provider::Deletion;
     pub use crate::bindings::updater::exports::capstan::plugin::updater::{
@@ -101,7 +103,9 @@ pub mod types {
 }
 
 use bindings::provider::capstan::plugin::log as wit_log;
-use types::{Deletion, Machine, MachineStatus, PluginError, UpdateProgress};
+use types::{
+    AddonSpec, Deletion, Health, Machine, MachineStatus, PluginError, UpdateProgress, VersionInfo,
+};
 
 /// The most host-side handles (requests, streams, futures, …) one call may
 /// hold at once. A call within its request budgets uses a few hundred; the
@@ -464,6 +468,11 @@ impl Plugin {
         UpdaterPlugin::new(self)
     }
 
+    /// This plugin as an addon operator; fails if it implements another world.
+    pub fn addon(&self) -> Result<AddonPlugin, Error> {
+        AddonPlugin::new(self)
+    }
+
     fn expect_world(&self, expected: World) -> Result<(), Error> {
         let actual = self.inner.manifest.world;
         if actual == expected {
@@ -743,6 +752,38 @@ world_handle!(
     capstan_plugin_updater
 );
 
+world_handle!(
+    /// A plugin that implements the `addon` world.
+    AddonPlugin,
+    World::Addon,
+    addon,
+    AddonPluginPre,
+    bindings::addon::exports::capstan::plugin::addon::Guest,
+    capstan_plugin_addon
+);
+
+impl AddonPlugin {
+    /// `versions`: the versions it knows and their channels.
+    pub async fn versions(&self) -> Result<Vec<VersionInfo>, Error> {
+        self.call("versions", async |s, p| p.call_versions(s).await)
+            .await
+    }
+
+    /// `render`: the objects (JSON text each) for `spec`.
+    pub async fn render(&self, spec: &AddonSpec) -> Result<Vec<String>, Error> {
+        self.call("render", async |s, p| p.call_render(s, spec).await)
+            .await
+    }
+
+    /// `assess`: health judged from the observed objects (JSON text each).
+    pub async fn assess(&self, spec: &AddonSpec, observed: &[String]) -> Result<Health, Error> {
+        self.call("assess", async |s, p| {
+            p.call_assess(s, spec, observed).await
+        })
+        .await
+    }
+}
+
 impl ProviderPlugin {
     /// `validate(config)`.
     pub async fn validate(&self, config: &str) -> Result<(), Error> {
@@ -996,6 +1037,22 @@ impl ReturnSize for UpdateProgress {
             UpdateProgress::InProgress(p) => p.message.return_size() + 16,
             UpdateProgress::Failed(m) => m.len(),
         }
+    }
+}
+
+impl ReturnSize for VersionInfo {
+    fn return_size(&self) -> usize {
+        self.version.len() + self.channels.return_size()
+    }
+}
+impl ReturnSize for (String, String) {
+    fn return_size(&self) -> usize {
+        self.0.len() + self.1.len()
+    }
+}
+impl ReturnSize for Health {
+    fn return_size(&self) -> usize {
+        1 + self.message.return_size() + self.details.return_size()
     }
 }
 

@@ -51,6 +51,10 @@ pub struct ControlPlaneOptions {
     /// `--default-unreachable-toleration-seconds` (API server): how long pods
     /// stay on a not-ready or unreachable Node before eviction.
     pub pod_toleration_seconds: u32,
+    /// Only etcd and the API server (no controller manager, no scheduler):
+    /// a second cluster that only has to hold objects, such as the workload
+    /// cluster an Addon targets.
+    pub api_only: bool,
 }
 
 impl Default for ControlPlaneOptions {
@@ -60,6 +64,7 @@ impl Default for ControlPlaneOptions {
             node_monitor_grace_period: Duration::from_secs(10),
             node_startup_grace_period: Duration::from_secs(30),
             pod_toleration_seconds: 30,
+            api_only: false,
         }
     }
 }
@@ -251,6 +256,9 @@ impl ControlPlane {
         plane.url = format!("https://127.0.0.1:{secure}");
         plane.wait_ready(Duration::from_secs(60))?;
         plane.write_kubeconfig()?;
+        if options.api_only {
+            return Ok(plane);
+        }
 
         let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
         plane.children.push(spawn(
@@ -365,6 +373,18 @@ impl ControlPlane {
         );
         std::fs::write(self.kubeconfig(), text)
             .map_err(|e| format!("cannot write the kubeconfig: {e}"))
+    }
+
+    /// A self-contained kubeconfig for the admin (the CA inline), as Cluster
+    /// API keeps in a cluster's `<cluster>-kubeconfig` Secret.
+    pub fn kubeconfig_inline(&self) -> String {
+        use base64::Engine;
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: workload\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    token: {}\ncontexts:\n- name: workload\n  context:\n    cluster: workload\n    user: admin\ncurrent-context: workload\n",
+            self.url,
+            base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
+            self.token
+        )
     }
 
     /// Where the simulated kubelet reaches this API server (as the admin).

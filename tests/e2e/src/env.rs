@@ -529,6 +529,7 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
                 region: None,
                 service: None,
             }],
+            objects: vec![],
         },
         limits: Default::default(),
         update_order: None,

@@ -18,7 +18,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The plugins built for tests, by crate name.
-pub const PLUGIN_CRATES: [&str; 7] = [
+pub const PLUGIN_CRATES: [&str; 10] = [
     "sim-provider",
     "sim-updater",
     "sim-tagger",
@@ -26,6 +26,9 @@ pub const PLUGIN_CRATES: [&str; 7] = [
     "broken-updater",
     "hostile-plugin",
     "ec2-provider",
+    "coredns-addon",
+    "node-exporter-addon",
+    "greedy-addon",
 ];
 
 /// The workspace root.

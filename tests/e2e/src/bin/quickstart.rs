@@ -6,8 +6,9 @@
 //! controller` as a separate process, creates the
 //! sandboxed sim-provider `Plugin`, applies a MachineDeployment and a
 //! MachineHealthCheck with `kubectl`, follows the deployment until every
-//! machine is Ready, prints `kubectl get md,ms,ma,nodes`, and says what to
-//! try next. Ctrl-C deletes the deployment (releasing every instance) and
+//! machine is Ready, prints `kubectl get md,ms,ma,nodes`, installs CoreDNS
+//! through the coredns addon plugin and follows it until healthy (unless
+//! `--no-addon`), and says what to try next. Ctrl-C deletes the deployment (releasing every instance) and
 //! stops everything.
 //! `scripts/quickstart.sh` builds what it needs and runs it.
 //!
@@ -31,13 +32,15 @@ use std::time::{Duration, Instant};
 const QUICKSTART_UNHEALTHY_SECONDS: u32 = 5;
 
 const USAGE: &str =
-    "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready]
+    "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready] [--no-addon] [--oci]
 
 Runs Capstan locally: control plane, simulated cloud, controller, the sim-provider
 plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
   --replicas N          machines in the sample MachineDeployment (default 3)
   --boot-latency-ms MS  simulated instance boot time (default 2000)
-  --exit-when-ready     clean up and exit once every machine is Ready (for CI)
+  --exit-when-ready     clean up and exit once every machine is Ready and the addon healthy (for CI)
+  --no-addon            skip the addon step (CoreDNS installed by the coredns addon plugin
+                        onto the machines' Nodes, until healthy)
   --oci                 serve the plugin from a local OCI registry, signed, and have the
                         controller verify it against a trust policy before loading it";
 
@@ -46,6 +49,7 @@ struct Args {
     boot_latency_ms: u64,
     exit_when_ready: bool,
     oci: bool,
+    addon: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -54,6 +58,7 @@ fn parse_args() -> anyhow::Result<Args> {
         boot_latency_ms: 2000,
         exit_when_ready: false,
         oci: false,
+        addon: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -72,6 +77,7 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "--exit-when-ready" => args.exit_when_ready = true,
             "--oci" => args.oci = true,
+            "--no-addon" => args.addon = false,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -189,6 +195,87 @@ async fn publish(env: &Env, capstan: &std::path::Path) -> anyhow::Result<(Regist
     Ok((registry, flags))
 }
 
+/// The addon step: the coredns addon plugin as a Plugin granted exactly
+/// what it renders, an Addon on the `stable` channel, followed until the
+/// plugin judges CoreDNS healthy (its pods run on the machines' Nodes).
+async fn install_addon(
+    env: &Env,
+    controller: &ControllerProcess,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let component = capstan_e2e::plugin("coredns_addon");
+    let yaml = format!(
+        "apiVersion: capstan.dev/v1alpha1
+kind: Plugin
+metadata: {{name: coredns}}
+spec:
+  source: file://{}
+  grants:
+    objects:
+    - ServiceAccount@kube-system
+    - ConfigMap@kube-system
+    - Service@kube-system
+    - apps/Deployment@kube-system
+    - rbac.authorization.k8s.io/ClusterRole
+    - rbac.authorization.k8s.io/ClusterRoleBinding
+---
+apiVersion: capstan.dev/v1alpha1
+kind: Addon
+metadata: {{name: dns, namespace: default}}
+spec:
+  plugin: coredns
+  channel: stable
+  config: {{replicas: 2}}
+",
+        component.display()
+    );
+    step(
+        "addon: the coredns addon plugin, granted the kinds it renders, and an Addon on channel stable",
+    );
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&yaml))
+            .map_err(anyhow::Error::msg)?
+    );
+    let addons: Api<capstan_api::Addon> = Api::namespaced(env.client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = String::new();
+    loop {
+        let status = addons.get("dns").await?.status.unwrap_or_default();
+        let line = format!(
+            "    addon dns: phase {}, version {}, {} objects applied, healthy {} ({})",
+            status.phase.as_deref().unwrap_or("-"),
+            status.version.as_deref().unwrap_or("-"),
+            status.inventory.len(),
+            status.healthy.map_or("-".to_string(), |h| h.to_string()),
+            status.health_details.join(", ")
+        );
+        if line != last {
+            println!("{line}  [{:.1}s]", started.elapsed().as_secs_f64());
+            last = line;
+        }
+        if status.healthy == Some(true) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the addon is not healthy after 2 minutes; the controller log is {}; its status: {status:#?}",
+                controller.log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    step("CoreDNS healthy; kubectl get addons");
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["get", "addons"], None)
+            .map_err(anyhow::Error::msg)?
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
@@ -209,7 +296,9 @@ async fn main() -> anyhow::Result<()> {
         env.control_plane.url,
         kubeconfig.display()
     );
-    step("installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck)");
+    step(
+        "installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck, Addon)",
+    );
     println!(
         "    simulated cloud at {}; its kubelet registers a Node per instance, renews the Node's Lease and runs the pods bound to it",
         env.cloud.url()
@@ -361,6 +450,10 @@ spec:
             .map_err(anyhow::Error::msg)?
     );
 
+    if args.addon {
+        install_addon(&env, &controller, started).await?;
+    }
+
     if !args.exit_when_ready {
         let k = format!(
             "{} --kubeconfig {}",
@@ -378,6 +471,9 @@ spec:
                               # NODE's kubelet stops: Unknown after 10 s, the health check
                               # marks it {QUICKSTART_UNHEALTHY_SECONDS} s later, it is drained and replaced
   {k} get mhc,ma,nodes -w
+  {k} get addons; {k} -n kube-system get deploy,pods
+  {k} patch addon/dns --type merge -p '{{\"spec\":{{\"version\":\"1.11.3\"}}}}'
+                              # upgrade CoreDNS; its metrics Service is pruned
   {capstan} rollout history md/quickstart --kubeconfig {kc}
   {capstan} rollout undo md/quickstart --kubeconfig {kc}
   {k} delete md/quickstart

@@ -104,6 +104,7 @@ async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret
                 region: Some(REGION.into()),
                 service: Some("ec2".into()),
             }],
+            objects: vec![],
         },
         limits: Default::default(),
         update_order: None,

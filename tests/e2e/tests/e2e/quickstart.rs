@@ -1,7 +1,8 @@
 //! The README's first command, as a user runs it: `capstan-quickstart`
 //! brings up the control plane, the cloud, a `capstan controller` process and
 //! the sample MachineDeployment, reaches Ready, prints `kubectl get
-//! md,ms,ma`, and (with `--exit-when-ready`) releases every instance.
+//! md,ms,ma`, installs CoreDNS through the coredns addon plugin until it is
+//! healthy, and (with `--exit-when-ready`) releases every instance.
 
 use std::process::Command;
 
@@ -28,6 +29,9 @@ fn quickstart_reaches_ready_and_cleans_up() {
         "3 Ready",
         "machinedeployment.capstan.dev/quickstart   3          3       3         3           v1.30.0   Running",
         "sim://i-",
+        "addon.capstan.dev/dns created",
+        "==> CoreDNS healthy; kubectl get addons",
+        "healthy true (availableReplicas=2/2",
         "cloud instances left: 0",
     ] {
         assert!(
@@ -47,6 +51,7 @@ fn quickstart_with_a_signed_oci_plugin() {
     let out = Command::new(env!("CARGO_BIN_EXE_capstan-quickstart"))
         .args([
             "--oci",
+            "--no-addon",
             "--exit-when-ready",
             "--boot-latency-ms",
             "500",

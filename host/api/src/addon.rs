@@ -1,0 +1,198 @@
+//! `Addon`: one addon (CoreDNS, a node agent, …) installed and kept in
+//! shape by an addon plugin, in this cluster or a workload cluster.
+
+use crate::{Condition, conditions_schema, free_form_object};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Finalizer on every Addon: what it applied is removed before it goes.
+pub const ADDON_FINALIZER: &str = "capstan.dev/addon";
+/// Label on every object an Addon applied: the Addon's name.
+pub const LABEL_ADDON_NAME: &str = "capstan.dev/addon";
+/// Label on every object an Addon applied: the Addon's namespace.
+pub const LABEL_ADDON_NAMESPACE: &str = "capstan.dev/addon-namespace";
+
+/// The desired state of one addon.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "capstan.dev",
+    version = "v1alpha1",
+    kind = "Addon",
+    namespaced,
+    status = "AddonStatus",
+    shortname = "ao",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "An addon installed and kept in shape by an addon plugin.",
+    printcolumn(name = "Plugin", type_ = "string", json_path = ".spec.plugin"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(name = "Channel", type_ = "string", json_path = ".spec.channel"),
+    printcolumn(name = "Healthy", type_ = "boolean", json_path = ".status.healthy"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AddonSpec {
+    /// Name of the addon `Plugin` that renders and judges this addon.
+    pub plugin: String,
+    /// An exact version to install. Wins over `channel` when both are set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// A channel (such as `stable` or `rapid`) whose current version to
+    /// install; the plugin's `versions()` says which version that is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// Addon-specific configuration, validated by the plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub config: Option<serde_json::Value>,
+    /// Break-glass patches applied to the rendered objects before they are
+    /// applied. A patch whose target is not rendered is an error, never
+    /// silently dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<AddonPatch>,
+    /// The workload cluster to install into; default: the cluster Capstan
+    /// runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<AddonTarget>,
+    /// Paused addons are neither applied nor pruned nor corrected.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+}
+
+/// One patch of rendered objects.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddonPatch {
+    /// The rendered object to patch.
+    pub target: PatchTarget,
+    /// `Merge` (RFC 7386 JSON merge patch) or `Strategic` (lists of objects
+    /// with a `name`, such as containers, are merged by name).
+    #[serde(default, rename = "type")]
+    pub type_: PatchType,
+    /// The patch itself.
+    #[schemars(schema_with = "free_form_object")]
+    pub patch: serde_json::Value,
+}
+
+/// Which rendered object a patch applies to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchTarget {
+    /// `kind` of the object, such as `Deployment`.
+    pub kind: String,
+    /// `metadata.name` of the object.
+    pub name: String,
+    /// `metadata.namespace` of the object, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The kind of a patch.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PatchType {
+    /// RFC 7386 JSON merge patch.
+    #[default]
+    Merge,
+    /// Like `Merge`, but lists whose items all have a `name` are merged
+    /// item by item, by name (as `kubectl patch --type strategic` does for
+    /// containers, ports, env, volumes).
+    Strategic,
+}
+
+/// A workload cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddonTarget {
+    /// A Secret in the Addon's namespace holding a kubeconfig (Cluster API
+    /// writes one per cluster as `<cluster>-kubeconfig`, key `value`).
+    pub kubeconfig_secret_ref: KubeconfigSecretRef,
+}
+
+/// Where a kubeconfig is.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeconfigSecretRef {
+    /// Secret name, in the Addon's namespace.
+    pub name: String,
+    /// Key in the Secret's data; default `value`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// What the addon controller observed and did.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddonStatus {
+    /// The version installed (or being installed): `spec.version`, or the
+    /// channel's current version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Whether the plugin judged the applied objects healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// `Applying`, `Ready`, `Degraded`, `Paused`, `Failed` or `Deleting`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The plugin's observations (for example `readyReplicas=2/2`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_details: Vec<String>,
+    /// Where the objects go: `in-cluster`, or the kubeconfig Secret's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// What was applied, in apply order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inventory: Vec<InventoryEntry>,
+    /// Container images the host's rewrite rules changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_rewrites: Vec<ImageRewriteRecord>,
+    /// Digest of the plugin component that rendered the inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_digest: Option<String>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Applied`, `Healthy`, `UpToDate`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One applied object.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryEntry {
+    /// `apiVersion` it was applied with.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// Namespace (none for cluster-scoped objects).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for InventoryEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// One image a rewrite rule changed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRewriteRecord {
+    /// The image as rendered.
+    pub from: String,
+    /// The image as applied.
+    pub to: String,
+}

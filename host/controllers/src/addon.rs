@@ -1,0 +1,839 @@
+//! The Addon controller: one host runs every addon's lifecycle; each addon
+//! plugin only renders objects and judges health, inside the sandbox, and
+//! never touches the API itself.
+//!
+//! A reconcile ([`reconcile`]): pick the target cluster (this one, or a
+//! workload cluster from a kubeconfig Secret) → resolve the version through
+//! the plugin's `versions()` → `render` → the pure steps of
+//! `capstan-addons` (parse, label, patch, rewrite images, check the
+//! object grants, order) — nothing is applied unless every step passed →
+//! for each object, read the live one and server-side apply only when it
+//! no longer carries what is rendered (so an idle resync writes nothing) →
+//! prune what the previous inventory had and the render no longer does →
+//! `assess` the live objects → status. Deleting an Addon deletes its
+//! inventory in reverse apply order, waits until it is gone, then drops
+//! the finalizer.
+//!
+//! Drift: every applied object carries the Addon's labels; a watch per
+//! (target cluster, kind) turns any change or deletion of a labelled
+//! object into a reconcile of its Addon, which puts back what was applied.
+
+use crate::{
+    Context, Error, apply_status, counted, drain, instrumented, kube_err, now, record_event,
+};
+use capstan_addons::{AddonError, Object};
+use capstan_api::{
+    ADDON_FINALIZER, Addon, AddonStatus, InventoryEntry, LABEL_ADDON_NAME, LABEL_ADDON_NAMESPACE,
+    Plugin, set_condition, status,
+};
+use capstan_manifest::ObjectPattern;
+use capstan_runtime::types::AddonSpec as WitSpec;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+};
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+const CONTROLLER: &str = "addon";
+/// Field manager of everything the addon controller applies.
+pub const ADDON_FIELD_MANAGER: &str = "capstan-addon";
+/// Condition: the rendered objects are applied.
+pub const APPLIED: &str = "Applied";
+/// Condition: the plugin judges the applied objects healthy.
+pub const HEALTHY: &str = "Healthy";
+/// Condition: what is applied is the version and config the spec asks for.
+pub const UP_TO_DATE: &str = "UpToDate";
+/// How soon an addon that is not healthy yet (or failed) is looked at again,
+/// besides the watches on what it applied.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// An addon plugin and what it may render.
+#[derive(Debug)]
+pub struct RegisteredAddon {
+    /// The sandboxed plugin.
+    pub plugin: capstan_runtime::AddonPlugin,
+    /// Kinds its manifest declares.
+    pub declared: Vec<ObjectPattern>,
+    /// Kinds the Plugin's `spec.grants.objects` grants.
+    pub granted: Vec<ObjectPattern>,
+}
+
+/// Addon plugins by Plugin name; the Plugin controller fills it.
+#[derive(Debug, Clone, Default)]
+pub struct Addons {
+    inner: Arc<RwLock<HashMap<String, Arc<RegisteredAddon>>>>,
+}
+
+impl Addons {
+    /// Register (or replace) the addon plugin of a Plugin.
+    pub fn insert(&self, name: &str, addon: RegisteredAddon) {
+        self.inner
+            .write()
+            .expect("addons lock")
+            .insert(name.to_string(), Arc::new(addon));
+    }
+
+    /// The addon plugin of a Plugin.
+    pub fn get(&self, name: &str) -> Option<Arc<RegisteredAddon>> {
+        self.inner.read().expect("addons lock").get(name).cloned()
+    }
+}
+
+/// A cluster objects are applied to.
+#[derive(Clone)]
+struct Target {
+    client: Client,
+    /// Identifies the cluster and credentials (watches and discovery are
+    /// kept per key).
+    key: String,
+    /// For status: `in-cluster` or the Secret's name.
+    shown: String,
+}
+
+/// Watches on applied objects, workload-cluster clients and discovery
+/// answers, shared by all reconciles.
+pub(crate) struct AddonState {
+    trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<Addon>>,
+    receiver: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Addon>>>>,
+    watches: Mutex<HashMap<(String, String), tokio::task::JoinHandle<()>>>,
+    clients: Mutex<HashMap<String, (String, Client)>>,
+    kinds: Mutex<HashMap<(String, String), (ApiResource, bool)>>,
+}
+
+impl Default for AddonState {
+    fn default() -> Self {
+        let (trigger, receiver) = tokio::sync::mpsc::unbounded_channel();
+        AddonState {
+            trigger,
+            receiver: Mutex::new(Some(receiver)),
+            watches: Mutex::default(),
+            clients: Mutex::default(),
+            kinds: Mutex::default(),
+        }
+    }
+}
+
+impl Drop for AddonState {
+    fn drop(&mut self) {
+        for (_, task) in self.watches.lock().expect("watches lock").drain() {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for AddonState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddonState").finish_non_exhaustive()
+    }
+}
+
+pub(crate) async fn controller(
+    addons: ReflectHandle<Addon>,
+    plugins: ReflectHandle<Plugin>,
+    ctx: &Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let drift = ctx
+        .addon_state
+        .receiver
+        .lock()
+        .expect("receiver lock")
+        .take()
+        .expect("the addon controller runs once per context");
+    let drift = tokio_stream(drift);
+    let store = ctx.stores.addons.clone();
+    let trigger = counted(CONTROLLER, &ctx.metrics, addons, |a| Some(crate::key_of(a)));
+    let stream = Controller::for_shared_stream(trigger, ctx.stores.addons.clone())
+        .with_config(Config::default().concurrency(ctx.options.concurrency.deployments))
+        // An Addon waiting for its plugin goes on as soon as it is loaded.
+        .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
+            let name = plugin.name_any();
+            store
+                .state()
+                .into_iter()
+                .filter(|a| a.spec.plugin == name)
+                .map(|a| ObjectRef::from_obj(a.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(drift)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
+            |_, _, _| Action::requeue(Duration::from_secs(2)),
+            ctx.clone(),
+        );
+    drain(CONTROLLER, stream).await;
+}
+
+fn tokio_stream<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// A failed step: the condition it sets, its reason and what to do.
+struct Failure {
+    condition: &'static str,
+    reason: &'static str,
+    message: String,
+}
+
+fn fail(condition: &'static str, reason: &'static str, message: impl Into<String>) -> Failure {
+    Failure {
+        condition,
+        reason,
+        message: message.into(),
+    }
+}
+
+fn addon_failure(e: AddonError) -> Failure {
+    let reason = match &e {
+        AddonError::NoVersion { .. } | AddonError::UnknownVersion { .. } => "UnknownVersion",
+        AddonError::UnknownChannel { .. } => "UnknownChannel",
+        AddonError::InvalidObject { .. } | AddonError::Duplicate(_) => "InvalidRender",
+        AddonError::PatchTargetMissing { .. } => "PatchTargetMissing",
+        AddonError::InvalidPatch { .. } => "InvalidPatch",
+        AddonError::Refused(_) => "ObjectsNotGranted",
+    };
+    let condition = match &e {
+        AddonError::NoVersion { .. }
+        | AddonError::UnknownVersion { .. }
+        | AddonError::UnknownChannel { .. } => UP_TO_DATE,
+        _ => APPLIED,
+    };
+    fail(condition, reason, e.to_string())
+}
+
+async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if addon.meta().deletion_timestamp.is_some() {
+        return finalize(&addon, &ctx).await;
+    }
+    if !addon.finalizers().iter().any(|f| f == ADDON_FINALIZER) {
+        add_finalizer(&addon, &ctx).await?;
+        // The update comes back through the watch.
+        return Ok(Action::await_change());
+    }
+    let current = addon.status.clone();
+    let mut status = current.clone().unwrap_or_default();
+    let generation = addon.metadata.generation.unwrap_or(0);
+    status.observed_generation = Some(generation);
+    let t = now();
+    let outcome = converge(&addon, &ctx, &mut status).await;
+    let (requeue, event) = match outcome {
+        Ok(None) => {
+            status.phase = Some("Paused".into());
+            (ctx.options.resync, None)
+        }
+        Ok(Some(healthy)) => {
+            status.phase = Some(if healthy { "Ready" } else { "Unhealthy" }.into());
+            let event =
+                (current.as_ref().map(|s| &s.inventory) != Some(&status.inventory)).then(|| {
+                    (
+                        EventType::Normal,
+                        "Applied",
+                        format!(
+                            "applied {} objects of version {}",
+                            status.inventory.len(),
+                            status.version.as_deref().unwrap_or("?")
+                        ),
+                    )
+                });
+            (if healthy { ctx.options.resync } else { RECHECK }, event)
+        }
+        Err(f) => {
+            status.phase = Some("Failed".into());
+            set_condition(
+                &mut status.conditions,
+                f.condition,
+                status::FALSE,
+                f.reason,
+                f.message.clone(),
+                Some(generation),
+                &t,
+            );
+            (RECHECK, Some((EventType::Warning, f.reason, f.message)))
+        }
+    };
+    let changed = apply_status(&ctx, CONTROLLER, addon.as_ref(), current.as_ref(), &status).await?;
+    if let Some((type_, reason, note)) = event.filter(|_| changed) {
+        record_event(
+            &ctx,
+            CONTROLLER,
+            &addon.object_ref(&()),
+            type_,
+            reason,
+            note,
+        )
+        .await;
+    }
+    Ok(Action::requeue(requeue))
+}
+
+/// Everything up to the status: `Ok(None)` when paused, `Ok(Some(healthy))`
+/// when applied.
+async fn converge(
+    addon: &Addon,
+    ctx: &Context,
+    status: &mut AddonStatus,
+) -> Result<Option<bool>, Failure> {
+    let generation = addon.metadata.generation.unwrap_or(0);
+    let t = now();
+    let registered = plugin_of(addon, ctx)?;
+    let versions = registered
+        .plugin
+        .versions()
+        .await
+        .map_err(|e| fail(UP_TO_DATE, "PluginFailed", e.to_string()))?;
+    let known: Vec<(String, Vec<String>)> = versions
+        .into_iter()
+        .map(|v| (v.version, v.channels))
+        .collect();
+    let resolved = capstan_addons::resolve_version(
+        addon.spec.version.as_deref(),
+        addon.spec.channel.as_deref(),
+        &known,
+    )
+    .map_err(addon_failure)?;
+    if addon.spec.paused {
+        return Ok(None);
+    }
+    let target = target(addon, ctx).await?;
+    status.target = Some(target.shown.clone());
+    let spec = wit_spec(addon, &resolved.version);
+    let rendered = registered
+        .plugin
+        .render(&spec)
+        .await
+        .map_err(|e| fail(APPLIED, "RenderFailed", e.to_string()))?;
+    let (objects, rewrites) = desired(
+        addon,
+        &rendered,
+        &registered.declared,
+        &registered.granted,
+        &ctx.options.image_rewrites,
+    )
+    .map_err(addon_failure)?;
+
+    // Discovery for every object before anything is written, so a kind the
+    // cluster does not serve (or a namespaced object without a namespace)
+    // stops the whole render.
+    let mut kinds = Vec::with_capacity(objects.len());
+    for object in &objects {
+        let (resource, namespaced) = kind_of(ctx, &target, &object.api_version, &object.kind)
+            .await
+            .map_err(|m| fail(APPLIED, "UnknownKind", m))?;
+        if namespaced != object.namespace.is_some() {
+            return Err(fail(
+                APPLIED,
+                "InvalidRender",
+                format!(
+                    "{} is {} but rendered {} a namespace; the plugin must set metadata.namespace exactly on namespaced objects",
+                    object.entry(),
+                    if namespaced {
+                        "namespaced"
+                    } else {
+                        "cluster-scoped"
+                    },
+                    if namespaced { "without" } else { "with" }
+                ),
+            ));
+        }
+        kinds.push(resource);
+    }
+
+    let mut observed = Vec::with_capacity(objects.len());
+    for (object, resource) in objects.iter().zip(&kinds) {
+        let live = apply_if_drifted(ctx, &target, resource, object).await?;
+        watch_kind(ctx, &target, resource);
+        observed.push(live.to_string());
+    }
+
+    let previous = std::mem::take(&mut status.inventory);
+    for entry in capstan_addons::pruned(&previous, &objects) {
+        if let Err(message) = delete_entry(ctx, &target, &entry, addon).await {
+            status.inventory = previous;
+            return Err(fail(APPLIED, "PruneFailed", message));
+        }
+    }
+    status.inventory = objects.iter().map(Object::entry).collect();
+    status.image_rewrites = rewrites;
+    status.version = Some(resolved.version.clone());
+    status.plugin_digest = Some(registered.plugin.plugin().digest().to_string());
+    set_condition(
+        &mut status.conditions,
+        APPLIED,
+        status::TRUE,
+        "Applied",
+        format!("{} objects applied to {}", objects.len(), target.shown),
+        Some(generation),
+        &t,
+    );
+    set_condition(
+        &mut status.conditions,
+        UP_TO_DATE,
+        status::TRUE,
+        "Current",
+        match &resolved.channel {
+            Some(c) => format!("version {} (channel {c}) is applied", resolved.version),
+            None => format!("version {} is applied", resolved.version),
+        },
+        Some(generation),
+        &t,
+    );
+
+    let health = registered
+        .plugin
+        .assess(&spec, &observed)
+        .await
+        .map_err(|e| fail(HEALTHY, "AssessFailed", e.to_string()))?;
+    status.healthy = Some(health.healthy);
+    status.health_details = health
+        .details
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    set_condition(
+        &mut status.conditions,
+        HEALTHY,
+        if health.healthy {
+            status::TRUE
+        } else {
+            status::FALSE
+        },
+        if health.healthy {
+            "Healthy"
+        } else {
+            "Unhealthy"
+        },
+        health.message.unwrap_or_default(),
+        Some(generation),
+        &t,
+    );
+    Ok(Some(health.healthy))
+}
+
+/// The registered addon plugin the Addon names, or why there is none.
+fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failure> {
+    let name = &addon.spec.plugin;
+    if let Some(r) = ctx.addons.get(name) {
+        return Ok(r);
+    }
+    let key = ObjectRef::<Plugin>::new(name);
+    let message = match ctx.stores.plugins.get(&key) {
+        None => format!(
+            "plugin {name:?} does not exist; create an addon Plugin named {name:?} (kubectl get plugins lists the installed ones)"
+        ),
+        Some(p) => match p.status.as_ref().and_then(|s| s.world.clone()) {
+            Some(world) if world != "addon-plugin" => {
+                format!("plugin {name:?} is a {world}, not an addon plugin")
+            }
+            _ => format!("plugin {name:?} is not loaded yet (kubectl describe plugin {name})"),
+        },
+    };
+    Err(fail(APPLIED, "PluginUnavailable", message))
+}
+
+/// What the plugin is asked to render for an Addon at a resolved version.
+pub fn wit_spec(addon: &Addon, version: &str) -> WitSpec {
+    WitSpec {
+        name: addon.name_any(),
+        namespace: addon.namespace().unwrap_or_default(),
+        version: Some(version.to_string()),
+        channel: addon.spec.channel.clone(),
+        config: addon
+            .spec
+            .config
+            .as_ref()
+            .map_or_else(|| "{}".to_string(), ToString::to_string),
+    }
+}
+
+/// The pure steps from the plugin's texts to what is applied, in order
+/// (also what `capstan addon render` prints).
+pub fn desired(
+    addon: &Addon,
+    rendered: &[String],
+    declared: &[ObjectPattern],
+    granted: &[ObjectPattern],
+    rewrites: &[capstan_addons::ImageRewrite],
+) -> Result<(Vec<Object>, Vec<capstan_api::ImageRewriteRecord>), AddonError> {
+    let mut objects = capstan_addons::parse_render(rendered)?;
+    capstan_addons::label(
+        &mut objects,
+        &addon.namespace().unwrap_or_default(),
+        &addon.name_any(),
+    );
+    capstan_addons::apply_patches(&mut objects, &addon.spec.patches)?;
+    let records = capstan_addons::rewrite_images(&mut objects, rewrites);
+    capstan_addons::check_grants(&objects, declared, granted)?;
+    capstan_addons::apply_order(&mut objects);
+    Ok((objects, records))
+}
+
+/// This cluster, or the workload cluster of the Addon's kubeconfig Secret.
+async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failure> {
+    let Some(t) = &addon.spec.target else {
+        return Ok(Target {
+            client: ctx.client.clone(),
+            key: "in-cluster".into(),
+            shown: "in-cluster".into(),
+        });
+    };
+    let ns = addon.namespace().unwrap_or_default();
+    let secret_ref = &t.kubeconfig_secret_ref;
+    let key_name = secret_ref.key.as_deref().unwrap_or("value");
+    let unavailable = |m: String| fail(APPLIED, "TargetUnavailable", m);
+    if let Some(own) = &ctx.options.secrets_namespace
+        && *own != ns
+    {
+        return Err(unavailable(format!(
+            "spec.target: Capstan reads Secrets only from its own namespace {own:?}; create this Addon and its kubeconfig Secret there"
+        )));
+    }
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&secret_ref.name)
+        .await
+        .map_err(|e| unavailable(format!("cannot read Secret {ns}/{}: {e}", secret_ref.name)))?
+        .ok_or_else(|| {
+            unavailable(format!(
+                "spec.target.kubeconfigSecretRef: Secret {ns}/{} does not exist",
+                secret_ref.name
+            ))
+        })?;
+    let version = secret.metadata.resource_version.clone().unwrap_or_default();
+    let key = format!("{ns}/{}", secret_ref.name);
+    let shown = format!("kubeconfig Secret {}", secret_ref.name);
+    if let Some((v, client)) = ctx
+        .addon_state
+        .clients
+        .lock()
+        .expect("clients lock")
+        .get(&key)
+        && *v == version
+    {
+        return Ok(Target {
+            client: client.clone(),
+            key: format!("{key}@{version}"),
+            shown,
+        });
+    }
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key_name))
+        .ok_or_else(|| {
+            unavailable(format!(
+                "spec.target.kubeconfigSecretRef: Secret {ns}/{} has no key {key_name:?}",
+                secret_ref.name
+            ))
+        })?;
+    let text = String::from_utf8_lossy(&bytes.0);
+    let bad = |e: String| {
+        unavailable(format!(
+            "Secret {ns}/{} key {key_name:?} is not a usable kubeconfig: {e}",
+            secret_ref.name
+        ))
+    };
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).map_err(|e| bad(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    let client = Client::try_from(config).map_err(|e| bad(e.to_string()))?;
+    ctx.addon_state
+        .clients
+        .lock()
+        .expect("clients lock")
+        .insert(key.clone(), (version.clone(), client.clone()));
+    Ok(Target {
+        client,
+        key: format!("{key}@{version}"),
+        shown,
+    })
+}
+
+/// The API resource of a kind in a target cluster and whether it is
+/// namespaced (discovery, remembered per cluster).
+async fn kind_of(
+    ctx: &Context,
+    target: &Target,
+    api_version: &str,
+    kind: &str,
+) -> Result<(ApiResource, bool), String> {
+    let cache_key = (target.key.clone(), format!("{api_version}/{kind}"));
+    if let Some(found) = ctx
+        .addon_state
+        .kinds
+        .lock()
+        .expect("kinds lock")
+        .get(&cache_key)
+    {
+        return Ok(found.clone());
+    }
+    let (group, version) = match api_version.rsplit_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = kube::discovery::pinned_kind(&target.client, &gvk)
+        .await
+        .map_err(|e| {
+            format!(
+                "{target} does not serve {kind} {api_version}: {e}",
+                target = target.shown
+            )
+        })?;
+    let found = (resource, caps.scope == kube::discovery::Scope::Namespaced);
+    ctx.addon_state
+        .kinds
+        .lock()
+        .expect("kinds lock")
+        .insert(cache_key, found.clone());
+    Ok(found)
+}
+
+fn api_for(target: &Target, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(target.client.clone(), ns, resource),
+        None => Api::all_with(target.client.clone(), resource),
+    }
+}
+
+/// Read the live object; server-side apply the rendered one only when the
+/// live one is missing or no longer carries it. Returns the live object.
+async fn apply_if_drifted(
+    ctx: &Context,
+    target: &Target,
+    resource: &ApiResource,
+    object: &Object,
+) -> Result<serde_json::Value, Failure> {
+    let api = api_for(target, resource, object.namespace.as_deref());
+    let failed = |what: &str, e: kube::Error| {
+        fail(
+            APPLIED,
+            "ApplyFailed",
+            format!("cannot {what} {} ({}): {e}", object.entry(), target.shown),
+        )
+    };
+    let live = api
+        .get_opt(&object.name)
+        .await
+        .map_err(|e| failed("read", e))?
+        .map(|o| serde_json::to_value(o).unwrap_or_default());
+    if let Some(live) = &live
+        && capstan_addons::conforms(&object.value, live)
+    {
+        return Ok(live.clone());
+    }
+    let applied = api
+        .patch(
+            &object.name,
+            &PatchParams::apply(ADDON_FIELD_MANAGER).force(),
+            &Patch::Apply(&object.value),
+        )
+        .await
+        .map_err(|e| failed("apply", e))?;
+    ctx.metrics.wrote(CONTROLLER, "apply");
+    tracing::info!(object = %object.entry(), target = %target.shown, created = live.is_none(), "applied addon object");
+    Ok(serde_json::to_value(applied).unwrap_or_default())
+}
+
+/// Delete one inventory object if it is still there and still ours.
+async fn delete_entry(
+    ctx: &Context,
+    target: &Target,
+    entry: &InventoryEntry,
+    addon: &Addon,
+) -> Result<Deleted, String> {
+    let (resource, _) = match kind_of(ctx, target, &entry.api_version, &entry.kind).await {
+        Ok(k) => k,
+        // The kind itself is gone (its CRD was removed): so is the object.
+        Err(_) => return Ok(Deleted::Gone),
+    };
+    let api = api_for(target, &resource, entry.namespace.as_deref());
+    let live = api
+        .get_opt(&entry.name)
+        .await
+        .map_err(|e| format!("cannot read {entry}: {e}"))?;
+    let Some(live) = live else {
+        return Ok(Deleted::Gone);
+    };
+    let labels = live.labels();
+    let ours = labels.get(LABEL_ADDON_NAME) == Some(&addon.name_any())
+        && labels.get(LABEL_ADDON_NAMESPACE) == addon.namespace().as_ref();
+    if !ours {
+        tracing::warn!(object = %entry, "not deleting an inventory object that no longer carries this Addon's labels");
+        return Ok(Deleted::Gone);
+    }
+    if live.metadata.deletion_timestamp.is_some() {
+        return Ok(Deleted::Going);
+    }
+    match api.delete(&entry.name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Deleted::Gone),
+        Err(e) => return Err(format!("cannot delete {entry}: {e}")),
+    }
+    ctx.metrics.wrote(CONTROLLER, "delete");
+    tracing::info!(object = %entry, target = %target.shown, "deleted addon object");
+    Ok(Deleted::Going)
+}
+
+/// Where an inventory object is after [`delete_entry`].
+#[derive(Debug, PartialEq, Eq)]
+enum Deleted {
+    Gone,
+    Going,
+}
+
+/// Start (once per cluster and kind) a watch that reconciles the Addon of
+/// any labelled object that changes or goes.
+fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource) {
+    let key = (
+        target.key.clone(),
+        format!("{}/{}", resource.api_version, resource.kind),
+    );
+    let mut watches = ctx.addon_state.watches.lock().expect("watches lock");
+    if watches.contains_key(&key) {
+        return;
+    }
+    let api: Api<DynamicObject> = Api::all_with(target.client.clone(), resource);
+    let trigger = ctx.addon_state.trigger.clone();
+    let task = tokio::spawn(async move {
+        let config = watcher::Config::default().labels(LABEL_ADDON_NAME);
+        let mut events = std::pin::pin!(watcher(api, config));
+        while let Some(event) = events.next().await {
+            let object = match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => o,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "addon drift watch error; it retries");
+                    continue;
+                }
+            };
+            let labels = object.labels();
+            if let (Some(name), Some(ns)) = (
+                labels.get(LABEL_ADDON_NAME),
+                labels.get(LABEL_ADDON_NAMESPACE),
+            ) && trigger.send(ObjectRef::new(name).within(ns)).is_err()
+            {
+                return;
+            }
+        }
+    });
+    watches.insert(key, task);
+}
+
+async fn add_finalizer(addon: &Addon, ctx: &Context) -> Result<(), Error> {
+    let api: Api<Addon> =
+        Api::namespaced(ctx.client.clone(), &addon.namespace().unwrap_or_default());
+    let mut finalizers = addon.finalizers().to_vec();
+    finalizers.push(ADDON_FINALIZER.into());
+    let patch = serde_json::json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": addon.resource_version(),
+    }});
+    api.patch(
+        &addon.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "cannot add the finalizer to Addon {}",
+        addon.name_any()
+    )))?;
+    ctx.metrics.wrote(CONTROLLER, "finalizer");
+    Ok(())
+}
+
+/// Delete the inventory in reverse apply order; drop the finalizer once all
+/// of it is gone.
+async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
+    if !addon.finalizers().iter().any(|f| f == ADDON_FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let current = addon.status.clone();
+    let mut status = current.clone().unwrap_or_default();
+    status.phase = Some("Deleting".into());
+    let inventory = status.inventory.clone();
+    let mut remaining = 0;
+    let mut problem = None;
+    match target(addon, ctx).await {
+        Err(f) => {
+            problem = Some(format!(
+                "{}; the Addon keeps its finalizer until what it applied can be deleted (fix the target, or remove finalizer {ADDON_FINALIZER} to leave the objects behind)",
+                f.message
+            ))
+        }
+        Ok(target) => {
+            for entry in inventory.iter().rev() {
+                match delete_entry(ctx, &target, entry, addon).await {
+                    Ok(Deleted::Gone) => {}
+                    // A Namespace ends only when the namespace controller
+                    // has emptied it, which can take long; its deletion
+                    // is under way and nothing of the addon is left in it.
+                    Ok(Deleted::Going) if entry.kind == "Namespace" => {}
+                    Ok(Deleted::Going) => remaining += 1,
+                    Err(m) => {
+                        remaining += 1;
+                        problem = Some(m);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(message) = &problem {
+        set_condition(
+            &mut status.conditions,
+            APPLIED,
+            status::FALSE,
+            "DeleteFailed",
+            message.clone(),
+            addon.metadata.generation,
+            &now(),
+        );
+    }
+    if remaining > 0 || problem.is_some() {
+        apply_status(ctx, CONTROLLER, addon, current.as_ref(), &status).await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let api: Api<Addon> =
+        Api::namespaced(ctx.client.clone(), &addon.namespace().unwrap_or_default());
+    let finalizers: Vec<String> = addon
+        .finalizers()
+        .iter()
+        .filter(|f| *f != ADDON_FINALIZER)
+        .cloned()
+        .collect();
+    let patch = serde_json::json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": addon.resource_version(),
+    }});
+    match api
+        .patch(
+            &addon.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => {
+            return Err(Error::Kube {
+                what: format!("cannot remove the finalizer of Addon {}", addon.name_any()),
+                source: e,
+            });
+        }
+    }
+    ctx.metrics.wrote(CONTROLLER, "finalizer");
+    tracing::info!(addon = %crate::key_of(addon), objects = inventory.len(), "addon removed with everything it applied");
+    Ok(Action::await_change())
+}
