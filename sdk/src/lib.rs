@@ -11,6 +11,8 @@
 //!   manifest into the component;
 //! - your provider configuration deserialized into your own serde type, with
 //!   an `invalid-config` error naming the field when it does not fit;
+//! - [`workload_health`] (also under [`addon`]): judge a Deployment or
+//!   DaemonSet in an addon plugin's `assess` as `kubectl rollout status` does;
 //! - [`http`]: outbound HTTP through `wasi:http` (the host only lets through
 //!   destinations your manifest declares and the admin grants, and attaches
 //!   credentials itself), and [`log`]: structured logs into the host's logs.
@@ -129,10 +131,48 @@ pub mod updater {
 /// The raw `addon` guest trait and its types; implement [`addon::Guest`] and
 /// call [`export_addon!`].
 pub mod addon {
+    use crate::PluginError;
     pub use crate::bindings::addon::exports::capstan::plugin::addon::{
         AddonSpec, Guest, Health, VersionInfo,
     };
     pub use crate::workload_health::*;
+
+    /// `versions()` for a plugin that renders a fixed table of
+    /// `(version, channel)` pairs (a version may appear once per channel).
+    pub fn version_table(table: &[(&str, &str)]) -> Vec<VersionInfo> {
+        let mut out: Vec<VersionInfo> = Vec::new();
+        for (version, channel) in table {
+            match out.iter_mut().find(|v| v.version == *version) {
+                Some(v) => v.channels.push(channel.to_string()),
+                None => out.push(VersionInfo {
+                    version: version.to_string(),
+                    channels: vec![channel.to_string()],
+                }),
+            }
+        }
+        out
+    }
+
+    /// The table's entry for the version the host resolved (`spec.version`),
+    /// or the `invalid-config` error naming the known versions.
+    pub fn pick_version<'a>(
+        spec: &AddonSpec,
+        table: &[(&'a str, &str)],
+    ) -> Result<&'a str, PluginError> {
+        let asked = spec.version.as_deref().unwrap_or_default();
+        table
+            .iter()
+            .map(|(v, _)| *v)
+            .find(|v| *v == asked)
+            .ok_or_else(|| {
+                let mut known: Vec<&str> = table.iter().map(|(v, _)| *v).collect();
+                known.dedup();
+                PluginError::invalid_config(format!(
+                    "version: {asked:?} is not one of {}",
+                    known.join(", ")
+                ))
+            })
+    }
 }
 
 pub mod workload_health;

@@ -81,31 +81,24 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot load {}", args.plugin.display()))?
         .addon()?;
     let declared = plugin.plugin().manifest().capabilities.objects.clone();
-    let known: Vec<(String, Vec<String>)> = plugin
-        .versions()
-        .await?
-        .into_iter()
-        .map(|v| (v.version, v.channels))
-        .collect();
-    let resolved = capstan_addons::resolve_version(
-        addon.spec.version.as_deref(),
-        addon.spec.channel.as_deref(),
-        &known,
-    )?;
-    let spec = capstan_controllers::addon::wit_spec(&addon, &resolved.version);
-    let rendered = plugin.render(&spec).await?;
     let granted = if granted.is_empty() {
         declared.clone()
     } else {
         granted
     };
-    let (objects, rewrites) = capstan_controllers::addon::desired(
+    let capstan_controllers::addon::Rendered {
+        resolved,
+        objects,
+        rewrites,
+        ..
+    } = capstan_controllers::addon::render(
+        &plugin,
         &addon,
-        &rendered,
         &declared,
         &granted,
         &args.image_rewrites,
-    )?;
+    )
+    .await?;
     let channel = resolved
         .channel
         .map(|c| format!(" (channel {c})"))

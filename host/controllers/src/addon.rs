@@ -18,9 +18,7 @@
 //! (target cluster, kind) turns any change or deletion of a labelled
 //! object into a reconcile of its Addon, which puts back what was applied.
 
-use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, kube_err, now, record_event,
-};
+use crate::{Context, Error, apply_status, counted, drain, instrumented, now, record_event};
 use capstan_addons::{AddonError, Object};
 use capstan_api::{
     ADDON_FINALIZER, Addon, AddonStatus, InventoryEntry, LABEL_ADDON_NAME, LABEL_ADDON_NAMESPACE,
@@ -217,7 +215,9 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
         return finalize(&addon, &ctx).await;
     }
     if !addon.finalizers().iter().any(|f| f == ADDON_FINALIZER) {
-        add_finalizer(&addon, &ctx).await?;
+        let mut finalizers = addon.finalizers().to_vec();
+        finalizers.push(ADDON_FINALIZER.into());
+        crate::set_finalizers(&ctx, CONTROLLER, addon.as_ref(), finalizers).await?;
         // The update comes back through the watch.
         return Ok(Action::await_change());
     }
@@ -287,40 +287,33 @@ async fn converge(
     let generation = addon.metadata.generation.unwrap_or(0);
     let t = now();
     let registered = plugin_of(addon, ctx)?;
-    let versions = registered
-        .plugin
-        .versions()
-        .await
-        .map_err(|e| fail(UP_TO_DATE, "PluginFailed", e.to_string()))?;
-    let known: Vec<(String, Vec<String>)> = versions
-        .into_iter()
-        .map(|v| (v.version, v.channels))
-        .collect();
-    let resolved = capstan_addons::resolve_version(
-        addon.spec.version.as_deref(),
-        addon.spec.channel.as_deref(),
-        &known,
+    let rendered = render(
+        &registered.plugin,
+        addon,
+        &registered.declared,
+        &registered.granted,
+        &ctx.options.image_rewrites,
     )
-    .map_err(addon_failure)?;
+    .await
+    .map_err(|e| match e {
+        RenderError::Plugin {
+            call: "render",
+            error,
+        } => fail(APPLIED, "RenderFailed", error.to_string()),
+        RenderError::Plugin { error, .. } => fail(UP_TO_DATE, "PluginFailed", error.to_string()),
+        RenderError::Addon(e) => addon_failure(e),
+    })?;
+    let Rendered {
+        resolved,
+        spec,
+        objects,
+        rewrites,
+    } = rendered;
     if addon.spec.paused {
         return Ok(None);
     }
     let target = target(addon, ctx).await?;
     status.target = Some(target.shown.clone());
-    let spec = wit_spec(addon, &resolved.version);
-    let rendered = registered
-        .plugin
-        .render(&spec)
-        .await
-        .map_err(|e| fail(APPLIED, "RenderFailed", e.to_string()))?;
-    let (objects, rewrites) = desired(
-        addon,
-        &rendered,
-        &registered.declared,
-        &registered.granted,
-        &ctx.options.image_rewrites,
-    )
-    .map_err(addon_failure)?;
 
     // Discovery for every object before anything is written, so a kind the
     // cluster does not serve (or a namespaced object without a namespace)
@@ -351,9 +344,20 @@ async fn converge(
 
     let mut observed = Vec::with_capacity(objects.len());
     for (object, resource) in objects.iter().zip(&kinds) {
-        let live = apply_if_drifted(ctx, &target, resource, object).await?;
+        match apply_if_drifted(ctx, &target, resource, object).await {
+            Ok(live) => observed.push(live.to_string()),
+            Err(f) => {
+                // What this attempt did apply stays in the inventory, so
+                // a later render that drops it still prunes it.
+                for done in &objects[..observed.len()] {
+                    if !status.inventory.iter().any(|e| done.is(e)) {
+                        status.inventory.push(done.entry());
+                    }
+                }
+                return Err(f);
+            }
+        }
         watch_kind(ctx, &target, resource);
-        observed.push(live.to_string());
     }
 
     let previous = std::mem::take(&mut status.inventory);
@@ -441,41 +445,90 @@ fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failu
     Err(fail(APPLIED, "PluginUnavailable", message))
 }
 
-/// What the plugin is asked to render for an Addon at a resolved version.
-pub fn wit_spec(addon: &Addon, version: &str) -> WitSpec {
-    WitSpec {
+/// What an Addon renders to, ready to apply.
+#[derive(Debug)]
+pub struct Rendered {
+    /// The version and how it was chosen.
+    pub resolved: capstan_addons::Resolved,
+    /// What the plugin was asked (also what `assess` is given).
+    pub spec: WitSpec,
+    /// The objects: labelled, patched, rewritten, granted, in apply order.
+    pub objects: Vec<Object>,
+    /// The image rewrites made.
+    pub rewrites: Vec<capstan_api::ImageRewriteRecord>,
+}
+
+/// Why an Addon could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// A plugin call failed.
+    #[error("{error}")]
+    Plugin {
+        /// `versions` or `render`.
+        call: &'static str,
+        /// What happened.
+        error: capstan_runtime::Error,
+    },
+    /// The Addon asks for something the render cannot give.
+    #[error(transparent)]
+    Addon(#[from] AddonError),
+}
+
+/// Resolve the version with the plugin, render, and run the pure steps
+/// (label, patch, rewrite images, check grants, order). The controller
+/// applies what this returns; `capstan addon render` prints it.
+pub async fn render(
+    plugin: &capstan_runtime::AddonPlugin,
+    addon: &Addon,
+    declared: &[ObjectPattern],
+    granted: &[ObjectPattern],
+    rewrites: &[capstan_addons::ImageRewrite],
+) -> Result<Rendered, RenderError> {
+    let known: Vec<(String, Vec<String>)> = plugin
+        .versions()
+        .await
+        .map_err(|error| RenderError::Plugin {
+            call: "versions",
+            error,
+        })?
+        .into_iter()
+        .map(|v| (v.version, v.channels))
+        .collect();
+    let resolved = capstan_addons::resolve_version(
+        addon.spec.version.as_deref(),
+        addon.spec.channel.as_deref(),
+        &known,
+    )?;
+    let spec = WitSpec {
         name: addon.name_any(),
         namespace: addon.namespace().unwrap_or_default(),
-        version: Some(version.to_string()),
+        version: Some(resolved.version.clone()),
         channel: addon.spec.channel.clone(),
         config: addon
             .spec
             .config
             .as_ref()
             .map_or_else(|| "{}".to_string(), ToString::to_string),
-    }
-}
-
-/// The pure steps from the plugin's texts to what is applied, in order
-/// (also what `capstan addon render` prints).
-pub fn desired(
-    addon: &Addon,
-    rendered: &[String],
-    declared: &[ObjectPattern],
-    granted: &[ObjectPattern],
-    rewrites: &[capstan_addons::ImageRewrite],
-) -> Result<(Vec<Object>, Vec<capstan_api::ImageRewriteRecord>), AddonError> {
-    let mut objects = capstan_addons::parse_render(rendered)?;
-    capstan_addons::label(
-        &mut objects,
-        &addon.namespace().unwrap_or_default(),
-        &addon.name_any(),
-    );
+    };
+    let texts = plugin
+        .render(&spec)
+        .await
+        .map_err(|error| RenderError::Plugin {
+            call: "render",
+            error,
+        })?;
+    let mut objects = capstan_addons::parse_render(&texts)?;
+    capstan_addons::label(&mut objects, &spec.namespace, &spec.name);
     capstan_addons::apply_patches(&mut objects, &addon.spec.patches)?;
-    let records = capstan_addons::rewrite_images(&mut objects, rewrites);
+    let rewrites = capstan_addons::rewrite_images(&mut objects, rewrites);
     capstan_addons::check_grants(&objects, declared, granted)?;
     capstan_addons::apply_order(&mut objects);
-    Ok((objects, records))
+    Ok(Rendered {
+        resolved,
+        spec,
+        objects,
+        rewrites,
+    })
 }
 
 /// This cluster, or the workload cluster of the Addon's kubeconfig Secret.
@@ -730,29 +783,6 @@ fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource) {
     watches.insert(key, task);
 }
 
-async fn add_finalizer(addon: &Addon, ctx: &Context) -> Result<(), Error> {
-    let api: Api<Addon> =
-        Api::namespaced(ctx.client.clone(), &addon.namespace().unwrap_or_default());
-    let mut finalizers = addon.finalizers().to_vec();
-    finalizers.push(ADDON_FINALIZER.into());
-    let patch = serde_json::json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": addon.resource_version(),
-    }});
-    api.patch(
-        &addon.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "cannot add the finalizer to Addon {}",
-        addon.name_any()
-    )))?;
-    ctx.metrics.wrote(CONTROLLER, "finalizer");
-    Ok(())
-}
-
 /// Delete the inventory in reverse apply order; drop the finalizer once all
 /// of it is gone.
 async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
@@ -804,36 +834,13 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
         apply_status(ctx, CONTROLLER, addon, current.as_ref(), &status).await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let api: Api<Addon> =
-        Api::namespaced(ctx.client.clone(), &addon.namespace().unwrap_or_default());
     let finalizers: Vec<String> = addon
         .finalizers()
         .iter()
         .filter(|f| *f != ADDON_FINALIZER)
         .cloned()
         .collect();
-    let patch = serde_json::json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": addon.resource_version(),
-    }});
-    match api
-        .patch(
-            &addon.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => {
-            return Err(Error::Kube {
-                what: format!("cannot remove the finalizer of Addon {}", addon.name_any()),
-                source: e,
-            });
-        }
-    }
-    ctx.metrics.wrote(CONTROLLER, "finalizer");
+    crate::set_finalizers(ctx, CONTROLLER, addon, finalizers).await?;
     tracing::info!(addon = %crate::key_of(addon), objects = inventory.len(), "addon removed with everything it applied");
     Ok(Action::await_change())
 }

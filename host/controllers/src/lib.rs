@@ -426,6 +426,48 @@ where
     Ok(true)
 }
 
+/// Replace an object's finalizer list, guarded by the resourceVersion read,
+/// so a concurrent change by someone else is not overwritten (a conflict
+/// is an error and the reconcile is retried). An object already gone is fine.
+pub(crate) async fn set_finalizers<K>(
+    ctx: &Context,
+    controller: &'static str,
+    obj: &K,
+    finalizers: Vec<String>,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::Scope: ScopeApi,
+{
+    let api: Api<K> = K::Scope::api(ctx.client.clone(), obj.namespace().as_deref());
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": obj.resource_version(),
+        }
+    });
+    match api
+        .patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => {
+            return Err(kube_err(format!(
+                "cannot update the finalizers of {} {}",
+                K::kind(&()),
+                key_of(obj)
+            ))(e));
+        }
+    }
+    ctx.metrics.wrote(controller, "patch_finalizers");
+    Ok(())
+}
+
 /// Build an `Api` for namespaced or cluster-scoped kinds alike.
 pub trait ScopeApi {
     /// The API handle for an object of this scope.

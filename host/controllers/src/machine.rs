@@ -115,7 +115,7 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
         return delete(&machine, &ctx, status, current.as_ref()).await;
     }
     if !has_finalizer {
-        set_finalizers(&machine, &ctx, with_finalizer(&machine)).await?;
+        crate::set_finalizers(&ctx, CONTROLLER, machine.as_ref(), with_finalizer(&machine)).await?;
     }
 
     // A terminal failure waits for the spec to change.
@@ -662,7 +662,7 @@ async fn delete_instance(
                 .filter(|f| *f != MACHINE_FINALIZER)
                 .cloned()
                 .collect();
-            set_finalizers(machine, ctx, remaining).await?;
+            crate::set_finalizers(ctx, CONTROLLER, machine, remaining).await?;
             Ok(Action::await_change())
         }
         Ok(Deletion::InProgress(ms)) => {
@@ -865,42 +865,6 @@ fn with_finalizer(machine: &Machine) -> Vec<String> {
     let mut finalizers = machine.finalizers().to_vec();
     finalizers.push(MACHINE_FINALIZER.to_string());
     finalizers
-}
-
-/// Replace the finalizer list, guarded by the resourceVersion we read so a
-/// concurrent change by someone else is not overwritten.
-async fn set_finalizers(
-    machine: &Machine,
-    ctx: &Context,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
-    let api: Api<Machine> =
-        Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": machine.resource_version(),
-        }
-    });
-    match api
-        .patch(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => {
-            return Err(kube_err(format!(
-                "cannot update the finalizers of machine {}",
-                key_of(machine)
-            ))(e));
-        }
-    }
-    ctx.metrics.wrote(CONTROLLER, "patch_finalizers");
-    Ok(())
 }
 
 pub(crate) fn find_node(nodes: &Store<Node>, provider_id: &str) -> Option<Arc<Node>> {

@@ -14,7 +14,10 @@
 // The addon is only exported (and so only used) in its wasm build.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
-use capstan_sdk::addon::{AddonSpec, Guest, Health, VersionInfo, deployment_health, find_observed};
+use capstan_sdk::addon::{
+    AddonSpec, Guest, Health, VersionInfo, deployment_health, find_observed, pick_version,
+    version_table,
+};
 use capstan_sdk::{PluginError, parse_config};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -61,22 +64,6 @@ fn config(spec: &AddonSpec) -> Result<Config, PluginError> {
         )));
     }
     Ok(config)
-}
-
-fn version(spec: &AddonSpec) -> Result<&'static str, PluginError> {
-    let asked = spec.version.as_deref().ok_or_else(|| {
-        PluginError::invalid_config("version: the host passes the resolved version; none was set")
-    })?;
-    VERSIONS
-        .iter()
-        .map(|(v, _)| *v)
-        .find(|v| *v == asked)
-        .ok_or_else(|| {
-            PluginError::invalid_config(format!(
-                "version: {asked:?} is not one of {}",
-                VERSIONS.map(|(v, _)| v).join(", ")
-            ))
-        })
 }
 
 fn corefile(config: &Config) -> String {
@@ -168,17 +155,11 @@ struct CoreDns;
 
 impl Guest for CoreDns {
     fn versions() -> Result<Vec<VersionInfo>, PluginError> {
-        Ok(VERSIONS
-            .iter()
-            .map(|(v, c)| VersionInfo {
-                version: v.to_string(),
-                channels: vec![c.to_string()],
-            })
-            .collect())
+        Ok(version_table(&VERSIONS))
     }
 
     fn render(spec: AddonSpec) -> Result<Vec<String>, PluginError> {
-        let version = version(&spec)?;
+        let version = pick_version(&spec, &VERSIONS)?;
         let config = config(&spec)?;
         Ok(objects(version, &config)
             .iter()

@@ -9,7 +9,10 @@
 // The addon is only exported (and so only used) in its wasm build.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
-use capstan_sdk::addon::{AddonSpec, Guest, Health, VersionInfo, daemonset_health, find_observed};
+use capstan_sdk::addon::{
+    AddonSpec, Guest, Health, VersionInfo, daemonset_health, find_observed, pick_version,
+    version_table,
+};
 use capstan_sdk::{PluginError, parse_config};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -84,23 +87,11 @@ struct NodeExporter;
 
 impl Guest for NodeExporter {
     fn versions() -> Result<Vec<VersionInfo>, PluginError> {
-        Ok(VERSIONS
-            .iter()
-            .map(|(v, c)| VersionInfo {
-                version: v.to_string(),
-                channels: vec![c.to_string()],
-            })
-            .collect())
+        Ok(version_table(&VERSIONS))
     }
 
     fn render(spec: AddonSpec) -> Result<Vec<String>, PluginError> {
-        let asked = spec.version.as_deref().unwrap_or_default();
-        let Some((version, _)) = VERSIONS.iter().find(|(v, _)| *v == asked) else {
-            return Err(PluginError::invalid_config(format!(
-                "version: {asked:?} is not one of {}",
-                VERSIONS.map(|(v, _)| v).join(", ")
-            )));
-        };
+        let version = pick_version(&spec, &VERSIONS)?;
         let config: Config = parse_config("addon config", &spec.config)?;
         if config.port < 1024 {
             return Err(PluginError::invalid_config(format!(
