@@ -427,11 +427,13 @@ async fn converge(
 /// The registered addon plugin the Addon names, or why there is none.
 fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failure> {
     let name = &addon.spec.plugin;
-    if let Some(r) = ctx.addons.get(name) {
+    let key = ObjectRef::<Plugin>::new(name);
+    let object = ctx.stores.plugins.get(&key);
+    // A deleted Plugin's component stays registered; it serves no Addon.
+    if let Some(r) = ctx.addons.get(name).filter(|_| object.is_some()) {
         return Ok(r);
     }
-    let key = ObjectRef::<Plugin>::new(name);
-    let message = match ctx.stores.plugins.get(&key) {
+    let message = match object {
         None => format!(
             "plugin {name:?} does not exist; create an addon Plugin named {name:?} (kubectl get plugins lists the installed ones)"
         ),
