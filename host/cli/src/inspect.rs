@@ -125,5 +125,8 @@ pub(crate) fn render_capabilities(m: &capstan_runtime::PluginManifest) -> String
         out.push_str(&line);
         out.push('\n');
     }
+    for pattern in &m.capabilities.objects {
+        out.push_str(&format!("  objects  {pattern}\n"));
+    }
     out
 }
