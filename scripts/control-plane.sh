@@ -5,7 +5,7 @@
 #
 # The binaries are cached outside the repo (default
 # ~/.cache/capstan/kubernetes-1.20.2/bin, override with CAPSTAN_K8S_DIR), so
-# only the first run builds (about 7 minutes on 2 cores); later runs take
+# only the first run builds (about 11 minutes on 2 cores, installing Go and etcd included); later runs take
 # seconds. Progress goes to stderr; stdout is only the bin directory, on its
 # last line, so callers can `$(scripts/control-plane.sh | tail -n 1)`.
 set -euo pipefail

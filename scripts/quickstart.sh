@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 parts=(build)
 for arg in "$@"; do [ "$arg" = --oci ] && parts+=(registry); done
 ./scripts/setup.sh "${parts[@]}"
-echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 7 minutes, then cached)"
+echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 11 minutes with its Go toolchain, then cached)"
 bin=$(./scripts/control-plane.sh | tail -n 1)
 ./scripts/build-plugins.sh
 echo "==> building the capstan host (the first build takes several minutes on 2 cores; cargo shows its progress)"
