@@ -80,9 +80,9 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         .load_file(&args.plugin, Limits::default(), Grants::default())
         .with_context(|| format!("cannot load {}", args.plugin.display()))?
         .addon()?;
-    let declared = plugin.plugin().manifest().capabilities.objects.clone();
+    // Without --grant, the render is checked against the declaration alone.
     let granted = if granted.is_empty() {
-        declared.clone()
+        plugin.plugin().manifest().capabilities.objects.clone()
     } else {
         granted
     };
@@ -91,14 +91,7 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         objects,
         rewrites,
         ..
-    } = capstan_controllers::addon::render(
-        &plugin,
-        &addon,
-        &declared,
-        &granted,
-        &args.image_rewrites,
-    )
-    .await?;
+    } = capstan_controllers::addon::render(&plugin, &addon, &granted, &args.image_rewrites).await?;
     let channel = resolved
         .channel
         .map(|c| format!(" (channel {c})"))

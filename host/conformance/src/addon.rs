@@ -191,15 +191,5 @@ fn first_difference(a: &[String], b: &[String]) -> String {
 }
 
 fn report(addon: &AddonPlugin, checks: Vec<Check>) -> Report {
-    let plugin = addon.plugin();
-    let manifest = plugin.manifest();
-    Report {
-        plugin: manifest.name.clone(),
-        version: manifest.version.clone(),
-        digest: plugin.digest().to_string(),
-        world: manifest.world.to_string(),
-        contract: manifest.contract.clone(),
-        machine_uid: String::new(),
-        checks,
-    }
+    Report::new(addon.plugin(), String::new(), checks)
 }

@@ -84,6 +84,21 @@ pub struct Report {
 }
 
 impl Report {
+    /// A report on `plugin`'s checks; `machine_uid` is empty for worlds
+    /// that need no test machine.
+    pub fn new(plugin: &capstan_runtime::Plugin, machine_uid: String, checks: Vec<Check>) -> Self {
+        let manifest = plugin.manifest();
+        Report {
+            plugin: manifest.name.clone(),
+            version: manifest.version.clone(),
+            digest: plugin.digest().to_string(),
+            world: manifest.world.to_string(),
+            contract: manifest.contract.clone(),
+            machine_uid,
+            checks,
+        }
+    }
+
     /// Whether every check passed (or was skipped).
     pub fn passed(&self) -> bool {
         !self
@@ -460,14 +475,5 @@ fn finish(
         ),
         outcome,
     );
-    let manifest = plugin.manifest();
-    Report {
-        plugin: manifest.name.clone(),
-        version: manifest.version.clone(),
-        digest: plugin.digest().to_string(),
-        world: manifest.world.to_string(),
-        contract: manifest.contract.clone(),
-        machine_uid: machine.uid.clone(),
-        checks: run.checks,
-    }
+    Report::new(plugin, machine.uid.clone(), run.checks)
 }

@@ -58,8 +58,6 @@ const RECHECK: Duration = Duration::from_secs(5);
 pub struct RegisteredAddon {
     /// The sandboxed plugin.
     pub plugin: capstan_runtime::AddonPlugin,
-    /// Kinds its manifest declares.
-    pub declared: Vec<ObjectPattern>,
     /// Kinds the Plugin's `spec.grants.objects` grants.
     pub granted: Vec<ObjectPattern>,
 }
@@ -146,7 +144,7 @@ pub(crate) async fn controller(
         .expect("receiver lock")
         .take()
         .expect("the addon controller runs once per context");
-    let drift = tokio_stream(drift);
+    let drift = receiver_stream(drift);
     let store = ctx.stores.addons.clone();
     let trigger = counted(CONTROLLER, &ctx.metrics, addons, |a| Some(crate::key_of(a)));
     let stream = Controller::for_shared_stream(trigger, ctx.stores.addons.clone())
@@ -171,7 +169,7 @@ pub(crate) async fn controller(
     drain(CONTROLLER, stream).await;
 }
 
-fn tokio_stream<T: Send + 'static>(
+fn receiver_stream<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
 ) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
@@ -290,7 +288,6 @@ async fn converge(
     let rendered = render(
         &registered.plugin,
         addon,
-        &registered.declared,
         &registered.granted,
         &ctx.options.image_rewrites,
     )
@@ -477,12 +474,12 @@ pub enum RenderError {
 }
 
 /// Resolve the version with the plugin, render, and run the pure steps
-/// (label, patch, rewrite images, check grants, order). The controller
+/// (label, patch, rewrite images, check the objects against the kinds the
+/// plugin's manifest declares and `granted`, order). The controller
 /// applies what this returns; `capstan addon render` prints it.
 pub async fn render(
     plugin: &capstan_runtime::AddonPlugin,
     addon: &Addon,
-    declared: &[ObjectPattern],
     granted: &[ObjectPattern],
     rewrites: &[capstan_addons::ImageRewrite],
 ) -> Result<Rendered, RenderError> {
@@ -523,6 +520,7 @@ pub async fn render(
     capstan_addons::label(&mut objects, &spec.namespace, &spec.name);
     capstan_addons::apply_patches(&mut objects, &addon.spec.patches)?;
     let rewrites = capstan_addons::rewrite_images(&mut objects, rewrites);
+    let declared = &plugin.plugin().manifest().capabilities.objects;
     capstan_addons::check_grants(&objects, declared, granted)?;
     capstan_addons::apply_order(&mut objects);
     Ok(Rendered {

@@ -501,7 +501,6 @@ async fn load(
             name,
             crate::addon::RegisteredAddon {
                 plugin: addon,
-                declared: manifest.capabilities.objects.clone(),
                 granted: granted_objects,
             },
         );

@@ -57,6 +57,19 @@ pub fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (prefix.with_extension("key"), prefix.with_extension("pub"))
 }
 
+/// A Plugin's `spec.verification` requiring a signature by the key pair
+/// `public` (as made by [`key_pair`]), under the name `publisher`.
+pub fn publisher_verification(public: &Path) -> capstan_api::PluginVerification {
+    capstan_api::PluginVerification {
+        public_keys: vec![capstan_api::NamedPublicKey {
+            name: "publisher".into(),
+            public_key: std::fs::read_to_string(public).expect("the public key"),
+        }],
+        all_of: vec!["publisher".into()],
+        any_of: vec![],
+    }
+}
+
 /// The component with an extra custom section of `size` bytes appended:
 /// the same plugin (same manifest), a different digest.
 pub fn padded(component: &[u8], name: &str, size: usize) -> Vec<u8> {

@@ -5,10 +5,7 @@
 //! as the target; and the air gap: the addon plugin from a signed bundle on
 //! a mirror registry, its images rewritten to a mirror.
 
-use capstan_api::{
-    Addon, AddonSpec, AddonStatus, NamedPublicKey, Plugin, PluginGrants, PluginSpec,
-    PluginVerification, condition,
-};
+use capstan_api::{Addon, AddonSpec, AddonStatus, Plugin, PluginGrants, PluginSpec, condition};
 use capstan_controllers::addon::{APPLIED, HEALTHY};
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
@@ -649,14 +646,7 @@ async fn air_gap_an_addon_plugin_from_a_mirrored_bundle_deploys_rewritten_images
             "apps/DaemonSet@monitoring".into(),
         ],
     );
-    plugin.verification = Some(PluginVerification {
-        public_keys: vec![NamedPublicKey {
-            name: "publisher".into(),
-            public_key: std::fs::read_to_string(&public).unwrap(),
-        }],
-        all_of: vec!["publisher".into()],
-        any_of: vec![],
-    });
+    plugin.verification = Some(capstan_e2e::cli::publisher_verification(&public));
     Api::<Plugin>::all(env.client.clone())
         .create(
             &PostParams::default(),

@@ -5,7 +5,7 @@
 //! stopped, mirror into registry B, the host pulling from B and verifying
 //! with the publisher's original key.
 
-use capstan_api::{MachineDeployment, NamedPublicKey, Plugin, PluginVerification, is_true};
+use capstan_api::{MachineDeployment, Plugin, is_true};
 use capstan_controllers::plugin::{READY, Supply, UP_TO_DATE};
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::cli::{key_pair, ok, with_manifest};
@@ -142,14 +142,7 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
     ok(&["plugin", "sign", &format!("{repo}:v2"), "--key", &key]);
 
     let mut spec = sim_plugin_spec(&format!("{repo}:v1"));
-    spec.verification = Some(PluginVerification {
-        public_keys: vec![NamedPublicKey {
-            name: "publisher".into(),
-            public_key: std::fs::read_to_string(&public).unwrap(),
-        }],
-        all_of: vec!["publisher".into()],
-        any_of: vec![],
-    });
+    spec.verification = Some(capstan_e2e::cli::publisher_verification(&public));
     Api::<Plugin>::all(env.client.clone())
         .create(&PostParams::default(), &Plugin::new("oci-sim", spec))
         .await
