@@ -9,17 +9,28 @@
 //! 2. [`Object::parse`] each rendered text (valid objects, no duplicates);
 //! 3. [`label`] them with the Addon they belong to (drift watches select on it);
 //! 4. [`apply_patches`]: the Addon's break-glass patches, each of which must
-//!    find its target;
+//!    find its target and change only fields the Plugin's patch grants allow;
 //! 5. [`rewrite_images`]: the host's mirror rules, recorded for status;
-//! 6. [`check_grants`]: every object within the kinds the plugin declared
-//!    *and* the admin granted;
+//! 6. [`check_grants`]: every object (as it will be applied, patches
+//!    included) within what the plugin declared *and* the admin granted,
+//!    and above the host's [`floor`];
 //! 7. [`apply_order`]: CRDs, then Namespaces, then the rest as rendered.
 //!
-//! Afterwards [`conforms`] says whether a live object still carries what
-//! was applied (drift), and [`pruned`] which objects of the previous
-//! inventory are no longer rendered.
+//! Before the first write, [`ownership::decide`] says for each object
+//! whether this Addon may create it, owns it, may adopt it, or must leave
+//! it alone. Afterwards [`conforms`] says whether a live object still
+//! carries what was applied (drift), [`pruned`] which objects of the
+//! previous inventory are no longer rendered, and [`assess_view`] what of a
+//! live object the plugin's `assess` may see. [`target::check_kubeconfig`]
+//! keeps a workload cluster's kubeconfig to inline credentials.
 
 #![forbid(unsafe_code)]
+
+pub mod floor;
+pub mod ownership;
+pub mod target;
+
+pub use capstan_api::PodSecurityLevel;
 
 use capstan_api::{
     AddonPatch, ImageRewriteRecord, InventoryEntry, LABEL_ADDON_NAME, LABEL_ADDON_NAMESPACE,
@@ -86,9 +97,170 @@ pub enum AddonError {
         /// What is wrong.
         reason: String,
     },
+    /// A patch changes fields no `spec.grants.patches` entry allows.
+    #[error(
+        "spec.patches[{index}]: changes {} of {object}, which the Plugin's spec.grants.patches does not allow{}; patches are a cluster admin's break-glass",
+        .paths.join(", "),
+        if *.tenant { " for Addons outside Capstan's namespace" } else { "" }
+    )]
+    PatchNotGranted {
+        /// Position in `spec.patches`.
+        index: usize,
+        /// The patched object.
+        object: String,
+        /// The changed fields (JSON pointers) no grant covers.
+        paths: Vec<String>,
+        /// Whether the Addon is a tenant's (outside Capstan's namespace).
+        tenant: bool,
+    },
     /// Objects outside the plugin's declared or granted kinds.
     #[error("refused the whole render, nothing was applied: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Refused(Vec<Refusal>),
+    /// Objects below the host's floor, whatever the grants say.
+    #[error("refused the whole render, nothing was applied: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Floor(Vec<floor::Violation>),
+}
+
+/// What a Plugin's `spec.grants` lets its Addons do, parsed and checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AddonGrants {
+    /// Objects the plugin may apply (`spec.grants.objects`).
+    pub objects: Vec<ObjectPattern>,
+    /// The highest Pod Security level of rendered pods.
+    pub pod_security: capstan_api::PodSecurityLevel,
+    /// Patch rules, each with whether Addons outside Capstan's namespace
+    /// may use it.
+    pub patches: Vec<(PatchRule, bool)>,
+    /// Existing objects Addons may take over.
+    pub adopt: Vec<ObjectPattern>,
+}
+
+impl AddonGrants {
+    /// Parse a Plugin's grants; errors name the field. Kinds that hand out
+    /// rights must be granted by name, and adopt grants always name.
+    pub fn from_spec(grants: &capstan_api::PluginGrants) -> Result<AddonGrants, String> {
+        let pattern = |field: String, text: &str| -> Result<ObjectPattern, String> {
+            text.parse::<ObjectPattern>()
+                .map_err(|e| format!("{field}: {e}"))
+        };
+        let mut objects = Vec::new();
+        for (i, text) in grants.objects.iter().enumerate() {
+            let p = pattern(format!("spec.grants.objects[{i}]"), text)?;
+            if p.needs_name() && p.name.is_none() {
+                return Err(format!(
+                    "spec.grants.objects[{i}]: `{text}` grants every {} — a kind that hands out rights over the cluster is only granted by name, for example `{}/NAME`",
+                    p.kind,
+                    text.split('@').next().unwrap_or(text)
+                ));
+            }
+            objects.push(p);
+        }
+        let mut patches = Vec::new();
+        for (i, g) in grants.patches.iter().enumerate() {
+            let objects = pattern(format!("spec.grants.patches[{i}].objects"), &g.objects)?;
+            if let Some(bad) = g.paths.iter().find(|p| !p.starts_with('/')) {
+                return Err(format!(
+                    "spec.grants.patches[{i}].paths: {bad:?} is not a JSON pointer; write it like /spec/replicas"
+                ));
+            }
+            patches.push((
+                PatchRule {
+                    objects,
+                    paths: g.paths.clone(),
+                },
+                g.tenants,
+            ));
+        }
+        let mut adopt = Vec::new();
+        for (i, text) in grants.adopt.iter().enumerate() {
+            let p = pattern(format!("spec.grants.adopt[{i}]"), text)?;
+            if p.name.is_none() {
+                return Err(format!(
+                    "spec.grants.adopt[{i}]: `{text}` names no object; adopt grants name each object, for example `Namespace/monitoring`"
+                ));
+            }
+            adopt.push(p);
+        }
+        Ok(AddonGrants {
+            objects,
+            pod_security: grants.pod_security.unwrap_or_default(),
+            patches,
+            adopt,
+        })
+    }
+
+    /// The patch rules an Addon may use: all of them in Capstan's own
+    /// namespace, only those granted to tenants elsewhere.
+    pub fn patch_rules(&self, tenant: bool) -> Vec<PatchRule> {
+        self.patches
+            .iter()
+            .filter(|(_, for_tenants)| !tenant || *for_tenants)
+            .map(|(rule, _)| rule.clone())
+            .collect()
+    }
+}
+
+/// Fields of some objects that an Addon's patches may change (one
+/// `spec.grants.patches` entry, parsed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchRule {
+    /// Which objects.
+    pub objects: ObjectPattern,
+    /// JSON pointer prefixes; a `*` segment stands for any one key or item.
+    pub paths: Vec<String>,
+}
+
+impl PatchRule {
+    /// Whether the rule lets a patch change `path` (a JSON pointer) of `object`.
+    pub fn allows(&self, object: &Object, path: &str) -> bool {
+        self.objects.matches(&object.key())
+            && self.paths.iter().any(|prefix| pointer_within(path, prefix))
+    }
+}
+
+/// Whether JSON pointer `path` is `prefix` or below it (`*` in the prefix
+/// matches one segment).
+fn pointer_within(path: &str, prefix: &str) -> bool {
+    let path: Vec<&str> = path.split('/').skip(1).collect();
+    let prefix: Vec<&str> = prefix
+        .split('/')
+        .skip(1)
+        .filter(|s| !s.is_empty())
+        .collect();
+    prefix.len() <= path.len() && prefix.iter().zip(&path).all(|(p, s)| *p == "*" || p == s)
+}
+
+/// The JSON pointers at which two values differ, as deep as both are
+/// objects (a list that changed is one path).
+pub fn changed_paths(before: &Value, after: &Value) -> Vec<String> {
+    fn walk(before: &Value, after: &Value, at: &str, out: &mut Vec<String>) {
+        match (before, after) {
+            (Value::Object(a), Value::Object(b)) => {
+                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                for k in keys {
+                    let escaped = k.replace('~', "~0").replace('/', "~1");
+                    let here = format!("{at}/{escaped}");
+                    match (a.get(k), b.get(k)) {
+                        (Some(x), Some(y)) => walk(x, y, &here, out),
+                        (x, y) if x != y => out.push(here),
+                        _ => {}
+                    }
+                }
+            }
+            (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    walk(x, y, &format!("{at}/{i}"), out);
+                }
+            }
+            (a, b) if a != b => out.push(at.to_string()),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(before, after, "", &mut out);
+    out
 }
 
 /// One rendered object outside what the plugin may apply.
@@ -253,6 +425,7 @@ impl Object {
             group: self.group(),
             kind: &self.kind,
             namespace: self.namespace.as_deref(),
+            name: &self.name,
         }
     }
 
@@ -263,6 +436,8 @@ impl Object {
             kind: self.kind.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
+            uid: None,
+            adopted: false,
         }
     }
 
@@ -311,10 +486,17 @@ pub fn label(objects: &mut [Object], addon_namespace: &str, addon_name: &str) {
     }
 }
 
-/// Apply `spec.patches` in order. Each patch must find exactly one target
-/// and may not change what the object is (apiVersion, kind, name,
-/// namespace).
-pub fn apply_patches(objects: &mut [Object], patches: &[AddonPatch]) -> Result<(), AddonError> {
+/// Apply `spec.patches` in order. Each patch must find exactly one target,
+/// may not change what the object is (apiVersion, kind, name, namespace),
+/// and may change only fields some rule of `granted` allows (a tenant's
+/// Addon is given only the rules granted to tenants; `tenant` is for the
+/// message).
+pub fn apply_patches(
+    objects: &mut [Object],
+    patches: &[AddonPatch],
+    granted: &[PatchRule],
+    tenant: bool,
+) -> Result<(), AddonError> {
     for (index, patch) in patches.iter().enumerate() {
         let t = &patch.target;
         let target_text = match &t.namespace {
@@ -376,6 +558,18 @@ pub fn apply_patches(objects: &mut [Object], patches: &[AddonPatch]) -> Result<(
                 reason:
                     "a patch may not change apiVersion, kind, metadata.name or metadata.namespace"
                         .into(),
+            });
+        }
+        let refused: Vec<String> = changed_paths(&objects[i].value, &patched.value)
+            .into_iter()
+            .filter(|path| !granted.iter().any(|rule| rule.allows(&objects[i], path)))
+            .collect();
+        if !refused.is_empty() {
+            return Err(AddonError::PatchNotGranted {
+                index,
+                object: objects[i].entry().to_string(),
+                paths: refused,
+                tenant,
             });
         }
         objects[i] = patched;
@@ -448,7 +642,7 @@ impl std::str::FromStr for ImageRewrite {
 }
 
 /// Where the pod spec is in workload kinds.
-fn pod_spec_path(kind: &str) -> Option<&'static [&'static str]> {
+pub(crate) fn pod_spec_path(kind: &str) -> Option<&'static [&'static str]> {
     Some(match kind {
         "Pod" => &["spec"],
         "Deployment"
@@ -505,11 +699,13 @@ pub fn rewrite_images(objects: &mut [Object], rules: &[ImageRewrite]) -> Vec<Ima
 }
 
 /// Refuse the render unless every object is within a declared kind and a
-/// granted pattern. All offending objects are named at once.
+/// granted pattern, and nothing breaks the host's floor at the Pod Security
+/// level granted. All offending objects are named at once.
 pub fn check_grants(
     objects: &[Object],
     declared: &[ObjectPattern],
     granted: &[ObjectPattern],
+    pod_security: capstan_api::PodSecurityLevel,
 ) -> Result<(), AddonError> {
     let refusals: Vec<Refusal> = objects
         .iter()
@@ -517,17 +713,28 @@ pub fn check_grants(
             let key = o.key();
             let in_declared = declared.iter().any(|p| p.matches(&key));
             let in_granted = granted.iter().any(|p| p.matches(&key));
-            (!in_declared || !in_granted).then(|| Refusal {
-                object: o.entry().to_string(),
-                needs: ObjectPattern::for_object(&key).to_string(),
-                declared: in_declared,
+            (!in_declared || !in_granted).then(|| {
+                let mut needs = ObjectPattern::for_object(&key);
+                if !in_declared {
+                    // Manifests declare kinds; a name would mislead here.
+                    needs.name = None;
+                }
+                Refusal {
+                    object: o.entry().to_string(),
+                    needs: needs.to_string(),
+                    declared: in_declared,
+                }
             })
         })
         .collect();
-    if refusals.is_empty() {
+    if !refusals.is_empty() {
+        return Err(AddonError::Refused(refusals));
+    }
+    let below = floor::violations(objects, pod_security);
+    if below.is_empty() {
         Ok(())
     } else {
-        Err(AddonError::Refused(refusals))
+        Err(AddonError::Floor(below))
     }
 }
 
@@ -573,6 +780,53 @@ pub fn conforms(desired: &Value, live: &Value) -> bool {
         (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
         (a, b) => a == b,
     }
+}
+
+/// The live values at the fields `rendered` sets (the rendered object's
+/// shape, filled from `live`). Projected right after an apply it is what
+/// the server made of the render — `cpu: 0.1` stored as `100m` — so drift
+/// is then checked against it ([`conforms`]) and a value the server
+/// normalises is not drift.
+pub fn project(rendered: &Value, live: &Value) -> Value {
+    match (rendered, live) {
+        (Value::Object(r), Value::Object(l)) => Value::Object(
+            r.iter()
+                .filter_map(|(k, rv)| l.get(k).map(|lv| (k.clone(), project(rv, lv))))
+                .collect(),
+        ),
+        (Value::Array(r), Value::Array(l)) if r.len() == l.len() => {
+            Value::Array(r.iter().zip(l).map(|(rv, lv)| project(rv, lv)).collect())
+        }
+        // Where the render has a scalar (or a list of another length), the
+        // live value shows whether it holds.
+        (_, l) => l.clone(),
+    }
+}
+
+/// What of a live object the plugin's `assess` may see: the fields it
+/// rendered (with their live values), `status`, and the few fields health
+/// is judged by (`metadata.generation`, `spec.replicas`). Everything else —
+/// data of Secrets and ConfigMaps it did not render, fields other
+/// controllers wrote — stays with the host.
+pub fn assess_view(rendered: &Value, live: &Value) -> Value {
+    let mut view = project(rendered, live);
+    for pointer in ["/status", "/metadata/generation", "/spec/replicas"] {
+        if let Some(value) = live.pointer(pointer) {
+            let (parent, key) = pointer.rsplit_once('/').expect("pointers have a parent");
+            let mut at = &mut view;
+            for part in parent.split('/').skip(1) {
+                at = at
+                    .as_object_mut()
+                    .expect("the view is an object")
+                    .entry(part)
+                    .or_insert_with(|| Value::Object(Map::new()));
+            }
+            if let Some(map) = at.as_object_mut() {
+                map.insert(key.to_string(), value.clone());
+            }
+        }
+    }
+    view
 }
 
 fn is_empty(v: &Value) -> bool {

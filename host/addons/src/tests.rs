@@ -1,5 +1,5 @@
 use super::*;
-use capstan_api::PatchTarget;
+use capstan_api::{PatchTarget, PodSecurityLevel};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -32,6 +32,17 @@ fn config_map() -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": {"name": "coredns", "namespace": "kube-system"},
            "data": {"Corefile": ".:53 {}"}})
+}
+
+/// Patch rules that allow any change of any object (the pure merge tests).
+fn any_patch() -> Vec<PatchRule> {
+    ["apps/Deployment@*", "ConfigMap@*"]
+        .iter()
+        .map(|p| PatchRule {
+            objects: p.parse().unwrap(),
+            paths: vec!["/".into()],
+        })
+        .collect()
 }
 
 fn patch(kind: &str, name: &str, type_: PatchType, patch: Value) -> AddonPatch {
@@ -120,6 +131,8 @@ fn merge_patches_replace_lists_and_strategic_patches_merge_them_by_name() {
                 {"name": "coredns", "resources": {"limits": {"memory": "170Mi"}}},
                 {"name": "sidecar", "image": "x"}]}}}}),
         )],
+        &any_patch(),
+        false,
     )
     .unwrap();
     let c = &o[0].value["spec"]["template"]["spec"]["containers"];
@@ -137,6 +150,8 @@ fn merge_patches_replace_lists_and_strategic_patches_merge_them_by_name() {
             PatchType::Merge,
             json!({"spec": {"template": {"spec": {"containers": [{"name": "only"}], "initContainers": null}}}}),
         )],
+        &any_patch(),
+        false,
     )
     .unwrap();
     let spec = &o[0].value["spec"]["template"]["spec"];
@@ -155,6 +170,8 @@ fn a_patch_without_its_target_is_an_error_naming_what_was_rendered() {
             PatchType::Merge,
             json!({"spec": {}}),
         )],
+        &any_patch(),
+        false,
     )
     .unwrap_err();
     assert_eq!(
@@ -170,6 +187,8 @@ fn a_patch_without_its_target_is_an_error_naming_what_was_rendered() {
             PatchType::Merge,
             json!({"metadata": {"name": "other"}}),
         )],
+        &any_patch(),
+        false,
     )
     .unwrap_err();
     assert!(e.to_string().contains("may not change"), "{e}");
@@ -228,14 +247,92 @@ fn objects_outside_the_declared_or_granted_kinds_refuse_the_whole_render() {
             .parse()
             .unwrap(),
     ];
-    let e = check_grants(&o, &declared, &granted).unwrap_err();
+    let e = check_grants(&o, &declared, &granted, PodSecurityLevel::Baseline).unwrap_err();
     assert_eq!(
         e.to_string(),
         "refused the whole render, nothing was applied: \
          Deployment kube-system/coredns is outside spec.grants.objects (it needs a grant covering apps/Deployment@kube-system); \
          ClusterRoleBinding greedy is outside what the plugin declares (capabilities.objects has no rbac.authorization.k8s.io/ClusterRoleBinding), so it cannot be granted"
     );
-    assert!(check_grants(&o[..1], &declared, &granted).is_ok());
+    assert!(check_grants(&o[..1], &declared, &granted, PodSecurityLevel::Baseline).is_ok());
+}
+
+#[test]
+fn patches_change_only_granted_paths_and_the_grant_check_sees_the_patched_object() {
+    let replicas_only = vec![PatchRule {
+        objects: "apps/Deployment@kube-system".parse().unwrap(),
+        paths: vec![
+            "/spec/replicas".into(),
+            "/spec/template/spec/containers/*/resources".into(),
+        ],
+    }];
+    let mut o = objects(vec![deployment()]);
+    apply_patches(
+        &mut o,
+        &[patch(
+            "Deployment",
+            "coredns",
+            PatchType::Strategic,
+            json!({"spec": {"replicas": 5, "template": {"spec": {"containers": [
+                {"name": "coredns", "resources": {"limits": {"memory": "1Gi"}}}]}}}}),
+        )],
+        &replicas_only,
+        false,
+    )
+    .unwrap();
+    assert_eq!(o[0].value["spec"]["replicas"], 5);
+
+    // The attack from the review: a tenant's patch turning CoreDNS into a
+    // host-root pod with another image.
+    let hostile = patch(
+        "Deployment",
+        "coredns",
+        PatchType::Strategic,
+        json!({"spec": {"template": {"spec": {
+            "hostPID": true,
+            "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+            "containers": [{"name": "coredns", "image": "evil.example/root:1"}]}}}}),
+    );
+    let before = o.clone();
+    let e =
+        apply_patches(&mut o, std::slice::from_ref(&hostile), &replicas_only, true).unwrap_err();
+    assert_eq!(o, before, "a refused patch changes nothing");
+    let text = e.to_string();
+    for path in [
+        "/spec/template/spec/containers/0/image",
+        "/spec/template/spec/hostPID",
+        "/spec/template/spec/volumes",
+    ] {
+        assert!(text.contains(path), "{path} in {text}");
+    }
+    assert!(
+        text.contains("for Addons outside Capstan's namespace"),
+        "{text}"
+    );
+    assert!(matches!(e, AddonError::PatchNotGranted { index: 0, .. }));
+    // No rule at all: nothing may be patched.
+    assert!(apply_patches(&mut o, std::slice::from_ref(&hostile), &[], false).is_err());
+
+    // An admin who allowed everything still cannot get past the floor: the
+    // grant check runs on the patched objects.
+    let mut o = objects(vec![deployment()]);
+    apply_patches(&mut o, &[hostile], &any_patch(), false).unwrap();
+    let declared: Vec<ObjectPattern> = vec!["apps/Deployment@*".parse().unwrap()];
+    let e = check_grants(&o, &declared, &declared, PodSecurityLevel::Baseline).unwrap_err();
+    assert!(matches!(e, AddonError::Floor(_)), "{e}");
+    assert!(e.to_string().contains("hostPID: true"), "{e}");
+    assert!(check_grants(&o, &declared, &declared, PodSecurityLevel::Privileged).is_ok());
+}
+
+#[test]
+fn changed_paths_escape_keys_and_stop_at_lists_that_changed_length() {
+    let before = json!({"metadata": {"labels": {"a/b": "1"}}, "spec": {"list": [1, 2]}});
+    let after = json!({"metadata": {"labels": {"a/b": "2", "c": "3"}}, "spec": {"list": [1]}});
+    assert_eq!(
+        changed_paths(&before, &after),
+        ["/metadata/labels/a~1b", "/metadata/labels/c", "/spec/list"]
+    );
+    assert!(changed_paths(&before, &before).is_empty());
 }
 
 #[test]
@@ -293,6 +390,66 @@ fn server_additions_are_not_drift_but_changed_or_missing_fields_are() {
     assert!(conforms(&empty, &config_map()));
 }
 
+#[test]
+fn assess_sees_what_was_rendered_and_status_never_other_data() {
+    let rendered = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s", "namespace": "kube-system"}, "data": {"mine": "YQ=="}});
+    let live = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s", "namespace": "kube-system", "uid": "u", "generation": 1,
+                     "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
+        "data": {"mine": "Yg==", "token": "c2VjcmV0"}});
+    let view = assess_view(&rendered, &live);
+    assert_eq!(view["data"], json!({"mine": "Yg=="}));
+    assert!(view["metadata"].get("annotations").is_none());
+    assert_eq!(view["metadata"]["generation"], 1);
+
+    let d = deployment();
+    let mut live = d.clone();
+    live["spec"]["replicas"] = 7.into();
+    live["spec"]["template"]["spec"]["containers"][0]["env"] =
+        json!([{"name": "PASSWORD", "value": "x"}]);
+    live["status"] = json!({"availableReplicas": 7});
+    let view = assess_view(&d, &live);
+    assert_eq!(view["spec"]["replicas"], 7);
+    assert_eq!(view["status"]["availableReplicas"], 7);
+    assert!(
+        view["spec"]["template"]["spec"]["containers"][0]
+            .get("env")
+            .is_none()
+    );
+    let mut unrendered_replicas = d.clone();
+    unrendered_replicas["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("replicas");
+    assert_eq!(
+        assess_view(&unrendered_replicas, &live)["spec"]["replicas"],
+        7
+    );
+}
+
+#[test]
+fn values_the_server_normalises_are_not_drift_once_applied() {
+    let rendered = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "n"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "0.1"}}}]}}}});
+    let mut live = rendered.clone();
+    live["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] =
+        "100m".into();
+    live["spec"]["replicas"] = 1.into();
+    live["status"] = json!({"replicas": 1});
+    assert!(!conforms(&rendered, &live), "as rendered, it looks drifted");
+    let expected = project(&rendered, &live);
+    assert!(
+        conforms(&expected, &live),
+        "against what the server made of it, it is not"
+    );
+    let mut edited = live.clone();
+    edited["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] =
+        "2".into();
+    assert!(!conforms(&expected, &edited), "a real edit still is");
+}
+
 proptest! {
     /// A merge patch applied twice is the same as once (patches are
     /// re-applied on every reconcile and must not accumulate).
@@ -302,13 +459,40 @@ proptest! {
         let p = patch("Deployment", "coredns", type_, json!({"spec": {"replicas": replicas,
             "template": {"spec": {"containers": [{"name": "coredns", "resources": {"limits": {"memory": memory}}}]}}}}));
         let mut once = objects(vec![deployment()]);
-        apply_patches(&mut once, std::slice::from_ref(&p)).unwrap();
+        apply_patches(&mut once, std::slice::from_ref(&p), &any_patch(), false).unwrap();
         let mut twice = once.clone();
-        apply_patches(&mut twice, &[p]).unwrap();
+        apply_patches(&mut twice, &[p], &any_patch(), false).unwrap();
         prop_assert_eq!(&once, &twice);
         // And what was applied conforms to itself after any server additions.
         let mut live = once[0].value.clone();
         live["status"] = json!({"observedGeneration": 1});
         prop_assert!(conforms(&once[0].value, &live));
     }
+}
+
+#[test]
+fn grants_of_rights_handing_kinds_and_adoptions_must_name_objects() {
+    let mut grants = capstan_api::PluginGrants {
+        objects: vec!["rbac.authorization.k8s.io/ClusterRoleBinding".into()],
+        ..Default::default()
+    };
+    let e = AddonGrants::from_spec(&grants).unwrap_err();
+    assert!(e.starts_with("spec.grants.objects[0]: `rbac.authorization.k8s.io/ClusterRoleBinding` grants every ClusterRoleBinding"), "{e}");
+    grants.objects = vec!["rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns".into()];
+    grants.adopt = vec!["Namespace".into()];
+    let e = AddonGrants::from_spec(&grants).unwrap_err();
+    assert!(e.starts_with("spec.grants.adopt[0]"), "{e}");
+    grants.adopt = vec!["Namespace/monitoring".into()];
+    grants.patches = vec![capstan_api::PatchGrant {
+        objects: "apps/Deployment@kube-system".into(),
+        paths: vec!["/spec/replicas".into()],
+        tenants: false,
+    }];
+    let parsed = AddonGrants::from_spec(&grants).unwrap();
+    assert_eq!(parsed.pod_security, PodSecurityLevel::Baseline);
+    assert_eq!(parsed.patch_rules(false).len(), 1);
+    assert!(
+        parsed.patch_rules(true).is_empty(),
+        "tenants get no admin-only rule"
+    );
 }

@@ -176,6 +176,14 @@ pub struct InventoryEntry {
     pub namespace: Option<String>,
     /// Name.
     pub name: String,
+    /// The uid of the object this Addon created (or adopted): prune and
+    /// delete only ever act on this very object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// Taken over under a `spec.grants.adopt` grant rather than created:
+    /// left in place when the Addon goes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 impl std::fmt::Display for InventoryEntry {

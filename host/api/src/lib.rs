@@ -147,6 +147,24 @@ pub fn set_condition(
     }
 }
 
+/// The most bytes of plugin-supplied text a status field or Event carries.
+pub const MAX_PLUGIN_TEXT: usize = 1024;
+
+/// `text` cut to at most `max` bytes (on a character boundary), saying so
+/// when it was cut: plugin text reaches objects tenants read and must not
+/// grow them without bound.
+pub fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    const MARK: &str = " … (truncated)";
+    let mut end = max.saturating_sub(MARK.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &text[..end])
+}
+
 /// Whether `labels` satisfy a label selector (`matchLabels` and
 /// `matchExpressions` with `In`, `NotIn`, `Exists`, `DoesNotExist`). An
 /// empty selector matches nothing, as for MachineSets in Cluster API.
@@ -256,6 +274,15 @@ fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plugin_text_is_bounded_on_a_character_boundary() {
+        assert_eq!(bounded("short", 10), "short");
+        let long = "é".repeat(1000);
+        let cut = bounded(&long, MAX_PLUGIN_TEXT);
+        assert!(cut.len() <= MAX_PLUGIN_TEXT, "{}", cut.len());
+        assert!(cut.ends_with("(truncated)"));
+    }
 
     #[test]
     fn crds_have_the_subresources_and_columns_kubectl_users_rely_on() {

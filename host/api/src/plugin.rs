@@ -1,6 +1,6 @@
 //! `Plugin`: a sandboxed provider plugin, what it is granted, and what it declared.
 
-use crate::{Condition, conditions_schema};
+use crate::{Condition, LabelSelector, conditions_schema, selector_matches};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -56,6 +56,12 @@ pub struct PluginSpec {
     /// Per-call limits (defaults: 64 MiB, 10 s).
     #[serde(default)]
     pub limits: PluginLimits,
+    /// The namespaces whose Machines, MachineSets, MachineDeployments,
+    /// MachineHealthChecks and Addons may use this plugin. Unset: only
+    /// Capstan's own namespace. Elsewhere the object gets the condition
+    /// reason `PluginNotAllowed` and the plugin is never called for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_namespaces: Option<AllowedNamespaces>,
     /// Updaters only: the position in which in-place updaters are asked to
     /// claim changed fields (lower first; unset comes after every set
     /// value, then by name). Two updaters whose declared fields overlap are
@@ -63,6 +69,56 @@ pub struct PluginSpec {
     /// earlier one then gets the overlapping fields it claims.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_order: Option<i32>,
+}
+
+/// Namespaces allowed to use a plugin: those named, and those whose labels
+/// match the selector.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowedNamespaces {
+    /// Namespace names; `*` allows every namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// Namespaces whose labels match (an empty selector matches none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+impl Plugin {
+    /// Whether objects in `namespace` (with these labels) may use this
+    /// plugin. `own` is Capstan's own namespace, always allowed when
+    /// `allowedNamespaces` is unset; `None` (an embedded host with no
+    /// namespace of its own) leaves an unset list unscoped.
+    pub fn allows_namespace(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        own: Option<&str>,
+    ) -> bool {
+        match &self.spec.allowed_namespaces {
+            None => own.is_none_or(|own| own == namespace),
+            Some(allowed) => {
+                allowed.names.iter().any(|n| n == "*" || n == namespace)
+                    || allowed
+                        .selector
+                        .as_ref()
+                        .is_some_and(|s| selector_matches(s, labels))
+            }
+        }
+    }
+
+    /// The condition message for an object in `namespace` that names this
+    /// plugin without being allowed to.
+    pub fn not_allowed_message(&self, namespace: &str, own: Option<&str>) -> String {
+        let name = self.metadata.name.as_deref().unwrap_or_default();
+        let default = match (&self.spec.allowed_namespaces, own) {
+            (None, Some(own)) => format!(" (unset: only Capstan's namespace {own:?})"),
+            _ => String::new(),
+        };
+        format!(
+            "plugin {name:?} is not allowed in namespace {namespace:?}: its spec.allowedNamespaces{default} does not include it; a cluster admin can add the namespace there"
+        )
+    }
 }
 
 /// Which keys must have signed the plugin.
@@ -100,13 +156,62 @@ pub struct PluginGrants {
     /// Credentials for the slots the plugin declares, read from Secrets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialGrant>,
-    /// Addon plugins: the kinds of objects they may apply, as
-    /// `[group/]Kind[@namespace|@*]` (`apps/Deployment@kube-system`,
-    /// `ConfigMap@*`, `rbac.authorization.k8s.io/ClusterRole`). Every kind
-    /// the plugin declares must be granted in some scope; a rendered object
-    /// outside these is refused before anything is applied.
+    /// Addon plugins: the objects they may apply, as
+    /// `[group/]Kind[/name][@namespace|@*]` (`apps/Deployment@kube-system`,
+    /// `ConfigMap@*`, `rbac.authorization.k8s.io/ClusterRole/system:coredns`).
+    /// Every kind the plugin declares must be granted in some scope; a
+    /// rendered object outside these is refused before anything is applied.
+    /// RBAC, webhook, CRD, APIService and Namespace grants must name the
+    /// object.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<String>,
+    /// Addon plugins: the highest Pod Security level of the pods they
+    /// render (default `Baseline`: no privileged containers, host
+    /// namespaces, hostPath volumes, host ports or added capabilities).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurityLevel>,
+    /// Addon plugins: which fields an Addon's `spec.patches` may change.
+    /// Without an entry here a patch is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<PatchGrant>,
+    /// Addon plugins: existing objects an Addon may take over, as named
+    /// object patterns (`Namespace/monitoring`). Any other object that
+    /// exists and the Addon did not create is never applied over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adopt: Vec<String>,
+    /// Updaters: the Machine spec fields they may change (`version`,
+    /// `provider.config.tags.*`). An updater's declared `updateFields` take
+    /// effect only as far as these cover them; `provider.plugin` and
+    /// `clusterName` are never changed in place, whatever is granted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub update_fields: Vec<String>,
+}
+
+/// Pod Security Standards levels (as the Kubernetes Pod Security admission
+/// names them).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PodSecurityLevel {
+    /// No restriction: host namespaces, hostPath, privileged containers.
+    Privileged,
+    /// The Baseline level's pod fields.
+    #[default]
+    Baseline,
+}
+
+/// Fields an Addon's patches may change.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchGrant {
+    /// The objects, as an object pattern (`apps/Deployment@kube-system`).
+    pub objects: String,
+    /// JSON pointer prefixes a patch may change (`/spec/replicas`,
+    /// `/spec/template/spec/containers/*/resources`; `*` is one list item
+    /// or key).
+    pub paths: Vec<String>,
+    /// Whether Addons outside Capstan's own namespace may use this grant
+    /// too (default: only Addons in Capstan's namespace may patch).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tenants: bool,
 }
 
 /// One credential slot filled from a Secret.
@@ -214,8 +319,8 @@ pub struct PluginStatus {
     /// HTTP destinations the plugin declares (with their credential slots).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub declared_http: Vec<String>,
-    /// Updaters: the Machine spec fields the serving revision declares it
-    /// may change.
+    /// Updaters: the Machine spec fields the serving revision may change
+    /// (what it declares, as far as `spec.grants.updateFields` covers it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub update_fields: Vec<String>,
     /// Addon plugins: the object kinds the serving revision declares it

@@ -4,8 +4,8 @@
 //! no cluster and nothing applied.
 
 use anyhow::{Context, bail};
-use capstan_api::Addon;
-use capstan_manifest::ObjectPattern;
+use capstan_addons::AddonGrants;
+use capstan_api::{Addon, Plugin};
 use capstan_runtime::{Grants, Limits, Runtime, RuntimeConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,8 +23,11 @@ pub enum Command {
     capstan addon render coredns.yaml --plugin coredns_addon.wasm \\\n    \
     --grant 'ServiceAccount@kube-system' --grant 'ConfigMap@kube-system' ... \\\n    \
     --image-rewrite registry.k8s.io/=mirror.local/\n\n\
-    Without --grant the render is checked against the kinds the plugin declares only;\n\
-    the controller also checks the Plugin's spec.grants.objects.")]
+    Without --grant or --grants-from the render is checked against the kinds the plugin\n\
+    declares only (the controller also checks the Plugin's spec.grants.objects), at Pod\n\
+    Security level Baseline, and spec.patches may change nothing. --grants-from PLUGIN.yaml\n\
+    checks with exactly that Plugin's spec.grants (objects, podSecurity, patches), as for an\n\
+    Addon in Capstan's own namespace.")]
 pub struct RenderArgs {
     /// The Addon (YAML or JSON; `-` for standard input).
     pub addon: PathBuf,
@@ -35,6 +38,10 @@ pub struct RenderArgs {
     /// repeatable. When given, the render is checked against these too.
     #[arg(long = "grant", value_name = "PATTERN")]
     pub grants: Vec<String>,
+    /// A Plugin object (YAML) whose `spec.grants` to check with, as the
+    /// controller would.
+    #[arg(long = "grants-from", value_name = "PLUGIN.yaml")]
+    pub grants_from: Option<PathBuf>,
     /// An image rewrite rule FROM=TO, as the controller's `--image-rewrite`.
     #[arg(long = "image-rewrite", value_name = "FROM=TO")]
     pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
@@ -64,14 +71,27 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
     if addon.metadata.namespace.is_none() {
         addon.metadata.namespace = Some("default".into());
     }
-    let granted: Vec<ObjectPattern> = args
-        .grants
-        .iter()
-        .map(|g| {
+    let mut grants = match &args.grants_from {
+        None => AddonGrants::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let plugin: Plugin = serde_yaml::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not a Plugin (apiVersion capstan.dev/v1alpha1, kind Plugin)",
+                    path.display()
+                )
+            })?;
+            AddonGrants::from_spec(&plugin.spec.grants)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+    };
+    for g in &args.grants {
+        grants.objects.push(
             g.parse()
-                .map_err(|e: String| anyhow::anyhow!("--grant {e}"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+                .map_err(|e: String| anyhow::anyhow!("--grant {e}"))?,
+        );
+    }
     let runtime = Runtime::new(RuntimeConfig {
         max_concurrent_calls: 2,
         ..Default::default()
@@ -80,18 +100,17 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         .load_file(&args.plugin, Limits::default(), Grants::default())
         .with_context(|| format!("cannot load {}", args.plugin.display()))?
         .addon()?;
-    // Without --grant, the render is checked against the declaration alone.
-    let granted = if granted.is_empty() {
-        plugin.plugin().manifest().capabilities.objects.clone()
-    } else {
-        granted
-    };
+    // Without object grants, the render is checked against the declaration alone.
+    if grants.objects.is_empty() {
+        grants.objects = plugin.plugin().manifest().capabilities.objects.clone();
+    }
     let capstan_controllers::addon::Rendered {
         resolved,
         objects,
         rewrites,
         ..
-    } = capstan_controllers::addon::render(&plugin, &addon, &granted, &args.image_rewrites).await?;
+    } = capstan_controllers::addon::render(&plugin, &addon, &grants, false, &args.image_rewrites)
+        .await?;
     let channel = resolved
         .channel
         .map(|c| format!(" (channel {c})"))

@@ -566,12 +566,37 @@ spec:
         "inspect shows the declared kinds: {}",
         text(&out.stdout)
     );
+    // Patches change only what the Plugin's grants let them.
+    let out = run(capstan(&["addon", "render", &a, "--plugin", &path])).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("spec.patches[0]: changes /spec/template/spec/containers/0/resources/limits/memory of Deployment kube-system/coredns, which the Plugin's spec.grants.patches does not allow"),
+        "{}",
+        text(&out.stderr)
+    );
+    let plugin_yaml = dir.path().join("plugin.yaml");
+    std::fs::write(
+        &plugin_yaml,
+        "apiVersion: capstan.dev/v1alpha1
+kind: Plugin
+metadata: {name: coredns}
+spec:
+  source: file:///coredns.wasm
+  grants:
+    patches:
+    - objects: apps/Deployment@kube-system
+      paths: [/spec/template/spec/containers/*/resources]
+",
+    )
+    .unwrap();
     let out = run(capstan(&[
         "addon",
         "render",
         &a,
         "--plugin",
         &path,
+        "--grants-from",
+        &plugin_yaml.display().to_string(),
         "--image-rewrite",
         "registry.k8s.io/=mirror.local/",
         "-o",
@@ -616,6 +641,8 @@ spec:
         &a,
         "--plugin",
         &path,
+        "--grants-from",
+        &plugin_yaml.display().to_string(),
         "--grant",
         "ServiceAccount@kube-system",
         "--grant",
@@ -625,7 +652,7 @@ spec:
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("ClusterRole system:coredns is outside spec.grants.objects (it needs a grant covering rbac.authorization.k8s.io/ClusterRole)"),
+        stderr.contains("ClusterRole system:coredns is outside spec.grants.objects (it needs a grant covering rbac.authorization.k8s.io/ClusterRole/system:coredns)"),
         "{stderr}"
     );
     assert!(out.stdout.is_empty(), "nothing printed when refused");

@@ -2,29 +2,35 @@
 //! plugin only renders objects and judges health, inside the sandbox, and
 //! never touches the API itself.
 //!
-//! A reconcile ([`reconcile`]): pick the target cluster (this one, or a
-//! workload cluster from a kubeconfig Secret) → resolve the version through
-//! the plugin's `versions()` → `render` → the pure steps of
-//! `capstan-addons` (parse, label, patch, rewrite images, check the
-//! object grants, order) — nothing is applied unless every step passed →
-//! for each object, read the live one and server-side apply only when it
-//! no longer carries what is rendered (so an idle resync writes nothing) →
-//! prune what the previous inventory had and the render no longer does →
-//! `assess` the live objects → status. Deleting an Addon deletes its
-//! inventory in reverse apply order, waits until it is gone, then drops
+//! A reconcile ([`reconcile`]): the Plugin must allow the Addon's namespace
+//! (`PluginNotAllowed` otherwise, before any plugin call) → pick the target
+//! cluster (this one, or a workload cluster from a kubeconfig Secret with
+//! inline credentials only) → resolve the version through the plugin's
+//! `versions()` → `render` → the pure steps of `capstan-addons` (parse,
+//! label, patch within the patch grants, rewrite images, check the object
+//! grants and the host's floor, order) → read every object and decide
+//! whose it is (`capstan_addons::ownership`): nothing is written unless
+//! every step passed and every existing object is this Addon's own → for
+//! each object, server-side apply under the Addon's own field manager only
+//! when the live one no longer carries what was applied (so an idle resync
+//! writes nothing) → prune what the previous inventory had and the render
+//! no longer does, by uid → `assess` what was rendered of the live objects
+//! → status. Deleting an Addon deletes what it created (by uid, never what
+//! it adopted) in reverse apply order, waits until it is gone, then drops
 //! the finalizer.
 //!
 //! Drift: every applied object carries the Addon's labels; a watch per
-//! (target cluster, kind) turns any change or deletion of a labelled
-//! object into a reconcile of its Addon, which puts back what was applied.
+//! (target cluster, kind, namespace) turns any change or deletion of a
+//! labelled object into a reconcile of its Addon, which puts back what was
+//! applied.
 
 use crate::{Context, Error, apply_status, counted, drain, instrumented, now, record_event};
-use capstan_addons::{AddonError, Object};
+use capstan_addons::ownership::{self, Ownership};
+use capstan_addons::{AddonError, AddonGrants, Object};
 use capstan_api::{
     ADDON_FINALIZER, Addon, AddonStatus, InventoryEntry, LABEL_ADDON_NAME, LABEL_ADDON_NAMESPACE,
     Plugin, set_condition, status,
 };
-use capstan_manifest::ObjectPattern;
 use capstan_runtime::types::AddonSpec as WitSpec;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -34,14 +40,15 @@ use kube::api::{
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 const CONTROLLER: &str = "addon";
-/// Field manager of everything the addon controller applies.
+/// Prefix of the field manager each Addon applies under
+/// (`capstan-addon/NAMESPACE/NAME`): two Addons never share ownership.
 pub const ADDON_FIELD_MANAGER: &str = "capstan-addon";
 /// Condition: the rendered objects are applied.
 pub const APPLIED: &str = "Applied";
@@ -58,8 +65,8 @@ const RECHECK: Duration = Duration::from_secs(5);
 pub struct RegisteredAddon {
     /// The sandboxed plugin.
     pub plugin: capstan_runtime::AddonPlugin,
-    /// Kinds the Plugin's `spec.grants.objects` grants.
-    pub granted: Vec<ObjectPattern>,
+    /// What the Plugin's `spec.grants` allows its Addons.
+    pub grants: AddonGrants,
 }
 
 /// Addon plugins by Plugin name; the Plugin controller fills it.
@@ -75,6 +82,11 @@ impl Addons {
             .write()
             .expect("addons lock")
             .insert(name.to_string(), Arc::new(addon));
+    }
+
+    /// Stop serving a Plugin (its grants were revoked).
+    pub fn remove(&self, name: &str) {
+        self.inner.write().expect("addons lock").remove(name);
     }
 
     /// The addon plugin of a Plugin.
@@ -99,8 +111,16 @@ struct Target {
 pub(crate) struct AddonState {
     trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<Addon>>,
     receiver: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Addon>>>>,
-    watches: Mutex<HashMap<(String, String), tokio::task::JoinHandle<()>>>,
+    /// Drift watches by (cluster, kind@namespace): the target's version
+    /// (kubeconfig Secret resourceVersion) and the task.
+    #[allow(clippy::type_complexity)]
+    watches: Mutex<HashMap<(String, String), (String, tokio::task::JoinHandle<()>)>>,
     clients: Mutex<HashMap<String, (String, Client)>>,
+    /// Per applied object (Addon uid and object): the render it was applied
+    /// from and what the server made of it, so a value the server
+    /// normalises is not seen as drift on every resync.
+    #[allow(clippy::type_complexity)]
+    expected: Mutex<HashMap<(String, String), (serde_json::Value, serde_json::Value)>>,
     kinds: Mutex<HashMap<(String, String), (ApiResource, bool)>>,
 }
 
@@ -112,6 +132,7 @@ impl Default for AddonState {
             receiver: Mutex::new(Some(receiver)),
             watches: Mutex::default(),
             clients: Mutex::default(),
+            expected: Mutex::default(),
             kinds: Mutex::default(),
         }
     }
@@ -119,7 +140,7 @@ impl Default for AddonState {
 
 impl Drop for AddonState {
     fn drop(&mut self) {
-        for (_, task) in self.watches.lock().expect("watches lock").drain() {
+        for (_, (_, task)) in self.watches.lock().expect("watches lock").drain() {
             task.abort();
         }
     }
@@ -197,7 +218,9 @@ fn addon_failure(e: AddonError) -> Failure {
         AddonError::InvalidObject { .. } | AddonError::Duplicate(_) => "InvalidRender",
         AddonError::PatchTargetMissing { .. } => "PatchTargetMissing",
         AddonError::InvalidPatch { .. } => "InvalidPatch",
+        AddonError::PatchNotGranted { .. } => "PatchNotGranted",
         AddonError::Refused(_) => "ObjectsNotGranted",
+        AddonError::Floor(_) => "BelowHostFloor",
     };
     let condition = match &e {
         AddonError::NoVersion { .. }
@@ -285,10 +308,12 @@ async fn converge(
     let generation = addon.metadata.generation.unwrap_or(0);
     let t = now();
     let registered = plugin_of(addon, ctx)?;
+    let tenant = is_tenant(ctx, addon);
     let rendered = render(
         &registered.plugin,
         addon,
-        &registered.granted,
+        &registered.grants,
+        tenant,
         &ctx.options.image_rewrites,
     )
     .await
@@ -339,22 +364,76 @@ async fn converge(
         kinds.push(resource);
     }
 
-    let mut observed = Vec::with_capacity(objects.len());
+    // Whose is each object? Read them all and refuse before the first
+    // write: an object this Addon did not create is never applied over.
+    let me = (addon.namespace().unwrap_or_default(), addon.name_any());
+    let mut decisions = Vec::with_capacity(objects.len());
+    let mut refused = Vec::new();
     for (object, resource) in objects.iter().zip(&kinds) {
-        match apply_if_drifted(ctx, &target, resource, object).await {
-            Ok(live) => observed.push(live.to_string()),
+        let live = read_live(&target, resource, object).await?;
+        let decision = ownership::decide(
+            object,
+            live.as_ref(),
+            &status.inventory,
+            (&me.0, &me.1),
+            &registered.grants.adopt,
+        );
+        if let Ownership::Refuse(message) = &decision {
+            refused.push(message.clone());
+        }
+        decisions.push((live, decision));
+    }
+    if !refused.is_empty() {
+        return Err(fail(
+            APPLIED,
+            "ObjectExists",
+            format!(
+                "refused the whole render, nothing was applied: {}",
+                refused.join("; ")
+            ),
+        ));
+    }
+
+    let manager = field_manager(addon);
+    let mut applied: Vec<InventoryEntry> = Vec::with_capacity(objects.len());
+    let mut observed = Vec::with_capacity(objects.len());
+    for ((object, resource), (live, decision)) in objects.iter().zip(&kinds).zip(decisions) {
+        let (uid, adopted) = match &decision {
+            Ownership::Owned { uid, adopted } => (Some(uid.clone()), *adopted),
+            Ownership::Adopt { uid } => (Some(uid.clone()), true),
+            Ownership::Create | Ownership::Refuse(_) => (None, false),
+        };
+        let key = (
+            addon.metadata.uid.clone().unwrap_or_default(),
+            format!("{}@{}", object.entry(), target.key),
+        );
+        match apply_if_drifted(ctx, &target, resource, object, live, &manager, key).await {
+            Ok(live) => {
+                let uid = uid.or_else(|| {
+                    live.pointer("/metadata/uid")
+                        .and_then(serde_json::Value::as_str)
+                        .map(String::from)
+                });
+                applied.push(InventoryEntry {
+                    uid,
+                    adopted,
+                    ..object.entry()
+                });
+                observed.push(capstan_addons::assess_view(&object.value, &live).to_string());
+            }
             Err(f) => {
                 // What this attempt did apply stays in the inventory, so
                 // a later render that drops it still prunes it.
-                for done in &objects[..observed.len()] {
-                    if !status.inventory.iter().any(|e| done.is(e)) {
-                        status.inventory.push(done.entry());
-                    }
+                for done in applied {
+                    status
+                        .inventory
+                        .retain(|e| !capstan_addons::same_object(e, &done));
+                    status.inventory.push(done);
                 }
                 return Err(f);
             }
         }
-        watch_kind(ctx, &target, resource);
+        watch_kind(ctx, &target, resource, object.namespace.as_deref());
     }
 
     let previous = std::mem::take(&mut status.inventory);
@@ -364,7 +443,7 @@ async fn converge(
             return Err(fail(APPLIED, "PruneFailed", message));
         }
     }
-    status.inventory = objects.iter().map(Object::entry).collect();
+    status.inventory = applied;
     status.image_rewrites = rewrites;
     status.version = Some(resolved.version.clone());
     status.plugin_digest = Some(registered.plugin.plugin().digest().to_string());
@@ -396,10 +475,17 @@ async fn converge(
         .await
         .map_err(|e| fail(HEALTHY, "AssessFailed", e.to_string()))?;
     status.healthy = Some(health.healthy);
+    // Plugin text reaches a status tenants read: bounded, as a whole.
+    let mut budget = capstan_api::MAX_PLUGIN_TEXT;
     status.health_details = health
         .details
         .iter()
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| capstan_api::bounded(&format!("{k}={v}"), 256))
+        .take_while(|d| {
+            let fits = d.len() <= budget;
+            budget = budget.saturating_sub(d.len());
+            fits
+        })
         .collect();
     set_condition(
         &mut status.conditions,
@@ -414,11 +500,41 @@ async fn converge(
         } else {
             "Unhealthy"
         },
-        health.message.unwrap_or_default(),
+        capstan_api::bounded(
+            &health.message.unwrap_or_default(),
+            capstan_api::MAX_PLUGIN_TEXT,
+        ),
         Some(generation),
         &t,
     );
     Ok(Some(health.healthy))
+}
+
+/// Whether an Addon is a tenant's: outside Capstan's own namespace.
+fn is_tenant(ctx: &Context, addon: &Addon) -> bool {
+    ctx.options
+        .secrets_namespace
+        .as_ref()
+        .is_some_and(|own| addon.namespace().as_ref() != Some(own))
+}
+
+/// The field manager an Addon applies under: its own, so that no two
+/// Addons share the ownership of a field.
+fn field_manager(addon: &Addon) -> String {
+    let named = format!(
+        "{ADDON_FIELD_MANAGER}/{}/{}",
+        addon.namespace().unwrap_or_default(),
+        addon.name_any()
+    );
+    // Field managers are at most 128 characters; a uid always fits.
+    if named.len() <= 128 {
+        named
+    } else {
+        format!(
+            "{ADDON_FIELD_MANAGER}/{}",
+            addon.metadata.uid.as_deref().unwrap_or_default()
+        )
+    }
 }
 
 /// The registered addon plugin the Addon names, or why there is none.
@@ -426,6 +542,16 @@ fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failu
     let name = &addon.spec.plugin;
     let key = ObjectRef::<Plugin>::new(name);
     let object = ctx.stores.plugins.get(&key);
+    let namespace = addon.namespace().unwrap_or_default();
+    if let Some(p) = &object
+        && !crate::plugin::allowed_in(ctx, p, &namespace)
+    {
+        return Err(fail(
+            APPLIED,
+            "PluginNotAllowed",
+            p.not_allowed_message(&namespace, ctx.options.secrets_namespace.as_deref()),
+        ));
+    }
     // A deleted Plugin's component stays registered; it serves no Addon.
     if let Some(r) = ctx.addons.get(name).filter(|_| object.is_some()) {
         return Ok(r);
@@ -474,13 +600,15 @@ pub enum RenderError {
 }
 
 /// Resolve the version with the plugin, render, and run the pure steps
-/// (label, patch, rewrite images, check the objects against the kinds the
-/// plugin's manifest declares and `granted`, order). The controller
+/// (label, patch within the patch grants — only those granted to tenants
+/// when `tenant` —, rewrite images, check the objects against the kinds the
+/// plugin's manifest declares, the grants and the host's floor, order). The controller
 /// applies what this returns; `capstan addon render` prints it.
 pub async fn render(
     plugin: &capstan_runtime::AddonPlugin,
     addon: &Addon,
-    granted: &[ObjectPattern],
+    grants: &AddonGrants,
+    tenant: bool,
     rewrites: &[capstan_addons::ImageRewrite],
 ) -> Result<Rendered, RenderError> {
     let known: Vec<(String, Vec<String>)> = plugin
@@ -518,10 +646,16 @@ pub async fn render(
         })?;
     let mut objects = capstan_addons::parse_render(&texts)?;
     capstan_addons::label(&mut objects, &spec.namespace, &spec.name);
-    capstan_addons::apply_patches(&mut objects, &addon.spec.patches)?;
+    capstan_addons::apply_patches(
+        &mut objects,
+        &addon.spec.patches,
+        &grants.patch_rules(tenant),
+        tenant,
+    )?;
     let rewrites = capstan_addons::rewrite_images(&mut objects, rewrites);
     let declared = &plugin.plugin().manifest().capabilities.objects;
-    capstan_addons::check_grants(&objects, declared, granted)?;
+    // On the objects as they will be applied: patched and rewritten.
+    capstan_addons::check_grants(&objects, declared, &grants.objects, grants.pod_security)?;
     capstan_addons::apply_order(&mut objects);
     Ok(Rendered {
         resolved,
@@ -595,6 +729,8 @@ async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failure> {
             secret_ref.name
         ))
     };
+    // Before the loader sees it: no command runs, no file is read.
+    capstan_addons::target::check_kubeconfig(&text).map_err(bad)?;
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).map_err(|e| bad(e.to_string()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
@@ -659,43 +795,81 @@ fn api_for(target: &Target, resource: &ApiResource, namespace: Option<&str>) -> 
     }
 }
 
-/// Read the live object; server-side apply the rendered one only when the
-/// live one is missing or no longer carries it. Returns the live object.
+fn apply_failed(target: &Target, object: &Object, what: &str, e: kube::Error) -> Failure {
+    fail(
+        APPLIED,
+        "ApplyFailed",
+        format!("cannot {what} {} ({}): {e}", object.entry(), target.shown),
+    )
+}
+
+/// The live object a rendered one would be applied over, if it exists.
+async fn read_live(
+    target: &Target,
+    resource: &ApiResource,
+    object: &Object,
+) -> Result<Option<serde_json::Value>, Failure> {
+    Ok(api_for(target, resource, object.namespace.as_deref())
+        .get_opt(&object.name)
+        .await
+        .map_err(|e| apply_failed(target, object, "read", e))?
+        .map(|o| serde_json::to_value(o).unwrap_or_default()))
+}
+
+/// Server-side apply the rendered object (under this Addon's own field
+/// manager) only when the live one is missing or no longer carries it.
+/// Returns the live object.
 async fn apply_if_drifted(
     ctx: &Context,
     target: &Target,
     resource: &ApiResource,
     object: &Object,
+    live: Option<serde_json::Value>,
+    manager: &str,
+    key: (String, String),
 ) -> Result<serde_json::Value, Failure> {
     let api = api_for(target, resource, object.namespace.as_deref());
-    let failed = |what: &str, e: kube::Error| {
-        fail(
-            APPLIED,
-            "ApplyFailed",
-            format!("cannot {what} {} ({}): {e}", object.entry(), target.shown),
-        )
-    };
-    let live = api
-        .get_opt(&object.name)
-        .await
-        .map_err(|e| failed("read", e))?
-        .map(|o| serde_json::to_value(o).unwrap_or_default());
-    if let Some(live) = &live
-        && capstan_addons::conforms(&object.value, live)
-    {
-        return Ok(live.clone());
+    if let Some(live) = &live {
+        let expected = ctx
+            .addon_state
+            .expected
+            .lock()
+            .expect("expected lock")
+            .get(&key)
+            .cloned();
+        let desired = match &expected {
+            Some((rendered, applied)) if *rendered == object.value => applied,
+            _ => &object.value,
+        };
+        if capstan_addons::conforms(desired, live) {
+            return Ok(live.clone());
+        }
     }
+    // Forced only over fields of an object this Addon owns (the ownership
+    // check ran first): hand edits of what it renders are put back.
     let applied = api
         .patch(
             &object.name,
-            &PatchParams::apply(ADDON_FIELD_MANAGER).force(),
+            &PatchParams::apply(manager).force(),
             &Patch::Apply(&object.value),
         )
         .await
-        .map_err(|e| failed("apply", e))?;
+        .map_err(|e| apply_failed(target, object, "apply", e))?;
+    let applied = serde_json::to_value(applied).unwrap_or_default();
+    ctx.addon_state
+        .expected
+        .lock()
+        .expect("expected lock")
+        .insert(
+            key,
+            (
+                object.value.clone(),
+                capstan_addons::project(&object.value, &applied),
+            ),
+        );
     ctx.metrics.wrote(CONTROLLER, "apply");
     tracing::info!(object = %object.entry(), target = %target.shown, created = live.is_none(), "applied addon object");
-    Ok(serde_json::to_value(applied).unwrap_or_default())
+    Ok(applied)
 }
 
 /// Delete one inventory object if it is still there and still ours.
@@ -718,19 +892,27 @@ async fn delete_entry(
     let Some(live) = live else {
         return Ok(Deleted::Gone);
     };
-    let labels = live.labels();
-    let ours = labels.get(LABEL_ADDON_NAME) == Some(&addon.name_any())
-        && labels.get(LABEL_ADDON_NAMESPACE) == addon.namespace().as_ref();
-    if !ours {
-        tracing::warn!(object = %entry, "not deleting an inventory object that no longer carries this Addon's labels");
+    let ns = addon.namespace().unwrap_or_default();
+    let value = serde_json::to_value(&live).unwrap_or_default();
+    if !ownership::may_delete(entry, &value, (&ns, &addon.name_any())) {
+        tracing::info!(object = %entry, adopted = entry.adopted, "leaving an inventory object this Addon did not create (or that was replaced)");
         return Ok(Deleted::Gone);
     }
     if live.metadata.deletion_timestamp.is_some() {
         return Ok(Deleted::Going);
     }
-    match api.delete(&entry.name, &DeleteParams::background()).await {
+    // Only the very object recorded: a uid precondition, so an object
+    // recreated under the same name in between is left alone.
+    let mut params = DeleteParams::background();
+    if let Some(uid) = &entry.uid {
+        params = params.preconditions(kube::api::Preconditions {
+            uid: Some(uid.clone()),
+            resource_version: None,
+        });
+    }
+    match api.delete(&entry.name, &params).await {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Deleted::Gone),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Deleted::Gone),
         Err(e) => return Err(format!("cannot delete {entry}: {e}")),
     }
     ctx.metrics.wrote(CONTROLLER, "delete");
@@ -745,22 +927,39 @@ enum Deleted {
     Going,
 }
 
-/// Start (once per cluster and kind) a watch that reconciles the Addon of
-/// any labelled object that changes or goes.
-fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource) {
+/// Start (once per cluster, kind and namespace) a watch that reconciles
+/// the Addon of any labelled object that changes or goes. Watches are
+/// scoped to the namespace the object lives in (no cluster-wide LIST for a
+/// namespaced object), back off on errors, and a changed target (a new
+/// kubeconfig) replaces its watches instead of adding to them.
+fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource, namespace: Option<&str>) {
+    let (cluster, version) = target
+        .key
+        .split_once('@')
+        .unwrap_or((target.key.as_str(), ""));
     let key = (
-        target.key.clone(),
-        format!("{}/{}", resource.api_version, resource.kind),
+        cluster.to_string(),
+        format!(
+            "{}/{}@{}",
+            resource.api_version,
+            resource.kind,
+            namespace.unwrap_or("")
+        ),
     );
     let mut watches = ctx.addon_state.watches.lock().expect("watches lock");
-    if watches.contains_key(&key) {
-        return;
+    match watches.get(&key) {
+        Some((v, _)) if v == version => return,
+        Some((_, old)) => old.abort(),
+        None => {}
     }
-    let api: Api<DynamicObject> = Api::all_with(target.client.clone(), resource);
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(target.client.clone(), ns, resource),
+        None => Api::all_with(target.client.clone(), resource),
+    };
     let trigger = ctx.addon_state.trigger.clone();
     let task = tokio::spawn(async move {
         let config = watcher::Config::default().labels(LABEL_ADDON_NAME);
-        let mut events = std::pin::pin!(watcher(api, config));
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         while let Some(event) = events.next().await {
             let object = match event {
                 Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => o,
@@ -780,7 +979,7 @@ fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource) {
             }
         }
     });
-    watches.insert(key, task);
+    watches.insert(key, (version.to_string(), task));
 }
 
 /// Delete the inventory in reverse apply order; drop the finalizer once all
@@ -841,6 +1040,12 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
         .cloned()
         .collect();
     crate::set_finalizers(ctx, CONTROLLER, addon, finalizers).await?;
+    let uid = addon.metadata.uid.clone().unwrap_or_default();
+    ctx.addon_state
+        .expected
+        .lock()
+        .expect("expected lock")
+        .retain(|(of, _), _| *of != uid);
     tracing::info!(addon = %crate::key_of(addon), objects = inventory.len(), "addon removed with everything it applied");
     Ok(Action::await_change())
 }

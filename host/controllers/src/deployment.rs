@@ -150,14 +150,18 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     status.selector = Some(selector_string(&md.spec.selector));
     let t = now();
 
+    let plugin = &md.spec.template.spec.provider.plugin;
     let strategy = match selector_mismatch(&md.spec.selector, &md.spec.template, "deployment") {
-        Some(message) => Err(message),
-        None => strategy_of(&md),
+        Some(message) => Err(("InvalidSpec", message)),
+        None => match crate::plugin::not_allowed(&ctx, plugin, &namespace) {
+            Some(message) => Err(("PluginNotAllowed", message)),
+            None => strategy_of(&md).map_err(|m| ("InvalidSpec", m)),
+        },
     };
     let strategy = match strategy {
         Ok(s) => s,
-        Err(message) => {
-            let problem = Some(("InvalidSpec", message.as_str()));
+        Err((reason, message)) => {
+            let problem = Some((reason, message.as_str()));
             set_valid_spec(&mut status.conditions, problem, generation, &t);
             status.phase = Some(DeploymentPhase::Failed);
             apply_status(&ctx, CONTROLLER, md.as_ref(), current.as_ref(), &status).await?;
@@ -576,7 +580,7 @@ async fn decide(
     let mut pending = 0;
     let all = ctx.stores.machines.state();
     // Asked once per reconcile, not per machine.
-    let updaters = crate::inplace::eligible(ctx, policy);
+    let updaters = crate::inplace::eligible(ctx, policy, &md.namespace().unwrap_or_default());
     let fingerprint = crate::inplace::fingerprint(&updaters);
     for set in sets {
         let uid = set.uid().unwrap_or_default();

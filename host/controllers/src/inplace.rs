@@ -78,6 +78,11 @@ impl Updaters {
             .insert(name.to_string(), Arc::new(updater));
     }
 
+    /// Stop serving a Plugin (its grants were revoked).
+    pub fn remove(&self, name: &str) {
+        self.inner.write().expect("updaters lock").remove(name);
+    }
+
     /// The updater of a Plugin.
     pub fn get(&self, name: &str) -> Option<Arc<RegisteredUpdater>> {
         self.inner.read().expect("updaters lock").get(name).cloned()
@@ -102,10 +107,12 @@ pub struct PlanCache {
 }
 
 /// The updaters a policy allows that are active now, in the order they
-/// are asked: registered, with a Plugin object that exists.
+/// are asked: registered, with a Plugin object that exists and allows
+/// `namespace`.
 pub(crate) fn eligible(
     ctx: &Context,
     policy: &InPlaceStrategy,
+    namespace: &str,
 ) -> Vec<(Updater, Arc<RegisteredUpdater>)> {
     let mut found: Vec<(Updater, Arc<RegisteredUpdater>)> = ctx
         .updaters
@@ -121,7 +128,10 @@ pub(crate) fn eligible(
             ctx.stores
                 .plugins
                 .get(&ObjectRef::<Plugin>::new(name))
-                .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+                .is_some_and(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && crate::plugin::allowed_in(ctx, &p, namespace)
+                })
         })
         .map(|(name, registered)| {
             (
@@ -300,7 +310,8 @@ pub(crate) async fn advance(
         .as_ref()
         .is_some_and(|u| u.generation == generation);
     if !planned {
-        let updaters = eligible(ctx, &owner_policy(ctx, machine));
+        let namespace = machine.namespace().unwrap_or_default();
+        let updaters = eligible(ctx, &owner_policy(ctx, machine), &namespace);
         let plan = match plan_machine(ctx, machine, &previous, &machine.spec, &updaters).await {
             Ok(plan) => plan,
             Err(message) => {

@@ -41,7 +41,7 @@ pub use provider::{MachineProvider, ProviderError, Providers, Registered, WasmPr
 
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
@@ -105,7 +105,8 @@ pub struct Options {
     /// sources are refused with a condition saying so).
     pub supply: Option<Arc<plugin::Supply>>,
     /// Capstan's own namespace: credential Secrets are read only from it, so
-    /// the right to create a Plugin is not read access to every Secret
+    /// the right to create a Plugin is not read access to every Secret, and
+    /// Plugins without `allowedNamespaces` serve only objects in it
     /// (`None`: any namespace, for embedding and tests).
     pub secrets_namespace: Option<String>,
     /// Image rewrite rules applied to the pod templates addons render
@@ -167,6 +168,8 @@ pub struct Stores {
     pub health_checks: Store<MachineHealthCheck>,
     /// Addons.
     pub addons: Store<Addon>,
+    /// Namespaces (their labels decide Plugins' `allowedNamespaces`).
+    pub namespaces: Store<Namespace>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -608,6 +611,7 @@ pub async fn run(
     let mut nodes = Shared::new(Api::<Node>::all(client.clone()));
     let mut health_checks = Shared::new(Api::<MachineHealthCheck>::all(client.clone()));
     let mut addons = Shared::new(Api::<Addon>::all(client.clone()));
+    let mut namespaces = Shared::new(Api::<Namespace>::all(client.clone()));
 
     // Fail early and clearly when the CRDs are missing.
     for (kind, result) in [
@@ -658,6 +662,7 @@ pub async fn run(
         nodes: nodes.store.clone(),
         health_checks: health_checks.store.clone(),
         addons: addons.store.clone(),
+        namespaces: namespaces.store.clone(),
     };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
@@ -721,7 +726,7 @@ pub async fn run(
     );
 
     let listed = Arc::new(Listed {
-        remaining: std::sync::atomic::AtomicUsize::new(7),
+        remaining: std::sync::atomic::AtomicUsize::new(8),
         metrics: metrics.clone(),
     });
     let reflectors = futures::stream::select_all([
@@ -735,7 +740,8 @@ pub async fn run(
         health_checks
             .start("machinehealthchecks", listed.clone())
             .boxed(),
-        addons.start("addons", listed).boxed(),
+        addons.start("addons", listed.clone()).boxed(),
+        namespaces.start("namespaces", listed).boxed(),
     ]);
     let reflectors = tokio::spawn(reflectors.for_each(|_| async {}));
 

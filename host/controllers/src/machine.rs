@@ -114,6 +114,33 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
         }
         return delete(&machine, &ctx, status, current.as_ref()).await;
     }
+    let plugin_name = machine.spec.provider.plugin.clone();
+    let namespace = machine.namespace().unwrap_or_default();
+    // Refused before the first write: a Machine in a namespace its plugin
+    // does not allow gets no finalizer, no plugin call and no cloud call.
+    if let Availability::NotAllowed(message) =
+        crate::plugin::availability(&ctx, &plugin_name, &namespace)
+    {
+        set_condition(
+            &mut status.conditions,
+            INSTANCE_PROVISIONED,
+            cond::FALSE,
+            "PluginNotAllowed",
+            message,
+            Some(generation),
+            &now(),
+        );
+        status.phase.get_or_insert(MachinePhase::Pending);
+        apply_machine_status(
+            &ctx,
+            CONTROLLER,
+            machine.as_ref(),
+            current.as_ref(),
+            &status,
+        )
+        .await?;
+        return Ok(Action::requeue(ctx.options.resync));
+    }
     if !has_finalizer {
         crate::set_finalizers(&ctx, CONTROLLER, machine.as_ref(), with_finalizer(&machine)).await?;
     }
@@ -128,12 +155,11 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     }
     status.observed_generation = Some(generation);
     let t = now();
-    let plugin_name = machine.spec.provider.plugin.clone();
 
-    let registered = match crate::plugin::availability(&ctx, &plugin_name) {
+    let registered = match crate::plugin::availability(&ctx, &plugin_name, &namespace) {
         Availability::Ready => ctx.providers.get(&plugin_name),
         Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
-        Availability::Unavailable(reason) => {
+        Availability::NotAllowed(reason) | Availability::Unavailable(reason) => {
             set_condition(
                 &mut status.conditions,
                 INSTANCE_PROVISIONED,
@@ -623,10 +649,11 @@ async fn delete_instance(
         generation,
         &t,
     );
-    let provider = match crate::plugin::availability(ctx, plugin_name) {
+    let namespace = machine.namespace().unwrap_or_default();
+    let provider = match crate::plugin::availability(ctx, plugin_name, &namespace) {
         Availability::Ready => ctx.providers.get(plugin_name),
         Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
-        Availability::Unavailable(reason) => {
+        Availability::NotAllowed(reason) | Availability::Unavailable(reason) => {
             set_condition(
                 &mut status.conditions,
                 INSTANCE_PROVISIONED,

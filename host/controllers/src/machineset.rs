@@ -169,8 +169,16 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     status.selector = Some(selector_string(&set.spec.selector));
     let t = now();
 
-    if let Some(message) = selector_mismatch(&set.spec.selector, &set.spec.template, "set") {
-        let problem = Some(("SelectorMismatch", message.as_str()));
+    // Refused before the first write: no machine is created for a plugin
+    // this namespace may not use.
+    let problem = selector_mismatch(&set.spec.selector, &set.spec.template, "set")
+        .map(|m| ("SelectorMismatch", m))
+        .or_else(|| {
+            let plugin = &set.spec.template.spec.provider.plugin;
+            crate::plugin::not_allowed(&ctx, plugin, &namespace).map(|m| ("PluginNotAllowed", m))
+        });
+    if let Some((reason, message)) = problem {
+        let problem = Some((reason, message.as_str()));
         set_valid_spec(&mut status.conditions, problem, generation, &t);
         apply_status(&ctx, CONTROLLER, set.as_ref(), current.as_ref(), &status).await?;
         return Ok(Action::await_change());

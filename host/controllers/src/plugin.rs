@@ -10,6 +10,12 @@
 //! component (digest-checked, cached) → compile (cached) → swap. A revision
 //! that fails any step is not activated; the previous one keeps serving and
 //! `UpToDate=False` says exactly why.
+//!
+//! Revocation is immediate: credential Secrets are watched, and a serving
+//! revision whose grants were narrowed, or whose credential Secret was
+//! deleted, is either registered again with what is still granted or
+//! stops serving (`Ready=False`) in the same reconcile — never left serving
+//! with what it was granted before.
 
 use crate::provider::{Registered, WasmProvider};
 use crate::{
@@ -26,7 +32,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ReflectHandle;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,8 +65,33 @@ pub(crate) async fn controller(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let trigger = counted(CONTROLLER, &ctx.metrics, plugins, |p| Some(key_of(p)));
+    let secrets: Api<Secret> = match &ctx.options.secrets_namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let store = ctx.stores.plugins.clone();
     let stream = Controller::for_shared_stream(trigger, ctx.stores.plugins.clone())
         .with_config(Config::default().concurrency(ctx.options.concurrency.plugins))
+        // A credential Secret changed or deleted: its Plugins at once.
+        .watches(
+            secrets,
+            kube::runtime::watcher::Config::default(),
+            move |secret: Secret| {
+                let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|p| {
+                        p.spec
+                            .grants
+                            .credentials
+                            .iter()
+                            .any(|c| c.secret_ref.namespace == ns && c.secret_ref.name == name)
+                    })
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
         .graceful_shutdown_on(shutdown)
         .run(
             |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
@@ -76,7 +107,25 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     let mut status = plugin.status.clone().unwrap_or_default();
     let current = plugin.status.clone();
     status.observed_generation = Some(generation);
-    let outcome = load(&plugin, &ctx, &name, generation).await;
+    // Grants first, every time: what an admin narrowed or deleted is
+    // taken away in this reconcile, whatever happens to the revision.
+    let granted = grants(&plugin, &ctx).await;
+    let fingerprint = match &granted {
+        Ok((_, secret_versions)) => Some(grants_fingerprint(&plugin, secret_versions)),
+        // A transient read error says nothing about what is granted.
+        Err((reason, _)) if *reason == "CredentialUnavailable" => serving_fingerprint(&ctx, &name),
+        Err(_) => None,
+    };
+    let outcome = match granted {
+        Ok((g, _)) => {
+            let fingerprint = fingerprint.clone().unwrap_or_default();
+            load(&plugin, &ctx, &name, generation, g, fingerprint).await
+        }
+        Err(f) => Err(f),
+    };
+    if outcome.is_err() && serving_fingerprint(&ctx, &name) != fingerprint {
+        revoke(&ctx, &name);
+    }
     let t = now();
     let mut settled = true;
     // What `kubectl describe plugin` should tell, if this reconcile changes
@@ -139,10 +188,7 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
         Ok(None) => {}
         Err((reason, message)) => {
             settled = false;
-            let serving = ctx
-                .providers
-                .get(&name)
-                .is_some_and(|r| r.generation.is_some());
+            let serving = serving_fingerprint(&ctx, &name).is_some();
             tracing::warn!(plugin = %name, reason, %message, serving, "plugin revision not activated");
             let message = if serving {
                 let still = status
@@ -336,6 +382,8 @@ async fn load(
     ctx: &Context,
     name: &str,
     generation: i64,
+    grants: Grants,
+    fingerprint: String,
 ) -> Result<Option<Loaded>, Failure> {
     let Some(runtime) = ctx.runtime.clone() else {
         return Err((
@@ -344,12 +392,11 @@ async fn load(
         ));
     };
     let found = find(plugin, ctx).await?;
-    // Grants first: what the revision declares is known from its manifest,
-    // so a revision asking for more is refused before anything is fetched.
-    // Reading the credential Secrets on every reconcile also notices a
-    // rotated key (at the next resync) and loads the plugin with it.
-    let (grants, secret_versions) = grants(plugin, ctx).await?;
-    let loaded_key = format!("{}|{secret_versions}", found.revision);
+    // What the revision declares is known from its manifest, so a revision
+    // asking for more than is granted is refused before anything is
+    // fetched. The key holds the grants and the credential Secrets'
+    // versions, so a rotated key or a narrowed grant loads the plugin again.
+    let loaded_key = format!("{}|{fingerprint}", found.revision);
     let already = ctx.loaded.lock().expect("loaded lock").get(name).cloned();
     let status_ready = plugin
         .status
@@ -364,12 +411,26 @@ async fn load(
         return Ok(None);
     }
 
-    let granted_objects = object_grants(plugin)?;
+    let addon_grants = capstan_addons::AddonGrants::from_spec(&plugin.spec.grants)
+        .map_err(|e| ("InvalidGrant", e))?;
     let mut missing = grants.missing(&found.manifest.capabilities.http);
     missing.extend(capstan_manifest::ungranted_kinds(
         &found.manifest.capabilities.objects,
-        &granted_objects,
+        &addon_grants.objects,
     ));
+    let update_fields = granted_update_fields(plugin, &found.manifest)?;
+    if !found.manifest.update_fields.is_empty() && update_fields.is_empty() {
+        missing.push(format!(
+            "updateFields {} (spec.grants.updateFields covers none of them)",
+            found
+                .manifest
+                .update_fields
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if !missing.is_empty() {
         return Err((
             "GrantsMissing",
@@ -485,12 +546,12 @@ async fn load(
         // Checking and registering is one step, so two overlapping
         // updaters activated at once cannot both pass.
         let _one_at_a_time = ctx.updater_activation.lock().await;
-        check_field_ownership(plugin, &manifest, ctx)?;
+        check_field_ownership(plugin, &update_fields, ctx)?;
         ctx.updaters.insert(
             name,
             crate::inplace::RegisteredUpdater {
                 plugin: updater,
-                fields: manifest.update_fields.clone(),
+                fields: update_fields.clone(),
                 order: plugin.spec.update_order,
             },
         );
@@ -501,7 +562,7 @@ async fn load(
             name,
             crate::addon::RegisteredAddon {
                 plugin: addon,
-                granted: granted_objects,
+                grants: addon_grants,
             },
         );
     }
@@ -527,11 +588,7 @@ async fn load(
             .iter()
             .map(ToString::to_string)
             .collect(),
-        update_fields: manifest
-            .update_fields
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        update_fields: update_fields.iter().map(ToString::to_string).collect(),
         declared_http: manifest
             .capabilities
             .http
@@ -551,19 +608,72 @@ async fn load(
     }))
 }
 
-/// The object kinds `spec.grants.objects` grants (addon plugins).
-fn object_grants(plugin: &Plugin) -> Result<Vec<capstan_manifest::ObjectPattern>, Failure> {
-    plugin
+/// The fields an updater may change: what its manifest declares, as far as
+/// the Plugin's `spec.grants.updateFields` covers it.
+fn granted_update_fields(
+    plugin: &Plugin,
+    manifest: &PluginManifest,
+) -> Result<Vec<capstan_manifest::FieldPattern>, Failure> {
+    let granted = plugin
         .spec
         .grants
-        .objects
+        .update_fields
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            text.parse()
-                .map_err(|e| ("InvalidGrant", format!("spec.grants.objects[{i}]: {e}")))
+            text.parse().map_err(|e| {
+                (
+                    "InvalidGrant",
+                    format!("spec.grants.updateFields[{i}]: {e}"),
+                )
+            })
         })
-        .collect()
+        .collect::<Result<Vec<_>, Failure>>()?;
+    Ok(capstan_manifest::granted_fields(
+        &manifest.update_fields,
+        &granted,
+    ))
+}
+
+/// What a revision is registered under: the Plugin's grants and the
+/// versions of the credential Secrets they name.
+fn grants_fingerprint(plugin: &Plugin, secret_versions: &str) -> String {
+    format!(
+        "{}|{secret_versions}",
+        serde_json::to_string(&plugin.spec.grants).unwrap_or_default()
+    )
+}
+
+/// The grants fingerprint the serving revision was registered under, if a
+/// revision of this Plugin is serving.
+fn serving_fingerprint(ctx: &Context, name: &str) -> Option<String> {
+    let registered = ctx
+        .providers
+        .get(name)
+        .is_some_and(|r| r.generation.is_some())
+        || ctx.updaters.get(name).is_some()
+        || ctx.addons.get(name).is_some();
+    let loaded = ctx.loaded.lock().expect("loaded lock").get(name).cloned();
+    match loaded {
+        Some((_, key)) if registered => key
+            .split_once('|')
+            .map(|(_, fingerprint)| fingerprint.to_string()),
+        _ => None,
+    }
+}
+
+/// Stop serving a Plugin's revision: it was registered with grants or
+/// credentials it no longer has, and cannot be registered again with the
+/// current ones.
+fn revoke(ctx: &Context, name: &str) {
+    let was_serving = serving_fingerprint(ctx, name).is_some();
+    ctx.providers.remove(name);
+    ctx.updaters.remove(name);
+    ctx.addons.remove(name);
+    ctx.loaded.lock().expect("loaded lock").remove(name);
+    if was_serving {
+        tracing::warn!(plugin = %name, "grants or credentials were revoked; the plugin stopped serving");
+    }
 }
 
 /// The grants a Plugin's spec describes, with the credentials read from their
@@ -673,7 +783,7 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<(Grants, String), Fail
 /// first).
 fn check_field_ownership(
     plugin: &Plugin,
-    manifest: &PluginManifest,
+    fields: &[capstan_manifest::FieldPattern],
     ctx: &Context,
 ) -> Result<(), Failure> {
     let name = plugin.name_any();
@@ -688,20 +798,21 @@ fn check_field_ownership(
         let status = other.status.clone().unwrap_or_default();
         let ready_updater = status.world.as_deref() == Some("updater-plugin")
             && capstan_api::is_true(&status.conditions, READY);
-        let fields: Vec<capstan_manifest::FieldPattern> = match (&registered, ready_updater) {
-            (Some(r), _) => r.fields.clone(),
-            (None, true) => status
-                .update_fields
-                .iter()
-                .filter_map(|f| f.parse().ok())
-                .collect(),
-            (None, false) => continue,
-        };
+        let fields_of_other: Vec<capstan_manifest::FieldPattern> =
+            match (&registered, ready_updater) {
+                (Some(r), _) => r.fields.clone(),
+                (None, true) => status
+                    .update_fields
+                    .iter()
+                    .filter_map(|f| f.parse().ok())
+                    .collect(),
+                (None, false) => continue,
+            };
         let theirs = other.spec.update_order;
         if matches!((mine, theirs), (Some(a), Some(b)) if a != b) {
             continue;
         }
-        let overlap = capstan_manifest::overlapping(&manifest.update_fields, &fields);
+        let overlap = capstan_manifest::overlapping(fields, &fields_of_other);
         if !overlap.is_empty() {
             let pairs: Vec<String> = overlap
                 .iter()
@@ -728,11 +839,36 @@ fn check_field_ownership(
     ))
 }
 
+/// Whether objects in `namespace` may use `plugin`: its
+/// `spec.allowedNamespaces` against the namespace's labels (unset: only
+/// Capstan's own namespace).
+pub fn allowed_in(ctx: &Context, plugin: &Plugin, namespace: &str) -> bool {
+    let labels = ctx
+        .stores
+        .namespaces
+        .get(&ObjectRef::new(namespace))
+        .and_then(|n| n.metadata.labels.clone())
+        .unwrap_or_default();
+    plugin.allows_namespace(namespace, &labels, ctx.options.secrets_namespace.as_deref())
+}
+
+/// Why objects in `namespace` may not use the Plugin named `name`, if they
+/// may not (a Plugin that does not exist is another matter, reported where
+/// it is used).
+pub(crate) fn not_allowed(ctx: &Context, name: &str, namespace: &str) -> Option<String> {
+    let plugin = ctx.stores.plugins.get(&ObjectRef::new(name))?;
+    (!allowed_in(ctx, &plugin, namespace))
+        .then(|| plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()))
+}
+
 /// Whether machines can use a plugin right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Availability {
     /// Registered and usable.
     Ready,
+    /// The plugin exists but objects in this namespace may not use it: what
+    /// to tell the user (reason `PluginNotAllowed`).
+    NotAllowed(String),
     /// This host has not loaded it yet (for example right after a restart);
     /// machines wait quietly instead of reporting a problem.
     Loading,
@@ -740,10 +876,10 @@ pub enum Availability {
     Unavailable(String),
 }
 
-/// Whether machines naming `name` can use it.
-pub fn availability(ctx: &Context, name: &str) -> Availability {
+/// Whether machines in `namespace` naming `name` can use it.
+pub fn availability(ctx: &Context, name: &str, namespace: &str) -> Availability {
     let registered = ctx.providers.get(name);
-    let key = kube::runtime::reflector::ObjectRef::<Plugin>::new(name);
+    let key = ObjectRef::<Plugin>::new(name);
     let Some(plugin) = ctx.stores.plugins.get(&key) else {
         return match registered {
             // Built-in providers (the benchmark's native one) have no object.
@@ -753,6 +889,11 @@ pub fn availability(ctx: &Context, name: &str) -> Availability {
             )),
         };
     };
+    if !allowed_in(ctx, &plugin, namespace) {
+        return Availability::NotAllowed(
+            plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()),
+        );
+    }
     if registered.is_some() {
         return Availability::Ready;
     }

@@ -120,11 +120,18 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
-        why: "plugin: credential Secrets; addon: workload-cluster kubeconfigs; only in Capstan's namespace",
+        why: "plugin: credential Secrets (watched, so a deleted or changed credential is revoked at once); addon: workload-cluster kubeconfigs; only in Capstan's namespace",
         group: "",
         resources: &["secrets"],
-        verbs: &["get"],
+        verbs: READ,
         scope: Scope::OwnNamespace,
+    },
+    Rule {
+        why: "all controllers: namespace labels, for Plugins' spec.allowedNamespaces selectors",
+        group: "",
+        resources: &["namespaces"],
+        verbs: READ,
+        scope: Scope::Cluster,
     },
     Rule {
         why: "leader election: the Lease only one replica holds",
@@ -161,7 +168,7 @@ mod tests {
     fn secrets_are_only_readable_in_the_own_namespace() {
         for rule in RULES.iter().filter(|r| r.resources.contains(&"secrets")) {
             assert_eq!(rule.scope, Scope::OwnNamespace);
-            assert_eq!(rule.verbs, ["get"]);
+            assert_eq!(rule.verbs, READ);
         }
     }
 }

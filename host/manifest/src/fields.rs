@@ -8,6 +8,10 @@
 //! itself. Declarations are checked against each other when an updater is
 //! activated ([`FieldPattern::overlaps`]) and every claim an updater makes is
 //! checked against its own declaration ([`FieldPattern::matches`]).
+//!
+//! A declaration takes effect only as far as the admin grants it on the
+//! Plugin ([`granted_fields`]). A key that holds a `.` (a label such as
+//! `example.com/team`) is written with the dot escaped: `tags.example\.com/team`.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -25,13 +29,24 @@ pub struct FieldPattern {
 impl FieldPattern {
     /// Whether the concrete `path` is covered by this pattern.
     pub fn matches(&self, path: &str) -> bool {
-        let parts: Vec<&str> = path.split('.').collect();
+        let parts = split_path(path);
         if self.wildcard {
             parts.len() > self.segments.len()
                 && self.segments.iter().zip(&parts).all(|(a, b)| a == b)
         } else {
             parts.len() == self.segments.len()
                 && self.segments.iter().zip(&parts).all(|(a, b)| a == b)
+        }
+    }
+
+    /// Whether every path this pattern covers, `other` covers too.
+    pub fn within(&self, other: &FieldPattern) -> bool {
+        let prefix = self.segments.len() >= other.segments.len()
+            && self.segments[..other.segments.len()] == other.segments[..];
+        match (self.wildcard, other.wildcard) {
+            (_, true) => prefix && (self.segments.len() > other.segments.len() || self.wildcard),
+            (false, false) => self.segments == other.segments,
+            (true, false) => false,
         }
     }
 
@@ -54,7 +69,7 @@ impl FieldPattern {
 impl FromStr for FieldPattern {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut segments: Vec<String> = s.split('.').map(str::to_string).collect();
+        let mut segments: Vec<String> = split_path(s).into_iter().map(str::to_string).collect();
         let wildcard = segments.last().is_some_and(|l| l == "*");
         if wildcard {
             segments.pop();
@@ -96,6 +111,48 @@ impl<'de> Deserialize<'de> for FieldPattern {
     }
 }
 
+/// Split a dotted path on the dots that are not escaped (`\.`); segments
+/// keep their escapes, so paths and patterns compare as written.
+pub fn split_path(path: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut escaped = false;
+    for (i, c) in path.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '.' => {
+                parts.push(&path[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&path[start..]);
+    parts
+}
+
+/// A key as a path segment: dots and backslashes escaped.
+pub fn path_segment(key: &str) -> String {
+    key.replace('\\', "\\\\").replace('.', "\\.")
+}
+
+/// What an updater may change: its declared patterns as far as `granted`
+/// covers them (a declared `provider.config.*` granted only
+/// `provider.config.tags.*` becomes `provider.config.tags.*`).
+pub fn granted_fields(declared: &[FieldPattern], granted: &[FieldPattern]) -> Vec<FieldPattern> {
+    let mut effective: Vec<FieldPattern> = Vec::new();
+    for d in declared {
+        for g in granted.iter().filter(|g| g.overlaps(d)) {
+            let narrower = if d.within(g) { d } else { g };
+            if !effective.contains(narrower) {
+                effective.push(narrower.clone());
+            }
+        }
+    }
+    effective
+}
+
 /// Pairs `(mine, theirs)` of patterns that overlap between two declarations.
 pub fn overlapping(mine: &[FieldPattern], theirs: &[FieldPattern]) -> Vec<(String, String)> {
     let mut found = vec![];
@@ -115,6 +172,32 @@ mod tests {
 
     fn p(s: &str) -> FieldPattern {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn declarations_take_effect_as_far_as_granted() {
+        let declared = vec![p("provider.config.*"), p("version"), p("failureDomain")];
+        let granted = vec![p("provider.config.tags.*"), p("version")];
+        let effective: Vec<String> = granted_fields(&declared, &granted)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(effective, ["provider.config.tags.*", "version"]);
+        assert!(granted_fields(&declared, &[]).is_empty());
+        assert!(p("a.b.c").within(&p("a.*")));
+        assert!(p("a.b.*").within(&p("a.*")));
+        assert!(!p("a.*").within(&p("a.b.*")));
+        assert!(!p("a").within(&p("a.*")));
+    }
+
+    #[test]
+    fn keys_with_dots_are_escaped_segments() {
+        let team = format!("provider.config.tags.{}", path_segment("example.com/team"));
+        assert_eq!(team, "provider.config.tags.example\\.com/team");
+        assert!(p("provider.config.tags.*").matches(&team));
+        assert!(p("provider.config.tags.example\\.com/team").matches(&team));
+        assert!(!p("provider.config.tags.example").matches(&team));
+        assert!(!p("provider.config.tags.example.*").matches(&team));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 mod fields;
 mod objects;
 
-pub use fields::{FieldPattern, overlapping};
+pub use fields::{FieldPattern, granted_fields, overlapping, path_segment, split_path};
 pub use objects::{ObjectKey, ObjectPattern, ObjectScope, group_of, ungranted_kinds};
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -8,9 +8,18 @@
 //! - `apps/Deployment@*`: Deployments in any namespace;
 //! - `rbac.authorization.k8s.io/ClusterRole`: a cluster-scoped kind (no `@`).
 //!
-//! The group comes before the last `/` (none for the core group), the kind
-//! is written as in `kind:` and the scope after `@`. Versions are not part
-//! of a pattern: a grant is about what an object is, not how it is spelled.
+//! - `rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns`: one
+//!   object, by name.
+//!
+//! The group comes before the kind (none for the core group), the kind is
+//! written as in `kind:`, an object name may follow it after a `/`, and the
+//! scope comes after `@`. Versions are not part of a pattern: a grant is
+//! about what an object is, not how it is spelled.
+//!
+//! Kinds that hand out rights over the cluster (RBAC, admission webhooks,
+//! CRDs, API services, Namespaces) can only be granted by name
+//! ([`ObjectPattern::needs_name`]): granting "any ClusterRoleBinding" would
+//! let any later revision bind `cluster-admin`.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -36,7 +45,28 @@ pub struct ObjectPattern {
     pub kind: String,
     /// Where.
     pub scope: ObjectScope,
+    /// One object's name; `None` for every object of the kind.
+    pub name: Option<String>,
 }
+
+/// Kinds that can only be granted by name, as (group, kind).
+pub const NAMED_ONLY: &[(&str, &str)] = &[
+    ("rbac.authorization.k8s.io", "ClusterRole"),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
+    ("rbac.authorization.k8s.io", "Role"),
+    ("rbac.authorization.k8s.io", "RoleBinding"),
+    (
+        "admissionregistration.k8s.io",
+        "MutatingWebhookConfiguration",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "ValidatingWebhookConfiguration",
+    ),
+    ("apiextensions.k8s.io", "CustomResourceDefinition"),
+    ("apiregistration.k8s.io", "APIService"),
+    ("", "Namespace"),
+];
 
 /// The identity of one rendered object, as far as grants are concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +77,8 @@ pub struct ObjectKey<'a> {
     pub kind: &'a str,
     /// Namespace; `None` for a cluster-scoped object.
     pub namespace: Option<&'a str>,
+    /// Name.
+    pub name: &'a str,
 }
 
 impl ObjectPattern {
@@ -54,6 +86,7 @@ impl ObjectPattern {
     pub fn matches(&self, object: &ObjectKey<'_>) -> bool {
         self.group == object.group
             && self.kind == object.kind
+            && self.name.as_deref().is_none_or(|n| n == object.name)
             && match (&self.scope, object.namespace) {
                 (ObjectScope::Cluster, None) => true,
                 (ObjectScope::AnyNamespace, Some(_)) => true,
@@ -67,16 +100,29 @@ impl ObjectPattern {
         self.group == other.group && self.kind == other.kind
     }
 
-    /// The pattern text an object would need to be granted (for messages).
+    /// Whether grants of this kind must name the object.
+    pub fn needs_name(&self) -> bool {
+        NAMED_ONLY
+            .iter()
+            .any(|(g, k)| *g == self.group && *k == self.kind)
+    }
+
+    /// The pattern text an object would need to be granted (for messages):
+    /// named for the kinds that are only granted by name.
     pub fn for_object(object: &ObjectKey<'_>) -> ObjectPattern {
-        ObjectPattern {
+        let mut pattern = ObjectPattern {
             group: object.group.to_string(),
             kind: object.kind.to_string(),
             scope: match object.namespace {
                 None => ObjectScope::Cluster,
                 Some(ns) => ObjectScope::Namespace(ns.to_string()),
             },
+            name: None,
+        };
+        if pattern.needs_name() {
+            pattern.name = Some(object.name.to_string());
         }
+        pattern
     }
 }
 
@@ -86,6 +132,9 @@ impl fmt::Display for ObjectPattern {
             write!(f, "{}/", self.group)?;
         }
         f.write_str(&self.kind)?;
+        if let Some(name) = &self.name {
+            write!(f, "/{name}")?;
+        }
         match &self.scope {
             ObjectScope::Cluster => Ok(()),
             ObjectScope::Namespace(ns) => write!(f, "@{ns}"),
@@ -103,10 +152,20 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Names as Kubernetes allows them for the kinds grants name (RBAC names
+/// may hold `:`, as in `system:coredns`).
+fn is_object_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.' | b':')
+        })
+}
+
 impl FromStr for ObjectPattern {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let example = "write it as [group/]Kind[@namespace|@*], for example `apps/Deployment@kube-system`, `ConfigMap@*` or `rbac.authorization.k8s.io/ClusterRole`";
+        let example = "write it as [group/]Kind[/name][@namespace|@*], for example `apps/Deployment@kube-system`, `ConfigMap@*` or `rbac.authorization.k8s.io/ClusterRole/system:coredns`";
         let (kinded, scope) = match text.split_once('@') {
             None => (text, ObjectScope::Cluster),
             Some((k, "*")) => (k, ObjectScope::AnyNamespace),
@@ -117,9 +176,25 @@ impl FromStr for ObjectPattern {
                 ));
             }
         };
-        let (group, kind) = match kinded.rsplit_once('/') {
-            Some((g, k)) => (g, k),
-            None => ("", kinded),
+        // The kind is the last part that starts with an upper-case letter:
+        // names (which may follow it) never do.
+        let parts: Vec<&str> = kinded.split('/').collect();
+        let at = parts
+            .iter()
+            .rposition(|p| p.starts_with(|c: char| c.is_ascii_uppercase()))
+            .unwrap_or(parts.len() - 1);
+        let group = parts[..at].join("/");
+        let group = group.as_str();
+        let kind = parts.get(at).copied().unwrap_or("");
+        let name = match &parts[(at + 1).min(parts.len())..] {
+            [] => None,
+            [n] if is_object_name(n) => Some(n.to_string()),
+            rest => {
+                return Err(format!(
+                    "`{text}`: `{}` is not an object name (names are lower-case, with `-`, `.` or `:`); {example}",
+                    rest.join("/")
+                ));
+            }
         };
         let group_ok = group.is_empty() || group.split('.').all(is_dns_label);
         if !group_ok {
@@ -138,6 +213,7 @@ impl FromStr for ObjectPattern {
             group: group.to_string(),
             kind: kind.to_string(),
             scope,
+            name,
         })
     }
 }
@@ -188,7 +264,54 @@ mod tests {
             group,
             kind,
             namespace,
+            name: "x",
         }
+    }
+
+    #[test]
+    fn patterns_can_name_one_object() {
+        let named = p("rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns");
+        assert_eq!(named.name.as_deref(), Some("system:coredns"));
+        assert_eq!(named.kind, "ClusterRoleBinding");
+        assert_eq!(
+            named.to_string(),
+            "rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns"
+        );
+        let mut crb = key("rbac.authorization.k8s.io", "ClusterRoleBinding", None);
+        crb.name = "system:coredns";
+        assert!(named.matches(&crb));
+        crb.name = "cluster-admin-for-me";
+        assert!(!named.matches(&crb));
+        let cm = p("ConfigMap/coredns@kube-system");
+        assert_eq!(
+            (cm.group.as_str(), cm.name.as_deref()),
+            ("", Some("coredns"))
+        );
+        assert_eq!(cm.to_string(), "ConfigMap/coredns@kube-system");
+        let e = "ConfigMap/Bad_Name@x".parse::<ObjectPattern>().unwrap_err();
+        assert!(e.starts_with("`ConfigMap/Bad_Name@x`: "), "{e}");
+        let e = "ConfigMap/a/b".parse::<ObjectPattern>().unwrap_err();
+        assert!(e.contains("`a/b` is not an object name"), "{e}");
+    }
+
+    #[test]
+    fn rights_handing_kinds_need_names() {
+        for kind in [
+            "rbac.authorization.k8s.io/ClusterRoleBinding",
+            "rbac.authorization.k8s.io/RoleBinding@*",
+            "admissionregistration.k8s.io/MutatingWebhookConfiguration",
+            "apiextensions.k8s.io/CustomResourceDefinition",
+            "Namespace",
+        ] {
+            assert!(p(kind).needs_name(), "{kind}");
+        }
+        assert!(!p("apps/Deployment@*").needs_name());
+        let mut ns = key("", "Namespace", None);
+        ns.name = "monitoring";
+        assert_eq!(
+            ObjectPattern::for_object(&ns).to_string(),
+            "Namespace/monitoring"
+        );
     }
 
     #[test]

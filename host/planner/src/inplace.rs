@@ -9,7 +9,11 @@
 //! steps (updater and fields, run in order) and the unclaimed remainder. A
 //! machine is updated in place only when nothing remains unclaimed.
 
-use capstan_manifest::FieldPattern;
+use capstan_manifest::{FieldPattern, path_segment};
+
+/// Fields no updater may ever claim: a Machine changes its provider or
+/// its cluster only by being replaced.
+pub const NEVER_IN_PLACE: &[&str] = &["provider.plugin", "clusterName"];
 use serde_json::Value;
 
 /// The dotted paths at which two Machine specs (as JSON objects) differ:
@@ -25,11 +29,13 @@ pub fn changed_fields(current: &Value, desired: &Value) -> Vec<String> {
 }
 
 fn diff(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    // Keys holding dots (label-like keys) are escaped, so a path splits
+    // back into exactly its keys.
     let join = |key: &str| {
         if prefix.is_empty() {
-            key.to_string()
+            path_segment(key)
         } else {
-            format!("{prefix}.{key}")
+            format!("{prefix}.{}", path_segment(key))
         }
     };
     match (a, b) {
@@ -135,12 +141,13 @@ impl Planner {
         &self.plan.unclaimed
     }
 
-    /// Record `updater`'s answer, keeping only fields it declared that are
-    /// still unclaimed.
+    /// Record `updater`'s answer, keeping only fields it declared (as far as
+    /// granted) that are still unclaimed, and never [`NEVER_IN_PLACE`].
     pub fn claim(&mut self, updater: &Updater, answer: &[String]) -> Claimed {
         let mut claimed = Claimed::default();
         for field in answer {
-            let declared = updater.fields.iter().any(|p| p.matches(field));
+            let declared = updater.fields.iter().any(|p| p.matches(field))
+                && !NEVER_IN_PLACE.contains(&field.as_str());
             if declared && self.plan.unclaimed.contains(field) && !claimed.accepted.contains(field)
             {
                 claimed.accepted.push(field.clone());
@@ -179,6 +186,36 @@ mod tests {
             order,
             fields: fields.iter().map(|f| f.parse().unwrap()).collect(),
         }
+    }
+
+    #[test]
+    fn provider_and_cluster_changes_are_never_claimed_and_dotted_keys_are_escaped() {
+        let mut planner = Planner::new(vec![
+            "clusterName".into(),
+            "provider.plugin".into(),
+            "version".into(),
+        ]);
+        let greedy = updater("greedy", None, &["provider.*", "clusterName", "version"]);
+        let claimed = planner.claim(
+            &greedy,
+            &[
+                "provider.plugin".into(),
+                "clusterName".into(),
+                "version".into(),
+            ],
+        );
+        assert_eq!(claimed.accepted, ["version"]);
+        assert_eq!(
+            planner.finish().unclaimed,
+            ["clusterName", "provider.plugin"]
+        );
+
+        let a = json!({"provider": {"config": {"tags": {"example.com/team": "a"}}}});
+        let b = json!({"provider": {"config": {"tags": {"example.com/team": "b"}}}});
+        assert_eq!(
+            changed_fields(&a, &b),
+            ["provider.config.tags.example\\.com/team"]
+        );
     }
 
     #[test]

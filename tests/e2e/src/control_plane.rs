@@ -466,6 +466,15 @@ impl ControlPlane {
 
     /// `GET path` as the admin: (status, body as JSON or null).
     pub fn get(&self, path: &str) -> Result<(u16, serde_json::Value), String> {
+        let (status, text) = self.get_text(path)?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        ))
+    }
+
+    /// `GET path` as the admin: (status, body as text).
+    pub fn get_text(&self, path: &str) -> Result<(u16, String), String> {
         let mut resp = self
             .agent()?
             .get(format!("{}{path}", self.url))
@@ -477,10 +486,18 @@ impl ControlPlane {
             .body_mut()
             .read_to_string()
             .map_err(|e| e.to_string())?;
-        Ok((
-            status,
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
-        ))
+        Ok((status, text))
+    }
+
+    /// Requests the API server answered with 403 Forbidden so far (its
+    /// `apiserver_request_total` metric).
+    pub fn forbidden_requests(&self) -> Result<f64, String> {
+        let (_, text) = self.get_text("/metrics")?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"403\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
     }
 }
 

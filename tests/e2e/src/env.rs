@@ -217,6 +217,18 @@ impl Env {
     /// Run the controllers in this process with fresh metrics and their own
     /// API connections, as a new controller process would.
     pub async fn start_controllers(&mut self, providers: Providers, options: Options) {
+        let config = self.control_plane.config().await.expect("a kubeconfig");
+        self.start_controllers_as(config, providers, options).await;
+    }
+
+    /// The same, connected with `config` (for example as the ServiceAccount
+    /// `capstan install` generates: [`crate::install::controller_config`]).
+    pub async fn start_controllers_as(
+        &mut self,
+        config: kube::Config,
+        providers: Providers,
+        options: Options,
+    ) {
         assert!(self.controllers.is_none(), "controllers already running");
         let runtime = capstan_runtime::Runtime::new(capstan_runtime::RuntimeConfig {
             cache_dir: Some(crate::plugin_target_dir().join("code-cache")),
@@ -225,7 +237,6 @@ impl Env {
         .expect("the plugin runtime starts");
         self.metrics = Metrics::new();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let config = self.control_plane.config().await.expect("a kubeconfig");
         let metrics = self.metrics.clone();
         let task = tokio::spawn(async move {
             let shutdown = async move {
@@ -510,8 +521,9 @@ pub fn node_of(m: &Machine) -> String {
 }
 
 /// The spec of a sim-provider Plugin at `source`: it grants everything the
-/// sim-provider declares (loopback HTTP, the `sim-cloud` credential from the
-/// `capstan-system/sim-cloud` Secret).
+/// sim plugins declare (loopback HTTP, the `sim-cloud` credential from the
+/// `capstan-system/sim-cloud` Secret, the sim updaters' fields) and serves
+/// the `default` namespace.
 pub fn sim_plugin_spec(source: &str) -> PluginSpec {
     PluginSpec {
         source: source.to_string(),
@@ -529,9 +541,16 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
                 region: None,
                 service: None,
             }],
-            objects: vec![],
+            // What the sim updaters declare.
+            update_fields: vec!["version".into(), "provider.config.tags.*".into()],
+            ..Default::default()
         },
         limits: Default::default(),
+        // The sample machines live in `default`, outside Capstan's namespace.
+        allowed_namespaces: Some(capstan_api::AllowedNamespaces {
+            names: vec!["default".into()],
+            selector: None,
+        }),
         update_order: None,
     }
 }

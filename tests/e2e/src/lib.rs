@@ -96,6 +96,7 @@ pub mod blob_store;
 pub mod cli;
 pub mod control_plane;
 pub mod env;
+pub mod install;
 pub mod moto;
 pub mod registry;
 pub mod rollout_watch;

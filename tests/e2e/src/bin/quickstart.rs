@@ -216,12 +216,12 @@ spec:
     - ConfigMap@kube-system
     - Service@kube-system
     - apps/Deployment@kube-system
-    - rbac.authorization.k8s.io/ClusterRole
-    - rbac.authorization.k8s.io/ClusterRoleBinding
+    - rbac.authorization.k8s.io/ClusterRole/system:coredns
+    - rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns
 ---
 apiVersion: capstan.dev/v1alpha1
 kind: Addon
-metadata: {{name: dns, namespace: default}}
+metadata: {{name: dns, namespace: capstan-system}}
 spec:
   plugin: coredns
   channel: stable
@@ -238,7 +238,8 @@ spec:
             .kubectl(&["apply", "-f", "-"], Some(&yaml))
             .map_err(anyhow::Error::msg)?
     );
-    let addons: Api<capstan_api::Addon> = Api::namespaced(env.client.clone(), "default");
+    let addons: Api<capstan_api::Addon> =
+        Api::namespaced(env.client.clone(), capstan_e2e::env::CAPSTAN_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut last = String::new();
     loop {
@@ -270,7 +271,10 @@ spec:
     print!(
         "{}",
         env.control_plane
-            .kubectl(&["get", "addons"], None)
+            .kubectl(
+                &["get", "addons", "-n", capstan_e2e::env::CAPSTAN_NAMESPACE],
+                None
+            )
             .map_err(anyhow::Error::msg)?
     );
     Ok(())
@@ -471,8 +475,8 @@ spec:
                               # NODE's kubelet stops: Unknown after 10 s, the health check
                               # marks it {QUICKSTART_UNHEALTHY_SECONDS} s later, it is drained and replaced
   {k} get mhc,ma,nodes -w
-  {k} get addons; {k} -n kube-system get deploy,pods
-  {k} patch addon/dns --type merge -p '{{\"spec\":{{\"version\":\"1.11.3\"}}}}'
+  {k} -n capstan-system get addons; {k} -n kube-system get deploy,pods
+  {k} -n capstan-system patch addon/dns --type merge -p '{{\"spec\":{{\"version\":\"1.11.3\"}}}}'
                               # upgrade CoreDNS; its metrics Service is pruned
   {capstan} rollout history md/quickstart --kubeconfig {kc}
   {capstan} rollout undo md/quickstart --kubeconfig {kc}

@@ -29,8 +29,8 @@ fn coredns_grants(without: Option<&str>) -> Vec<String> {
         "ConfigMap@kube-system",
         "Service@kube-system",
         "apps/Deployment@kube-system",
-        "rbac.authorization.k8s.io/ClusterRole",
-        "rbac.authorization.k8s.io/ClusterRoleBinding",
+        "rbac.authorization.k8s.io/ClusterRole/system:coredns",
+        "rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns",
     ]
     .into_iter()
     .filter(|g| Some(*g) != without)
@@ -375,8 +375,17 @@ async fn hand_edits_are_undone_and_patches_apply_or_fail_loudly() {
     .await;
     wait_status(&env, "dns", "healthy after the drift", healthy_at("1.11.3")).await;
 
-    // A break-glass patch raising replicas is applied; the addon gets
-    // healthy with three pods.
+    // A break-glass patch raising replicas is applied (the admin granted
+    // patches of replicas); the addon gets healthy with three pods.
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            "coredns",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"grants": {"patches": [
+                {"objects": "apps/Deployment@kube-system", "paths": ["/spec/replicas"]}]}}})),
+        )
+        .await
+        .unwrap();
     patch_spec(&env, "dns", json!({"patches": [{"target": {"kind": "Deployment", "name": "coredns"}, "type": "Strategic",
         "patch": {"spec": {"replicas": 3}}}]})).await;
     eventually("3 coredns pods", LONG, async || {
@@ -423,7 +432,9 @@ async fn a_render_with_an_ungranted_object_is_refused_and_nothing_is_applied() {
             (
                 "coredns",
                 "coredns_addon",
-                coredns_grants(Some("rbac.authorization.k8s.io/ClusterRoleBinding")),
+                coredns_grants(Some(
+                    "rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns",
+                )),
             ),
         ],
         options(),
@@ -640,12 +651,14 @@ async fn air_gap_an_addon_plugin_from_a_mirrored_bundle_deploys_rewritten_images
         // it to B (the signature names the original repository).
         &published,
         vec![
-            "Namespace".into(),
+            "Namespace/monitoring".into(),
             "ServiceAccount@monitoring".into(),
             "Service@monitoring".into(),
             "apps/DaemonSet@monitoring".into(),
         ],
     );
+    // A node agent: host PID, host network and the host's root mounted.
+    plugin.grants.pod_security = Some(capstan_api::PodSecurityLevel::Privileged);
     plugin.verification = Some(capstan_e2e::cli::publisher_verification(&public));
     Api::<Plugin>::all(env.client.clone())
         .create(
@@ -736,4 +749,73 @@ async fn air_gap_an_addon_plugin_from_a_mirrored_bundle_deploys_rewritten_images
     assert_eq!(ps.declared_objects.len(), 4);
     assert_eq!(condition_of(&s, HEALTHY).0, "True");
     env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_resyncs_write_nothing_and_fields_the_render_leaves_out_are_left_alone() {
+    let env = env_with(
+        vec![("coredns", "coredns_addon", coredns_grants(None))],
+        Options {
+            resync: Duration::from_secs(1),
+            ..options()
+        },
+    )
+    .await;
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            "coredns",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"grants": {"patches": [{"objects": "apps/Deployment@kube-system",
+                "paths": ["/spec/replicas", "/spec/template/spec/containers/*/resources"]}]}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // The render leaves replicas to whoever scales the Deployment, and
+    // asks for a CPU request the server stores as `100m`.
+    create(
+        &env,
+        &addon(
+            "dns",
+            json!({"plugin": "coredns", "version": "1.11.3", "patches": [{
+                "target": {"kind": "Deployment", "name": "coredns"}, "type": "Strategic",
+                "patch": {"spec": {"replicas": null, "template": {"spec": {"containers": [
+                    {"name": "coredns", "resources": {"requests": {"cpu": "0.1"}}}]}}}}}]}),
+        ),
+    )
+    .await;
+    wait_status(&env, "dns", "healthy", healthy_at("1.11.3")).await;
+    env.control_plane
+        .kubectl(
+            &[
+                "-n",
+                "kube-system",
+                "scale",
+                "deployment/coredns",
+                "--replicas=3",
+            ],
+            None,
+        )
+        .expect("kubectl scale");
+    wait_status(&env, "dns", "healthy with 3", |s| {
+        s.healthy == Some(true) && s.health_details.contains(&"availableReplicas=3/3".into())
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "kube-system");
+    let before = deployments.get("coredns").await.unwrap();
+    let writes = env.metrics.writes();
+    // Fifteen resyncs, a second apart.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let after = deployments.get("coredns").await.unwrap();
+    assert_eq!(
+        after.spec.as_ref().and_then(|s| s.replicas),
+        Some(3),
+        "kubectl scale holds"
+    );
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the Deployment was not written"
+    );
+    assert_eq!(env.metrics.writes() - writes, 0, "idle resyncs made writes");
 }

@@ -104,10 +104,9 @@ async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret
                 region: Some(REGION.into()),
                 service: Some("ec2".into()),
             }],
-            objects: vec![],
+            ..Default::default()
         },
-        limits: Default::default(),
-        update_order: None,
+        ..Default::default()
     };
     Api::<Plugin>::all(env.client.clone())
         .create(&PostParams::default(), &Plugin::new("ec2", spec))

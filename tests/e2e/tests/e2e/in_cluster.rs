@@ -12,86 +12,15 @@ use capstan_e2e::env::{
     CAPSTAN_NAMESPACE, ControllerProcess, Env, SIM_PLUGIN, capstan_bin, sample_deployment,
     sim_plugin_spec,
 };
+use capstan_e2e::install::{kubectl_apply, rbac_docs, service_account_kubeconfig};
 use capstan_e2e::sim_cloud::Faults;
 use capstan_e2e::workloads;
-use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 const NS: &str = "default";
 const LONG: Duration = Duration::from_secs(90);
-
-/// `capstan install`'s objects, as JSON values.
-fn install_docs() -> Vec<Value> {
-    let text = cli::ok(&["install", "--namespace", CAPSTAN_NAMESPACE]);
-    text.split("\n---\n")
-        .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
-        .filter(|v| v.get("kind").is_some())
-        .collect()
-}
-
-fn kubectl_apply(env: &Env, docs: &[Value]) {
-    let list = json!({ "apiVersion": "v1", "kind": "List", "items": docs });
-    env.control_plane
-        .kubectl(&["apply", "-f", "-"], Some(&list.to_string()))
-        .expect("kubectl apply");
-}
-
-/// The generated RBAC objects (ServiceAccount, roles, bindings), with the
-/// rule on `without` (if any) taken out.
-fn rbac_docs(without: Option<&str>) -> Vec<Value> {
-    let mut docs: Vec<Value> = install_docs()
-        .into_iter()
-        .filter(|d| {
-            [
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Role",
-                "RoleBinding",
-            ]
-            .contains(&d["kind"].as_str().unwrap_or(""))
-        })
-        .collect();
-    if let Some(resource) = without {
-        let mut removed = 0;
-        for doc in &mut docs {
-            if let Some(rules) = doc.get_mut("rules").and_then(Value::as_array_mut) {
-                let before = rules.len();
-                rules.retain(|r| r["resources"] != json!([resource]));
-                removed += before - rules.len();
-            }
-        }
-        assert_eq!(removed, 1, "exactly one rule on {resource}");
-    }
-    docs
-}
-
-/// A kubeconfig for the `capstan-controller` ServiceAccount's token.
-async fn service_account_kubeconfig(env: &Env) -> std::path::PathBuf {
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
-    let token = env
-        .eventually("the ServiceAccount's token", LONG, async || {
-            let list = secrets.list(&Default::default()).await.ok()?;
-            list.items.into_iter().find_map(|s| {
-                let for_us = s.type_.as_deref() == Some("kubernetes.io/service-account-token")
-                    && s.annotations().get("kubernetes.io/service-account.name")
-                        == Some(&"capstan-controller".to_string());
-                let token = s.data?.get("token")?.0.clone();
-                for_us.then(|| String::from_utf8(token).expect("a text token"))
-            })
-        })
-        .await;
-    let admin = env.control_plane.kubeconfig();
-    let text = std::fs::read_to_string(&admin).expect("the admin kubeconfig");
-    let replaced = text.replace(&env.control_plane.token, &token);
-    assert_ne!(replaced, text, "the admin token is in the kubeconfig");
-    let path = admin.with_file_name("capstan-controller.kubeconfig");
-    std::fs::write(&path, replaced).expect("write the kubeconfig");
-    path
-}
 
 fn plugin_ready(p: &Plugin) -> Option<(String, String, String)> {
     let c = condition(&p.status.as_ref()?.conditions, "Ready")?;

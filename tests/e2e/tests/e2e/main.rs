@@ -17,6 +17,7 @@ mod oci_plugins;
 mod quickstart;
 mod sandbox;
 mod supply_chain;
+mod tenancy;
 mod updater;
 mod workloads;
 

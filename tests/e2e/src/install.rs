@@ -1,0 +1,130 @@
+//! Capstan installed as `capstan install` installs it, for tests about
+//! rights: the generated RBAC objects, a client or config for the
+//! `capstan-controller` ServiceAccount, and clients that act as a tenant
+//! (a user with namespace RBAC only, impersonated by the admin).
+
+use crate::cli;
+use crate::env::{CAPSTAN_NAMESPACE, Env};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::Api;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// `capstan install`'s objects, as JSON values.
+pub fn install_docs() -> Vec<Value> {
+    let text = cli::ok(&["install", "--namespace", CAPSTAN_NAMESPACE]);
+    text.split("\n---\n")
+        .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
+        .filter(|v| v.get("kind").is_some())
+        .collect()
+}
+
+/// `kubectl apply` these objects as the admin (none: nothing to do).
+pub fn kubectl_apply(env: &Env, docs: &[Value]) {
+    if docs.is_empty() {
+        return;
+    }
+    let list = json!({ "apiVersion": "v1", "kind": "List", "items": docs });
+    env.control_plane
+        .kubectl(&["apply", "-f", "-"], Some(&list.to_string()))
+        .expect("kubectl apply");
+}
+
+/// The generated RBAC objects (ServiceAccount, roles, bindings), with the
+/// rule on `without` (if any) taken out.
+pub fn rbac_docs(without: Option<&str>) -> Vec<Value> {
+    let mut docs: Vec<Value> = install_docs()
+        .into_iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&d["kind"].as_str().unwrap_or(""))
+        })
+        .collect();
+    if let Some(resource) = without {
+        let mut removed = 0;
+        for doc in &mut docs {
+            if let Some(rules) = doc.get_mut("rules").and_then(Value::as_array_mut) {
+                let before = rules.len();
+                rules.retain(|r| r["resources"] != json!([resource]));
+                removed += before - rules.len();
+            }
+        }
+        assert_eq!(removed, 1, "exactly one rule on {resource}");
+    }
+    docs
+}
+
+/// A kubeconfig for the `capstan-controller` ServiceAccount's token.
+pub async fn service_account_kubeconfig(env: &Env) -> std::path::PathBuf {
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
+    let token = env
+        .eventually(
+            "the ServiceAccount's token",
+            Duration::from_secs(90),
+            async || {
+                let list = secrets.list(&Default::default()).await.ok()?;
+                list.items.into_iter().find_map(|s| {
+                    let for_us = s.type_.as_deref() == Some("kubernetes.io/service-account-token")
+                        && s.annotations().get("kubernetes.io/service-account.name")
+                            == Some(&"capstan-controller".to_string());
+                    let token = s.data?.get("token")?.0.clone();
+                    for_us.then(|| String::from_utf8(token).expect("a text token"))
+                })
+            },
+        )
+        .await;
+    let admin = env.control_plane.kubeconfig();
+    let text = std::fs::read_to_string(&admin).expect("the admin kubeconfig");
+    let replaced = text.replace(&env.control_plane.token, &token);
+    assert_ne!(replaced, text, "the admin token is in the kubeconfig");
+    let path = admin.with_file_name("capstan-controller.kubeconfig");
+    std::fs::write(&path, replaced).expect("write the kubeconfig");
+    path
+}
+
+/// Install the generated RBAC and return the connection config of the
+/// `capstan-controller` ServiceAccount (what the installed controller runs
+/// as), for in-process controllers.
+pub async fn controller_config(env: &Env) -> kube::Config {
+    kubectl_apply(env, &rbac_docs(None));
+    let path = service_account_kubeconfig(env).await;
+    let kc = kube::config::Kubeconfig::read_from(path).expect("the ServiceAccount's kubeconfig");
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("a config")
+}
+
+/// A client acting as `user` (the admin impersonates it, so only `user`'s
+/// own RBAC applies).
+pub async fn client_as(env: &Env, user: &str) -> kube::Client {
+    let mut config = env.control_plane.config().await.expect("a config");
+    config.auth_info.impersonate = Some(user.to_string());
+    kube::Client::try_from(config).expect("a client")
+}
+
+/// Make `user` a tenant of `namespace`: the namespace, and a Role there
+/// over Capstan's namespaced objects (the rights a namespace admin would
+/// hand out), nothing cluster-wide.
+pub fn make_tenant(env: &Env, namespace: &str, user: &str) {
+    let docs = [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "capstan-tenant", "namespace": namespace},
+            "rules": [{"apiGroups": ["capstan.dev"],
+                "resources": ["addons", "machines", "machinesets", "machinedeployments", "machinehealthchecks"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "create", "delete"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "capstan-tenant", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "capstan-tenant"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+    ];
+    kubectl_apply(env, &docs);
+}
