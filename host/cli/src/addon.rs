@@ -109,8 +109,15 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         objects,
         rewrites,
         ..
-    } = capstan_controllers::addon::render(&plugin, &addon, &grants, false, &args.image_rewrites)
-        .await?;
+    } = capstan_controllers::addon::render(
+        &plugin,
+        &addon,
+        &grants,
+        false,
+        &args.image_rewrites,
+        None,
+    )
+    .await?;
     let channel = resolved
         .channel
         .map(|c| format!(" (channel {c})"))

@@ -106,6 +106,9 @@ struct Target {
     shown: String,
 }
 
+/// A drift watch: (cluster, `apiVersion/Kind@namespace`).
+type WatchKey = (String, String);
+
 /// Watches on applied objects, workload-cluster clients and discovery
 /// answers, shared by all reconciles.
 pub(crate) struct AddonState {
@@ -114,7 +117,10 @@ pub(crate) struct AddonState {
     /// Drift watches by (cluster, kind@namespace): the target's version
     /// (kubeconfig Secret resourceVersion) and the task.
     #[allow(clippy::type_complexity)]
-    watches: Mutex<HashMap<(String, String), (String, tokio::task::JoinHandle<()>)>>,
+    watches: Mutex<HashMap<WatchKey, (String, tokio::task::JoinHandle<()>)>>,
+    /// The watches each Addon (by uid) needs: a watch no Addon needs any
+    /// more is stopped.
+    watched_by: Mutex<HashMap<String, std::collections::HashSet<WatchKey>>>,
     clients: Mutex<HashMap<String, (String, Client)>>,
     /// Per applied object (Addon uid and object): the render it was applied
     /// from and what the server made of it, so a value the server
@@ -131,6 +137,7 @@ impl Default for AddonState {
             trigger,
             receiver: Mutex::new(Some(receiver)),
             watches: Mutex::default(),
+            watched_by: Mutex::default(),
             clients: Mutex::default(),
             expected: Mutex::default(),
             kinds: Mutex::default(),
@@ -315,6 +322,7 @@ async fn converge(
         &registered.grants,
         tenant,
         &ctx.options.image_rewrites,
+        Some(&ctx.metrics),
     )
     .await
     .map_err(|e| match e {
@@ -395,6 +403,7 @@ async fn converge(
     }
 
     let manager = field_manager(addon);
+    let mut watching = std::collections::HashSet::new();
     let mut applied: Vec<InventoryEntry> = Vec::with_capacity(objects.len());
     let mut observed = Vec::with_capacity(objects.len());
     for ((object, resource), (live, decision)) in objects.iter().zip(&kinds).zip(decisions) {
@@ -433,7 +442,13 @@ async fn converge(
                 return Err(f);
             }
         }
-        watch_kind(ctx, &target, resource, object.namespace.as_deref());
+        watching.insert(watch_kind(
+            ctx,
+            addon,
+            &target,
+            resource,
+            object.namespace.as_deref(),
+        ));
     }
 
     let previous = std::mem::take(&mut status.inventory);
@@ -444,6 +459,7 @@ async fn converge(
         }
     }
     status.inventory = applied;
+    need_watches(ctx, addon, watching);
     status.image_rewrites = rewrites;
     status.version = Some(resolved.version.clone());
     status.plugin_digest = Some(registered.plugin.plugin().digest().to_string());
@@ -469,11 +485,14 @@ async fn converge(
         &t,
     );
 
-    let health = registered
-        .plugin
-        .assess(&spec, &observed)
-        .await
-        .map_err(|e| fail(HEALTHY, "AssessFailed", e.to_string()))?;
+    let health = counted_call(
+        Some(&ctx.metrics),
+        addon,
+        "assess",
+        registered.plugin.assess(&spec, &observed),
+    )
+    .await
+    .map_err(|e| fail(HEALTHY, "AssessFailed", e.to_string()))?;
     status.healthy = Some(health.healthy);
     // Plugin text reaches a status tenants read: bounded, as a whole.
     let mut budget = capstan_api::MAX_PLUGIN_TEXT;
@@ -610,17 +629,18 @@ pub async fn render(
     grants: &AddonGrants,
     tenant: bool,
     rewrites: &[capstan_addons::ImageRewrite],
+    metrics: Option<&crate::Metrics>,
 ) -> Result<Rendered, RenderError> {
-    let known: Vec<(String, Vec<String>)> = plugin
-        .versions()
-        .await
-        .map_err(|error| RenderError::Plugin {
-            call: "versions",
-            error,
-        })?
-        .into_iter()
-        .map(|v| (v.version, v.channels))
-        .collect();
+    let known: Vec<(String, Vec<String>)> =
+        counted_call(metrics, addon, "versions", plugin.versions())
+            .await
+            .map_err(|error| RenderError::Plugin {
+                call: "versions",
+                error,
+            })?
+            .into_iter()
+            .map(|v| (v.version, v.channels))
+            .collect();
     let resolved = capstan_addons::resolve_version(
         addon.spec.version.as_deref(),
         addon.spec.channel.as_deref(),
@@ -637,8 +657,7 @@ pub async fn render(
             .as_ref()
             .map_or_else(|| "{}".to_string(), ToString::to_string),
     };
-    let texts = plugin
-        .render(&spec)
+    let texts = counted_call(metrics, addon, "render", plugin.render(&spec))
         .await
         .map_err(|error| RenderError::Plugin {
             call: "render",
@@ -663,6 +682,23 @@ pub async fn render(
         objects,
         rewrites,
     })
+}
+
+/// Run one call of an Addon's plugin, counting it in `metrics` (when
+/// given) under the Plugin's name, as provider calls are.
+async fn counted_call<T>(
+    metrics: Option<&crate::Metrics>,
+    addon: &Addon,
+    function: &'static str,
+    call: impl Future<Output = Result<T, capstan_runtime::Error>>,
+) -> Result<T, capstan_runtime::Error> {
+    let started = std::time::Instant::now();
+    let result = call.await;
+    if let Some(metrics) = metrics {
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics.plugin_call(&addon.spec.plugin, function, outcome, started.elapsed());
+    }
+    result
 }
 
 /// This cluster, or the workload cluster of the Addon's kubeconfig Secret.
@@ -932,7 +968,13 @@ enum Deleted {
 /// scoped to the namespace the object lives in (no cluster-wide LIST for a
 /// namespaced object), back off on errors, and a changed target (a new
 /// kubeconfig) replaces its watches instead of adding to them.
-fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource, namespace: Option<&str>) {
+fn watch_kind(
+    ctx: &Context,
+    addon: &Addon,
+    target: &Target,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> WatchKey {
     let (cluster, version) = target
         .key
         .split_once('@')
@@ -946,9 +988,15 @@ fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource, namespace:
             namespace.unwrap_or("")
         ),
     );
+    // Claimed for this Addon before it exists, so another Addon's
+    // clean-up cannot stop it in between.
+    let mut by = ctx.addon_state.watched_by.lock().expect("watched_by lock");
+    by.entry(addon.metadata.uid.clone().unwrap_or_default())
+        .or_default()
+        .insert(key.clone());
     let mut watches = ctx.addon_state.watches.lock().expect("watches lock");
     match watches.get(&key) {
-        Some((v, _)) if v == version => return,
+        Some((v, _)) if v == version => return key,
         Some((_, old)) => old.abort(),
         None => {}
     }
@@ -979,7 +1027,28 @@ fn watch_kind(ctx: &Context, target: &Target, resource: &ApiResource, namespace:
             }
         }
     });
-    watches.insert(key, (version.to_string(), task));
+    watches.insert(key.clone(), (version.to_string(), task));
+    key
+}
+
+/// Record the watches an Addon needs now (none once it is gone) and stop
+/// those no Addon needs any more.
+fn need_watches(ctx: &Context, addon: &Addon, keys: std::collections::HashSet<WatchKey>) {
+    let uid = addon.metadata.uid.clone().unwrap_or_default();
+    let mut by = ctx.addon_state.watched_by.lock().expect("watched_by lock");
+    if keys.is_empty() {
+        by.remove(&uid);
+    } else {
+        by.insert(uid, keys);
+    }
+    let mut watches = ctx.addon_state.watches.lock().expect("watches lock");
+    watches.retain(|key, (_, task)| {
+        let needed = by.values().any(|keys| keys.contains(key));
+        if !needed {
+            task.abort();
+        }
+        needed
+    });
 }
 
 /// Delete the inventory in reverse apply order; drop the finalizer once all
@@ -1040,6 +1109,7 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
         .cloned()
         .collect();
     crate::set_finalizers(ctx, CONTROLLER, addon, finalizers).await?;
+    need_watches(ctx, addon, Default::default());
     let uid = addon.metadata.uid.clone().unwrap_or_default();
     ctx.addon_state
         .expected

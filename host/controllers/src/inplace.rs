@@ -388,6 +388,13 @@ pub(crate) async fn advance(
             return Advance::Done;
         };
         let step = update.steps[index].clone();
+        // Checked again at every step: the namespace may have been taken
+        // off the Plugin since the plan was made.
+        let namespace = machine.namespace().unwrap_or_default();
+        if let Some(message) = crate::plugin::not_allowed(ctx, &step.updater, &namespace) {
+            set_progress(status, generation, t, message);
+            return Advance::Wait(Duration::from_secs(15));
+        }
         let Some(registered) = ctx.updaters.get(&step.updater) else {
             let message = format!("waiting for updater {} to be active", step.updater);
             set_progress(status, generation, t, message);

@@ -805,6 +805,15 @@ async fn idle_resyncs_write_nothing_and_fields_the_render_leaves_out_are_left_al
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "kube-system");
     let before = deployments.get("coredns").await.unwrap();
     let writes = env.metrics.writes();
+    let counted = || -> Vec<String> {
+        env.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("capstan_api_writes_total{"))
+            .map(String::from)
+            .collect()
+    };
+    let counted_before = counted();
     // Fifteen resyncs, a second apart.
     tokio::time::sleep(Duration::from_secs(15)).await;
     let after = deployments.get("coredns").await.unwrap();
@@ -817,5 +826,10 @@ async fn idle_resyncs_write_nothing_and_fields_the_render_leaves_out_are_left_al
         after.metadata.resource_version, before.metadata.resource_version,
         "the Deployment was not written"
     );
-    assert_eq!(env.metrics.writes() - writes, 0, "idle resyncs made writes");
+    assert_eq!(
+        env.metrics.writes() - writes,
+        0,
+        "idle resyncs made writes: before {counted_before:#?}, after {:#?}",
+        counted()
+    );
 }

@@ -161,7 +161,9 @@ fn calls(env: &Env, plugin: &str) -> f64 {
     env.metrics
         .encode()
         .lines()
-        .filter(|l| l.starts_with("plugin_call_duration_seconds_count{") && l.contains(&needle))
+        .filter(|l| {
+            l.starts_with("capstan_plugin_call_duration_seconds_count{") && l.contains(&needle)
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -304,6 +306,10 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
     // Settle, then count: the refused plugins were never called, nothing
     // launched, nothing in kube-system.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        calls(&env, "exporter") > 0.0,
+        "the allowed plugin was called (the count works)"
+    );
     assert_eq!(calls(&env, "coredns"), 0.0);
     assert_eq!(calls(&env, SIM_PLUGIN), 0.0);
     assert_eq!(env.cloud.stats().instances_launched, 0);
