@@ -102,6 +102,30 @@ pub fn to_plugin_machine(machine: &Machine) -> PluginMachine {
     }
 }
 
+/// Hold a Machine its plugin cannot serve (not allowed in its namespace,
+/// or not ready): `InstanceProvisioned=False` with `reason` and `message`,
+/// and nothing else happens until `requeue`.
+async fn hold_for_plugin(
+    ctx: &Context,
+    machine: &Machine,
+    current: Option<&MachineStatus>,
+    mut status: MachineStatus,
+    (reason, message, generation, requeue): (&str, String, i64, Duration),
+) -> Result<Action, Error> {
+    set_condition(
+        &mut status.conditions,
+        INSTANCE_PROVISIONED,
+        cond::FALSE,
+        reason,
+        message,
+        Some(generation),
+        &now(),
+    );
+    status.phase.get_or_insert(MachinePhase::Pending);
+    apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
+    Ok(Action::requeue(requeue))
+}
+
 async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
     let generation = machine.metadata.generation.unwrap_or(0);
     let current = machine.status.clone();
@@ -121,25 +145,8 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     if let Availability::NotAllowed(message) =
         crate::plugin::availability(&ctx, &plugin_name, &namespace)
     {
-        set_condition(
-            &mut status.conditions,
-            INSTANCE_PROVISIONED,
-            cond::FALSE,
-            "PluginNotAllowed",
-            message,
-            Some(generation),
-            &now(),
-        );
-        status.phase.get_or_insert(MachinePhase::Pending);
-        apply_machine_status(
-            &ctx,
-            CONTROLLER,
-            machine.as_ref(),
-            current.as_ref(),
-            &status,
-        )
-        .await?;
-        return Ok(Action::requeue(ctx.options.resync));
+        let hold = ("PluginNotAllowed", message, generation, ctx.options.resync);
+        return hold_for_plugin(&ctx, &machine, current.as_ref(), status, hold).await;
     }
     if !has_finalizer {
         crate::set_finalizers(&ctx, CONTROLLER, machine.as_ref(), with_finalizer(&machine)).await?;
@@ -159,26 +166,18 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     let registered = match crate::plugin::availability(&ctx, &plugin_name, &namespace) {
         Availability::Ready => ctx.providers.get(&plugin_name),
         Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
-        Availability::NotAllowed(reason) | Availability::Unavailable(reason) => {
-            set_condition(
-                &mut status.conditions,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
+        Availability::NotAllowed(message) => {
+            let hold = ("PluginNotAllowed", message, generation, ctx.options.resync);
+            return hold_for_plugin(&ctx, &machine, current.as_ref(), status, hold).await;
+        }
+        Availability::Unavailable(message) => {
+            let hold = (
                 "PluginNotReady",
-                reason,
-                Some(generation),
-                &t,
+                message,
+                generation,
+                Duration::from_secs(15),
             );
-            status.phase.get_or_insert(MachinePhase::Pending);
-            apply_machine_status(
-                &ctx,
-                CONTROLLER,
-                machine.as_ref(),
-                current.as_ref(),
-                &status,
-            )
-            .await?;
-            return Ok(Action::requeue(Duration::from_secs(15)));
+            return hold_for_plugin(&ctx, &machine, current.as_ref(), status, hold).await;
         }
     };
     let Some(registered) = registered else {

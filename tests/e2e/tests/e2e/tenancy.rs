@@ -140,6 +140,22 @@ async fn create_addon(client: &Client, a: &Addon) {
         .expect("create the Addon");
 }
 
+/// Delete an Addon as `client` and wait until it is gone (its finalizer
+/// done).
+async fn delete_addon(env: &Env, client: &Client, namespace: &str, name: &str) {
+    Api::<Addon>::namespaced(client.clone(), namespace)
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let api: Api<Addon> = Api::namespaced(env.client.clone(), namespace);
+    env.eventually(
+        &format!("Addon {namespace}/{name} gone"),
+        LONG,
+        async || api.get_opt(name).await.ok()?.is_none().then_some(()),
+    )
+    .await;
+}
+
 /// Wait for the Addon's `Applied` condition to have `reason`; its message.
 async fn applied_reason(env: &Env, namespace: &str, name: &str, reason: &str) -> String {
     let api: Api<Addon> = Api::namespaced(env.client.clone(), namespace);
@@ -263,19 +279,7 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
     );
     let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), "monitoring");
     assert!(daemonsets.get_opt("node-exporter").await.unwrap().is_none());
-    Api::<Addon>::namespaced(tenant.clone(), TENANT_NS)
-        .delete("exporter", &DeleteParams::default())
-        .await
-        .unwrap();
-    env.eventually("the Addon gone", LONG, async || {
-        Api::<Addon>::namespaced(env.client.clone(), TENANT_NS)
-            .get_opt("exporter")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    delete_addon(&env, &tenant, TENANT_NS, "exporter").await;
     let ns = namespaces.get("monitoring").await.unwrap();
     assert!(ns.metadata.deletion_timestamp.is_none(), "not Terminating");
     assert_eq!(
@@ -358,19 +362,7 @@ async fn a_second_addon_rendering_the_same_object_is_refused_without_a_fight() {
         "no fight"
     );
     // Deleting the refused Addon leaves the first one's objects alone.
-    Api::<Addon>::namespaced(admin.clone(), CAPSTAN_NAMESPACE)
-        .delete("second", &DeleteParams::default())
-        .await
-        .unwrap();
-    env.eventually("the second Addon gone", LONG, async || {
-        Api::<Addon>::namespaced(admin.clone(), CAPSTAN_NAMESPACE)
-            .get_opt("second")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    delete_addon(&env, &admin, CAPSTAN_NAMESPACE, "second").await;
     let still = daemonsets.get("node-exporter").await.unwrap();
     assert!(still.metadata.deletion_timestamp.is_none());
     assert_eq!(still.metadata.uid, before.metadata.uid);
@@ -664,10 +656,7 @@ async fn drift_watches_under_a_namespaced_role_make_no_forbidden_requests() {
     );
 
     // Deleting the Addon deletes what it created, never the adopted Namespace.
-    Api::<Addon>::namespaced(env.client.clone(), CAPSTAN_NAMESPACE)
-        .delete("exporter", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_addon(&env, &env.client, CAPSTAN_NAMESPACE, "exporter").await;
     let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), "monitoring");
     env.eventually("the DaemonSet deleted", LONG, async || {
         daemonsets
