@@ -270,9 +270,9 @@ pub struct PluginLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub memory_mib: Option<u32>,
-    /// Wall-clock time per call, in milliseconds.
+    /// Wall-clock time per call, in milliseconds (at most 60000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 600000))]
+    #[schemars(range(min = 1, max = 60000))]
     pub call_timeout_ms: Option<u64>,
     /// Outbound requests in flight at once per call (default 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,7 +8,11 @@
 //! the plugin's [`Limits`] and [`Grants`] applied:
 //!
 //! - a wall-clock deadline (epoch interruption while running Wasm, a timer
-//!   around waits on HTTP);
+//!   around waits on HTTP), at most [`limits::MAX_CALL_TIMEOUT`];
+//! - no host thread held: running Wasm yields to the executor at every
+//!   epoch tick, so a CPU-bound plugin never starves leader election,
+//!   health probes or other calls; and at most `max_concurrent_calls`
+//!   calls run at once, host-wide (later ones wait their turn);
 //! - a linear-memory cap (a store limiter);
 //! - bounded stdout/stderr and log volume, and a bounded return value;
 //! - outbound HTTP only to destinations declared *and* granted, with
@@ -117,7 +121,8 @@ pub const MAX_RESOURCES_PER_CALL: usize = 10_000;
 pub struct RuntimeConfig {
     /// Where precompiled code is cached; `None` compiles on every load.
     pub cache_dir: Option<PathBuf>,
-    /// Most plugin calls in flight at once (sizes the instance pool).
+    /// Most plugin calls in flight at once, host-wide (sizes the instance
+    /// pool; further calls wait for a slot).
     pub max_concurrent_calls: u32,
     /// Largest memory cap any plugin may be given.
     pub max_memory_bytes: usize,
@@ -151,6 +156,8 @@ struct RuntimeInner {
     ticker_stop: Arc<AtomicBool>,
     ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
     http_client: http::PooledClient,
+    /// One permit per call that may run at once.
+    calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for RuntimeInner {
@@ -244,6 +251,7 @@ impl Runtime {
                 ticker_stop,
                 ticker: Mutex::new(Some(ticker)),
                 http_client,
+                calls: Arc::new(tokio::sync::Semaphore::new(n as usize)),
             }),
         })
     }
@@ -277,6 +285,16 @@ impl Runtime {
             error,
         })?;
         let name = manifest.name.clone();
+        if limits.call_timeout > limits::MAX_CALL_TIMEOUT {
+            return Err(Error::Load {
+                plugin: name,
+                reason: format!(
+                    "call timeout {} ms exceeds the host's maximum of {} ms",
+                    limits.call_timeout.as_millis(),
+                    limits::MAX_CALL_TIMEOUT.as_millis()
+                ),
+            });
+        }
         if limits.memory_bytes > self.inner.config.max_memory_bytes {
             return Err(Error::Load {
                 plugin: name,
@@ -532,10 +550,19 @@ impl Plugin {
         };
         let mut store = Store::new(&inner.runtime.engine, state);
         store.limiter(|s| &mut s.memory);
-        let tick = inner.runtime.config.epoch_tick.as_micros().max(1);
-        let ticks = limits.call_timeout.as_micros().div_ceil(tick) as u64;
-        store.set_epoch_deadline(ticks.max(1));
-        store.epoch_deadline_trap();
+        // Every tick, running Wasm hands its thread back to the executor
+        // (tokio's own yield, so the task's budget is honoured too); past
+        // the wall-clock deadline it traps. Set before instantiating, since
+        // instantiation runs guest code.
+        let deadline = std::time::Instant::now() + limits.call_timeout;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if std::time::Instant::now() >= deadline {
+                wasmtime::UpdateDeadline::Interrupt
+            } else {
+                wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+            })
+        });
         store
     }
 
@@ -547,8 +574,17 @@ impl Plugin {
         f: impl AsyncFnOnce(&mut Store<CallState>) -> wasmtime::Result<Result<T, PluginError>>,
     ) -> Result<T, Error> {
         let started = std::time::Instant::now();
-        let mut store = self.new_store(call);
         let limit = self.inner.limits.call_timeout;
+        // A slot first: the deadline counts from when the call may run.
+        let _slot = tokio::time::timeout(limit, self.inner.runtime.calls.clone().acquire_owned())
+            .await
+            .map_err(|_| Error::DeadlineExceeded {
+                plugin: self.name().into(),
+                call,
+                limit,
+            })?
+            .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
+        let mut store = self.new_store(call);
         let outcome = tokio::time::timeout(limit, f(&mut store)).await;
         let state = store.data();
         let result = match outcome {

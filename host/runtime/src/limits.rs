@@ -10,6 +10,9 @@ use std::time::Duration;
 
 /// Default wall-clock deadline per call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest deadline a plugin may be given: a call holds a host-wide
+/// call slot (and its instance) until it ends.
+pub const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default cap on a call's linear memory.
 pub const DEFAULT_MEMORY_BYTES: usize = 64 * 1024 * 1024;
 /// Default cap on captured stdout and on captured stderr, each.

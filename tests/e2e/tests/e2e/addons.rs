@@ -814,8 +814,8 @@ async fn idle_resyncs_write_nothing_and_fields_the_render_leaves_out_are_left_al
             .collect()
     };
     let counted_before = counted();
-    // Fifteen resyncs, a second apart.
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // Thirty resyncs, a second apart.
+    tokio::time::sleep(Duration::from_secs(30)).await;
     let after = deployments.get("coredns").await.unwrap();
     assert_eq!(
         after.spec.as_ref().and_then(|s| s.replicas),

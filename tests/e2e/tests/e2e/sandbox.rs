@@ -253,6 +253,66 @@ async fn infinite_loop_hits_the_deadline() {
     assert_host_still_serves(&rt, &cloud, "after-loop").await;
 }
 
+/// A one-thread executor (the harshest case: one CPU-bound call without
+/// yields would stop everything), four plugins spinning until their
+/// deadline, a fifth call waiting for the only call slot, and a 10 ms
+/// ticker standing in for leader election and health probes: the ticker
+/// is never late by much more than an epoch tick, and the waiting call
+/// runs when a slot frees.
+#[tokio::test(flavor = "current_thread")]
+async fn cpu_bound_calls_never_hold_the_executor_and_calls_share_a_host_wide_cap() {
+    let cloud = cloud().await;
+    let rt = Runtime::new(RuntimeConfig {
+        max_concurrent_calls: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    let limits = Limits {
+        call_timeout: Duration::from_millis(1500),
+        ..Default::default()
+    };
+    let p = hostile(&rt, &cloud, limits);
+    let spin = machine("spin", serde_json::json!({ "attack": "infinite-loop" }));
+    let ticker = tokio::spawn(async {
+        let mut worst = Duration::ZERO;
+        let mut next = tokio::time::Instant::now();
+        for _ in 0..150 {
+            next += Duration::from_millis(10);
+            tokio::time::sleep_until(next).await;
+            worst = worst.max(tokio::time::Instant::now() - next);
+        }
+        worst
+    });
+    let started = std::time::Instant::now();
+    let spinning = futures::future::join_all((0..4).map(|_| p.create(&spin)));
+    // The fifth call waits for a slot: its deadline only starts then.
+    let fifth = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let waited = std::time::Instant::now();
+        let r = p.create(&spin).await;
+        (r, waited.elapsed())
+    };
+    let (results, (fifth, fifth_took)) = futures::future::join(spinning, fifth).await;
+    let worst = ticker.await.unwrap();
+    eprintln!(
+        "4 CPU-bound calls on one thread for {:?}: worst ticker delay {worst:?} (epoch tick 5 ms); a 5th call over the cap of 4 took {fifth_took:?}",
+        started.elapsed()
+    );
+    for r in results {
+        assert!(matches!(r, Err(Error::DeadlineExceeded { .. })), "{r:?}");
+    }
+    assert!(matches!(fifth, Err(Error::DeadlineExceeded { .. })), "{fifth:?}");
+    assert!(
+        fifth_took >= Duration::from_millis(2500),
+        "the 5th call waited for a slot, then ran its own 1.5 s: {fifth_took:?}"
+    );
+    // Without yields the ticker would wait out whole calls (1.5 s each).
+    assert!(
+        worst < Duration::from_millis(300),
+        "the executor was held for {worst:?}"
+    );
+}
+
 #[tokio::test]
 async fn memory_bomb_hits_the_memory_limit() {
     let cloud = cloud().await;
