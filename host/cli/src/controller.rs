@@ -24,8 +24,11 @@ pub struct ElectionArgs {
     /// after this when the leader vanishes without releasing it.
     #[arg(long, default_value = "15s", value_parser = crate::options::parse_duration)]
     pub leader_elect_lease_duration: Duration,
-    /// How long the leader keeps trying to renew before it stops reconciling
-    /// (must be shorter than the lease duration).
+    /// How long the leader keeps writing after the last renewal that
+    /// started and succeeded: past it every write is refused (fenced) and
+    /// the replica stops. Must satisfy renew deadline + retry period <
+    /// lease duration, so a write let out just before the fence has a
+    /// retry period to land before any standby may take over.
     #[arg(long, default_value = "10s", value_parser = crate::options::parse_duration)]
     pub leader_elect_renew_deadline: Duration,
     /// How often the leader renews and a standby retries.
@@ -40,9 +43,11 @@ impl ElectionArgs {
             return Ok(None);
         }
         anyhow::ensure!(
-            self.leader_elect_renew_deadline < self.leader_elect_lease_duration,
-            "--leader-elect-renew-deadline ({:?}) must be shorter than --leader-elect-lease-duration ({:?}), so a leader stops before another replica may take over",
+            self.leader_elect_renew_deadline + self.leader_elect_retry_period
+                < self.leader_elect_lease_duration,
+            "--leader-elect-renew-deadline ({:?}) plus --leader-elect-retry-period ({:?}) must be shorter than --leader-elect-lease-duration ({:?}), so a leader's last write lands before another replica may take over",
             self.leader_elect_renew_deadline,
+            self.leader_elect_retry_period,
             self.leader_elect_lease_duration
         );
         anyhow::ensure!(
@@ -169,6 +174,8 @@ impl Args {
             supply: Some(std::sync::Arc::new(supply)),
             secrets_namespace: Some(namespace.to_string()),
             image_rewrites: self.image_rewrites.clone(),
+            // Set by `serve` when there is an election.
+            write_fence: None,
         })
     }
 }

@@ -11,6 +11,17 @@
 //! long the Lease has stayed unchanged as seen by this replica (its own
 //! clock), never by comparing clocks across machines. [`decide`] is the
 //! pure part, tested without a cluster.
+//!
+//! Leadership is **fenced**: every write the controllers send goes through
+//! a [`Fence`] (a layer on their Kubernetes clients, [`FenceLayer`]) that
+//! lets it out only until the renew deadline counted from when the last
+//! successful renewal *started*. The fence is a clock, not a flag someone
+//! must remember to lower: a replica that was stopped (SIGSTOP, a long
+//! GC pause, a starved executor) finds its writes refused the moment it
+//! runs again, before any code notices the Lease is gone. A standby can
+//! take over only a lease duration after it saw the last renewal, which
+//! the renew deadline (plus a retry period, checked at startup) is shorter
+//! than.
 
 use crate::{Error, Metrics, kube_err};
 use futures::StreamExt;
@@ -19,9 +30,119 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
+
+/// Whether this replica may write: until a moment in time that only a
+/// timely renewal moves forward.
+#[derive(Debug, Default)]
+pub struct Fence {
+    until: Mutex<Option<Instant>>,
+}
+
+impl Fence {
+    /// A closed fence (nothing leaves until leadership is acquired).
+    pub fn new() -> Arc<Fence> {
+        Arc::default()
+    }
+
+    /// How long writes may still leave, if they may.
+    pub fn remaining(&self) -> Option<Duration> {
+        let until = (*self.until.lock().expect("fence lock"))?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Whether a write may leave now.
+    pub fn allows_writes(&self) -> bool {
+        self.remaining().is_some()
+    }
+
+    /// Leadership confirmed by a renewal (or acquisition) that started at
+    /// `started`: writes may leave until `started + renew_deadline`.
+    pub fn confirm(&self, started: Instant, renew_deadline: Duration) {
+        let mut until = self.until.lock().expect("fence lock");
+        let new = started + renew_deadline;
+        if until.is_none_or(|u| u < new) {
+            *until = Some(new);
+        }
+    }
+
+    /// Leadership is over: nothing more leaves.
+    pub fn close(&self) {
+        *self.until.lock().expect("fence lock") = None;
+    }
+}
+
+/// A layer for the controllers' Kubernetes clients: reads always pass;
+/// writes (anything but GET, HEAD and OPTIONS) pass only while the
+/// [`Fence`] allows, and may take no longer than the leadership left.
+#[derive(Debug, Clone)]
+pub struct FenceLayer(pub Arc<Fence>);
+
+impl<S> tower::Layer<S> for FenceLayer {
+    type Service = FenceService<S>;
+    fn layer(&self, inner: S) -> FenceService<S> {
+        FenceService {
+            inner,
+            fence: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`FenceLayer`] wraps around a client's stack.
+#[derive(Debug, Clone)]
+pub struct FenceService<S> {
+    inner: S,
+    fence: Arc<Fence>,
+}
+
+/// A write refused because this replica is not (or no longer) the leader.
+#[derive(Debug, thiserror::Error)]
+#[error("write refused: this replica does not hold the leader Lease (fenced)")]
+pub struct Fenced;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, B> tower::Service<http::Request<B>> for FenceService<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let reads = matches!(
+            *request.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        if reads {
+            let call = self.inner.call(request);
+            return Box::pin(async move { call.await.map_err(Into::into) });
+        }
+        let Some(left) = self.fence.remaining() else {
+            tracing::warn!(method = %request.method(), path = %request.uri().path(), "write refused: not the leader");
+            return Box::pin(futures::future::ready(Err(Box::new(Fenced) as BoxError)));
+        };
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            match tokio::time::timeout(left, call).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => Err(Box::new(Fenced) as BoxError),
+            }
+        })
+    }
+}
 
 /// Timing and identity of the election.
 #[derive(Debug, Clone)]
@@ -93,6 +214,7 @@ pub struct Elector {
     api: Api<Lease>,
     config: ElectionConfig,
     metrics: Metrics,
+    fence: Arc<Fence>,
     changed: Arc<Notify>,
     watch: tokio::task::JoinHandle<()>,
 }
@@ -115,7 +237,15 @@ impl Elector {
     /// An elector for `config`; it reports through `metrics` (standby until
     /// it leads). It watches the Lease so that a released one is taken at
     /// once rather than at the next retry.
-    pub fn new(client: Client, config: ElectionConfig, metrics: Metrics) -> Elector {
+    /// `fence` is opened on acquisition, moved on by each timely renewal,
+    /// and closed when the Lease is lost; the elector's own client must not
+    /// be fenced.
+    pub fn new(
+        client: Client,
+        config: ElectionConfig,
+        metrics: Metrics,
+        fence: Arc<Fence>,
+    ) -> Elector {
         let api: Api<Lease> = Api::namespaced(client, &config.namespace);
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
@@ -135,6 +265,7 @@ impl Elector {
             api,
             config,
             metrics,
+            fence,
             changed,
             watch,
         }
@@ -150,8 +281,10 @@ impl Elector {
     pub async fn acquire(&self) {
         let mut seen: Option<(Option<String>, Instant)> = None;
         loop {
+            let started = Instant::now();
             let wait = match self.try_acquire(&mut seen).await {
                 Ok(None) => {
+                    self.fence.confirm(started, self.config.renew_deadline);
                     self.metrics.set_leading(true);
                     tracing::info!(identity = %self.config.identity, lease = %self.lease_name(), "leading");
                     return;
@@ -257,29 +390,46 @@ impl Elector {
     }
 
     /// Renew the Lease every retry period; return when it is lost: another
-    /// replica holds it, or no renewal succeeded for the renew deadline.
-    /// The caller must stop reconciling at once when this returns.
+    /// replica holds it, a renewal was refused (409), or none that started
+    /// within the renew deadline succeeded. The deadline runs on its own
+    /// timer, whatever a renewal in flight is doing, and the fence closes
+    /// on it by itself. The caller must stop reconciling at once when this
+    /// returns.
     pub async fn hold(&self) -> String {
-        let mut last_renewed = Instant::now();
+        let why = self.renew_until_lost().await;
+        self.fence.close();
+        self.metrics.set_leading(false);
+        why
+    }
+
+    async fn renew_until_lost(&self) -> String {
+        let mut last_started = Instant::now();
+        let mut last_error = String::from("no renewal yet");
         loop {
-            tokio::time::sleep(self.config.retry_period).await;
-            match self.renew().await {
-                Ok(()) => last_renewed = Instant::now(),
-                Err(Lost(why)) => {
-                    self.metrics.set_leading(false);
-                    return why;
+            let deadline =
+                tokio::time::Instant::from_std(last_started + self.config.renew_deadline);
+            let attempt = async {
+                tokio::time::sleep(self.config.retry_period).await;
+                let started = Instant::now();
+                (started, self.renew().await)
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    return format!(
+                        "no renewal of Lease {} succeeded within {:?} (renew deadline): {last_error}",
+                        self.lease_name(),
+                        self.config.renew_deadline
+                    );
                 }
-                Err(Retry(error)) => {
-                    tracing::warn!(%error, "leader election: renewal failed; retrying");
-                    if last_renewed.elapsed() + self.config.retry_period
-                        > self.config.renew_deadline
-                    {
-                        self.metrics.set_leading(false);
-                        return format!(
-                            "could not renew Lease {} for {:?} (renew deadline): {error}",
-                            self.lease_name(),
-                            self.config.renew_deadline
-                        );
+                (started, result) = attempt => match result {
+                    Ok(()) => {
+                        last_started = started;
+                        self.fence.confirm(started, self.config.renew_deadline);
+                    }
+                    Err(Lost(why)) => return why,
+                    Err(Retry(error)) => {
+                        tracing::warn!(%error, "leader election: renewal failed; retrying");
+                        last_error = error;
                     }
                 }
             }
@@ -316,12 +466,21 @@ impl Elector {
         .await
         .map_err(|_| Retry("renewing the Lease timed out".into()))?
         .map(drop)
-        .map_err(|e| Retry(e.to_string()))
+        .map_err(|e| match e {
+            // Someone else wrote the Lease since it was read: whoever it
+            // was, this replica's hold on it is not what it thought.
+            kube::Error::Api(ref a) if a.code == 409 => Lost(format!(
+                "Lease {} was changed by another replica during renewal",
+                self.lease_name()
+            )),
+            e => Retry(e.to_string()),
+        })
     }
 
     /// Hand the Lease over: clear the holder so a standby takes it at once
     /// instead of waiting for it to expire. Best effort.
     pub async fn release(&self) {
+        self.fence.close();
         self.metrics.set_leading(false);
         let result = async {
             let mut lease = self.api.get(&self.config.name).await?;
@@ -377,6 +536,60 @@ pub fn default_identity() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fence_opens_from_a_renewal_start_and_closes_by_itself() {
+        let fence = Fence::new();
+        assert!(!fence.allows_writes(), "closed until leadership");
+        let deadline = Duration::from_millis(200);
+        fence.confirm(Instant::now(), deadline);
+        assert!(fence.allows_writes());
+        // A renewal that started earlier never moves the fence back.
+        fence.confirm(Instant::now() - Duration::from_secs(10), deadline);
+        assert!(fence.allows_writes());
+        std::thread::sleep(deadline + Duration::from_millis(20));
+        assert!(!fence.allows_writes(), "closed by the clock alone");
+        fence.confirm(Instant::now(), deadline);
+        fence.close();
+        assert!(!fence.allows_writes());
+    }
+
+    #[tokio::test]
+    async fn fenced_clients_read_always_and_write_only_while_leading() {
+        use tower::{Layer, Service, ServiceExt};
+        let fence = Fence::new();
+        let inner = tower::service_fn(|_: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>("sent")
+        });
+        let mut service = FenceLayer(fence.clone()).layer(inner);
+        let request = |method: http::Method| {
+            http::Request::builder()
+                .method(method)
+                .uri("/apis/capstan.dev/v1alpha1/machines")
+                .body(())
+                .unwrap()
+        };
+        let get = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(http::Method::GET));
+        assert_eq!(get.await.unwrap(), "sent");
+        let patch = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(http::Method::PATCH));
+        let refused = patch.await.unwrap_err();
+        assert!(refused.is::<Fenced>(), "{refused}");
+        fence.confirm(Instant::now(), Duration::from_secs(5));
+        let post = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request(http::Method::POST));
+        assert_eq!(post.await.unwrap(), "sent");
+    }
 
     fn held(by: &str, secs: u64) -> Record {
         Record {

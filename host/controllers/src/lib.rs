@@ -112,6 +112,9 @@ pub struct Options {
     /// Image rewrite rules applied to the pod templates addons render
     /// (`--image-rewrite registry.k8s.io/=mirror.local/`).
     pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
+    /// Leader election's write fence: every write of the controllers
+    /// passes through it (`None`: no election, writes always leave).
+    pub write_fence: Option<Arc<leader::Fence>>,
 }
 
 impl Default for Options {
@@ -123,6 +126,7 @@ impl Default for Options {
             supply: None,
             secrets_namespace: None,
             image_rewrites: Vec::new(),
+            write_fence: None,
         }
     }
 }
@@ -596,14 +600,8 @@ pub async fn run(
 ) -> Result<(), Error> {
     let mut no_retries = config.clone();
     no_retries.default_retry = false;
-    let eviction_client = Client::try_from(no_retries).map_err(|source| Error::Kube {
-        what: "cannot build a Kubernetes client".into(),
-        source,
-    })?;
-    let client = Client::try_from(config).map_err(|source| Error::Kube {
-        what: "cannot build a Kubernetes client".into(),
-        source,
-    })?;
+    let eviction_client = fenced_client(no_retries, options.write_fence.as_ref())?;
+    let client = fenced_client(config, options.write_fence.as_ref())?;
     let mut plugins = Shared::new(Api::<Plugin>::all(client.clone()));
     let mut machines = Shared::new(Api::<Machine>::all(client.clone()));
     let mut sets = Shared::new(Api::<MachineSet>::all(client.clone()));
@@ -759,6 +757,23 @@ pub async fn run(
     reflectors.abort();
     metrics.set_ready(false);
     Ok(())
+}
+
+/// A client for `config`, its writes behind `fence` when there is one.
+fn fenced_client(
+    config: kube::Config,
+    fence: Option<&Arc<leader::Fence>>,
+) -> Result<Client, Error> {
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|source| Error::Kube {
+        what: "cannot build a Kubernetes client".into(),
+        source,
+    })?;
+    Ok(match fence {
+        Some(fence) => builder
+            .with_layer(&leader::FenceLayer(fence.clone()))
+            .build(),
+        None => builder.build(),
+    })
 }
 
 /// Drive a controller's result stream, logging failures, until it ends.

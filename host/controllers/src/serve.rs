@@ -3,7 +3,7 @@
 //! leads, until shutdown. `capstan controller` is a thin layer of flags over
 //! [`serve`]; the benchmarks' native controller uses it too.
 
-use crate::leader::{ElectionConfig, Elector};
+use crate::leader::{ElectionConfig, Elector, Fence};
 use crate::{Error, Metrics, Options, Providers};
 use std::net::SocketAddr;
 
@@ -91,10 +91,13 @@ pub async fn serve(
 type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
 
 async fn lead_and_run(
-    process: Process,
+    mut process: Process,
     metrics: Metrics,
     shutdown: futures::future::Shared<Shutdown>,
 ) -> Result<(), Error> {
+    // With an election, every write of the controllers is fenced by it.
+    let fence = process.election.as_ref().map(|_| Fence::new());
+    process.options.write_fence = fence.clone();
     // Futures are lazy: nothing runs until it is awaited, after the Lease.
     let controllers = crate::run(
         process.config.clone(),
@@ -111,7 +114,8 @@ async fn lead_and_run(
         what: "cannot build a Kubernetes client".into(),
         source,
     })?;
-    let elector = Elector::new(client, election, metrics.clone());
+    let fence = fence.expect("made above for an election");
+    let elector = Elector::new(client, election, metrics.clone(), fence);
     eprintln!(
         "capstan controller: waiting to lead (identity {})",
         elector.identity()

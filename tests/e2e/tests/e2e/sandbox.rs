@@ -301,7 +301,10 @@ async fn cpu_bound_calls_never_hold_the_executor_and_calls_share_a_host_wide_cap
     for r in results {
         assert!(matches!(r, Err(Error::DeadlineExceeded { .. })), "{r:?}");
     }
-    assert!(matches!(fifth, Err(Error::DeadlineExceeded { .. })), "{fifth:?}");
+    assert!(
+        matches!(fifth, Err(Error::DeadlineExceeded { .. })),
+        "{fifth:?}"
+    );
     assert!(
         fifth_took >= Duration::from_millis(2500),
         "the 5th call waited for a slot, then ran its own 1.5 s: {fifth_took:?}"
