@@ -55,6 +55,9 @@ pub struct ControlPlaneOptions {
     /// a second cluster that only has to hold objects, such as the workload
     /// cluster an Addon targets.
     pub api_only: bool,
+    /// Keep an audit log of every write (`audit_writes`), with who made it
+    /// and when the API server received it.
+    pub audit: bool,
 }
 
 impl Default for ControlPlaneOptions {
@@ -65,6 +68,7 @@ impl Default for ControlPlaneOptions {
             node_startup_grace_period: Duration::from_secs(30),
             pod_toleration_seconds: 30,
             api_only: false,
+            audit: false,
         }
     }
 }
@@ -80,6 +84,27 @@ impl ControlPlaneOptions {
             ..Default::default()
         }
     }
+}
+
+/// The user name of [`ControlPlane::second_admin_kubeconfig`].
+pub const SECOND_ADMIN: &str = "capstan-admin-2";
+
+/// The API server's audit flags: writes only, metadata level, to
+/// `audit.log` in `dir`.
+fn audit_args(dir: &std::path::Path, on: bool) -> Result<Vec<String>, String> {
+    if !on {
+        return Ok(vec![]);
+    }
+    let policy = dir.join("audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: None\n",
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(vec![
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", dir.join("audit.log").display()),
+    ])
 }
 
 /// A running etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
@@ -219,7 +244,7 @@ impl ControlPlane {
         std::fs::write(
             &tokens,
             format!(
-                "{},capstan-admin,capstan-admin,system:masters\n",
+                "{0},capstan-admin,capstan-admin,system:masters\n{0}-2,{SECOND_ADMIN},{SECOND_ADMIN},system:masters\n",
                 plane.token
             ),
         )
@@ -234,6 +259,7 @@ impl ControlPlane {
                 .arg(format!("--secure-port={secure}"))
                 .arg(format!("--cert-dir={}", dir.join("certs").display()))
                 .arg(format!("--token-auth-file={}", tokens.display()))
+                .args(audit_args(&dir, options.audit)?)
                 .arg("--authorization-mode=RBAC")
                 .arg("--service-cluster-ip-range=10.96.0.0/24")
                 .arg("--service-account-issuer=https://kubernetes.default.svc")
@@ -362,6 +388,31 @@ impl ControlPlane {
     /// Path of a kubeconfig for the admin (kubectl, kube-rs, `capstan`).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
+    }
+
+    /// Path of a kubeconfig for a second admin user ([`SECOND_ADMIN`]), so
+    /// that two processes' requests can be told apart in the audit log.
+    pub fn second_admin_kubeconfig(&self) -> Result<PathBuf, String> {
+        let path = self.dir.join("kubeconfig-2");
+        let text = std::fs::read_to_string(self.kubeconfig()).map_err(|e| e.to_string())?;
+        std::fs::write(
+            &path,
+            text.replace(&self.token, &format!("{}-2", self.token)),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(path)
+    }
+
+    /// Every write the API server audited (with `audit` on): one JSON
+    /// object per request (`verb`, `user.username`, `objectRef`,
+    /// `requestReceivedTimestamp`, `responseStatus.code`).
+    pub fn audit_writes(&self) -> Result<Vec<serde_json::Value>, String> {
+        let text = std::fs::read_to_string(self.dir.join("audit.log"))
+            .map_err(|e| format!("no audit log (start with audit: true): {e}"))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect())
     }
 
     fn write_kubeconfig(&self) -> Result<(), String> {

@@ -275,7 +275,7 @@ async fn main() -> anyhow::Result<()> {
             node_monitor_grace_period: (heartbeat * 4).max(Duration::from_secs(40)),
             node_startup_grace_period: (heartbeat * 6).max(Duration::from_secs(60)),
             pod_toleration_seconds: 300,
-            api_only: false,
+            ..ControlPlaneOptions::default()
         }
     };
     let env = Env::start_with(EnvOptions {

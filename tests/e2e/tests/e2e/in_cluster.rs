@@ -415,3 +415,136 @@ async fn one_replica_leads_and_a_standby_takes_over() {
     assert_eq!(env.cloud.stats().instances_launched, 5);
     third.stop();
 }
+
+/// The review's split brain, reproduced: two replicas, the leader's workers
+/// busy in CPU-bound plugin calls, the leader stopped (SIGSTOP) for longer
+/// than the Lease mid-rollout, then resumed. The API server's audit log
+/// (each replica with its own user) shows not one write from the old
+/// leader after the standby acquired, and every machine has one instance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
+    logs();
+    let mut options = capstan_e2e::env::EnvOptions::new(Faults {
+        boot_latency_ms: 1500,
+        ..Default::default()
+    });
+    options.control_plane.audit = true;
+    let env = Env::start_with(options).await.expect("environment");
+    // A hostile provider spinning until its deadline keeps workers busy.
+    env.create_plugin("spinner", &capstan_e2e::plugin("hostile_plugin"))
+        .await
+        .unwrap();
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            "spinner",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"limits": {"callTimeoutMs": 3000}}})),
+        )
+        .await
+        .unwrap();
+    let mut spin = sample_deployment("spin", "spinner", &env.cloud.url(), 6, "v1.30.0");
+    spin.spec.template.spec.provider.config["attack"] = json!("infinite-loop");
+    let deployments: Api<MachineDeployment> = Api::namespaced(env.client.clone(), NS);
+    deployments
+        .create(&PostParams::default(), &spin)
+        .await
+        .unwrap();
+
+    // The leader-to-be has a user of its own (the simulated kubelet writes
+    // as the first admin).
+    let old_user = capstan_e2e::control_plane::SECOND_ADMIN;
+    let second = env.control_plane.second_admin_kubeconfig().unwrap();
+    let mut old = ControllerProcess::start_program(
+        &capstan_bin().unwrap(),
+        &["controller"],
+        &second,
+        ELECTION,
+        &[],
+    )
+    .unwrap();
+    wait_leads(&mut old, LONG);
+    let mut standby = ControllerProcess::start(&env, ELECTION, &[]).unwrap();
+    standby.wait_ready(LONG).unwrap();
+
+    let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 4, "v1.30.0");
+    deployments
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    env.eventually("instances launching", LONG, async || {
+        (env.cloud.stats().instances_launched >= 1).then_some(())
+    })
+    .await;
+    let stop = |signal: &str, pid: u32| {
+        let ok = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map(|s| s.success());
+        assert_eq!(ok.ok(), Some(true), "kill {signal} {pid}");
+    };
+    stop("-STOP", old.pid());
+    let takeover = wait_leads(&mut standby, LONG);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
+    let acquired = leases
+        .get("capstan-controller")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.acquire_time)
+        .expect("the Lease has an acquire time")
+        .0;
+    // Longer than the Lease, with CPU-bound calls pending in the old leader.
+    std::thread::sleep(Duration::from_secs(3));
+    stop("-CONT", old.pid());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = old.exited() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the old leader did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        !status.success(),
+        "the old leader exits with an error: {status}"
+    );
+    env.wait_rolled_out(NS, "pool", LONG).await;
+
+    let writes = env.control_plane.audit_writes().unwrap();
+    let by_old: Vec<&Value> = writes
+        .iter()
+        .filter(|w| w["user"]["username"] == old_user)
+        .collect();
+    let late: Vec<String> = by_old
+        .iter()
+        .filter(|w| {
+            w["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|t| t > acquired)
+        })
+        .map(|w| {
+            format!(
+                "{} {} {}",
+                w["verb"], w["requestURI"], w["requestReceivedTimestamp"]
+            )
+        })
+        .collect();
+    eprintln!(
+        "SIGSTOP of the leader with CPU-bound plugin calls: takeover after {takeover:?}; the old leader made {} writes in all, {} after the standby acquired",
+        by_old.len(),
+        late.len()
+    );
+    assert!(
+        !by_old.is_empty(),
+        "the audit log has the old leader's writes"
+    );
+    assert!(late.is_empty(), "writes after the takeover: {late:#?}");
+    assert_eq!(
+        env.cloud.stats().instances_launched,
+        4,
+        "one instance per machine, none launched twice"
+    );
+    standby.stop();
+}
