@@ -329,8 +329,8 @@ async fn converge(
         RenderError::Plugin {
             call: "render",
             error,
-        } => fail(APPLIED, "RenderFailed", error.to_string()),
-        RenderError::Plugin { error, .. } => fail(UP_TO_DATE, "PluginFailed", error.to_string()),
+        } => fail(APPLIED, "RenderFailed", plugin_text(&error)),
+        RenderError::Plugin { error, .. } => fail(UP_TO_DATE, "PluginFailed", plugin_text(&error)),
         RenderError::Addon(e) => addon_failure(e),
     })?;
     let Rendered {
@@ -492,7 +492,7 @@ async fn converge(
         registered.plugin.assess(&spec, &observed),
     )
     .await
-    .map_err(|e| fail(HEALTHY, "AssessFailed", e.to_string()))?;
+    .map_err(|e| fail(HEALTHY, "AssessFailed", plugin_text(&e)))?;
     status.healthy = Some(health.healthy);
     // Plugin text reaches a status tenants read: bounded, as a whole.
     let mut budget = capstan_api::MAX_PLUGIN_TEXT;
@@ -527,6 +527,11 @@ async fn converge(
         &t,
     );
     Ok(Some(health.healthy))
+}
+
+/// A plugin call's error as a status may show it: bounded.
+fn plugin_text(error: &capstan_runtime::Error) -> String {
+    capstan_api::bounded(&error.to_string(), capstan_api::MAX_PLUGIN_TEXT)
 }
 
 /// Whether an Addon is a tenant's: outside Capstan's own namespace.

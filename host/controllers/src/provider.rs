@@ -42,19 +42,21 @@ pub enum ProviderError {
     Fault(String),
 }
 
+/// Plugin text reaches conditions, events and logs: bounded
+/// ([`capstan_api::MAX_PLUGIN_TEXT`]), saying so when it was cut.
 impl From<RuntimeError> for ProviderError {
     fn from(error: RuntimeError) -> Self {
-        let text = error.to_string();
+        let bound = |m: &str| capstan_api::bounded(m, capstan_api::MAX_PLUGIN_TEXT);
         match error.plugin_error() {
-            Some(PluginError::InvalidConfig(m)) => ProviderError::InvalidConfig(m.clone()),
-            Some(PluginError::NotFound(m)) => ProviderError::NotFound(m.clone()),
+            Some(PluginError::InvalidConfig(m)) => ProviderError::InvalidConfig(bound(m)),
+            Some(PluginError::NotFound(m)) => ProviderError::NotFound(bound(m)),
             Some(PluginError::Transient(t)) => ProviderError::Transient {
-                message: t.message.clone(),
+                message: bound(&t.message),
                 retry_after: Duration::from_millis(t.retry_after_ms.max(1)),
             },
-            Some(PluginError::Unauthorized(m)) => ProviderError::Unauthorized(m.clone()),
-            Some(PluginError::Terminal(m)) => ProviderError::Terminal(m.clone()),
-            None => ProviderError::Fault(text),
+            Some(PluginError::Unauthorized(m)) => ProviderError::Unauthorized(bound(m)),
+            Some(PluginError::Terminal(m)) => ProviderError::Terminal(bound(m)),
+            None => ProviderError::Fault(bound(&error.to_string())),
         }
     }
 }
@@ -194,4 +196,31 @@ pub async fn timed<T>(
     };
     metrics.plugin_call(plugin, function, outcome, started.elapsed());
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_text_is_bounded_before_it_reaches_a_status() {
+        let long = "x".repeat(100_000);
+        for error in [
+            PluginError::Terminal(long.clone()),
+            PluginError::InvalidConfig(long.clone()),
+        ] {
+            let converted = ProviderError::from(RuntimeError::Plugin {
+                plugin: "hostile".into(),
+                call: "create",
+                error,
+            });
+            let text = converted.to_string();
+            assert!(
+                text.len() <= capstan_api::MAX_PLUGIN_TEXT + 64,
+                "{}",
+                text.len()
+            );
+            assert!(text.contains("(truncated)"), "says it was cut");
+        }
+    }
 }
