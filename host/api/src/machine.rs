@@ -163,6 +163,10 @@ pub struct MachineStatus {
     /// Human-readable detail of a terminal failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_message: Option<String>,
+    /// The Plugin that created the instance: it alone reads and releases
+    /// it, whatever `spec.provider.plugin` says later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_plugin: Option<String>,
     /// Digest (`sha256:…`) of the plugin that last acted on this machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_digest: Option<String>,
@@ -186,6 +190,61 @@ pub struct MachineStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+impl Machine {
+    /// The Plugin that owns the machine's instance: the one that created
+    /// it, or (before one was created, or for machines created before this
+    /// was recorded) the spec's.
+    pub fn instance_plugin(&self) -> &str {
+        self.status
+            .as_ref()
+            .and_then(|s| s.provider_plugin.as_deref())
+            .unwrap_or(&self.spec.provider.plugin)
+    }
+
+    /// Why the spec cannot be acted on: the provider Plugin changed after
+    /// the instance was created (a Machine keeps its instance).
+    pub fn provider_changed(&self) -> Option<String> {
+        let status = self.status.as_ref()?;
+        status.provider_id.as_ref()?;
+        let created_with = status.provider_plugin.as_deref()?;
+        (created_with != self.spec.provider.plugin).then(|| {
+            format!(
+                "spec.provider.plugin changed from {created_with:?} to {:?} after instance {} was created; a Machine keeps its instance: change it back, or delete the Machine (its instance is released through {created_with:?})",
+                self.spec.provider.plugin,
+                status.provider_id.as_deref().unwrap_or_default()
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod instance_tests {
+    use super::*;
+
+    #[test]
+    fn the_plugin_that_created_the_instance_keeps_it() {
+        let mut m = Machine::new("m", MachineSpec::default());
+        m.spec.provider.plugin = "ec2".into();
+        assert_eq!(m.instance_plugin(), "ec2");
+        assert!(m.provider_changed().is_none(), "no instance yet");
+        m.status = Some(MachineStatus {
+            provider_id: Some("aws:///z/i-1".into()),
+            provider_plugin: Some("ec2".into()),
+            ..Default::default()
+        });
+        assert!(m.provider_changed().is_none());
+        m.spec.provider.plugin = "sim".into();
+        assert_eq!(m.instance_plugin(), "ec2");
+        let why = m.provider_changed().unwrap();
+        assert!(
+            why.starts_with(
+                "spec.provider.plugin changed from \"ec2\" to \"sim\" after instance aws:///z/i-1"
+            ),
+            "{why}"
+        );
+    }
 }
 
 /// An in-place update of one machine.

@@ -52,7 +52,9 @@ pub(crate) async fn controller(
     let stream = Controller::for_shared_stream(trigger, ctx.stores.machines.clone())
         .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
             let name = plugin.name_any();
-            machines_where(&by_plugin, |m| m.spec.provider.plugin == name)
+            machines_where(&by_plugin, |m| {
+                m.spec.provider.plugin == name || m.instance_plugin() == name
+            })
         })
         .watches_shared_stream(nodes, move |node: Arc<Node>| {
             machines_of_node(&by_node, &node)
@@ -162,6 +164,32 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     }
     status.observed_generation = Some(generation);
     let t = now();
+    // Machines that got their instance before the creating Plugin was
+    // recorded: the spec's is the one (it could not change unnoticed since).
+    if status.provider_id.is_some() && status.provider_plugin.is_none() {
+        status.provider_plugin = Some(plugin_name.clone());
+    }
+    if let Some(message) = machine.provider_changed() {
+        // Not applied: the instance stays with the Plugin that created it.
+        set_condition(
+            &mut status.conditions,
+            CONFIG_VALID,
+            cond::FALSE,
+            "ProviderChanged",
+            message,
+            Some(generation),
+            &t,
+        );
+        apply_machine_status(
+            &ctx,
+            CONTROLLER,
+            machine.as_ref(),
+            current.as_ref(),
+            &status,
+        )
+        .await?;
+        return Ok(Action::requeue(ctx.options.resync));
+    }
 
     let registered = match crate::plugin::availability(&ctx, &plugin_name, &namespace) {
         Availability::Ready => ctx.providers.get(&plugin_name),
@@ -245,6 +273,7 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
                 // Recorded now so the status write at the end of this
                 // reconcile (the next API call) persists it.
                 status.provider_id = Some(observed.provider_id.clone());
+                status.provider_plugin = Some(plugin_name.clone());
                 observed
             }
             Err(ProviderError::InvalidConfig(message)) => {
@@ -634,7 +663,8 @@ async fn delete_instance(
     node: Option<&Node>,
     drain_skipped: Option<String>,
 ) -> Result<Action, Error> {
-    let plugin_name = &machine.spec.provider.plugin;
+    // Released through the Plugin that created it, whatever the spec says now.
+    let plugin_name = machine.instance_plugin();
     let t = now();
     let generation = machine.metadata.generation;
     let waiting = match &drain_skipped {

@@ -602,3 +602,80 @@ async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
     .await;
     env.stop_controllers().await;
 }
+
+/// Editing a provisioned Machine's provider does not leak its instance:
+/// the change is held with a condition (no call through the new Plugin),
+/// and deleting the Machine releases the instance through the Plugin that
+/// created it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_keeps_its_instance_when_its_provider_is_edited() {
+    let mut env = Env::start(faults(200)).await.expect("environment starts");
+    // A Plugin that never serves: the old code would have waited on it for
+    // ever, both to read the instance and to release it.
+    env.create_plugin("other-sim", std::path::Path::new("/nonexistent/other.wasm"))
+        .await
+        .unwrap();
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let md = sample_deployment("one", SIM_PLUGIN, &env.cloud.url(), 1, "v1.30.0");
+    let mut machine = Machine::new("keeper", md.spec.template.spec.clone());
+    machine.metadata.namespace = Some(NS.into());
+    let machines: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    machines
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    let provisioned = eventually("the instance created", LONG, async || {
+        let m = machines.get("keeper").await.ok()?;
+        let s = m.status.clone()?;
+        (s.provider_id.is_some() && s.provider_plugin.as_deref() == Some(SIM_PLUGIN)).then_some(m)
+    })
+    .await;
+    let provider_id = provisioned.status.unwrap().provider_id.unwrap();
+
+    machines
+        .patch(
+            "keeper",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"provider": {"plugin": "other-sim"}}})),
+        )
+        .await
+        .unwrap();
+    let message = eventually("the change held", LONG, async || {
+        let s = machines.get("keeper").await.ok()?.status?;
+        let c = capstan_api::condition(&s.conditions, "ConfigValid")?.clone();
+        (c.reason == "ProviderChanged").then_some(c.message)
+    })
+    .await;
+    assert!(
+        message.starts_with(&format!(
+            "spec.provider.plugin changed from \"{SIM_PLUGIN}\" to \"other-sim\" after instance {provider_id} was created"
+        )),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        env.cloud.stats().instances_launched,
+        1,
+        "no second instance"
+    );
+
+    machines
+        .delete("keeper", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Machine gone", LONG, async || {
+        machines
+            .get_opt("keeper")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // Released through the Plugin that created it.
+    eventually("the instance released", LONG, async || {
+        (env.cloud.stats().live_instances == 0).then_some(())
+    })
+    .await;
+}
