@@ -104,10 +104,13 @@ fn rolling(replicas: i32, bounds: Bounds, new: &SetView, olds: &[&SetView]) -> P
     if new.replicas > replicas {
         plan.new_replicas = replicas;
     } else if new.replicas < replicas {
-        let max_total = replicas + bounds.max_surge;
-        let headroom = max_total - old_footprint - footprint(new, new.replicas);
+        // Saturating: a `maxSurge` as large as an i32 allows must not wrap.
+        let max_total = replicas.saturating_add(bounds.max_surge);
+        let headroom = max_total
+            .saturating_sub(old_footprint)
+            .saturating_sub(footprint(new, new.replicas));
         if headroom > 0 {
-            plan.new_replicas = (new.replicas + headroom).min(replicas);
+            plan.new_replicas = new.replicas.saturating_add(headroom).min(replicas);
         }
     }
 
@@ -328,6 +331,19 @@ mod tests {
             max_surge,
             max_unavailable,
         })
+    }
+
+    #[test]
+    fn the_largest_surge_an_i32_holds_does_not_overflow() {
+        let old = set("old", 1, 3, 3, 3);
+        let p = plan(
+            3,
+            bounds(i32::MAX, 0),
+            false,
+            None,
+            std::slice::from_ref(&old),
+        );
+        assert_eq!(p.new_replicas, 3, "the whole new set at once: {p:?}");
     }
 
     #[test]
