@@ -275,17 +275,13 @@ impl Layout {
         })
     }
 
-    /// Verify every plugin offline under `policy` (default: the bundled one):
-    /// signatures, then config and component against the verified manifest.
-    pub fn verify(&self, policy: Option<&TrustPolicy>) -> Result<Vec<PluginReport>, Error> {
-        let bundled;
-        let policy = match policy {
-            Some(p) => p,
-            None => {
-                bundled = self.policy()?;
-                &bundled
-            }
-        };
+    /// Verify every plugin offline under the host's `policy` and the
+    /// policy the bundle carries: both must be satisfied, so the bundle's
+    /// own policy can only narrow the host's (a bundle cannot vouch for
+    /// itself). Signatures first, then config and component against the
+    /// verified manifest.
+    pub fn verify(&self, policy: &TrustPolicy) -> Result<Vec<PluginReport>, Error> {
+        let bundled = self.policy()?;
         let mut reports = Vec::new();
         for (source, descriptor) in self.plugins() {
             let reference = Reference::parse(source)?;
@@ -302,12 +298,26 @@ impl Layout {
                 &described.digest,
                 &described.manifest_bytes,
             )?;
-            let rule = crate::verify::rule_for(policy, &reference)?;
-            let signers =
-                policy::evaluate(&rule, &candidates).map_err(|reason| Error::Verification {
-                    reference: reference.pinned(&described.digest).to_string(),
-                    reason,
+            let mut signers: Vec<Signer> = Vec::new();
+            for (whose, policy) in [("the host's", policy), ("the bundle's own", &bundled)] {
+                let rule = crate::verify::rule_for(policy, &reference).map_err(|e| match e {
+                    Error::Verification { reference, reason } => Error::Verification {
+                        reference,
+                        reason: format!("{whose} trust policy: {reason}"),
+                    },
+                    other => other,
                 })?;
+                let found =
+                    policy::evaluate(&rule, &candidates).map_err(|reason| Error::Verification {
+                        reference: reference.pinned(&described.digest).to_string(),
+                        reason: format!("{whose} trust policy: {reason}"),
+                    })?;
+                for s in found {
+                    if !signers.contains(&s) {
+                        signers.push(s);
+                    }
+                }
+            }
             let config = self.blob(&reference, &described.manifest.config)?;
             let component = self.blob(&reference, &described.manifest.layers[0])?;
             artifact::check_component(&described, &config, &component)?;
@@ -531,6 +541,6 @@ pub fn create(
         .insert(oci::ANNOTATION_REF_NAME.into(), POLICY_REF_NAME.into());
     layout.add(manifest.to_bytes());
     layout.index.manifests.push(descriptor);
-    let reports = layout.verify(None)?;
+    let reports = layout.verify(&policy)?;
     Ok((layout, reports))
 }

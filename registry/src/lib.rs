@@ -41,4 +41,4 @@ pub use client::{Client, ClientOptions, DEFAULT_MAX_BLOB_BYTES, NoProgress, Prog
 pub use digest::Digest;
 pub use error::Error;
 pub use mirror::Mirrors;
-pub use reference::Reference;
+pub use reference::{Reference, Scope, Source};

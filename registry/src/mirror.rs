@@ -8,14 +8,15 @@
 //!     mirror: oci://127.0.0.1:5001/mirror/capstan/
 //! ```
 
-use crate::{Error, Reference};
+use crate::{Error, Reference, Scope};
 use serde::Deserialize;
 use std::path::Path;
 
-/// Prefix rewrites, longest source prefix first.
+/// Prefix rewrites, most specific source prefix first. Prefixes are parsed
+/// like trust policy prefixes ([`Scope`]): normalised, on `/` boundaries.
 #[derive(Debug, Clone, Default)]
 pub struct Mirrors {
-    rules: Vec<(String, String)>,
+    rules: Vec<(Scope, Scope)>,
 }
 
 #[derive(Deserialize)]
@@ -43,28 +44,43 @@ impl Mirrors {
         let file: File = serde_yaml::from_str(text).map_err(|e| Error::config(what, e))?;
         let mut rules = Vec::new();
         for (i, entry) in file.mirrors.into_iter().enumerate() {
+            let mut scopes = Vec::new();
             for (field, value) in [("source", &entry.source), ("mirror", &entry.mirror)] {
-                if !value.starts_with("oci://") || !value.ends_with('/') {
-                    return Err(Error::config(
-                        format!("{what}: mirrors[{i}].{field}"),
-                        format!(
-                            "{value:?} must look like oci://REGISTRY/PREFIX/ (with the trailing slash)"
-                        ),
-                    ));
+                let field = format!("{what}: mirrors[{i}].{field}");
+                match Scope::parse(value) {
+                    Ok(scope @ Scope::Oci { .. }) => scopes.push(scope),
+                    Ok(_) => {
+                        return Err(Error::config(
+                            field,
+                            format!("{value:?} must look like oci://REGISTRY/PREFIX/"),
+                        ));
+                    }
+                    Err(e) => return Err(Error::config(field, e)),
                 }
             }
-            rules.push((entry.source, entry.mirror));
+            let mirror = scopes.pop().expect("two scopes");
+            rules.push((scopes.pop().expect("two scopes"), mirror));
         }
-        rules.sort_by_key(|(source, _)| std::cmp::Reverse(source.len()));
+        rules.sort_by_key(|(source, _)| std::cmp::Reverse(source.specificity()));
         Ok(Mirrors { rules })
     }
 
     /// Where to fetch `source` from (itself when no rule matches).
     pub fn location(&self, source: &Reference) -> Result<Reference, Error> {
-        let text = source.to_string();
         for (from, to) in &self.rules {
-            if let Some(rest) = text.strip_prefix(from.as_str()) {
-                return Reference::parse(&format!("{to}{rest}"));
+            if let Some(rest) = from.remainder(source) {
+                let mut located = source.clone();
+                let Scope::Oci { registry, path } = to else {
+                    unreachable!("mirrors are oci:// scopes")
+                };
+                located.registry.clone_from(registry);
+                located.repository = path
+                    .iter()
+                    .map(String::as_str)
+                    .chain(rest)
+                    .collect::<Vec<_>>()
+                    .join("/");
+                return Reference::parse(&located.to_string());
             }
         }
         Ok(source.clone())
@@ -79,7 +95,7 @@ mod tests {
     fn rewrites_by_longest_prefix() {
         let m = Mirrors::parse(
             "m.yaml",
-            "mirrors:\n  - source: oci://a:5000/\n    mirror: oci://b:5001/mirror/\n  - source: oci://a:5000/special/\n    mirror: oci://c/\n",
+            "mirrors:\n  - source: oci://a:5000/\n    mirror: oci://b:5001/mirror/\n  - source: oci://a:5000/special/\n    mirror: oci://c.io/\n",
         )
         .unwrap();
         let r = Reference::parse("oci://a:5000/capstan/sim:v1").unwrap();
@@ -88,8 +104,13 @@ mod tests {
             "oci://b:5001/mirror/capstan/sim:v1"
         );
         let r = Reference::parse("oci://a:5000/special/x:v1").unwrap();
-        assert_eq!(m.location(&r).unwrap().to_string(), "oci://c/x:v1");
-        let r = Reference::parse("oci://z/x:v1").unwrap();
+        assert_eq!(m.location(&r).unwrap().to_string(), "oci://c.io/x:v1");
+        let r = Reference::parse("oci://a:5000/specialist/x:v1").unwrap();
+        assert_eq!(
+            m.location(&r).unwrap().to_string(),
+            "oci://b:5001/mirror/specialist/x:v1"
+        );
+        let r = Reference::parse("oci://z.io/x:v1").unwrap();
         assert_eq!(m.location(&r).unwrap(), r);
         let err = Mirrors::parse("m.yaml", "mirrors:\n  - source: a\n    mirror: oci://b/\n")
             .unwrap_err();

@@ -14,12 +14,17 @@
 //!     anyOf: [ops-a, ops-b]        # and at least one of these
 //! ```
 //!
-//! The longest matching prefix decides; a source no rule covers is refused.
-//! [`evaluate`] is the pure decision over the signatures found.
+//! Prefixes are parsed and normalised like sources ([`Scope`]): they match
+//! on `/` boundaries, after lowercasing the registry and dropping `:443`, and
+//! a prefix that could never match is an error when the policy is loaded.
+//! `file:///DIR/` prefixes cover local plugins (signed with a Sigstore
+//! bundle next to the file). The most specific matching prefix decides; a
+//! source no rule covers is refused. [`evaluate`] is the pure decision over
+//! the signatures found.
 
-use crate::Error;
 use crate::keys::PublicKey;
 use crate::signature::Candidate;
+use crate::{Error, Scope, Source};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
@@ -75,6 +80,7 @@ pub struct RuleSpec {
 pub struct TrustPolicy {
     keys: BTreeMap<String, PublicKey>,
     rules: Vec<RuleSpec>,
+    scopes: Vec<Scope>,
 }
 
 /// A rule with its keys resolved, ready to evaluate.
@@ -132,12 +138,23 @@ impl TrustPolicy {
                 return Err(Error::config(field, "duplicate key name"));
             }
         }
-        let policy = TrustPolicy {
+        let mut policy = TrustPolicy {
             keys,
             rules: file.sources,
+            scopes: Vec::new(),
         };
         for (i, rule) in policy.rules.iter().enumerate() {
-            policy.check_rule(&format!("{what}: sources[{i}]"), rule)?;
+            let field = format!("{what}: sources[{i}]");
+            policy.check_rule(&field, rule)?;
+            let scope = Scope::parse(&rule.prefix)
+                .map_err(|e| Error::config(format!("{field}.prefix"), e))?;
+            if policy.scopes.contains(&scope) {
+                return Err(Error::config(
+                    format!("{field}.prefix"),
+                    format!("another rule already covers {scope}; merge them"),
+                ));
+            }
+            policy.scopes.push(scope);
         }
         Ok(policy)
     }
@@ -174,18 +191,20 @@ impl TrustPolicy {
                 all_of,
                 any_of,
             }],
+            scopes: vec![Scope::Everything],
         };
         policy.check_rule("verification", &policy.rules[0])?;
         Ok(policy)
     }
 
-    /// The rule for `source` (`oci://…`): the longest matching prefix.
-    pub fn rule_for(&self, source: &str) -> Option<Rule> {
-        let spec = self
+    /// The rule for `source`: the most specific covering prefix.
+    pub fn rule_for(&self, source: &Source) -> Option<Rule> {
+        let (spec, _) = self
             .rules
             .iter()
-            .filter(|r| source.starts_with(&r.prefix))
-            .max_by_key(|r| r.prefix.len())?;
+            .zip(&self.scopes)
+            .filter(|(_, scope)| scope.covers(source))
+            .max_by_key(|(_, scope)| scope.specificity())?;
         let resolve = |names: &[String]| {
             names
                 .iter()
@@ -334,6 +353,10 @@ mod tests {
         }
     }
 
+    fn src(text: &str) -> Source {
+        Source::parse(text).unwrap()
+    }
+
     #[test]
     fn all_of_and_any_of() {
         let (a, b, c) = (
@@ -350,9 +373,9 @@ mod tests {
         let policy =
             TrustPolicy::single(keys.clone(), vec!["a".into()], vec!["b".into(), "c".into()])
                 .unwrap();
-        let rule = policy.rule_for("oci://r/x").unwrap();
-        let sig_a = candidate(&a, "r/x", &d, "r/x");
-        let sig_c = candidate(&c, "r/x", &d, "r/x");
+        let rule = policy.rule_for(&src("oci://r.io/x")).unwrap();
+        let sig_a = candidate(&a, "r.io/x", &d, "r.io/x");
+        let sig_c = candidate(&c, "r.io/x", &d, "r.io/x");
         let ok = evaluate(&rule, &[sig_a.clone(), sig_c.clone()]).unwrap();
         assert_eq!(
             ok.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
@@ -366,9 +389,9 @@ mod tests {
         let err = evaluate(&rule, &[sig_c]).unwrap_err();
         assert!(err.contains("allOf key \"a\""), "{err}");
         assert!(evaluate(&rule, &[]).unwrap_err().contains("unsigned"));
-        let foreign = candidate(&a, "r/other", &d, "r/x");
+        let foreign = candidate(&a, "r.io/other", &d, "r.io/x");
         let err = evaluate(&rule, &[foreign]).unwrap_err();
-        assert!(err.contains("names repository \"r/other\""), "{err}");
+        assert!(err.contains("names repository \"r.io/other\""), "{err}");
         assert!(TrustPolicy::single(keys, vec![], vec![]).is_err());
     }
 
@@ -377,20 +400,38 @@ mod tests {
         let a = PrivateKey::generate().public();
         let pem = a.to_pem().replace('\n', "\n      ");
         let text = format!(
-            "apiVersion: capstan.dev/v1alpha1\nkind: TrustPolicy\nkeys:\n  - name: a\n    publicKey: |\n      {pem}\nsources:\n  - prefix: oci://r/\n    allOf: [a]\n  - prefix: oci://r/team/\n    anyOf: [a]\n"
+            "apiVersion: capstan.dev/v1alpha1\nkind: TrustPolicy\nkeys:\n  - name: a\n    publicKey: |\n      {pem}\nsources:\n  - prefix: oci://r.io/\n    allOf: [a]\n  - prefix: oci://R.io:443/team\n    anyOf: [a]\n"
         );
         let policy = TrustPolicy::parse("p.yaml", &text, None).unwrap();
         assert_eq!(
-            policy.rule_for("oci://r/team/x:1").unwrap().prefix,
-            "oci://r/team/"
+            policy.rule_for(&src("oci://r.io/team/x:1")).unwrap().prefix,
+            "oci://R.io:443/team"
         );
-        assert_eq!(policy.rule_for("oci://r/x").unwrap().prefix, "oci://r/");
-        assert!(policy.rule_for("oci://elsewhere/x").is_none());
+        assert_eq!(
+            policy
+                .rule_for(&src("oci://r.io/team-evil/x:1"))
+                .unwrap()
+                .prefix,
+            "oci://r.io/"
+        );
+        assert_eq!(
+            policy.rule_for(&src("oci://r.io/x")).unwrap().prefix,
+            "oci://r.io/"
+        );
+        assert!(policy.rule_for(&src("oci://elsewhere.io/x")).is_none());
+        assert!(policy.rule_for(&src("file:///r.io/x.wasm")).is_none());
         let back = TrustPolicy::parse("again", &policy.to_yaml(), None).unwrap();
         assert_eq!(
-            back.rule_for("oci://r/x").unwrap().fingerprint(),
-            policy.rule_for("oci://r/x").unwrap().fingerprint()
+            back.rule_for(&src("oci://r.io/x")).unwrap().fingerprint(),
+            policy.rule_for(&src("oci://r.io/x")).unwrap().fingerprint()
         );
+        for never in ["oci://r.io/Team/", "r.io/team/", "oci://r.io/team:v1"] {
+            let bad = text.replace("oci://R.io:443/team", never);
+            let err = TrustPolicy::parse("p.yaml", &bad, None)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("p.yaml: sources[1].prefix"), "{never}: {err}");
+        }
         let bad = text.replace("allOf: [a]", "allOf: [zz]");
         let err = TrustPolicy::parse("p.yaml", &bad, None)
             .unwrap_err()

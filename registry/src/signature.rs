@@ -29,7 +29,7 @@ const COSIGN_TYPE: &str = "cosign container image signature";
 /// The in-toto predicate type cosign uses for plain image signatures.
 pub const COSIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
 const IN_TOTO: &str = "application/vnd.in-toto+json";
-const MAX_SIGNATURE_BLOB: u64 = 1024 * 1024;
+pub(crate) const MAX_SIGNATURE_BLOB: u64 = 1024 * 1024;
 
 /// One signature found for an artifact, before any key is tried.
 #[derive(Debug, Clone)]
@@ -129,6 +129,29 @@ pub fn bundle_candidates(
     digest: &Digest,
     manifest: &[u8],
 ) -> Result<Vec<Candidate>, Error> {
+    candidates_from_bundle(origin, bundle, Some(repository), digest, manifest)
+}
+
+/// Read a Sigstore bundle made for a file (`capstan plugin sign FILE`, or
+/// `cosign sign-blob --bundle`): the statement's subject, or the message
+/// signature, must be the file's digest; its name is not checked (a file
+/// has no repository, and the policy scope is its directory).
+pub fn file_bundle_candidates(
+    origin: &str,
+    bundle: &[u8],
+    digest: &Digest,
+    bytes: &[u8],
+) -> Result<Vec<Candidate>, Error> {
+    candidates_from_bundle(origin, bundle, None, digest, bytes)
+}
+
+fn candidates_from_bundle(
+    origin: &str,
+    bundle: &[u8],
+    repository: Option<&str>,
+    digest: &Digest,
+    manifest: &[u8],
+) -> Result<Vec<Candidate>, Error> {
     let what = origin.to_string();
     let v: Value = serde_json::from_slice(bundle)
         .map_err(|e| Error::malformed(&what, format!("not JSON: {e}")))?;
@@ -213,7 +236,11 @@ pub fn bundle_candidates(
     ))
 }
 
-fn check_statement(payload: &[u8], repository: &str, digest: &Digest) -> Result<(), String> {
+fn check_statement(
+    payload: &[u8],
+    repository: Option<&str>,
+    digest: &Digest,
+) -> Result<(), String> {
     let statement: Value = serde_json::from_slice(payload)
         .map_err(|e| format!("the in-toto statement is not JSON: {e}"))?;
     if !statement["_type"]
@@ -222,6 +249,15 @@ fn check_statement(payload: &[u8], repository: &str, digest: &Digest) -> Result<
         .starts_with("https://in-toto.io/Statement/")
     {
         return Err("the DSSE payload is not an in-toto statement".into());
+    }
+    // An attestation (SLSA provenance, SBOM, vulnerability scan …) says
+    // something *about* an artifact; only the signing predicate says its
+    // publisher released it.
+    let predicate = statement["predicateType"].as_str().unwrap_or("");
+    if predicate != COSIGN_PREDICATE {
+        return Err(format!(
+            "an attestation with predicate type {predicate:?}, not a signature ({COSIGN_PREDICATE})"
+        ));
     }
     let subjects = statement["subject"].as_array().cloned().unwrap_or_default();
     let matching = subjects
@@ -241,7 +277,10 @@ fn check_statement(payload: &[u8], repository: &str, digest: &Digest) -> Result<
         ));
     };
     let name = subject["name"].as_str().unwrap_or("");
-    if !name.is_empty() && repository_of(name) != repository {
+    if let Some(repository) = repository
+        && !name.is_empty()
+        && repository_of(name) != repository
+    {
         return Err(format!(
             "the statement names repository {name:?}, not {repository:?}"
         ));
@@ -444,10 +483,21 @@ pub fn sign(
 /// A Sigstore bundle (v0.3, DSSE over an in-toto statement naming
 /// `repository@digest`) signed with `key`.
 pub fn make_bundle(repository: &str, digest: &Digest, key: &PrivateKey) -> Vec<u8> {
+    make_statement_bundle(repository, digest, COSIGN_PREDICATE, key)
+}
+
+/// A Sigstore bundle over an in-toto statement with any predicate type (an
+/// attestation, unless the type is [`COSIGN_PREDICATE`]).
+pub fn make_statement_bundle(
+    repository: &str,
+    digest: &Digest,
+    predicate_type: &str,
+    key: &PrivateKey,
+) -> Vec<u8> {
     let statement = serde_json::to_vec(&json!({
         "_type": "https://in-toto.io/Statement/v1",
         "subject": [{"name": repository, "digest": {"sha256": digest.hex()}}],
-        "predicateType": COSIGN_PREDICATE,
+        "predicateType": predicate_type,
         "predicate": {},
     }))
     .expect("the statement always serializes");
@@ -465,6 +515,49 @@ pub fn make_bundle(repository: &str, digest: &Digest, key: &PrivateKey) -> Vec<u
         },
     }))
     .expect("the bundle always serializes")
+}
+
+/// Add `key`'s signature for a file to its Sigstore bundle: a new bundle
+/// when `existing` is `None` or was made for other bytes, else the same
+/// statement with one more DSSE signature (several signers share one
+/// file). Returns the bundle and whether anything was added.
+pub fn sign_file_bundle(
+    name: &str,
+    bytes: &[u8],
+    existing: Option<&[u8]>,
+    key: &PrivateKey,
+) -> (Vec<u8>, bool) {
+    let digest = Digest::of(bytes);
+    let fresh = || (make_bundle(name, &digest, key), true);
+    let Some(existing) = existing else {
+        return fresh();
+    };
+    let Ok(mut bundle) = serde_json::from_slice::<Value>(existing) else {
+        return fresh();
+    };
+    let Ok(found) = file_bundle_candidates("existing", existing, &digest, bytes) else {
+        return fresh();
+    };
+    if found.iter().any(|c| c.claim.is_err()) {
+        return fresh();
+    }
+    if found.iter().any(|c| c.verified_by(&key.public())) {
+        return (existing.to_vec(), false);
+    }
+    let Some(envelope) = bundle.get_mut("dsseEnvelope") else {
+        return fresh();
+    };
+    let payload = STANDARD
+        .decode(envelope["payload"].as_str().unwrap_or(""))
+        .unwrap_or_default();
+    let signature = key.sign(&pae(IN_TOTO, &payload));
+    if let Some(list) = envelope["signatures"].as_array_mut() {
+        list.push(json!({"sig": STANDARD.encode(signature), "keyid": ""}));
+    }
+    (
+        serde_json::to_vec(&bundle).expect("the bundle always serializes"),
+        true,
+    )
 }
 
 /// Store `bundle` as a referrer of `subject` (the artifact's manifest) in
@@ -559,6 +652,19 @@ mod tests {
                 .unwrap_err()
                 .contains("do not include")
         );
+        // An attestation by the right key, about the right digest, is still
+        // not a signature.
+        let provenance = make_statement_bundle(
+            "reg/capstan/sim",
+            &d,
+            "https://slsa.dev/provenance/v1",
+            &key,
+        );
+        let found =
+            bundle_candidates("b", &provenance, "reg/capstan/sim", &d, b"manifest").unwrap();
+        assert!(!found[0].verified_by(&key.public()));
+        let reason = found[0].claim.as_ref().unwrap_err();
+        assert!(reason.contains("an attestation"), "{reason}");
         let renamed = bundle_candidates("b", &bundle, "reg/evil/sim", &d, b"manifest").unwrap();
         assert!(
             renamed[0]

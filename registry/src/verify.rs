@@ -150,7 +150,8 @@ impl Puller {
 /// The policy's rule for `source`, or an error saying no rule covers it.
 pub fn rule_for(policy: &TrustPolicy, source: &Reference) -> Result<Rule, Error> {
     let text = source.to_string();
-    policy.rule_for(&text).ok_or_else(|| Error::Verification {
+    let parsed = crate::Source::Oci(source.clone());
+    policy.rule_for(&parsed).ok_or_else(|| Error::Verification {
         reference: text.clone(),
         reason: "no rule in the trust policy covers this source; add a sources entry whose prefix matches it".into(),
     })
@@ -161,4 +162,86 @@ fn record_key(rule: &Rule, repository: &str) -> String {
     h.update(rule.fingerprint());
     h.update(repository);
     hex::encode(&h.finalize()[..8])
+}
+
+/// Where a file plugin's signatures live: a Sigstore bundle next to it.
+pub fn file_bundle_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".sigstore.json");
+    name.into()
+}
+
+/// Verify a `file://` plugin's bytes under `policy`: the rule covering its
+/// directory, over the signatures in its Sigstore bundle
+/// ([`file_bundle_path`]).
+pub fn verify_file(
+    policy: &TrustPolicy,
+    source: &crate::Source,
+    path: &std::path::Path,
+    bytes: &[u8],
+) -> Result<Vec<Signer>, Error> {
+    let shown = format!("file://{}", path.display());
+    let rule = policy
+        .rule_for(source)
+        .ok_or_else(|| Error::Verification {
+            reference: shown.clone(),
+            reason: "no rule in the trust policy covers this file; add a sources entry with a file:///DIR/ prefix".into(),
+        })?;
+    let bundle_path = file_bundle_path(path);
+    let candidates = match read_bounded(&bundle_path, signature::MAX_SIGNATURE_BLOB) {
+        Ok(bundle) => signature::file_bundle_candidates(
+            &bundle_path.display().to_string(),
+            &bundle,
+            &Digest::of(bytes),
+            bytes,
+        )?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Error::io(&bundle_path)(e)),
+    };
+    policy::evaluate(&rule, &candidates).map_err(|reason| Error::Verification {
+        reference: shown,
+        reason: reason.replace(
+            "sign it with `capstan plugin sign`",
+            &format!(
+                "sign it with `capstan plugin sign {} --key KEY`, which writes {}",
+                path.display(),
+                bundle_path.display()
+            ),
+        ),
+    })
+}
+
+/// Read at most `limit` bytes of a file; a longer file is an error (a
+/// plugin source or bundle must never be read without bound, and
+/// `/dev/zero` never ends).
+pub fn read_bounded(path: &std::path::Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than the limit of {limit} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sources_are_read_with_a_bound_even_when_they_never_end() {
+        let err = super::read_bounded(std::path::Path::new("/dev/zero"), 1024 * 1024).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("larger than the limit of 1048576 bytes"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small.wasm");
+        std::fs::write(&small, b"0123456789").unwrap();
+        assert_eq!(super::read_bounded(&small, 10).unwrap(), b"0123456789");
+        assert!(super::read_bounded(&small, 9).is_err());
+    }
 }

@@ -16,7 +16,8 @@ pub enum Command {
     /// archive.
     Create(CreateArgs),
     /// Check a bundle offline: every blob's digest, every plugin's
-    /// signatures under the bundled policy (or --policy/--key).
+    /// signatures under your policy (--policy or --key; the bundle's own
+    /// policy must hold too, so it can only narrow yours).
     Verify(VerifyArgs),
     /// Verify a bundle, then push its plugins and signatures to a mirror
     /// registry, byte for byte (digests and signatures unchanged).
@@ -119,7 +120,7 @@ pub fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
 pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let layout = Layout::read(&args.bundle)
         .with_context(|| format!("cannot read bundle {}", args.bundle.display()))?;
-    let reports = layout.verify(args.trust.policy()?.as_ref())?;
+    let reports = layout.verify(&args.trust.required_for_bundle()?)?;
     match args.output {
         Output::Text => {
             println!(
@@ -147,7 +148,7 @@ pub fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
         "verifying {} before pushing",
         args.bundle.display()
     ));
-    layout.verify(args.trust.policy()?.as_ref())?;
+    layout.verify(&args.trust.required_for_bundle()?)?;
     let client = args.registry.client()?;
     let pushed = layout.push(&client, &args.to, &Bars::default())?;
     match args.output {

@@ -122,11 +122,22 @@ pub struct Args {
     /// Directory for precompiled plugin code (default: ~/.cache/capstan/code).
     #[arg(long, env = "CAPSTAN_CODE_CACHE")]
     pub code_cache: Option<PathBuf>,
-    /// Trust policy for `oci://` plugin sources: per-prefix allOf/anyOf
-    /// rules over named public keys. A Plugin's own spec.verification applies
-    /// too; an `oci://` source needs at least one of them.
+    /// Trust policy for plugin sources: allOf/anyOf rules over named public
+    /// keys, per `oci://REGISTRY/PATH/` or `file:///DIR/` prefix. It is the
+    /// floor: a source no rule covers is refused (NoTrustPolicy), and a
+    /// Plugin's own spec.verification can only add keys to the covering rule.
     #[arg(long, env = "CAPSTAN_TRUST_POLICY", value_name = "FILE")]
     pub trust_policy: Option<PathBuf>,
+    /// For development only: `file://` plugins in this directory load
+    /// without signatures (repeatable, or comma-separated). Everything
+    /// else must verify under --trust-policy.
+    #[arg(
+        long = "allow-unsigned-dir",
+        env = "CAPSTAN_ALLOW_UNSIGNED_DIRS",
+        value_delimiter = ',',
+        value_name = "DIR"
+    )]
+    pub allow_unsigned_dirs: Vec<PathBuf>,
     #[command(flatten)]
     pub registry: crate::supply::RegistryArgs,
     /// Capstan's own namespace: the only one credential Secrets are read
@@ -158,6 +169,17 @@ impl Args {
             Some(path) => Some(capstan_registry::policy::TrustPolicy::load(path)?),
             None => None,
         };
+        let mut unsigned_plugin_dirs = Vec::new();
+        for dir in &self.allow_unsigned_dirs {
+            let scope = capstan_registry::Scope::parse(&format!("file://{}/", dir.display()))
+                .with_context(|| {
+                    format!(
+                        "--allow-unsigned-dir {}: give an absolute directory without '.' or '..'",
+                        dir.display()
+                    )
+                })?;
+            unsigned_plugin_dirs.push(scope);
+        }
         let supply = capstan_controllers::plugin::Supply {
             puller: self.registry.puller()?,
             policy,
@@ -174,6 +196,7 @@ impl Args {
             supply: Some(std::sync::Arc::new(supply)),
             secrets_namespace: Some(namespace.to_string()),
             image_rewrites: self.image_rewrites.clone(),
+            unsigned_plugin_dirs,
             // Set by `serve` when there is an election.
             write_fence: None,
         })

@@ -228,8 +228,11 @@ fn print_signers(signers: &[Signer], verified: bool) {
 /// `capstan plugin sign`.
 #[derive(Debug, clap::Args)]
 pub struct SignArgs {
-    /// The plugin: `oci://REGISTRY/REPOSITORY:TAG` or `…@sha256:…`. A tag is
-    /// resolved once; the signature covers that digest.
+    /// The plugin: `oci://REGISTRY/REPOSITORY:TAG` or `…@sha256:…` (a tag is
+    /// resolved once; the signature covers that digest), or a local
+    /// component (`PATH.wasm` or `file:///PATH.wasm`), whose signature goes
+    /// into the Sigstore bundle `PATH.wasm.sigstore.json` next to it, where
+    /// the controller looks for it.
     pub reference: String,
     /// The private key (cosign format; password from $CAPSTAN_PASSWORD or a prompt).
     #[arg(long, value_name = "KEY")]
@@ -247,7 +250,6 @@ pub struct SignArgs {
 
 /// Run `plugin sign`.
 pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
-    let target = reference(&args.reference)?;
     let text = std::fs::read_to_string(&args.key)
         .with_context(|| format!("cannot read private key {}", args.key.display()))?;
     let key = PrivateKey::from_encrypted_pem(
@@ -255,6 +257,10 @@ pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
         &text,
         password(false)?.as_bytes(),
     )?;
+    if !args.reference.starts_with("oci://") {
+        return sign_file(&args, &key);
+    }
+    let target = reference(&args.reference)?;
     let client = args.registry.client()?;
     let described = artifact::describe(&client, &target)?;
     let repository = target.repository_name();
@@ -291,6 +297,60 @@ pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
                 "keyId": key.public().id(),
                 "added": added,
                 "bundle": bundle,
+            }))?
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `plugin sign PATH.wasm`: add this key's signature to the file's bundle.
+fn sign_file(args: &SignArgs, key: &PrivateKey) -> anyhow::Result<ExitCode> {
+    let path = PathBuf::from(args.reference.trim_start_matches("file://"));
+    let bytes =
+        capstan_registry::verify::read_bounded(&path, capstan_registry::DEFAULT_MAX_BLOB_BYTES)
+            .with_context(|| format!("cannot read component {}", path.display()))?;
+    capstan_runtime::PluginManifest::from_component(&bytes)
+        .with_context(|| format!("{} is not a Capstan plugin component", path.display()))?;
+    let bundle_path = capstan_registry::verify::file_bundle_path(&path);
+    let existing = match std::fs::read(&bundle_path) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", bundle_path.display())),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (bundle, added) = signature::sign_file_bundle(&name, &bytes, existing.as_deref(), key);
+    if added {
+        // Written whole, then renamed: a reader never sees half a bundle.
+        let partial = bundle_path.with_extension("json.partial");
+        std::fs::write(&partial, &bundle)
+            .and_then(|()| std::fs::rename(&partial, &bundle_path))
+            .with_context(|| format!("cannot write {}", bundle_path.display()))?;
+    }
+    let digest = capstan_registry::Digest::of(&bytes);
+    match args.output {
+        Output::Text if added => println!(
+            "signed {} ({digest}) with key {}: {}",
+            path.display(),
+            key.public().id(),
+            bundle_path.display()
+        ),
+        Output::Text => println!(
+            "{} ({digest}) was already signed with key {}; {} unchanged",
+            path.display(),
+            key.public().id(),
+            bundle_path.display()
+        ),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "file": path,
+                "digest": digest,
+                "keyId": key.public().id(),
+                "added": added,
+                "bundle": bundle_path,
             }))?
         ),
     }

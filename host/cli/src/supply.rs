@@ -104,6 +104,17 @@ impl TrustArgs {
         Ok(Some(TrustPolicy::single(keys, names, Vec::new())?))
     }
 
+    /// The host's policy for `bundle verify|push`: required, because the
+    /// policy a bundle carries came with the bundle and cannot vouch for it.
+    pub fn required_for_bundle(&self) -> anyhow::Result<TrustPolicy> {
+        match self.policy()? {
+            Some(p) => Ok(p),
+            None => bail!(
+                "say whom this site trusts: --policy FILE (or $CAPSTAN_TRUST_POLICY) or --key PUB; the bundle's own trust policy came with the bundle, so it can only narrow yours, never replace it"
+            ),
+        }
+    }
+
     /// Like [`TrustArgs::policy`], but one is required.
     pub fn required(&self) -> anyhow::Result<TrustPolicy> {
         match self.policy()? {

@@ -112,6 +112,10 @@ pub struct Options {
     /// Image rewrite rules applied to the pod templates addons render
     /// (`--image-rewrite registry.k8s.io/=mirror.local/`).
     pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
+    /// `file://` directories whose plugins load unsigned
+    /// (`--allow-unsigned-dir`, for development). Every other source is
+    /// verified under the host's trust policy.
+    pub unsigned_plugin_dirs: Vec<capstan_registry::Scope>,
     /// Leader election's write fence: every write of the controllers
     /// passes through it (`None`: no election, writes always leave).
     pub write_fence: Option<Arc<leader::Fence>>,
@@ -126,6 +130,7 @@ impl Default for Options {
             supply: None,
             secrets_namespace: None,
             image_rewrites: Vec::new(),
+            unsigned_plugin_dirs: Vec::new(),
             write_fence: None,
         }
     }

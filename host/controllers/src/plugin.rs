@@ -23,10 +23,10 @@ use crate::{
     record_event, retry_soon,
 };
 use capstan_api::{CredentialType, Plugin, set_condition, status};
-use capstan_registry::Reference;
 use capstan_registry::keys::PublicKey;
 use capstan_registry::policy::TrustPolicy;
 use capstan_registry::verify::Puller;
+use capstan_registry::{Reference, Source};
 use capstan_runtime::{Credential, Grants, Limits, PluginManifest, World};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -48,8 +48,8 @@ pub const UP_TO_DATE: &str = "UpToDate";
 pub struct Supply {
     /// Registry client, blob and verification cache, mirrors.
     pub puller: Puller,
-    /// The host's trust policy (`--trust-policy`), applied to every source
-    /// it has a rule for.
+    /// The host's trust policy (`--trust-policy`): every source needs a
+    /// rule in it (a Plugin's `spec.verification` only adds to that rule).
     pub policy: Option<TrustPolicy>,
 }
 
@@ -278,20 +278,21 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
     let source = &plugin.spec.source;
-    if let Some(path) = source.strip_prefix("file://") {
-        if !path.starts_with('/') {
-            return Err((
-                "InvalidSource",
-                format!(
-                    "spec.source {source:?}: a file:// source needs an absolute path, like file:///plugins/sim_provider.wasm"
-                ),
-            ));
-        }
-        let bytes = tokio::fs::read(path)
-            .await
-            .map_err(|e| ("SourceUnreadable", format!("cannot read {path}: {e}")))?;
+    let parsed =
+        Source::parse(source).map_err(|e| ("InvalidSource", format!("spec.source: {e}")))?;
+    if let Source::File(_) = parsed {
+        file_policies(plugin, ctx, &parsed)?;
+        let path = source.strip_prefix("file://").unwrap_or(source).to_string();
+        let bytes = blocking(move || {
+            let read = capstan_registry::verify::read_bounded(
+                std::path::Path::new(&path),
+                capstan_registry::DEFAULT_MAX_BLOB_BYTES,
+            );
+            read.map_err(|e| ("SourceUnreadable", format!("cannot read {path}: {e}")))
+        })
+        .await??;
         let manifest = PluginManifest::from_component(&bytes)
-            .map_err(|e| ("LoadFailed", format!("{path}: {e}")))?;
+            .map_err(|e| ("LoadFailed", format!("{source}: {e}")))?;
         return Ok(Found {
             revision: capstan_runtime::digest(&bytes),
             manifest,
@@ -299,14 +300,9 @@ async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
             described: None,
         });
     }
-    if !source.starts_with("oci://") {
-        return Err((
-            "InvalidSource",
-            format!("spec.source {source:?} must start with oci:// or file://"),
-        ));
-    }
-    let reference =
-        Reference::parse(source).map_err(|e| ("InvalidSource", format!("spec.source: {e}")))?;
+    let Source::Oci(reference) = parsed else {
+        unreachable!("a source is a file or an OCI reference")
+    };
     let supply = supply(ctx)?;
     let r = reference.clone();
     let described = blocking(move || supply.puller.describe(&r)).await?;
@@ -337,14 +333,24 @@ fn supply(ctx: &Context) -> Result<Arc<Supply>, Failure> {
     })
 }
 
-/// The policies an `oci://` source must satisfy: the Plugin's own
-/// `verification` and the host policy's rule for it; at least one.
+/// The policies a source must satisfy: the host policy's rule for it
+/// (required: the host's policy is the floor) and, if the Plugin has one,
+/// its own `verification`, which can only add to that rule.
 fn policies(
     plugin: &Plugin,
-    supply: &Supply,
-    reference: &Reference,
+    host: Option<&TrustPolicy>,
+    source: &Source,
 ) -> Result<Vec<TrustPolicy>, Failure> {
-    let mut policies = Vec::new();
+    let Some(host) = host.filter(|h| h.rule_for(source).is_some()) else {
+        return Err((
+            "NoTrustPolicy",
+            format!(
+                "{} is not covered by any rule of the host's trust policy (--trust-policy); a Plugin's spec.verification can only add to a host rule, so ask the cluster admin for a sources entry covering it",
+                plugin.spec.source
+            ),
+        ));
+    };
+    let mut policies = vec![host.clone()];
     if let Some(v) = &plugin.spec.verification {
         let mut keys = Vec::new();
         for (i, k) in v.public_keys.iter().enumerate() {
@@ -359,20 +365,77 @@ fn policies(
             .map_err(|e| ("InvalidVerification", format!("spec.{e}")))?;
         policies.push(policy);
     }
-    if let Some(host) = &supply.policy
-        && host.rule_for(&reference.to_string()).is_some()
-    {
-        policies.push(host.clone());
-    }
-    if policies.is_empty() {
-        return Err((
-            "NoTrustPolicy",
-            format!(
-                "{reference} is not covered by the host's trust policy and the Plugin has no spec.verification; name the keys that must have signed it"
-            ),
-        ));
-    }
     Ok(policies)
+}
+
+/// What a `file://` source must satisfy: `None` when it is in a directory
+/// the host allows unsigned, else the policies its signatures must meet
+/// (checked before the file is read, so an untrusted path is never read).
+fn file_policies(
+    plugin: &Plugin,
+    ctx: &Context,
+    source: &Source,
+) -> Result<Option<Vec<TrustPolicy>>, Failure> {
+    if ctx
+        .options
+        .unsigned_plugin_dirs
+        .iter()
+        .any(|d| d.covers(source))
+    {
+        return Ok(None);
+    }
+    let host = ctx.options.supply.as_ref().and_then(|s| s.policy.as_ref());
+    policies(plugin, host, source).map(Some).map_err(|(reason, message)| {
+        (reason, format!("{message}, or sign it and add a file:///DIR/ rule (or, for development only, start the host with --allow-unsigned-dir DIR)"))
+    })
+}
+
+/// Whether a `file://` plugin may load, and who signed it: in a directory
+/// the host trusts unsigned (`--allow-unsigned-dir`, for development), or
+/// signed (a Sigstore bundle next to the file) under the host policy's rule
+/// for its directory.
+async fn check_file(
+    plugin: &Plugin,
+    ctx: &Context,
+    bytes: &Arc<Vec<u8>>,
+) -> Result<Vec<String>, Failure> {
+    let source = Source::parse(&plugin.spec.source)
+        .map_err(|e| ("InvalidSource", format!("spec.source: {e}")))?;
+    let Some(policies) = file_policies(plugin, ctx, &source)? else {
+        return Ok(vec![
+            "nobody: unsigned, in a directory allowed by --allow-unsigned-dir".into(),
+        ]);
+    };
+    let mut signers = Vec::new();
+    for policy in policies {
+        let (source, bytes) = (source.clone(), bytes.clone());
+        let path = plugin.spec.source.trim_start_matches("file://").to_string();
+        let verified = blocking(move || {
+            capstan_registry::verify::verify_file(
+                &policy,
+                &source,
+                std::path::Path::new(&path),
+                &bytes,
+            )
+        })
+        .await?;
+        match verified {
+            Ok(found) => {
+                ctx.metrics.artifact_step("verify", "ok");
+                for s in found {
+                    let line = format!("{} ({})", s.name, s.key_id);
+                    if !signers.contains(&line) {
+                        signers.push(line);
+                    }
+                }
+            }
+            Err(e) => {
+                ctx.metrics.artifact_step("verify", "failed");
+                return Err(("VerificationFailed", e.to_string()));
+            }
+        }
+    }
+    Ok(signers)
 }
 
 /// Load the plugin if its spec or revision changed. `Ok(None)` means
@@ -448,10 +511,15 @@ async fn load(
     let mut fetched_from = None;
     let mut signers = Vec::new();
     let bytes = match (found.bytes, found.described) {
-        (Some(bytes), _) => bytes,
+        (Some(bytes), _) => {
+            let bytes = Arc::new(bytes);
+            signers = check_file(plugin, ctx, &bytes).await?;
+            Arc::try_unwrap(bytes).unwrap_or_else(|shared| (*shared).clone())
+        }
         (None, Some((reference, described))) => {
             let supply = supply(ctx)?;
-            for policy in policies(plugin, &supply, &reference)? {
+            let source = Source::Oci(reference.clone());
+            for policy in policies(plugin, supply.policy.as_ref(), &source)? {
                 let (s, r, d) = (supply.clone(), reference.clone(), described.clone());
                 let verified = blocking(move || s.puller.verify(&r, &d, &policy, &[])).await?;
                 let verified = match verified {

@@ -216,6 +216,15 @@ type ResponseFuture = Box<
 >;
 
 impl WasiHttpHooks for HttpGate {
+    // One buffered chunk of at most this size per outgoing body, so every
+    // handle's host memory stays within the per-call object budget.
+    fn p2_outgoing_body_buffer_chunks(&mut self) -> usize {
+        1
+    }
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        crate::limits::OUTGOING_BODY_CHUNK_BYTES
+    }
+
     fn send_request(
         &mut self,
         mut request: http::Request<WasiBody>,

@@ -111,10 +111,7 @@ use types::{
     AddonSpec, Deletion, Health, Machine, MachineStatus, PluginError, UpdateProgress, VersionInfo,
 };
 
-/// The most host-side handles (requests, streams, futures, …) one call may
-/// hold at once. A call within its request budgets uses a few hundred; the
-/// cap keeps a guest that opens handles in a loop from growing host memory.
-pub const MAX_RESOURCES_PER_CALL: usize = 10_000;
+pub use limits::MAX_RESOURCES_PER_CALL;
 
 /// Engine-wide settings. Per-plugin settings are [`Limits`] and [`Grants`].
 #[derive(Debug, Clone)]
@@ -524,7 +521,11 @@ impl Plugin {
                 table.set_max_capacity(MAX_RESOURCES_PER_CALL);
                 table
             },
-            http_ctx: WasiHttpCtx::new(),
+            http_ctx: {
+                let mut ctx = WasiHttpCtx::new();
+                ctx.set_field_size_limit(limits::MAX_FIELDS_BYTES);
+                ctx
+            },
             http: http::HttpGate {
                 plugin: inner.name.clone(),
                 declared: inner.declared.clone(),
@@ -539,6 +540,7 @@ impl Plugin {
             },
             memory: MemoryLimiter {
                 limit: limits.memory_bytes,
+                used: 0,
                 refused: None,
             },
             stdout,
@@ -993,31 +995,66 @@ impl std::fmt::Display for LogFields<'_> {
 
 /// Refuses memory growth past the plugin's cap and remembers that it did,
 /// so the resulting trap is reported as a memory limit, not a bug.
+/// The plugin's memory limit over the whole instance: every linear memory
+/// and every table of every core instance in the component counts against
+/// one budget (a component may hold several, each within the pool's size).
 struct MemoryLimiter {
     limit: usize,
+    /// Bytes of memories and tables this instance holds now.
+    used: usize,
     refused: Option<usize>,
+}
+
+/// What one table element is counted as: a function reference on the host
+/// (pointer plus type information), rounded up.
+const TABLE_ELEMENT_BYTES: usize = 16;
+/// Most memories, tables and core instances one call's component may have
+/// (a Rust plugin has one memory, one or two tables and a handful of core
+/// instances).
+const MAX_MEMORIES_PER_CALL: usize = 16;
+const MAX_TABLES_PER_CALL: usize = 32;
+const MAX_INSTANCES_PER_CALL: usize = 64;
+
+impl MemoryLimiter {
+    fn grow(&mut self, current: usize, desired: usize) -> bool {
+        let total = self.used.saturating_sub(current).saturating_add(desired);
+        if total > self.limit {
+            self.refused.get_or_insert(total);
+            return false;
+        }
+        self.used = total;
+        true
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.refused.get_or_insert(desired);
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(self.grow(current, desired))
     }
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
+        Ok(self.grow(
+            current.saturating_mul(TABLE_ELEMENT_BYTES),
+            desired.saturating_mul(TABLE_ELEMENT_BYTES),
+        ))
+    }
+    fn instances(&self) -> usize {
+        MAX_INSTANCES_PER_CALL
+    }
+    fn tables(&self) -> usize {
+        MAX_TABLES_PER_CALL
+    }
+    fn memories(&self) -> usize {
+        MAX_MEMORIES_PER_CALL
     }
 }
 
@@ -1139,5 +1176,80 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.to_string().contains("junk.wasm"), "{err}");
+    }
+
+    /// A core module with `memories` memories of `pages` 64 KiB pages each
+    /// and `tables` funcref tables of `elements` elements each, encoded by
+    /// hand (no text-format dependency).
+    fn module(memories: u32, pages: u32, tables: u32, elements: u32) -> Vec<u8> {
+        fn leb(mut n: u32, out: &mut Vec<u8>) {
+            loop {
+                let byte = (n & 0x7f) as u8;
+                n >>= 7;
+                if n == 0 {
+                    out.push(byte);
+                    return;
+                }
+                out.push(byte | 0x80);
+            }
+        }
+        fn section(id: u8, body: Vec<u8>, out: &mut Vec<u8>) {
+            out.push(id);
+            leb(body.len() as u32, out);
+            out.extend(body);
+        }
+        let mut out = b"\0asm\x01\0\0\0".to_vec();
+        let mut body = Vec::new();
+        leb(tables, &mut body);
+        for _ in 0..tables {
+            body.extend([0x70, 0x00]);
+            leb(elements, &mut body);
+        }
+        section(4, body, &mut out);
+        let mut body = Vec::new();
+        leb(memories, &mut body);
+        for _ in 0..memories {
+            body.push(0x00);
+            leb(pages, &mut body);
+        }
+        section(5, body, &mut out);
+        out
+    }
+
+    #[test]
+    fn every_memory_and_table_of_an_instance_counts_against_one_limit() {
+        let engine = wasmtime::Engine::default();
+        let instantiate = |bytes: Vec<u8>| {
+            let module = wasmtime::Module::new(&engine, bytes).expect("a valid module");
+            let mut store = Store::new(
+                &engine,
+                MemoryLimiter {
+                    limit: 64 * 1024 * 1024,
+                    used: 0,
+                    refused: None,
+                },
+            );
+            store.limiter(|l| l);
+            let ok = wasmtime::Instance::new(&mut store, &module, &[]).is_ok();
+            (ok, store.data().used, store.data().refused)
+        };
+        // 20 MiB memories: three fit in 64 MiB, four do not, although each
+        // alone is far below the limit.
+        let (ok, used, _) = instantiate(module(3, 320, 0, 0));
+        assert!(ok);
+        assert_eq!(used, 60 * 1024 * 1024);
+        let (ok, _, refused) = instantiate(module(4, 320, 0, 0));
+        assert!(!ok, "four 20 MiB memories exceed a 64 MiB limit");
+        assert_eq!(refused, Some(80 * 1024 * 1024));
+        // Tables count too: 2 × 2.2M elements × 16 bytes is 67 MB, over
+        // 64 MiB (each table alone is within it).
+        let (ok, _, refused) = instantiate(module(0, 0, 1, 2_200_000));
+        assert!(ok, "one table of 35 MB fits");
+        let (ok, _, refused_two) = instantiate(module(0, 0, 2, 2_200_000));
+        assert!(refused.is_none() && refused_two.is_some());
+        assert!(!ok, "two large tables exceed the limit");
+        // More memories than any plugin needs are refused outright.
+        let (ok, _, _) = instantiate(module(MAX_MEMORIES_PER_CALL as u32 + 1, 0, 0, 0));
+        assert!(!ok);
     }
 }

@@ -29,6 +29,25 @@ pub const DEFAULT_MAX_REQUESTS_IN_FLIGHT: u32 = 16;
 /// two to five, a paginated list of a large account a few dozen.
 pub const DEFAULT_MAX_REQUESTS_PER_CALL: u32 = 100;
 
+/// The most host-side handles (requests, header maps, bodies, streams,
+/// futures, …) one call may hold at once. A call within its request budgets
+/// holds a few dozen (about nine per request in flight); the cap keeps a
+/// guest that opens handles in a loop from growing host memory.
+pub const MAX_RESOURCES_PER_CALL: usize = 512;
+/// The most a `wasi:http` header map the guest builds may hold on the host
+/// (names, values and the map's own bookkeeping; a signed cloud API
+/// request's headers are about 2 KiB).
+pub const MAX_FIELDS_BYTES: usize = 16 * 1024;
+/// What an outgoing request body buffers on the host before the guest must
+/// wait for it to drain (one chunk).
+pub const OUTGOING_BODY_CHUNK_BYTES: usize = 32 * 1024;
+/// The per-call byte budget for host-side objects: every handle the call
+/// may hold at its largest ([`MAX_RESOURCES_PER_CALL`] ×
+/// [`OUTGOING_BODY_CHUNK_BYTES`], the largest object a handle can own),
+/// 16 MiB, separate from and in addition to the plugin's memory limit.
+/// Response bodies are bounded by the HTTP gate's response limit.
+pub const HOST_OBJECT_BYTES_PER_CALL: usize = MAX_RESOURCES_PER_CALL * OUTGOING_BODY_CHUNK_BYTES;
+
 /// Which outbound-request budget a call ran out of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestLimit {

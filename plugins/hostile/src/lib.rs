@@ -154,6 +154,7 @@ impl Provider for Hostile {
                 ));
             }
             "request-flood" => return Err(PluginError::terminal(flood(target(config)?))),
+            "header-hoard" => return Err(PluginError::terminal(header_hoard())),
             "request-serial" => {
                 let (mut ok, mut failed) = (0, 0);
                 for _ in 0..1_000 {
@@ -290,6 +291,36 @@ fn flood(url: &str) -> String {
         answered.len(),
         hoard.len()
     )
+}
+
+/// Build header maps on the host, each holding 12 KiB (under the per-map
+/// cap, which traps when crossed), and keep them all: host memory the
+/// guest's own memory limit does not see.
+#[cfg(target_arch = "wasm32")]
+fn header_hoard() -> String {
+    use wasip2::http::types::Fields;
+    let value = vec![b'v'; 4 * 1024];
+    let mut hoard = Vec::new();
+    let mut accepted = 0usize;
+    for _ in 0..100_000 {
+        let fields = Fields::new();
+        for j in 0..3 {
+            if fields.append(&format!("x-hoard-{j}"), &value).is_err() {
+                break;
+            }
+            accepted += value.len();
+        }
+        hoard.push(fields);
+    }
+    format!(
+        "hoard: {} header maps holding {accepted} bytes",
+        hoard.len()
+    )
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn header_hoard() -> String {
+    "header hoarding needs the sandbox".to_string()
 }
 
 #[cfg(not(target_arch = "wasm32"))]

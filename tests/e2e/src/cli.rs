@@ -70,6 +70,18 @@ pub fn publisher_verification(public: &Path) -> capstan_api::PluginVerification 
     }
 }
 
+/// A host trust policy: `prefix` must be signed by the key pair `public`
+/// (named `publisher`).
+pub fn publisher_policy(prefix: &str, public: &Path) -> capstan_registry::policy::TrustPolicy {
+    let pem = std::fs::read_to_string(public).expect("the public key");
+    let text = format!(
+        "apiVersion: capstan.dev/v1alpha1\nkind: TrustPolicy\nkeys:\n  - name: publisher\n    publicKey: |\n      {}\nsources:\n  - prefix: {prefix}\n    allOf: [publisher]\n",
+        pem.trim_end().replace('\n', "\n      ")
+    );
+    capstan_registry::policy::TrustPolicy::parse("test policy", &text, None)
+        .expect("a valid policy")
+}
+
 /// The component with an extra custom section of `size` bytes appended:
 /// the same plugin (same manifest), a different digest.
 pub fn padded(component: &[u8], name: &str, size: usize) -> Vec<u8> {

@@ -230,6 +230,11 @@ impl Env {
         options: Options,
     ) {
         assert!(self.controllers.is_none(), "controllers already running");
+        let mut options = options;
+        options.unsigned_plugin_dirs.push(
+            capstan_registry::Scope::parse(&format!("file://{}/", crate::plugin_dir().display()))
+                .expect("the plugin directory is an absolute path"),
+        );
         let runtime = capstan_runtime::Runtime::new(capstan_runtime::RuntimeConfig {
             cache_dir: Some(crate::plugin_target_dir().join("code-cache")),
             ..Default::default()
@@ -698,6 +703,9 @@ impl ControllerProcess {
             .arg(format!("--health-addr=127.0.0.1:{port}"))
             .args(extra)
             .env("RUST_LOG", "info,kube=warn")
+            // The test plugins are built here, unsigned: trusted as a
+            // development directory (a test about trust passes its own).
+            .env("CAPSTAN_ALLOW_UNSIGNED_DIRS", crate::plugin_dir())
             .stdin(std::process::Stdio::null())
             .stdout(file.try_clone().map_err(|e| e.to_string())?)
             .stderr(file);

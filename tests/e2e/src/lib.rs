@@ -54,7 +54,10 @@ static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 /// Build the test plugins (release, `wasm32-wasip2`) and return their folder.
 pub fn plugin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CAPSTAN_PLUGIN_DIR") {
-        return PathBuf::from(dir);
+        // Canonical, so `file://` sources built from it have no `//` or
+        // `..` (which the controller refuses).
+        let dir = PathBuf::from(dir);
+        return std::fs::canonicalize(&dir).unwrap_or(dir);
     }
     BUILT
         .get_or_init(|| {

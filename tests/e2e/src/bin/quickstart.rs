@@ -318,7 +318,16 @@ async fn main() -> anyhow::Result<()> {
         ));
         (None, SIM_PLUGIN, Vec::new())
     };
-    let mut flags = vec!["--poll-interval=500ms".to_string()];
+    // The sample plugins are built on this machine and unsigned: their
+    // directory is trusted for development (`--allow-unsigned-dir`); the
+    // --oci path shows the signed supply chain.
+    let mut flags = vec![
+        "--poll-interval=500ms".to_string(),
+        format!(
+            "--allow-unsigned-dir={}",
+            capstan_e2e::plugin_dir().display()
+        ),
+    ];
     flags.extend(extra);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut controller = ControllerProcess::start(&env, &flags, &[]).map_err(anyhow::Error::msg)?;

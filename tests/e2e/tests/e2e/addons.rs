@@ -634,10 +634,13 @@ async fn air_gap_an_addon_plugin_from_a_mirrored_bundle_deploys_rewritten_images
         archive.to_str().unwrap(),
     ]);
     a.stop();
+    let site_policy = dir.join("policy.yaml");
     ok(&[
         "bundle",
         "push",
         archive.to_str().unwrap(),
+        "--policy",
+        site_policy.to_str().unwrap(),
         "--to",
         &format!("{}/mirror", b.host),
     ]);
@@ -684,7 +687,10 @@ async fn air_gap_an_addon_plugin_from_a_mirrored_bundle_deploys_rewritten_images
         Options {
             supply: Some(std::sync::Arc::new(capstan_controllers::plugin::Supply {
                 puller,
-                policy: None,
+                policy: Some(capstan_e2e::cli::publisher_policy(
+                    &format!("oci://{}/", a.host),
+                    &public,
+                )),
             })),
             image_rewrites: vec!["quay.io/=mirror.local/quay/".parse().unwrap()],
             ..options()

@@ -18,6 +18,7 @@ mod quickstart;
 mod sandbox;
 mod supply_chain;
 mod tenancy;
+mod trust;
 mod updater;
 mod workloads;
 

@@ -13,6 +13,7 @@ use capstan_e2e::env::{ControllerProcess, Env, eventually, sample_deployment, si
 use capstan_e2e::plugin;
 use capstan_e2e::registry::{Registry, RegistryOptions};
 use capstan_e2e::sim_cloud::Faults;
+use capstan_registry::policy::TrustPolicy;
 use capstan_registry::verify::Puller;
 use capstan_registry::{Cache, Client, ClientOptions, Mirrors};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -22,14 +23,14 @@ use std::time::Duration;
 const NS: &str = "default";
 const LONG: Duration = Duration::from_secs(90);
 
-fn supply(cache: &Path) -> Supply {
+fn supply(cache: &Path, policy: TrustPolicy) -> Supply {
     Supply {
         puller: Puller {
             client: Client::new(ClientOptions::default()).unwrap(),
             cache: Some(Cache::open(cache).unwrap()),
             mirrors: Mirrors::default(),
         },
-        policy: None,
+        policy: Some(policy),
     }
 }
 
@@ -152,7 +153,13 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
         Options {
             poll: Duration::from_millis(250),
             resync: Duration::from_secs(5),
-            supply: Some(std::sync::Arc::new(supply(&dir.join("oci-cache")))),
+            supply: Some(std::sync::Arc::new(supply(
+                &dir.join("oci-cache"),
+                capstan_e2e::cli::publisher_policy(
+                    &format!("oci://{}/capstan/", registry.host),
+                    &public,
+                ),
+            ))),
             ..Options::default()
         },
     )
@@ -371,10 +378,18 @@ async fn air_gap_bundle_from_registry_a_mirrored_to_b_runs_in_the_host() {
 
     // Across the gap: A is gone.
     a.stop();
+    // The site's own policy is required: a bundle cannot vouch for itself.
+    let err = capstan_e2e::cli::fails(&["bundle", "verify", archive.to_str().unwrap()]);
+    assert!(
+        err.contains("the bundle's own trust policy came with the bundle"),
+        "{err}"
+    );
     let out = ok(&[
         "bundle",
         "verify",
         archive.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
         "--output",
         "json",
     ]);
@@ -384,6 +399,8 @@ async fn air_gap_bundle_from_registry_a_mirrored_to_b_runs_in_the_host() {
         "bundle",
         "push",
         archive.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
         "--to",
         &format!("{}/mirror", b.host),
     ]);
@@ -404,7 +421,13 @@ async fn air_gap_bundle_from_registry_a_mirrored_to_b_runs_in_the_host() {
     bytes[wasm + 1000] ^= 0xff;
     let tampered = dir.join("tampered.tar");
     std::fs::write(&tampered, bytes).unwrap();
-    let err = capstan_e2e::cli::fails(&["bundle", "verify", tampered.to_str().unwrap()]);
+    let err = capstan_e2e::cli::fails(&[
+        "bundle",
+        "verify",
+        tampered.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+    ]);
     assert!(err.contains("but got content with digest"), "{err}");
 
     // Site side: the same Plugin source, rewritten to B by the mirror config,

@@ -757,6 +757,50 @@ async fn a_request_flood_is_held_to_the_in_flight_budget_and_host_memory_stays_f
 }
 
 #[tokio::test]
+async fn hoarded_header_maps_stay_within_the_per_call_host_object_budget() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let p = hostile(&rt, &cloud, Limits::default());
+    let attack = machine("hoard", serde_json::json!({ "attack": "header-hoard" }));
+    let before = rss_kib();
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    for round in 0..3 {
+        let err = p.create(&attack).await.unwrap_err();
+        // The guest traps when its handle table is full, long before it
+        // has made its 100,000 header maps.
+        assert!(
+            matches!(err, Error::Trap { .. }),
+            "round {round}: expected a trap at the handle cap, got {err}"
+        );
+    }
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let grown_mib = sampler.join().unwrap().saturating_sub(before) / 1024;
+    eprintln!(
+        "header hoard: 3 calls, host memory peak +{grown_mib} MiB (budget {} MiB per call: {} handles x {} KiB)",
+        capstan_runtime::limits::HOST_OBJECT_BYTES_PER_CALL >> 20,
+        capstan_runtime::MAX_RESOURCES_PER_CALL,
+        capstan_runtime::limits::MAX_FIELDS_BYTES >> 10,
+    );
+    // Measured alone: +8 MiB; with the old caps (10,000 handles, 128 KiB
+    // per map) the same guest peaked at +130 MiB (12 KiB maps; maps filled
+    // to 128 KiB reach 1.25 GiB). Other tests share this process, hence
+    // the slack over the 16 MiB budget.
+    assert!(grown_mib < 64, "host memory peaked {grown_mib} MiB higher");
+    assert_host_still_serves(&rt, &cloud, "after-hoard").await;
+}
+
+#[tokio::test]
 async fn a_call_makes_at_most_its_request_budget_and_the_plugin_override_applies() {
     let cloud = cloud().await;
     let rt = runtime();
