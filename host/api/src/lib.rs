@@ -37,6 +37,24 @@ pub const GROUP: &str = "capstan.dev";
 
 /// Label on Machines and MachineSets naming the MachineDeployment they belong to.
 pub const LABEL_DEPLOYMENT_NAME: &str = "capstan.dev/deployment-name";
+/// Longest name a label value may hold (and so a MachineSet's name, which
+/// its Machines carry in [`LABEL_SET_NAME`]).
+pub const MAX_SET_NAME: usize = 63;
+/// Longest MachineDeployment name: its MachineSets are named
+/// `NAME-<10-character template hash>` and must fit [`MAX_SET_NAME`].
+pub const MAX_DEPLOYMENT_NAME: usize = MAX_SET_NAME - 11;
+
+/// Why `name` cannot be used for a `kind` whose names may be at most `max`
+/// characters (`because` says what the name becomes), or `None`.
+pub fn name_too_long(kind: &str, name: &str, max: usize, because: &str) -> Option<String> {
+    (name.len() > max).then(|| {
+        format!(
+            "metadata.name {name:?} is {} characters; a {kind}'s name may have at most {max} ({because}); create it under a shorter name",
+            name.len()
+        )
+    })
+}
+
 /// Label on Machines naming the MachineSet they belong to.
 pub const LABEL_SET_NAME: &str = "capstan.dev/set-name";
 /// Label on MachineSets and their Machines: hash of the machine template the

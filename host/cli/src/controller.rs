@@ -116,6 +116,11 @@ pub struct Args {
     /// How often a booting or deleting instance is polled, e.g. `1s`, `500ms`.
     #[arg(long, env = "CAPSTAN_POLL_INTERVAL", default_value = "1s", value_parser = crate::options::parse_duration)]
     pub poll_interval: Duration,
+    /// How often a Running machine's instance is checked through its
+    /// provider (jittered by a tenth), so one terminated out of band fails
+    /// its Machine within this bound; no API write unless something changed.
+    #[arg(long, env = "CAPSTAN_INSTANCE_CHECK_INTERVAL", default_value = "1m", value_parser = crate::options::parse_duration)]
+    pub instance_check_interval: Duration,
     /// How often an idle object is re-checked (it makes no writes unless something changed).
     #[arg(long, env = "CAPSTAN_RESYNC", default_value = "10m", value_parser = crate::options::parse_duration)]
     pub resync: Duration,
@@ -193,6 +198,7 @@ impl Args {
             },
             resync: self.resync,
             poll: self.poll_interval,
+            instance_check: self.instance_check_interval,
             supply: Some(std::sync::Arc::new(supply)),
             secrets_namespace: Some(namespace.to_string()),
             image_rewrites: self.image_rewrites.clone(),

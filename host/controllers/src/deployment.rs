@@ -45,19 +45,37 @@ pub(crate) async fn controller(
 ) {
     let trigger = counted(CONTROLLER, &ctx.metrics, deployments, |d| Some(key_of(d)));
     let metrics = ctx.metrics.clone();
+    let deployments_store = ctx.stores.deployments.clone();
     let stream = Controller::for_shared_stream(trigger, ctx.stores.deployments.clone())
         .watches_shared_stream(sets, move |set: Arc<MachineSet>| {
-            let key = owner_key(set.as_ref(), "MachineDeployment");
-            key.map(|k| {
-                metrics.enqueued(CONTROLLER, k);
-                let owner = set
+            let namespace = set.namespace().unwrap_or_default();
+            let Some(key) = owner_key(set.as_ref(), "MachineDeployment") else {
+                // An orphan: the deployments that would adopt it.
+                if set
                     .owner_references()
                     .iter()
-                    .find(|o| o.controller == Some(true))
-                    .map(|o| o.name.clone())
-                    .unwrap_or_default();
-                ObjectRef::new(&owner).within(&set.namespace().unwrap_or_default())
-            })
+                    .any(|o| o.controller == Some(true))
+                {
+                    return Vec::new();
+                }
+                return deployments_store
+                    .state()
+                    .iter()
+                    .filter(|d| {
+                        d.namespace().as_deref() == Some(namespace.as_str())
+                            && capstan_api::selector_matches(&d.spec.selector, set.labels())
+                    })
+                    .map(|d| ObjectRef::from_obj(d.as_ref()))
+                    .collect();
+            };
+            metrics.enqueued(CONTROLLER, key);
+            let owner = set
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.name.clone())
+                .unwrap_or_default();
+            vec![ObjectRef::new(&owner).within(&namespace)]
         })
         .with_config(Config::default().concurrency(ctx.options.concurrency.deployments))
         .graceful_shutdown_on(shutdown)
@@ -151,9 +169,19 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     let t = now();
 
     let plugin = &md.spec.template.spec.provider.plugin;
-    let strategy = match selector_mismatch(&md.spec.selector, &md.spec.template, "deployment") {
-        Some(message) => Err(("InvalidSpec", message)),
-        None => match crate::plugin::not_allowed(&ctx, plugin, &namespace) {
+    let too_long = capstan_api::name_too_long(
+        "MachineDeployment",
+        &md.name_any(),
+        capstan_api::MAX_DEPLOYMENT_NAME,
+        "its MachineSets are named NAME-<10-character hash>, a label value of at most 63",
+    );
+    let strategy = match (
+        too_long,
+        selector_mismatch(&md.spec.selector, &md.spec.template, "deployment"),
+    ) {
+        (Some(message), _) => Err(("NameTooLong", message)),
+        (None, Some(message)) => Err(("InvalidSpec", message)),
+        (None, None) => match crate::plugin::not_allowed(&ctx, plugin, &namespace) {
             Some(message) => Err(("PluginNotAllowed", message)),
             None => strategy_of(&md).map_err(|m| ("InvalidSpec", m)),
         },
@@ -172,15 +200,24 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
 
     let sets_api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
     let hash = template_hash(&md.spec.template);
-    let sets: Vec<Arc<MachineSet>> = ctx
-        .stores
-        .machine_sets
-        .state()
-        .into_iter()
-        .filter(|s| {
-            s.namespace().as_deref() == Some(namespace.as_str()) && controlled_by(s.as_ref(), &uid)
-        })
-        .collect();
+    let mut sets: Vec<Arc<MachineSet>> = Vec::new();
+    for s in ctx.stores.machine_sets.state() {
+        if s.namespace().as_deref() != Some(namespace.as_str()) {
+            continue;
+        }
+        if controlled_by(s.as_ref(), &uid) {
+            sets.push(s);
+        } else if s
+            .owner_references()
+            .iter()
+            .all(|o| o.controller != Some(true))
+            && s.metadata.deletion_timestamp.is_none()
+            && capstan_api::selector_matches(&md.spec.selector, s.labels())
+        {
+            adopt_set(&sets_api, &ctx, md.as_ref(), s.as_ref()).await?;
+            sets.push(s);
+        }
+    }
     let machines = ctx.stores.machines.state();
     let now_s = t.0.as_second();
     let mut totals = Totals::default();
@@ -350,9 +387,15 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             }
         }
     }
+    // A set of the new set's name that is not ours: said in Progressing.
+    let mut conflict = None;
     match &new_set {
         None if !md.spec.paused && !blocked => {
-            create_set(&sets_api, &ctx, &md, &hash, new_replicas, revision).await?;
+            match create_set(&sets_api, &ctx, &md, &hash, new_replicas, revision).await {
+                Ok(()) => {}
+                Err(Error::Conflict(message)) => conflict = Some(message),
+                Err(e) => return Err(e),
+            }
         }
         None => {}
         Some(set) => {
@@ -477,7 +520,17 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         .as_ref()
         .map(|d| d.plan.clone())
         .filter(|p| !p.machines.is_empty());
-    if let (
+    if let Some(message) = &conflict {
+        set_condition(
+            &mut status.conditions,
+            PROGRESSING,
+            cond::FALSE,
+            "MachineSetConflict",
+            message.clone(),
+            generation,
+            &t,
+        );
+    } else if let (
         Some(Decision {
             kind: Kind::Blocked { reason, message },
             ..
@@ -529,7 +582,9 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         );
     }
     apply_status(&ctx, CONTROLLER, md.as_ref(), current.as_ref(), &status).await?;
-    Ok(if complete {
+    Ok(if conflict.is_some() {
+        Action::requeue(Duration::from_secs(30))
+    } else if complete {
         Action::requeue(ctx.options.resync)
     } else {
         // Set and machine changes trigger us; this only covers minReadySeconds.
@@ -916,8 +971,79 @@ async fn create_set(
             tracing::info!(deployment = %key_of(md), set = %name, revision, "created MachineSet");
             Ok(())
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        // Already there: read it back rather than assume it is ours.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let existing = api
+                .get_opt(&name)
+                .await
+                .map_err(kube_err(format!("cannot read MachineSet {name} back")))?;
+            let uid = md.uid().unwrap_or_default();
+            match existing {
+                // Ours (the cache was behind), or gone again: plan anew.
+                None => Ok(()),
+                Some(set) if controlled_by(&set, &uid) => Ok(()),
+                // An orphan from this template: adopted on the next pass.
+                Some(set)
+                    if set
+                        .owner_references()
+                        .iter()
+                        .all(|o| o.controller != Some(true))
+                        && set.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str)
+                            == Some(hash) =>
+                {
+                    Ok(())
+                }
+                Some(set) => Err(Error::Conflict(format!(
+                    "cannot create MachineSet {name} for MachineDeployment {}: a MachineSet of that name already exists and {}; delete or rename it",
+                    key_of(md),
+                    match set
+                        .owner_references()
+                        .iter()
+                        .find(|o| o.controller == Some(true))
+                    {
+                        Some(o) => format!("belongs to {} {}", o.kind, o.name),
+                        None => "was made from another template".to_string(),
+                    }
+                ))),
+            }
+        }
         Err(e) => Err(kube_err(format!("cannot create MachineSet {name}"))(e)),
+    }
+}
+
+/// Adopt a MachineSet no controller owns whose labels this deployment's
+/// selector matches (as a Deployment adopts ReplicaSets): after an owner
+/// was deleted with `--cascade=orphan`, or sets created by hand.
+async fn adopt_set(
+    api: &Api<MachineSet>,
+    ctx: &Context,
+    md: &MachineDeployment,
+    set: &MachineSet,
+) -> Result<(), Error> {
+    let mut owners = set.owner_references().to_vec();
+    owners.push(owner_reference(md));
+    let patch = serde_json::json!({
+        "metadata": {
+            "ownerReferences": owners,
+            // Adopted only as seen: a set changed meanwhile is looked at again.
+            "resourceVersion": set.resource_version(),
+        }
+    });
+    match api
+        .patch(
+            &set.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.wrote(CONTROLLER, "adopt");
+            tracing::info!(deployment = %key_of(md), set = %set.name_any(), "adopted an orphan MachineSet");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        Err(e) => Err(kube_err(format!("cannot adopt MachineSet {}", key_of(set)))(e)),
     }
 }
 

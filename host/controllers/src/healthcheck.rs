@@ -24,6 +24,7 @@ use capstan_planner::Bound;
 use capstan_planner::healthcheck::{
     self as plan, Checks, ObservedCondition, Rule, Target, Trigger, Unhealthy, Verdict,
 };
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config, Controller};
@@ -41,6 +42,7 @@ pub(crate) async fn controller(
     checks: ReflectHandle<MachineHealthCheck>,
     machines: ReflectHandle<Machine>,
     nodes: ReflectHandle<Node>,
+    deleted: impl futures::Stream<Item = crate::Deleted> + Send + 'static,
     ctx: &Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -48,6 +50,22 @@ pub(crate) async fn controller(
     let by_machine = ctx.stores.health_checks.clone();
     let by_node = ctx.stores.health_checks.clone();
     let machine_store = ctx.stores.machines.clone();
+    let (checks_of_deleted, machines_of_deleted) = (
+        ctx.stores.health_checks.clone(),
+        ctx.stores.machines.clone(),
+    );
+    // Deletions reach the checks at once: a machine whose Node is gone,
+    // or one fewer machine to count.
+    let deletions = deleted.flat_map(move |gone| {
+        let refs = match gone {
+            crate::Deleted::Node(node) => machines_of_node(&machines_of_deleted, &node)
+                .iter()
+                .flat_map(|m| checks_selecting(&checks_of_deleted, m))
+                .collect::<Vec<_>>(),
+            crate::Deleted::Machine(machine) => checks_selecting(&checks_of_deleted, &machine),
+        };
+        futures::stream::iter(refs)
+    });
     let stream = Controller::for_shared_stream(trigger, ctx.stores.health_checks.clone())
         .watches_shared_stream(machines, move |machine: Arc<Machine>| {
             checks_selecting(&by_machine, &machine)
@@ -58,6 +76,7 @@ pub(crate) async fn controller(
                 .flat_map(|m| checks_selecting(&by_node, m))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(deletions)
         .with_config(Config::default().concurrency(2))
         .graceful_shutdown_on(shutdown)
         .run(
@@ -246,6 +265,7 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
             node_ref: machine_status.node_ref.as_ref().map(|n| n.name.clone()),
             node: node.as_deref().map(node_conditions),
             machine_conditions: observed(&machine_status.conditions),
+            failure: machine_status.failure_reason.clone(),
         };
         let verdict = plan::judge(&target, &checks, now_s);
         if let Verdict::Healthy {

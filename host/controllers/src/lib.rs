@@ -72,6 +72,10 @@ pub enum Error {
     /// An object the caller named does not exist (the text says which).
     #[error("{0}")]
     NotFound(String),
+    /// An object Capstan would create already exists and is not its own
+    /// (the text says whose it is and what to do).
+    #[error("{0}")]
+    Conflict(String),
     /// The metrics or health server could not start (the text says which).
     #[error("{0}")]
     Serve(String),
@@ -101,6 +105,10 @@ pub struct Options {
     /// How often a machine whose instance is still booting (or deleting) is
     /// polled through its provider.
     pub poll: Duration,
+    /// How often a Running machine's instance is looked at through its
+    /// provider's `get` (jittered by a tenth), so an instance that vanished
+    /// out of band is noticed within this bound without a Node event.
+    pub instance_check: Duration,
     /// Registry access and trust for `oci://` plugin sources (`None`: such
     /// sources are refused with a condition saying so).
     pub supply: Option<Arc<plugin::Supply>>,
@@ -127,6 +135,7 @@ impl Default for Options {
             concurrency: Concurrency::default(),
             resync: Duration::from_secs(600),
             poll: Duration::from_secs(1),
+            instance_check: Duration::from_secs(60),
             supply: None,
             secrets_namespace: None,
             image_rewrites: Vec::new(),
@@ -370,6 +379,14 @@ pub(crate) async fn record_event(
     }
 }
 
+/// An object a health check may have been watching, gone.
+pub(crate) enum Deleted {
+    /// A Node (its machine lost its Node).
+    Node(Arc<Node>),
+    /// A Machine (the count of expected machines changed).
+    Machine(Arc<Machine>),
+}
+
 /// The machines whose instance backs `node` (same provider ID).
 pub(crate) fn machines_of_node(machines: &Store<Machine>, node: &Node) -> Vec<Arc<Machine>> {
     let Some(id) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) else {
@@ -516,6 +533,10 @@ struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     writer: Option<reflector::store::Writer<K>>,
     api: Api<K>,
+    /// Objects that left the cache. kube-runtime's shared streams pass
+    /// applied objects on but not deleted ones, and a relist drops vanished
+    /// objects silently; both reach subscribers of [`Shared::deletions`].
+    deleted: tokio::sync::broadcast::Sender<Arc<K>>,
 }
 
 impl<K> Shared<K>
@@ -530,11 +551,30 @@ where
 {
     fn new(api: Api<K>) -> Self {
         let (store, writer) = reflector::store_shared(1024);
+        let (deleted, _) = tokio::sync::broadcast::channel(1024);
         Shared {
             store,
             writer: Some(writer),
             api,
+            deleted,
         }
+    }
+
+    /// Every object deleted from now on (by a watch event, or found gone
+    /// when the watch relisted). A subscriber that falls more than 1,024
+    /// deletions behind skips the oldest; the periodic resync covers those.
+    fn deletions(&self) -> impl Stream<Item = Arc<K>> + Send + use<K> {
+        futures::stream::unfold(self.deleted.subscribe(), |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(object) => return Some((object, rx)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(skipped)) => {
+                        tracing::warn!(skipped, "deletion subscriber fell behind");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
     }
 
     fn subscribe(&self) -> ReflectHandle<K> {
@@ -553,16 +593,35 @@ where
     ) -> impl Stream<Item = ()> + Send + use<K> {
         let writer = self.writer.take().expect("started once");
         let mut first = true;
+        let deleted = self.deleted.clone();
+        let store = self.store.clone();
+        // What the cache held when a relist began: whatever of it the
+        // relist does not bring back was deleted while the watch was down.
+        let mut before_relist: Vec<Arc<K>> = Vec::new();
         watcher(self.api.clone(), watcher::Config::default().any_semantic())
             .default_backoff()
             .reflect_shared(writer)
             .filter_map(move |event| {
                 match event {
                     Err(error) => tracing::warn!(watch = name, %error, "watch error; retrying"),
+                    Ok(watcher::Event::Delete(object)) => {
+                        let _ = deleted.send(Arc::new(object));
+                    }
+                    Ok(watcher::Event::Init) if !first => before_relist = store.state(),
                     Ok(watcher::Event::InitDone) if first => {
                         first = false;
                         tracing::debug!(watch = name, "listed");
                         listed.one_more();
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        for object in std::mem::take(&mut before_relist) {
+                            let gone = store
+                                .get(&ObjectRef::from_obj(object.as_ref()))
+                                .is_none_or(|now| now.meta().uid != object.meta().uid);
+                            if gone {
+                                let _ = deleted.send(object);
+                            }
+                        }
                     }
                     Ok(_) => {}
                 }
@@ -698,6 +757,7 @@ pub async fn run(
         machines.subscribe(),
         plugins.subscribe(),
         nodes.subscribe(),
+        nodes.deletions(),
         &ctx,
         shutdown.clone(),
     );
@@ -717,6 +777,10 @@ pub async fn run(
         health_checks.subscribe(),
         machines.subscribe(),
         nodes.subscribe(),
+        futures::stream::select(
+            nodes.deletions().map(Deleted::Node),
+            machines.deletions().map(Deleted::Machine),
+        ),
         &ctx,
         shutdown.clone(),
     );

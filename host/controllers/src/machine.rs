@@ -28,6 +28,7 @@ use capstan_api::{
 };
 use capstan_planner::deletion::{DeletionStep, DeletionView, next_step};
 use capstan_runtime::types::{AddressKind, Deletion, InstanceState, Machine as PluginMachine};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config, Controller};
@@ -43,12 +44,23 @@ pub(crate) async fn controller(
     machines: ReflectHandle<Machine>,
     plugins: ReflectHandle<Plugin>,
     nodes: ReflectHandle<Node>,
+    deleted_nodes: impl futures::Stream<Item = Arc<Node>> + Send + 'static,
     ctx: &Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let trigger = counted(CONTROLLER, &ctx.metrics, machines, |m| Some(key_of(m)));
     let by_plugin = ctx.stores.machines.clone();
     let by_node = ctx.stores.machines.clone();
+    let by_deleted_node = ctx.stores.machines.clone();
+    // A deleted Node reaches its machine at once: its instance may be gone.
+    let node_deletions = deleted_nodes.flat_map(move |node| {
+        futures::stream::iter(
+            machines_of_node(&by_deleted_node, &node)
+                .iter()
+                .map(|m| ObjectRef::from_obj(m.as_ref()))
+                .collect::<Vec<_>>(),
+        )
+    });
     let stream = Controller::for_shared_stream(trigger, ctx.stores.machines.clone())
         .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
             let name = plugin.name_any();
@@ -62,6 +74,7 @@ pub(crate) async fn controller(
                 .map(|m| ObjectRef::from_obj(m.as_ref()))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(node_deletions)
         .with_config(Config::default().concurrency(ctx.options.concurrency.machines))
         .graceful_shutdown_on(shutdown)
         .run(
@@ -340,6 +353,38 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
         }
     };
     status.plugin_digest = Some(provider.digest().to_string());
+    // An instance terminated or stopped outside Capstan will not come back
+    // by waiting: the Machine fails, so a health check replaces it. (An
+    // in-place update may stop its instance on purpose.)
+    let gone = match observed.state {
+        InstanceState::Terminated => Some("InstanceTerminated"),
+        InstanceState::Stopped if !crate::inplace::updating_in_place(&machine) => {
+            Some("InstanceStopped")
+        }
+        _ => None,
+    };
+    if let Some(reason) = gone {
+        let state = if reason == "InstanceTerminated" {
+            "terminated"
+        } else {
+            "stopped"
+        };
+        let detail = observed
+            .message
+            .as_deref()
+            .map(|m| {
+                format!(
+                    ": {}",
+                    capstan_api::bounded(m, capstan_api::MAX_PLUGIN_TEXT)
+                )
+            })
+            .unwrap_or_default();
+        let message = format!(
+            "the instance {} was {state} outside Capstan{detail}; the Machine will not recover by itself (a MachineHealthCheck replaces it)",
+            observed.provider_id
+        );
+        return fail(&machine, &ctx, status, current.as_ref(), reason, message).await;
+    }
     status.addresses = observed
         .addresses
         .iter()
@@ -376,15 +421,31 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     }
 
     let node = find_node(&ctx.stores.nodes, &observed.provider_id);
-    status.node_ref = node.as_ref().map(|n| NodeRef {
-        name: n.name_any(),
-        uid: n.uid(),
-    });
+    // A Node once linked stays referenced when it is deleted, so the
+    // health check sees "NodeDeleted" rather than a machine still booting.
+    let lost_node = match &node {
+        Some(n) => {
+            status.node_ref = Some(NodeRef {
+                name: n.name_any(),
+                uid: n.uid(),
+            });
+            None
+        }
+        None => status.node_ref.as_ref().map(|n| n.name.clone()),
+    };
     let node_ready = node.as_ref().is_some_and(|n| node_is_ready(n));
     let (reason, message) = match (&node, node_ready, running) {
         (_, _, false) => (
             "InstanceNotRunning",
             "waiting for the instance to run".to_string(),
+        ),
+        (None, _, true) if lost_node.is_some() => (
+            "NodeDeleted",
+            format!(
+                "Node {} was deleted; waiting for a Node with spec.providerID {}",
+                lost_node.clone().unwrap_or_default(),
+                observed.provider_id
+            ),
         ),
         (None, _, true) => (
             "WaitingForNode",
@@ -469,8 +530,22 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     } else if !node_ready {
         Action::requeue(Duration::from_secs(10))
     } else {
-        Action::requeue(ctx.options.resync)
+        // A running instance is looked at again on its own cadence, so one
+        // that vanished is seen within that bound even without a Node event.
+        Action::requeue(jittered(ctx.options.instance_check).min(ctx.options.resync))
     })
+}
+
+/// `interval` plus or minus up to a tenth, so a fleet created together
+/// does not call its provider in lockstep.
+fn jittered(interval: Duration) -> Duration {
+    use std::hash::{BuildHasher as _, RandomState};
+    let spread = interval.as_millis() as u64 / 5;
+    if spread == 0 {
+        return interval;
+    }
+    let offset = RandomState::new().hash_one(std::time::Instant::now()) % spread;
+    interval - Duration::from_millis(spread / 2) + Duration::from_millis(offset)
 }
 
 /// Deletion, one step per reconcile pass (`capstan_planner::deletion`):
@@ -486,10 +561,7 @@ async fn delete(
     status.phase = Some(MachinePhase::Deleting);
     let t = now();
     let generation = machine.metadata.generation;
-    let node = status
-        .node_ref
-        .as_ref()
-        .and_then(|n| ctx.stores.nodes.get(&ObjectRef::new(&n.name)));
+    let node = own_node(&ctx.stores.nodes, &status);
     let mut view = DeletionView {
         pre_drain_hooks: hooks(machine, PRE_DRAIN_HOOK_PREFIX),
         pre_terminate_hooks: hooks(machine, PRE_TERMINATE_HOOK_PREFIX),
@@ -921,6 +993,20 @@ fn with_finalizer(machine: &Machine) -> Vec<String> {
     let mut finalizers = machine.finalizers().to_vec();
     finalizers.push(MACHINE_FINALIZER.to_string());
     finalizers
+}
+
+/// The Node this machine recorded, if it is still that Node: same name,
+/// same uid (`status.nodeRef.uid`) and this machine's providerID. A Node
+/// re-registered under a reused name (EC2 names follow reused IPs) belongs
+/// to another instance and is never drained or deleted for this machine.
+fn own_node(nodes: &Store<Node>, status: &MachineStatus) -> Option<Arc<Node>> {
+    let recorded = status.node_ref.as_ref()?;
+    let node = nodes.get(&ObjectRef::new(&recorded.name))?;
+    let same_uid = recorded.uid.is_none() || node.uid() == recorded.uid;
+    let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+    let same_instance =
+        status.provider_id.is_none() || provider_id == status.provider_id.as_deref();
+    (same_uid && same_instance).then_some(node)
 }
 
 pub(crate) fn find_node(nodes: &Store<Node>, provider_id: &str) -> Option<Arc<Node>> {

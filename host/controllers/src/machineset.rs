@@ -171,12 +171,21 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
 
     // Refused before the first write: no machine is created for a plugin
     // this namespace may not use.
-    let problem = selector_mismatch(&set.spec.selector, &set.spec.template, "set")
-        .map(|m| ("SelectorMismatch", m))
-        .or_else(|| {
-            let plugin = &set.spec.template.spec.provider.plugin;
-            crate::plugin::not_allowed(&ctx, plugin, &namespace).map(|m| ("PluginNotAllowed", m))
-        });
+    let problem = capstan_api::name_too_long(
+        "MachineSet",
+        &set.name_any(),
+        capstan_api::MAX_SET_NAME,
+        "its Machines carry it as a label value",
+    )
+    .map(|m| ("NameTooLong", m))
+    .or_else(|| {
+        selector_mismatch(&set.spec.selector, &set.spec.template, "set")
+            .map(|m| ("SelectorMismatch", m))
+    })
+    .or_else(|| {
+        let plugin = &set.spec.template.spec.provider.plugin;
+        crate::plugin::not_allowed(&ctx, plugin, &namespace).map(|m| ("PluginNotAllowed", m))
+    });
     if let Some((reason, message)) = problem {
         let problem = Some((reason, message.as_str()));
         set_valid_spec(&mut status.conditions, problem, generation, &t);

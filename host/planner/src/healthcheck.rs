@@ -54,6 +54,10 @@ pub struct Target {
     pub node: Option<Vec<ObservedCondition>>,
     /// The machine's own conditions.
     pub machine_conditions: Vec<ObservedCondition>,
+    /// `status.failureReason`: a machine that failed for good (its instance
+    /// terminated or stopped out of band, a terminal create error) is
+    /// unhealthy at once, as in Cluster API.
+    pub failure: Option<String>,
 }
 
 /// The verdict on one machine.
@@ -66,7 +70,8 @@ pub enum Verdict {
     },
     /// Unhealthy, with the condition reason and a message for humans.
     Unhealthy {
-        /// `NodeDeleted`, `NodeStartupTimeout`, `UnhealthyNode`, `UnhealthyMachine`.
+        /// `MachineFailed`, `NodeDeleted`, `NodeStartupTimeout`,
+        /// `UnhealthyNode`, `UnhealthyMachine`.
         reason: &'static str,
         /// Which condition, since when, against which timeout.
         message: String,
@@ -82,6 +87,12 @@ impl Verdict {
 
 /// Judge one machine at `now`.
 pub fn judge(target: &Target, checks: &Checks, now: i64) -> Verdict {
+    if let Some(reason) = &target.failure {
+        return Verdict::Unhealthy {
+            reason: "MachineFailed",
+            message: format!("the Machine failed ({reason})"),
+        };
+    }
     let mut recheck: Option<i64> = None;
     let mut soonest = |wait: i64| recheck = Some(recheck.map_or(wait, |r: i64| r.min(wait)));
     match &target.node {
@@ -293,7 +304,22 @@ mod tests {
             node_ref: node.as_ref().map(|_| "n".into()),
             node,
             machine_conditions: vec![],
+            failure: None,
         }
+    }
+
+    #[test]
+    fn a_failed_machine_is_unhealthy_at_once() {
+        let mut t = target(Some(vec![]));
+        t.failure = Some("InstanceTerminated".into());
+        let verdict = judge(&t, &checks(), 1001);
+        assert_eq!(
+            verdict,
+            Verdict::Unhealthy {
+                reason: "MachineFailed",
+                message: "the Machine failed (InstanceTerminated)".into()
+            }
+        );
     }
 
     #[test]

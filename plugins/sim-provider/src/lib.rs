@@ -250,6 +250,7 @@ fn status(i: Instance) -> MachineStatus {
         "running" => InstanceState::Running,
         "updating" => InstanceState::Updating,
         "terminating" => InstanceState::Stopping,
+        "stopped" => InstanceState::Stopped,
         _ => InstanceState::Unknown,
     };
     let mut addresses = Vec::new();

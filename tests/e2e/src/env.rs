@@ -162,9 +162,17 @@ impl Env {
     /// `pool` (labels `capstan.dev/pool: pool`) of `replicas` sim machines
     /// in `default`, rolled out: Nodes Ready, ready for workloads.
     pub async fn start_with_pool(faults: Faults, replicas: i32) -> Result<Env, String> {
+        Self::start_with_pool_and(faults, replicas, Options::default()).await
+    }
+
+    /// The same with the controllers' `options`.
+    pub async fn start_with_pool_and(
+        faults: Faults,
+        replicas: i32,
+        options: Options,
+    ) -> Result<Env, String> {
         let mut env = Env::start(faults).await?;
-        env.start_controllers(Providers::default(), Options::default())
-            .await;
+        env.start_controllers(Providers::default(), options).await;
         let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
         Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
             .create(&Default::default(), &md)

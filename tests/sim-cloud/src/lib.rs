@@ -217,6 +217,8 @@ struct Record {
     version: Option<String>,
     deleting_since: Option<Instant>,
     update: Option<(String, Instant)>,
+    /// Stopped out of band (`/admin/instances/{id}/stop`).
+    stopped: bool,
 }
 
 #[derive(Debug)]
@@ -297,6 +299,8 @@ impl Inner {
         });
         let state = if r.deleting_since.is_some() {
             "terminating"
+        } else if r.stopped {
+            "stopped"
         } else if !booted {
             "pending"
         } else if update.is_some() {
@@ -558,6 +562,8 @@ struct ListQuery {
 /// | `GET /admin/stats` | [`Stats`] |
 /// | `PUT /admin/faults` ([`Faults`]) | 204 |
 /// | `PUT /admin/instances/{id}/ready` (`{"ready": false}`) | 204; the instance's Node reports `Ready=False` (`true` clears it) |
+/// | `POST /admin/instances/{id}/stop` | 204; the instance is `stopped`, as if stopped from the cloud console (its Node is left alone) |
+/// | `POST /admin/instances/{id}/vanish` | 204; the instance is gone at once, as if terminated and reaped out of band, and its Node is left in place |
 /// | `GET /admin/nodes` | 200 the kubelet's Nodes and their fault switches |
 /// | `PUT /admin/nodes/{node}/heartbeats` (`{"enabled": false}`) | 204; stops (or restarts) that Node's kubelet: no Lease, no status, no pod changes |
 /// | `PUT /admin/nodes/{node}/conditions` ([`ConditionOverride`]) | 204; the Node reports that condition, for `seconds` or until cleared |
@@ -582,6 +588,8 @@ fn router(state: Shared) -> Router {
         .route("/admin/stats", get(stats))
         .route("/admin/faults", put(set_faults))
         .route("/admin/instances/{id}/ready", put(set_node_ready))
+        .route("/admin/instances/{id}/stop", post(stop_instance))
+        .route("/admin/instances/{id}/vanish", post(vanish_instance))
         .route("/admin/nodes", get(list_nodes))
         .route("/admin/timeline", get(timeline))
         .route("/admin/nodes/{node}/heartbeats", put(set_heartbeats))
@@ -643,6 +651,7 @@ async fn create(
         created: now,
         deleting_since: None,
         update: None,
+        stopped: false,
     };
     inner
         .by_token
@@ -905,6 +914,28 @@ fn switched(result: Result<(), kubelet::SwitchError>) -> Response {
 
 /// Shorthand kept from before the general switches: `ready: false` forces
 /// `Ready=False` on the instance's Node, `ready: true` clears that.
+async fn stop_instance(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    match lock(&state).records.get_mut(&id) {
+        Some(r) => {
+            r.stopped = true;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => not_found(&id),
+    }
+}
+
+async fn vanish_instance(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    let mut inner = lock(&state);
+    match inner.records.remove(&id) {
+        Some(r) => {
+            inner.by_token.remove(&r.req.client_token);
+            inner.changing.remove(&id);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => not_found(&id),
+    }
+}
+
 async fn set_node_ready(
     State(state): State<Shared>,
     Path(id): Path<String>,

@@ -147,13 +147,20 @@ async fn run_variant(
                 plugin,
                 "--machine-concurrency=64",
                 "--poll-interval-ms=1000",
+                // Running instances are checked every 5 s, so the idle
+                // window counts those checks (they must write nothing).
+                "--instance-check-ms=5000",
             ],
             &[("CAPSTAN_NATIVE_SIM_TOKEN", CLOUD_TOKEN)],
         )
     } else {
         ControllerProcess::start(
             env,
-            &["--machine-concurrency=64", "--poll-interval=1s"],
+            &[
+                "--machine-concurrency=64",
+                "--poll-interval=1s",
+                "--instance-check-interval=5s",
+            ],
             &[],
         )
     }

@@ -211,12 +211,14 @@ async fn scale_roll_back_and_delete_a_deployment() {
     })
     .await;
 
-    // An idle resync writes nothing.
+    // An idle resync writes nothing, and neither do the checks of
+    // running instances (every 500 ms here).
     env.stop_controllers().await;
     env.start_controllers(
         Providers::default(),
         Options {
             resync: Duration::from_secs(1),
+            instance_check: Duration::from_millis(500),
             ..fast_options()
         },
     )
@@ -226,9 +228,25 @@ async fn scale_roll_back_and_delete_a_deployment() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let gets = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("capstan_plugin_call_duration_seconds_count{")
+                    && l.contains("function=\"get\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
     let before = env.metrics.writes();
+    let gets_before = gets(&env.metrics.encode());
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = env.metrics.writes();
+    let checks = gets(&env.metrics.encode()) - gets_before;
+    assert!(
+        checks >= 10,
+        "2 running instances checked every 500 ms: {checks} gets in 5 s"
+    );
     assert_eq!(
         after - before,
         0,
@@ -527,10 +545,11 @@ async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
         "{condition:?}"
     );
 
-    // A plugin whose source cannot be read says so in its own status.
-    env.create_plugin("broken", std::path::Path::new("/nonexistent/plugin.wasm"))
-        .await
-        .unwrap();
+    // A plugin whose source cannot be read says so in its own status (in
+    // the directory the test host trusts unsigned; elsewhere it would be
+    // refused before it is read).
+    let missing = capstan_e2e::plugin_dir().join("nonexistent-plugin.wasm");
+    env.create_plugin("broken", &missing).await.unwrap();
     let plugins: Api<capstan_api::Plugin> = Api::all(env.client.clone());
     let broken = eventually("the broken plugin reports why", LONG, async || {
         let p = plugins.get("broken").await.ok()?;
@@ -540,7 +559,7 @@ async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
     .await;
     assert_eq!(broken.reason, "SourceUnreadable");
     assert!(
-        broken.message.contains("/nonexistent/plugin.wasm"),
+        broken.message.contains("nonexistent-plugin.wasm"),
         "{broken:?}"
     );
 
@@ -678,4 +697,143 @@ async fn a_machine_keeps_its_instance_when_its_provider_is_edited() {
         (env.cloud.stats().live_instances == 0).then_some(())
     })
     .await;
+}
+
+fn md_condition(md: &MachineDeployment, type_: &str) -> Option<(String, String, String)> {
+    let c = capstan_api::condition(&md.status.as_ref()?.conditions, type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_names_are_refused_orphaned_sets_adopted_and_a_name_clash_reported() {
+    let mut env = Env::start(faults(100)).await.expect("env");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), NS);
+    let sets: Api<MachineSet> = Api::namespaced(env.client.clone(), NS);
+
+    // A name its MachineSets' label values could not hold.
+    let long = "a".repeat(capstan_api::MAX_DEPLOYMENT_NAME + 1);
+    apply(
+        &env,
+        &sample_deployment(&long, SIM_PLUGIN, &env.cloud.url(), 1, "v1.30.0"),
+    )
+    .await;
+    let (_, _, message) = eventually("the long name refused", LONG, async || {
+        let c = md_condition(&mds.get(&long).await.ok()?, "ValidSpec")?;
+        (c.0 == "False" && c.1 == "NameTooLong").then_some(c)
+    })
+    .await;
+    assert!(
+        message.contains("is 53 characters") && message.contains("at most 52"),
+        "{message}"
+    );
+
+    // Orphaned sets are adopted: the deployment deleted with its sets left
+    // behind, then made again, takes them back, machines and all.
+    apply(
+        &env,
+        &sample_deployment("keep", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "keep", LONG).await;
+    let machines_before: BTreeSet<String> = env
+        .machines(NS)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    let set_before = sets.list(&Default::default()).await.unwrap().items;
+    let set_before = set_before
+        .iter()
+        .find(|s| s.name_any().starts_with("keep-"))
+        .unwrap();
+    mds.delete(
+        "keep",
+        &DeleteParams {
+            propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    eventually("the set orphaned", LONG, async || {
+        let set = sets.get(&set_before.name_any()).await.ok()?;
+        (mds.get_opt("keep").await.ok()?.is_none() && set.owner_references().is_empty())
+            .then_some(())
+    })
+    .await;
+    apply(
+        &env,
+        &sample_deployment("keep", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0"),
+    )
+    .await;
+    let new_uid = mds.get("keep").await.unwrap().uid().unwrap();
+    eventually("the orphan adopted", LONG, async || {
+        let set = sets.get(&set_before.name_any()).await.ok()?;
+        set.owner_references()
+            .iter()
+            .any(|o| o.uid == new_uid && o.controller == Some(true))
+            .then_some(())
+    })
+    .await;
+    env.wait_rolled_out(NS, "keep", LONG).await;
+    let sets_now = sets.list(&Default::default()).await.unwrap().items;
+    assert_eq!(
+        sets_now
+            .iter()
+            .filter(|s| s.name_any().starts_with("keep-"))
+            .count(),
+        1,
+        "no second set"
+    );
+    let machines_after: BTreeSet<String> = env
+        .machines(NS)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    assert_eq!(machines_before, machines_after, "the same machines");
+
+    // A set of the name the deployment would create, not made from its
+    // template: reported, not taken for the deployment's own.
+    let mut clash = sample_deployment("clash", SIM_PLUGIN, &env.cloud.url(), 1, "v1.30.0");
+    clash.spec.paused = true;
+    apply(&env, &clash).await;
+    let stored = mds.get("clash").await.unwrap();
+    let hash = capstan_controllers::deployment::template_hash(&stored.spec.template);
+    let squatter: MachineSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "MachineSet",
+        "metadata": { "name": format!("clash-{hash}"), "namespace": NS },
+        "spec": {
+            "replicas": 0,
+            "selector": { "matchLabels": { "team": "other" } },
+            "template": {
+                "metadata": { "labels": { "team": "other" } },
+                "spec": stored.spec.template.spec,
+            },
+        },
+    }))
+    .unwrap();
+    sets.create(&PostParams::default(), &squatter)
+        .await
+        .unwrap();
+    mds.patch(
+        "clash",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "spec": { "paused": false } })),
+    )
+    .await
+    .unwrap();
+    let (_, _, message) = eventually("the clash reported", LONG, async || {
+        let c = md_condition(&mds.get("clash").await.ok()?, "Progressing")?;
+        (c.0 == "False" && c.1 == "MachineSetConflict").then_some(c)
+    })
+    .await;
+    assert!(
+        message.contains(&format!("cannot create MachineSet clash-{hash}"))
+            && message.contains("already exists and was made from another template"),
+        "{message}"
+    );
 }

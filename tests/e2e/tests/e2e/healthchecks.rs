@@ -339,3 +339,181 @@ async fn a_machine_whose_node_never_joins_is_replaced() {
     assert!(!env.instance_exists(&instance).await);
     assert_eq!(env.cloud.stats().live_instances, 2);
 }
+
+/// Wait until `name` has failed, or is already being replaced (the health
+/// check can act within a second of the failure); how long it took and the
+/// failure reason (`replaced` when the failed state was not caught).
+async fn wait_failed(env: &Env, name: &str, since: std::time::Instant) -> (Duration, String) {
+    env.eventually(&format!("Machine {name} failed"), LONG, async || {
+        let Some(m) = machine(env, name).await else {
+            return Some((since.elapsed(), "replaced".to_string()));
+        };
+        if m.metadata.deletion_timestamp.is_some() {
+            return Some((since.elapsed(), "replaced".to_string()));
+        }
+        let reason = m.status.as_ref()?.failure_reason.clone()?;
+        Some((since.elapsed(), reason))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn instances_that_vanish_out_of_band_fail_their_machines_and_are_replaced() {
+    logs();
+    // The resync stays at its default (10 minutes): what notices a vanished
+    // instance is the Node deletion event and the instance check.
+    let options = capstan_controllers::Options {
+        instance_check: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let env = Env::start_with_pool_and(faults(), 3, options)
+        .await
+        .expect("environment starts");
+    create_check(&env, json!({}), 600).await;
+    env.eventually("the check sees 3 healthy machines", LONG, async || {
+        let s = check(&env).await.status?;
+        (s.expected_machines == 3 && s.current_healthy == 3).then_some(())
+    })
+    .await;
+    let machines = env.machines(NS).await;
+    let (terminated, vanished, stopped) = (&machines[0], &machines[1], &machines[2]);
+    let id = |m: &Machine| provider_id(m).trim_start_matches("sim://").to_string();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+
+    // Terminated in the console: the instance goes, its kubelet's Node too.
+    let started = std::time::Instant::now();
+    let (code, body) = env
+        .cloud_call("DELETE", &format!("/v1/instances/{}", id(terminated)), None)
+        .await
+        .unwrap();
+    // 404 when the cloud reaped it at once (no delete latency here).
+    assert!(code == 202 || code == 404, "{code} {body}");
+    assert!(!env.instance_exists(&provider_id(terminated)).await);
+    let (took, reason) = wait_failed(&env, &terminated.name_any(), started).await;
+    eprintln!("terminated with its Node deleted: Machine failed after {took:?} ({reason})");
+    assert!(
+        reason == "InstanceNotFound" || reason == "replaced",
+        "{reason}"
+    );
+
+    // Gone with its Node left in place: only the instance check can tell.
+    // Then the Node is deleted too and a Node of another instance
+    // registers under the same name (EC2 names follow reused IPs).
+    let old_node = node_of(vanished);
+    let started = std::time::Instant::now();
+    let (code, body) = env
+        .cloud_call(
+            "POST",
+            &format!("/admin/instances/{}/vanish", id(vanished)),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 204, "{body}");
+    assert!(
+        nodes.get_opt(&old_node).await.unwrap().is_some(),
+        "the Node stays"
+    );
+    let (took, reason) = wait_failed(&env, &vanished.name_any(), started).await;
+    eprintln!("terminated with its Node left in place: Machine failed after {took:?} ({reason})");
+    assert!(
+        reason == "InstanceNotFound" || reason == "replaced",
+        "{reason}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "the 3 s instance check, not the 10 min resync: {took:?}"
+    );
+
+    // Stopped in the console.
+    let started = std::time::Instant::now();
+    let (code, body) = env
+        .cloud_call(
+            "POST",
+            &format!("/admin/instances/{}/stop", id(stopped)),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 204, "{body}");
+    let (took, reason) = wait_failed(&env, &stopped.name_any(), started).await;
+    eprintln!("stopped: Machine failed after {took:?} ({reason})");
+    assert!(
+        reason == "InstanceStopped" || reason == "replaced",
+        "{reason}"
+    );
+
+    // The health check replaces all three: failed machines are unhealthy
+    // at once, whatever their Node says.
+    let replaced = wait_pool_healthy(&env, 3).await;
+    let gone = [terminated, vanished, stopped].map(|m| m.name_any());
+    assert!(
+        replaced.iter().all(|m| !gone.contains(&m.name_any())),
+        "every failed machine was replaced"
+    );
+    assert_eq!(env.cloud.stats().live_instances, 3, "nothing leaked");
+    assert!(
+        nodes.get_opt(&old_node).await.unwrap().is_none(),
+        "the vanished instance's own Node was deleted with its machine"
+    );
+    // Only the Machine controller's failures could have marked the last
+    // two (their Nodes stayed Ready): their Events say so.
+    let events = env.event_reasons(NS);
+    for reason in ["InstanceNotFound", "InstanceStopped", "MachineRemediated"] {
+        assert!(events.contains(reason), "{reason} not in {events}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_registered_under_a_reused_name_is_never_drained_for_the_old_machine() {
+    let env = start(1).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let old = env.machines(NS).await.remove(0);
+    let name = node_of(&old);
+    let (code, body) = env
+        .cloud_call(
+            "POST",
+            &format!(
+                "/admin/instances/{}/vanish",
+                provider_id(&old).trim_start_matches("sim://")
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 204, "{body}");
+    // The Node goes, and another instance's Node takes the name.
+    nodes
+        .delete(&name, &Default::default())
+        .await
+        .expect("delete the Node");
+    env.eventually("the old Node gone", LONG, async || {
+        nodes.get_opt(&name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let impostor: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "providerID": "sim://i-another" },
+    }))
+    .unwrap();
+    let impostor = nodes
+        .create(&PostParams::default(), &impostor)
+        .await
+        .unwrap();
+    // The old machine is deleted (its drain would cordon and evict).
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .delete(&old.name_any(), &Default::default())
+        .await
+        .unwrap();
+    env.eventually("the old machine gone", LONG, async || {
+        machine(&env, &old.name_any()).await.is_none().then_some(())
+    })
+    .await;
+    let now = nodes.get(&name).await.expect("the new Node is still there");
+    assert_eq!(now.metadata.uid, impostor.metadata.uid);
+    assert_ne!(
+        now.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "the new Node was not cordoned"
+    );
+}

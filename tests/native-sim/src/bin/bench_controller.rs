@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const USAGE: &str = "usage: capstan-bench-controller --kubeconfig FILE --native-sim-provider NAME \
-[--metrics-addr ADDR] [--health-addr ADDR] [--machine-concurrency N] [--poll-interval-ms MS] \
+[--metrics-addr ADDR] [--health-addr ADDR] [--machine-concurrency N] [--poll-interval-ms MS] [--instance-check-ms MS] \
 [--code-cache DIR] [--namespace NS]";
 
 struct Args {
@@ -24,6 +24,7 @@ struct Args {
     health_addr: std::net::SocketAddr,
     machine_concurrency: u16,
     poll: Duration,
+    instance_check: Duration,
     code_cache: Option<PathBuf>,
     namespace: Option<String>,
 }
@@ -38,6 +39,7 @@ fn parse() -> Result<Args, String> {
         health_addr: "127.0.0.1:9091".parse().expect("an address"),
         machine_concurrency: 32,
         poll: Duration::from_secs(1),
+        instance_check: Duration::from_secs(60),
         code_cache: None,
         namespace: None,
     };
@@ -65,6 +67,9 @@ fn parse() -> Result<Args, String> {
             }
             "--poll-interval-ms" => {
                 args.poll = Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
+            }
+            "--instance-check-ms" => {
+                args.instance_check = Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
             }
             "--code-cache" => args.code_cache = Some(PathBuf::from(value)),
             "--namespace" => args.namespace = Some(value),
@@ -105,6 +110,7 @@ async fn run(args: Args) -> Result<(), String> {
                 ..Concurrency::default()
             },
             poll: args.poll,
+            instance_check: args.instance_check,
             secrets_namespace: args.namespace,
             ..Options::default()
         },
