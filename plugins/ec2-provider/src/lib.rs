@@ -11,12 +11,21 @@
 //!  "tags": {"team": "platform"}, "rootVolumeSizeGiB": 40}
 //! ```
 //!
-//! - `create`: looks the instance up by the `capstan.dev/machine-uid` tag
-//!   first (a test double, and EC2 after its token expiry, may not honour
-//!   `ClientToken`), then `RunInstances` with `ClientToken` = machine uid.
-//! - `get`: `DescribeInstances` by the instance id in the provider ID
-//!   (`aws:///ZONE/i-…`, as Cluster API's AWS provider writes it).
-//! - `delete`: `TerminateInstances`, `in-progress` until `terminated`.
+//! EC2 is eventually consistent and `RunInstances` answers can be lost, so
+//! the machine-uid tag (`capstan.dev/machine-uid`) is the source of truth:
+//!
+//! - `create`: an instance already tagged with the uid is the answer (the
+//!   earliest; later duplicates are terminated); else `RunInstances` with
+//!   `ClientToken` = machine uid. `IdempotentParameterMismatch` means the
+//!   instance exists: it is looked up again, never a failure. Quota errors
+//!   (`InstanceLimitExceeded`, `VcpuLimitExceeded`) retry every 30 s.
+//! - `get`: the uid tag search, which also turns up duplicates (terminated);
+//!   else `DescribeInstances` by the id in the provider ID (`aws:///ZONE/i-…`,
+//!   as Cluster API's AWS provider writes it), refused when that instance
+//!   carries another machine's uid. An id EC2 does not list at all was just
+//!   launched (terminated ones stay listed for about an hour): transient.
+//! - `delete`: `TerminateInstances` for every live instance with the uid;
+//!   done only when the tag search finds none.
 //! - `list-instances`: every instance carrying the machine-uid tag.
 //!
 //! The logic is generic over [`HttpClient`], so it is unit-tested natively.
@@ -33,6 +42,8 @@ use std::collections::BTreeMap;
 pub const API_VERSION: &str = "2016-11-15";
 /// The tag carrying the machine uid: the idempotency key of `create`.
 pub const UID_TAG: &str = "capstan.dev/machine-uid";
+/// How long a launch refused for a quota waits before it is tried again.
+pub const QUOTA_RETRY_MS: u64 = 30_000;
 /// The tag naming the Machine (`namespace/name`).
 pub const MACHINE_TAG: &str = "capstan.dev/machine";
 /// The tag naming the cluster, when the machine has one.
@@ -106,6 +117,8 @@ pub struct Instance {
     pub private_dns: Option<String>,
     pub public_dns: Option<String>,
     pub tags: BTreeMap<String, String>,
+    /// `launchTime` (ISO 8601, so it sorts as text).
+    pub launch_time: Option<String>,
 }
 
 impl<C: HttpClient> Ec2Provider<C> {
@@ -168,27 +181,77 @@ impl<C: HttpClient> Ec2Provider<C> {
         Ok(all)
     }
 
-    /// The live (not terminated) instance launched for `machine`, by its
-    /// provider ID when known, otherwise by the machine-uid tag.
-    fn find(&self, machine: &Machine, config: &Ec2Config) -> Result<Option<Instance>, PluginError> {
-        let found = match machine.provider_id.as_deref() {
-            Some(pid) => {
-                let id = instance_id(pid)?;
-                match self.describe(config, &[("InstanceId.1".into(), id.to_string())]) {
-                    Err(PluginError::NotFound(_)) => Vec::new(),
-                    other => other?,
-                }
-            }
-            None => self.describe(
-                config,
-                &[
-                    ("Filter.1.Name".into(), format!("tag:{UID_TAG}")),
-                    ("Filter.1.Value.1".into(), machine.uid.clone()),
-                ],
-            )?,
-        };
-        Ok(found.into_iter().find(|i| i.state != "terminated"))
+    /// Every instance tagged with `machine`'s uid, terminated ones
+    /// included, in launch order (earliest first).
+    fn tagged(&self, machine: &Machine, config: &Ec2Config) -> Result<Vec<Instance>, PluginError> {
+        let mut found = self.describe(
+            config,
+            &[
+                ("Filter.1.Name".into(), format!("tag:{UID_TAG}")),
+                ("Filter.1.Value.1".into(), machine.uid.clone()),
+            ],
+        )?;
+        found.sort_by(|a, b| (&a.launch_time, &a.id).cmp(&(&b.launch_time, &b.id)));
+        Ok(found)
     }
+
+    /// The instance `id`, looked up directly; `None` when EC2 does not list
+    /// it. An instance carrying another machine's uid is never ours: a
+    /// provider ID pointing at it is refused, so nothing acts on it.
+    fn by_id(
+        &self,
+        machine: &Machine,
+        config: &Ec2Config,
+        id: &str,
+    ) -> Result<Option<Instance>, PluginError> {
+        let found = match self.describe(config, &[("InstanceId.1".into(), id.to_string())]) {
+            Err(PluginError::NotFound(_)) => return Ok(None),
+            other => other?,
+        };
+        let Some(instance) = found.into_iter().find(|i| i.id == id) else {
+            return Ok(None);
+        };
+        match instance.tags.get(UID_TAG) {
+            Some(uid) if *uid == machine.uid => Ok(Some(instance)),
+            other => Err(PluginError::terminal(format!(
+                "instance {id} carries {UID_TAG}={}, not this machine's uid {}: refusing to act on another machine's instance (is status.providerID right?)",
+                other.map_or("(none)", String::as_str),
+                machine.uid
+            ))),
+        }
+    }
+
+    /// Terminate every instance in `extra` (duplicates launched under one
+    /// uid: a retried `RunInstances` whose first answer was lost). Best
+    /// effort: the next look finds any that remain.
+    fn terminate_all(&self, config: &Ec2Config, extra: &[&Instance]) -> Result<(), PluginError> {
+        if extra.is_empty() {
+            return Ok(());
+        }
+        let params: Vec<(String, String)> = extra
+            .iter()
+            .enumerate()
+            .map(|(i, instance)| (format!("InstanceId.{}", i + 1), instance.id.clone()))
+            .collect();
+        match self.call(config, "TerminateInstances", &params) {
+            Ok(_) | Err(PluginError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Test hook: the live instance a machine without a provider ID has.
+    #[cfg(test)]
+    fn find(&self, machine: &Machine, config: &Ec2Config) -> Result<Option<Instance>, PluginError> {
+        Ok(self
+            .tagged(machine, config)?
+            .into_iter()
+            .find(|i| i.state != "terminated"))
+    }
+}
+
+/// Whether an instance is still alive (not terminated, not on its way).
+fn live(i: &Instance) -> bool {
+    i.state != "terminated" && i.state != "shutting-down"
 }
 
 impl<C: HttpClient + Default> Provider for Ec2Provider<C> {
@@ -198,12 +261,34 @@ impl<C: HttpClient + Default> Provider for Ec2Provider<C> {
         validate(config)
     }
 
+    /// Launch the machine's instance, once: an instance already tagged with
+    /// its uid is the answer (the earliest, with any later duplicates
+    /// terminated); `RunInstances` carries the uid as `ClientToken`.
     fn create(&self, machine: &Machine, config: &Ec2Config) -> Result<MachineStatus, PluginError> {
         validate(config)?;
-        if let Some(existing) = self.find(machine, config)? {
-            return Ok(status(existing));
+        let tagged = self.tagged(machine, config)?;
+        let alive: Vec<&Instance> = tagged.iter().filter(|i| live(i)).collect();
+        if let Some((first, duplicates)) = alive.split_first() {
+            self.terminate_all(config, duplicates)?;
+            return Ok(status((*first).clone()));
         }
-        let xml = self.call(config, "RunInstances", &run_params(machine, config))?;
+        let xml = match self.call(config, "RunInstances", &run_params(machine, config)) {
+            Ok(xml) => xml,
+            // The token was used with other parameters: an instance for this
+            // machine was launched (a lost answer, then an edited config).
+            // It shows up under the uid tag; until it does, try again.
+            Err(PluginError::Terminal(m)) if m.contains("IdempotentParameterMismatch") => {
+                let tagged = self.tagged(machine, config)?;
+                return match tagged.into_iter().find(live) {
+                    Some(instance) => Ok(status(instance)),
+                    None => Err(PluginError::transient(
+                        format!("{m}; an instance for this machine exists but is not listed yet"),
+                        5_000,
+                    )),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         let (mut launched, _) = parse_instances(&xml)?;
         let instance = launched.pop().ok_or_else(|| {
             PluginError::transient("RunInstances answered without an instance", 2_000)
@@ -211,31 +296,78 @@ impl<C: HttpClient + Default> Provider for Ec2Provider<C> {
         Ok(status(instance))
     }
 
+    /// The machine's instance by the uid tag (which also turns up
+    /// duplicates, terminated here), else by its id. EC2 lists terminated
+    /// instances for about an hour, so an id it does not list at all was
+    /// launched moments ago: that is transient, not gone.
     fn get(&self, machine: &Machine, config: &Ec2Config) -> Result<MachineStatus, PluginError> {
-        match self.find(machine, config)? {
+        let Some(pid) = machine.provider_id.as_deref() else {
+            return Err(PluginError::not_found(format!(
+                "machine {}/{} has no instance yet",
+                machine.namespace, machine.name
+            )));
+        };
+        let id = instance_id(pid)?;
+        let tagged = self.tagged(machine, config)?;
+        if let Some(own) = tagged.iter().find(|i| i.id == id) {
+            let duplicates: Vec<&Instance> =
+                tagged.iter().filter(|i| i.id != id && live(i)).collect();
+            self.terminate_all(config, &duplicates)?;
+            if own.state == "terminated" {
+                return Err(PluginError::not_found(format!(
+                    "EC2 instance {id} is terminated"
+                )));
+            }
+            return Ok(status(own.clone()));
+        }
+        match self.by_id(machine, config, id)? {
+            Some(instance) if instance.state == "terminated" => Err(PluginError::not_found(
+                format!("EC2 instance {id} is terminated"),
+            )),
             Some(instance) => Ok(status(instance)),
-            None => Err(PluginError::not_found(format!(
-                "no live instance for machine {}/{} (uid {})",
-                machine.namespace, machine.name, machine.uid
-            ))),
+            None => Err(PluginError::transient(
+                format!(
+                    "EC2 does not list instance {id} yet (InvalidInstanceID.NotFound right after a launch is eventual consistency)"
+                ),
+                2_000,
+            )),
         }
     }
 
+    /// Terminate every live instance of the machine; done only when a
+    /// search by its uid tag finds none (duplicates included), never on a
+    /// NotFound alone.
     fn delete(&self, machine: &Machine, config: &Ec2Config) -> Result<Deletion, PluginError> {
-        let Some(instance) = self.find(machine, config)? else {
+        let tagged = self.tagged(machine, config)?;
+        let mut alive: Vec<Instance> = tagged
+            .iter()
+            .filter(|i| i.state != "terminated")
+            .cloned()
+            .collect();
+        if let Some(pid) = machine.provider_id.as_deref() {
+            let id = instance_id(pid)?;
+            if !tagged.iter().any(|i| i.id == id) {
+                // Not under the tag (yet): the id may still be live.
+                if let Some(instance) = self.by_id(machine, config, id)?
+                    && instance.state != "terminated"
+                {
+                    alive.push(instance);
+                }
+            }
+        }
+        if alive.is_empty() {
             return Ok(Deletion::Done);
-        };
-        if instance.state == "shutting-down" {
-            return Ok(Deletion::InProgress(75));
         }
-        match self.call(
-            config,
-            "TerminateInstances",
-            &[("InstanceId.1".into(), instance.id.clone())],
-        ) {
-            Ok(_) | Err(PluginError::NotFound(_)) => Ok(Deletion::InProgress(50)),
-            Err(e) => Err(e),
+        let running: Vec<&Instance> = alive
+            .iter()
+            .filter(|i| i.state != "shutting-down")
+            .collect();
+        // EC2 takes about a minute to terminate: look again in a few seconds.
+        if running.is_empty() {
+            return Ok(Deletion::InProgress(5_000));
         }
+        self.terminate_all(config, &running)?;
+        Ok(Deletion::InProgress(2_000))
     }
 
     fn list(&self, config: &Ec2Config) -> Result<Option<Vec<MachineStatus>>, PluginError> {
@@ -482,6 +614,7 @@ pub fn parse_instances(xml: &str) -> Result<(Vec<Instance>, Option<String>), Plu
             public_ip: text(item, &["ipAddress"]),
             private_dns: text(item, &["privateDnsName"]),
             public_dns: text(item, &["dnsName"]),
+            launch_time: text(item, &["launchTime"]),
             tags: child(item, "tagSet")
                 .map(|set| {
                     set.children()
@@ -524,6 +657,17 @@ pub fn api_error(action: &str, resp: &Response, body: &str) -> PluginError {
     match code.as_str() {
         "RequestLimitExceeded" | "Throttling" | "ThrottlingException" | "RequestThrottled" => {
             PluginError::transient(detail, retry_after.unwrap_or(2_000))
+        }
+        // A quota: lifted by a support case or a limit increase, which
+        // takes minutes, so asking every few seconds only adds noise.
+        "InstanceLimitExceeded" | "VcpuLimitExceeded" | "MaxSpotInstanceCountExceeded" => {
+            PluginError::transient(
+                format!(
+                    "{detail} (retried every {} s until the quota allows it)",
+                    QUOTA_RETRY_MS / 1000
+                ),
+                QUOTA_RETRY_MS,
+            )
         }
         "InsufficientInstanceCapacity"
         | "InsufficientHostCapacity"

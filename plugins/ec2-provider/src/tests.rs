@@ -1,5 +1,6 @@
 use super::*;
 use std::cell::RefCell;
+use std::rc::Rc;
 
 const DESCRIBE: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
 <DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
@@ -150,7 +151,10 @@ fn error_codes_map_to_the_contract() {
     assert_eq!(kind(400, "InvalidParameterValue"), "invalid-config");
     assert_eq!(kind(400, "MissingParameter"), "invalid-config");
     assert_eq!(kind(400, "InvalidInstanceID.NotFound"), "not-found");
-    assert_eq!(kind(400, "VcpuLimitExceeded"), "terminal");
+    // Quotas pass (a limit increase): retried, slowly, never terminal.
+    assert_eq!(kind(400, "VcpuLimitExceeded"), "transient 30000");
+    assert_eq!(kind(400, "InstanceLimitExceeded"), "transient 30000");
+    assert_eq!(kind(400, "IdempotentParameterMismatch"), "terminal");
     assert_eq!(kind(500, "SomethingNew"), "transient 2000");
     // Not XML at all: the status decides, the body is quoted.
     match api_error(
@@ -346,4 +350,206 @@ fn form_values_are_percent_encoded() {
         "capstan.dev%2Fmachine-uid"
     );
     assert_eq!(form_encode("a b+c"), "a%20b%2Bc");
+}
+
+fn item(id: &str, state: &str, uid: &str, launched: &str) -> String {
+    format!(
+        "<item><instanceId>{id}</instanceId><instanceState><name>{state}</name></instanceState><placement><availabilityZone>eu-west-1a</availabilityZone></placement><launchTime>{launched}</launchTime><tagSet><item><key>capstan.dev/machine-uid</key><value>{uid}</value></item></tagSet></item>"
+    )
+}
+
+fn describe(items: &[String]) -> String {
+    format!(
+        "<DescribeInstancesResponse><reservationSet><item><instancesSet>{}</instancesSet></item></reservationSet></DescribeInstancesResponse>",
+        items.concat()
+    )
+}
+
+const EMPTY: &str = "<DescribeInstancesResponse><reservationSet/></DescribeInstancesResponse>";
+const TERMINATING: &str = "<TerminateInstancesResponse/>";
+
+/// A shared script: the provider trait wants a `Default` client.
+#[derive(Default, Clone)]
+struct Shared(Rc<Scripted>);
+
+impl std::ops::Deref for Shared {
+    type Target = Scripted;
+    fn deref(&self) -> &Scripted {
+        &self.0
+    }
+}
+
+impl HttpClient for Shared {
+    fn send(&self, request: &Request) -> Result<Response, HttpError> {
+        (&*self.0).send(request)
+    }
+}
+
+fn scripted(answers: Vec<Response>) -> Shared {
+    let script = Scripted::default();
+    script.answers.borrow_mut().extend(answers);
+    Shared(Rc::new(script))
+}
+
+#[test]
+fn duplicates_under_one_uid_are_terminated_and_the_earliest_kept() {
+    let tagged = describe(&[
+        item("i-late", "running", "uid-1", "2026-11-23T10:00:05.000Z"),
+        item("i-early", "running", "uid-1", "2026-11-23T10:00:01.000Z"),
+    ]);
+    // create with no provider ID: keeps i-early, terminates i-late.
+    let script = scripted(vec![response(200, &tagged), response(200, TERMINATING)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let status = provider.create(&machine("uid-1", None), &config()).unwrap();
+    assert_eq!(status.provider_id, "aws:///eu-west-1a/i-early");
+    assert_eq!(
+        *script.actions.borrow(),
+        ["DescribeInstances", "TerminateInstances"]
+    );
+    // get of i-early: the duplicate is terminated on sight.
+    let script = scripted(vec![response(200, &tagged), response(200, TERMINATING)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let status = provider
+        .get(
+            &machine("uid-1", Some("aws:///eu-west-1a/i-early")),
+            &config(),
+        )
+        .unwrap();
+    assert_eq!(status.state, InstanceState::Running);
+    assert_eq!(
+        *script.actions.borrow(),
+        ["DescribeInstances", "TerminateInstances"]
+    );
+}
+
+#[test]
+fn an_instance_not_listed_yet_is_transient_and_another_machines_is_refused() {
+    let not_found = error_body("InvalidInstanceID.NotFound");
+    let script = scripted(vec![response(200, EMPTY), response(400, &not_found)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let err = provider
+        .get(
+            &machine("uid-1", Some("aws:///eu-west-1a/i-new")),
+            &config(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, PluginError::Transient(t) if t.message.contains("eventual consistency")),
+        "{err}"
+    );
+    // A provider ID naming an instance tagged for another machine.
+    let other = describe(&[item(
+        "i-theirs",
+        "running",
+        "uid-2",
+        "2026-11-23T10:00:00.000Z",
+    )]);
+    let script = scripted(vec![response(200, EMPTY), response(200, &other)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let err = provider
+        .get(
+            &machine("uid-1", Some("aws:///eu-west-1a/i-theirs")),
+            &config(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, PluginError::Terminal(m) if m.contains("carries capstan.dev/machine-uid=uid-2")),
+        "{err}"
+    );
+    // Deleting through it terminates nothing of theirs.
+    let script = scripted(vec![response(200, EMPTY), response(200, &other)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    assert!(
+        provider
+            .delete(
+                &machine("uid-1", Some("aws:///eu-west-1a/i-theirs")),
+                &config()
+            )
+            .is_err()
+    );
+    assert_eq!(
+        *script.actions.borrow(),
+        ["DescribeInstances", "DescribeInstances"]
+    );
+    // Terminated: not found, so the Machine fails and is replaced.
+    let gone = describe(&[item(
+        "i-old",
+        "terminated",
+        "uid-1",
+        "2026-11-23T10:00:00.000Z",
+    )]);
+    let script = scripted(vec![response(200, &gone)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let err = provider
+        .get(
+            &machine("uid-1", Some("aws:///eu-west-1a/i-old")),
+            &config(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, PluginError::NotFound(_)), "{err}");
+}
+
+#[test]
+fn delete_is_done_only_when_the_tag_search_finds_no_live_instance() {
+    let machine = machine("uid-1", Some("aws:///eu-west-1a/i-a"));
+    // The recorded instance not listed yet, a duplicate running: terminate.
+    let dup = describe(&[item("i-b", "running", "uid-1", "2026-11-23T10:00:00.000Z")]);
+    let not_found = error_body("InvalidInstanceID.NotFound");
+    let script = scripted(vec![
+        response(200, &dup),
+        response(400, &not_found),
+        response(200, TERMINATING),
+    ]);
+    let provider = Ec2Provider::with_client(script.clone());
+    assert!(matches!(
+        provider.delete(&machine, &config()).unwrap(),
+        Deletion::InProgress(2_000)
+    ));
+    // Shutting down: wait.
+    let down = describe(&[
+        item("i-a", "shutting-down", "uid-1", "2026-11-23T10:00:00.000Z"),
+        item("i-b", "terminated", "uid-1", "2026-11-23T10:00:01.000Z"),
+    ]);
+    let script = scripted(vec![response(200, &down)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    assert!(matches!(
+        provider.delete(&machine, &config()).unwrap(),
+        Deletion::InProgress(5_000)
+    ));
+    // Every instance terminated: done.
+    let done = describe(&[
+        item("i-a", "terminated", "uid-1", "2026-11-23T10:00:00.000Z"),
+        item("i-b", "terminated", "uid-1", "2026-11-23T10:00:01.000Z"),
+    ]);
+    let script = scripted(vec![response(200, &done)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    assert!(matches!(
+        provider.delete(&machine, &config()).unwrap(),
+        Deletion::Done
+    ));
+}
+
+#[test]
+fn an_idempotency_mismatch_finds_the_running_instance_instead_of_failing() {
+    let mismatch = error_body("IdempotentParameterMismatch");
+    let running = describe(&[item("i-a", "running", "uid-1", "2026-11-23T10:00:00.000Z")]);
+    let script = scripted(vec![
+        response(200, EMPTY),
+        response(400, &mismatch),
+        response(200, &running),
+    ]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let status = provider.create(&machine("uid-1", None), &config()).unwrap();
+    assert_eq!(status.provider_id, "aws:///eu-west-1a/i-a");
+    // Not listed yet: transient, tried again.
+    let script = scripted(vec![
+        response(200, EMPTY),
+        response(400, &mismatch),
+        response(200, EMPTY),
+    ]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let err = provider
+        .create(&machine("uid-1", None), &config())
+        .unwrap_err();
+    assert!(matches!(err, PluginError::Transient(_)), "{err}");
 }

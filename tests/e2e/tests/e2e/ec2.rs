@@ -211,7 +211,8 @@ async fn a_machine_deployment_of_ec2_machines_reaches_ready_rolls_and_terminates
     nodes.abort();
 }
 
-/// What the proxy in front of moto does besides forwarding.
+/// What the proxy in front of moto does besides forwarding: the ways EC2
+/// is eventually consistent, loses answers and enforces quotas.
 #[derive(Default)]
 struct Faults {
     /// While set, hold back `RunInstances` answers (after moto launched the
@@ -222,6 +223,83 @@ struct Faults {
     throttle_every: std::sync::atomic::AtomicUsize,
     seen: std::sync::atomic::AtomicUsize,
     throttled: std::sync::atomic::AtomicUsize,
+    /// For this long after a launch, `DescribeInstances` and
+    /// `TerminateInstances` by that instance's id answer
+    /// `InvalidInstanceID.NotFound` (0: never).
+    hide_new_ms: std::sync::atomic::AtomicU64,
+    hidden: std::sync::atomic::AtomicUsize,
+    launches: std::sync::Mutex<Vec<(String, std::time::Instant)>>,
+    /// The next N `RunInstances` launch, but their answer is lost (500).
+    lose_run_answers: std::sync::atomic::AtomicUsize,
+    /// The next N `RunInstances` launch twice (the second under another
+    /// client token, as a retry past the token's validity would).
+    duplicate_runs: std::sync::atomic::AtomicUsize,
+    /// The next N `RunInstances` launch, then answer
+    /// `IdempotentParameterMismatch`.
+    mismatch_runs: std::sync::atomic::AtomicUsize,
+    /// While set, `RunInstances` is refused with `InstanceLimitExceeded`.
+    instance_limit: AtomicBool,
+    limited: std::sync::atomic::AtomicUsize,
+}
+
+/// Take one from a fault counter, if any are left.
+fn take(counter: &std::sync::atomic::AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn ec2_error(
+    status: u16,
+    code: &str,
+) -> (
+    axum::http::StatusCode,
+    [(&'static str, &'static str); 1],
+    String,
+) {
+    (
+        axum::http::StatusCode::from_u16(status).unwrap(),
+        [("content-type", "text/xml")],
+        format!(
+            "<Response><Errors><Error><Code>{code}</Code><Message>{code} (injected by the fault proxy)</Message></Error></Errors><RequestID>fault</RequestID></Response>"
+        ),
+    )
+}
+
+/// Forward a form body to moto; (status, body).
+async fn forward(upstream: &str, headers: &axum::http::HeaderMap, body: &[u8]) -> (u16, String) {
+    let (upstream, headers, body) = (upstream.to_string(), headers.clone(), body.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut request = agent.post(format!("{upstream}/"));
+        for (k, v) in &headers {
+            if k != "host" && k != "content-length" {
+                request = request.header(k.as_str(), v.to_str().unwrap_or(""));
+            }
+        }
+        let mut resp = request.send(&body[..]).map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((status, text))
+    })
+    .await
+    .unwrap()
+    .unwrap_or((502, "proxy error".into()))
+}
+
+/// The values of every `InstanceId.N` form field.
+fn instance_ids(body: &str) -> Vec<String> {
+    body.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| k.starts_with("InstanceId."))
+        .map(|(_, v)| v.to_string())
+        .collect()
 }
 
 /// A proxy to `upstream` (moto) with `faults`; returns its URL. It forwards
@@ -243,26 +321,45 @@ async fn fault_proxy(upstream: String, faults: Arc<Faults>) -> String {
                         "<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>throttled</RequestID></Response>".to_string(),
                     );
                 }
-                let is_run = body.windows(20).any(|w| w == b"Action=RunInstances&");
-                let forwarded = tokio::task::spawn_blocking(move || {
-                    let agent: ureq::Agent = ureq::Agent::config_builder()
-                        .http_status_as_error(false)
-                        .build()
-                        .into();
-                    let mut request = agent.post(format!("{upstream}/"));
-                    for (k, v) in &headers {
-                        if k != "host" && k != "content-length" {
-                            request = request.header(k.as_str(), v.to_str().unwrap_or(""));
+                let text_body = String::from_utf8_lossy(&body).into_owned();
+                let is_run = text_body.starts_with("Action=RunInstances&");
+                let by_id = text_body.starts_with("Action=DescribeInstances&")
+                    || text_body.starts_with("Action=TerminateInstances&");
+                if by_id {
+                    let hide = Duration::from_millis(faults.hide_new_ms.load(Ordering::SeqCst));
+                    let ids = instance_ids(&text_body);
+                    let young = faults.launches.lock().unwrap().iter().any(|(id, at)| {
+                        ids.contains(id) && at.elapsed() < hide
+                    });
+                    if young {
+                        faults.hidden.fetch_add(1, Ordering::SeqCst);
+                        return ec2_error(400, "InvalidInstanceID.NotFound");
+                    }
+                }
+                if is_run && faults.instance_limit.load(Ordering::SeqCst) {
+                    faults.limited.fetch_add(1, Ordering::SeqCst);
+                    return ec2_error(400, "InstanceLimitExceeded");
+                }
+                let (status, text) = forward(&upstream, &headers, &body).await;
+                if is_run {
+                    if let Ok((launched, _)) = ec2_provider::parse_instances(&text) {
+                        let mut launches = faults.launches.lock().unwrap();
+                        for i in launched {
+                            launches.push((i.id, std::time::Instant::now()));
                         }
                     }
-                    let mut resp = request.send(&body[..]).map_err(|e| e.to_string())?;
-                    let status = resp.status().as_u16();
-                    let text = resp.body_mut().read_to_string().map_err(|e| e.to_string())?;
-                    Ok::<_, String>((status, text))
-                })
-                .await
-                .unwrap();
-                let (status, text) = forwarded.unwrap_or((502, "proxy error".into()));
+                    if take(&faults.duplicate_runs) {
+                        let again = text_body.replace("ClientToken=", "ClientToken=dup-");
+                        let (upstream, headers) = (upstream.clone(), headers.clone());
+                        tokio::spawn(async move { forward(&upstream, &headers, again.as_bytes()).await });
+                    }
+                    if take(&faults.lose_run_answers) {
+                        return ec2_error(500, "InternalError");
+                    }
+                    if take(&faults.mismatch_runs) {
+                        return ec2_error(400, "IdempotentParameterMismatch");
+                    }
+                }
                 if is_run && faults.hold_run_instances.load(Ordering::SeqCst) {
                     faults.launched.store(true, Ordering::SeqCst);
                     // The caller is killed while waiting; answer late anyway.
@@ -280,6 +377,133 @@ async fn fault_proxy(upstream: String, faults: Arc<Faults>) -> String {
         let _ = axum::serve(listener, app).await;
     });
     url
+}
+
+#[tokio::test]
+async fn lost_answers_duplicates_not_found_and_quotas_end_with_one_instance_per_machine() {
+    crate::logs();
+    let mut env = Env::start(Default::default()).await.unwrap();
+    let moto = Arc::new(Moto::start(Auth::Off).unwrap());
+    let faults = Arc::new(Faults::default());
+    faults.hide_new_ms.store(3_000, Ordering::SeqCst);
+    // (Searches by the machine-uid tag stay consistent: the plugin's source
+    // of truth. Lookups by id lag, as EC2's do right after a launch.)
+    faults.lose_run_answers.store(1, Ordering::SeqCst);
+    faults.duplicate_runs.store(1, Ordering::SeqCst);
+    faults.mismatch_runs.store(1, Ordering::SeqCst);
+    let proxy = fault_proxy(moto.url.clone(), faults.clone()).await;
+    let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
+    install_ec2_plugin(&env, &moto, &proxy, false).await;
+    env.start_controllers(Providers::default(), Options::default())
+        .await;
+    let mut config = moto.provider_config("t3.micro");
+    config["endpoint"] = proxy.clone().into();
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), "default");
+    mds.create(&PostParams::default(), &ec2_deployment("flaky", config, 3))
+        .await
+        .unwrap();
+    env.wait_rolled_out("default", "flaky", Duration::from_secs(120))
+        .await;
+    // Every fault happened, and each machine has exactly its one instance.
+    assert_eq!(faults.lose_run_answers.load(Ordering::SeqCst), 0);
+    assert_eq!(faults.duplicate_runs.load(Ordering::SeqCst), 0);
+    assert_eq!(faults.mismatch_runs.load(Ordering::SeqCst), 0);
+    let one_each = async || {
+        let machines = env.machines("default").await;
+        let live = moto.live_instances().ok()?;
+        let ok = live.len() == machines.len()
+            && machines.iter().all(|m| {
+                let uid = m.metadata.uid.clone().unwrap_or_default();
+                live.iter()
+                    .filter(|i| i.tags.get(capstan_e2e::moto::UID_TAG) == Some(&uid))
+                    .count()
+                    == 1
+                    && live
+                        .iter()
+                        .any(|i| pid(m) == Some(ec2_provider::provider_id(i)))
+            });
+        ok.then_some(live.len())
+    };
+    env.eventually(
+        "one live instance per machine (the duplicate terminated)",
+        Duration::from_secs(60),
+        one_each,
+    )
+    .await;
+    let launched = moto.instances().unwrap().len();
+    assert_eq!(launched, 4, "3 machines and the one injected duplicate");
+
+    // A quota: the launch waits, retried slowly, and comes up once lifted.
+    faults.instance_limit.store(true, Ordering::SeqCst);
+    mds.patch(
+        "flaky",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
+    )
+    .await
+    .unwrap();
+    let message = env
+        .eventually(
+            "the launch held by the quota",
+            Duration::from_secs(60),
+            async || {
+                env.machines("default").await.into_iter().find_map(|m| {
+                    let c = capstan_api::condition(
+                        &m.status?.conditions,
+                        capstan_api::machine_conditions::INSTANCE_PROVISIONED,
+                    )?
+                    .clone();
+                    (c.reason == "ProviderRetrying" && c.message.contains("InstanceLimitExceeded"))
+                        .then_some(c.message)
+                })
+            },
+        )
+        .await;
+    assert!(message.contains("retried every 30 s"), "{message}");
+    let limited = faults.limited.load(Ordering::SeqCst);
+    faults.instance_limit.store(false, Ordering::SeqCst);
+    env.wait_rolled_out("default", "flaky", Duration::from_secs(90))
+        .await;
+    assert!(
+        limited <= 2,
+        "{limited} launches refused: quota errors are not retried every few seconds"
+    );
+    assert_eq!(moto.live_instances().unwrap().len(), 4);
+
+    // A machine deleted seconds after its launch, while EC2 still answers
+    // NotFound for its id: the delete goes on until the tag search finds
+    // no live instance, and none is left behind.
+    faults.hide_new_ms.store(15_000, Ordering::SeqCst);
+    mds.patch(
+        "flaky",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 5}})),
+    )
+    .await
+    .unwrap();
+    env.eventually(
+        "the fifth instance launched",
+        Duration::from_secs(60),
+        async || (moto.live_instances().ok()?.len() == 5).then_some(()),
+    )
+    .await;
+    mds.delete("flaky", &DeleteParams::default()).await.unwrap();
+    env.eventually("machines gone", Duration::from_secs(90), async || {
+        env.machines("default").await.is_empty().then_some(())
+    })
+    .await;
+    let hidden = faults.hidden.load(Ordering::SeqCst);
+    eprintln!(
+        "ec2 faults: {} launched for 5 machines (1 duplicate), {hidden} NotFound answers for new ids, {limited} launches refused for the quota",
+        moto.instances().unwrap().len()
+    );
+    assert!(
+        hidden > 0,
+        "the young instance's NotFound was never answered"
+    );
+    let left = moto.live_instances().unwrap();
+    assert!(left.is_empty(), "instances left behind: {left:?}");
+    nodes.abort();
 }
 
 #[tokio::test]
