@@ -415,6 +415,16 @@ pub(crate) async fn advance(
             step.updater,
             step.fields.join(", ")
         );
+        // The updater's words go into conditions and events: bounded.
+        let bound = |m: &str| capstan_api::bounded(m, capstan_api::MAX_PLUGIN_TEXT);
+        let result = result.map(|progress| match progress {
+            UpdateProgress::InProgress(mut p) => {
+                p.message = p.message.as_deref().map(bound);
+                UpdateProgress::InProgress(p)
+            }
+            UpdateProgress::Failed(message) => UpdateProgress::Failed(bound(&message)),
+            done => done,
+        });
         match result {
             Ok(UpdateProgress::Done) => {
                 step_mut.state = "Done".into();

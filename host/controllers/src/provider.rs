@@ -124,13 +124,13 @@ impl MachineProvider for WasmProvider {
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
-        Box::pin(async move { Ok(self.plugin.create(machine).await?) })
+        Box::pin(async move { Ok(bounded_status(self.plugin.create(machine).await?)) })
     }
     fn get<'a>(
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
-        Box::pin(async move { Ok(self.plugin.get(machine).await?) })
+        Box::pin(async move { Ok(bounded_status(self.plugin.get(machine).await?)) })
     }
     fn delete<'a>(
         &'a self,
@@ -138,6 +138,15 @@ impl MachineProvider for WasmProvider {
     ) -> BoxFuture<'a, Result<Deletion, ProviderError>> {
         Box::pin(async move { Ok(self.plugin.delete(machine).await?) })
     }
+}
+
+/// The plugin's words in an observed status (its `message`, which goes
+/// into a condition) bounded like error text.
+fn bounded_status(mut status: MachineStatus) -> MachineStatus {
+    if let Some(message) = &status.message {
+        status.message = Some(capstan_api::bounded(message, capstan_api::MAX_PLUGIN_TEXT));
+    }
+    status
 }
 
 /// One registered provider and the Plugin generation it was loaded for.

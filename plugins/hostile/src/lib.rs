@@ -92,6 +92,13 @@ impl Provider for Hostile {
                 status.message = Some("x".repeat(4 * 1024 * 1024));
                 return Ok(status);
             }
+            // Plugin text meant to flood conditions and events.
+            "long-message" => {
+                let mut status = MachineStatus::new("hostile://long", InstanceState::Pending);
+                status.message = Some("m".repeat(200 * 1024));
+                return Ok(status);
+            }
+            "long-error" => return Err(PluginError::terminal("e".repeat(200 * 1024))),
             "undeclared-host" => {
                 let resp = http.send(&Request::get(target(config)?));
                 return Err(PluginError::terminal(format!("request outcome: {resp:?}")));
@@ -196,6 +203,11 @@ impl Provider for Hostile {
     }
 
     fn get(&self, machine: &Machine, config: &Config) -> Result<MachineStatus, PluginError> {
+        if config.attack == "long-message" {
+            let mut status = MachineStatus::new("hostile://long", InstanceState::Pending);
+            status.message = Some("m".repeat(200 * 1024));
+            return Ok(status);
+        }
         if config.attack != "non-idempotent" {
             return Ok(MachineStatus::new(
                 format!("hostile://{}", machine.uid),

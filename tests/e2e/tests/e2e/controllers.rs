@@ -837,3 +837,71 @@ async fn long_names_are_refused_orphaned_sets_adopted_and_a_name_clash_reported(
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_text_in_conditions_status_and_events_is_bounded() {
+    let mut env = Env::start(faults(100)).await.expect("env");
+    env.create_plugin("hostile", &capstan_e2e::plugin("hostile_plugin"))
+        .await
+        .unwrap();
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let machines: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    for (name, attack) in [("chatty", "long-message"), ("loud", "long-error")] {
+        let machine: Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "capstan.dev/v1alpha1",
+            "kind": "Machine",
+            "metadata": { "name": name, "namespace": NS },
+            "spec": { "provider": { "plugin": "hostile", "config": { "attack": attack } } },
+        }))
+        .unwrap();
+        machines
+            .create(&PostParams::default(), &machine)
+            .await
+            .unwrap();
+    }
+    // 200 KiB of plugin text each; 1 KiB reaches the object, saying so.
+    let limit = capstan_api::MAX_PLUGIN_TEXT;
+    let shown = eventually("the long status message bounded", LONG, async || {
+        let m = machines.get("chatty").await.ok()?;
+        let c = capstan_api::condition(&m.status?.conditions, INSTANCE_PROVISIONED)?.clone();
+        c.message.starts_with("mmm").then_some(c.message)
+    })
+    .await;
+    assert!(
+        shown.len() <= limit && shown.ends_with("(truncated)"),
+        "{} bytes",
+        shown.len()
+    );
+    let failure = eventually("the long error bounded", LONG, async || {
+        machines.get("loud").await.ok()?.status?.failure_message
+    })
+    .await;
+    assert!(
+        failure.len() <= limit && failure.ends_with("(truncated)"),
+        "{} bytes",
+        failure.len()
+    );
+    let events = env
+        .control_plane
+        .kubectl(&["get", "events", "-n", NS, "-o", "json"], None)
+        .unwrap();
+    let events: serde_json::Value = serde_json::from_str(&events).unwrap();
+    let longest = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e["message"]
+                .as_str()
+                .or(e["note"].as_str())
+                .unwrap_or("")
+                .len()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        longest > 0 && longest <= 2 * limit,
+        "an Event of {longest} bytes"
+    );
+}
