@@ -214,7 +214,14 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             && s.metadata.deletion_timestamp.is_none()
             && capstan_api::selector_matches(&md.spec.selector, s.labels())
         {
-            adopt_set(&sets_api, &ctx, md.as_ref(), s.as_ref()).await?;
+            // As a Deployment adopts ReplicaSets: sets orphaned by
+            // `--cascade=orphan`, or made by hand.
+            // Not adopted (it changed meanwhile): plan again with a fresh view.
+            if !crate::machineset::adopt(&sets_api, &ctx, CONTROLLER, md.as_ref(), s.as_ref())
+                .await?
+            {
+                return Ok(Action::requeue(Duration::from_millis(500)));
+            }
             sets.push(s);
         }
     }
@@ -1008,42 +1015,6 @@ async fn create_set(
             }
         }
         Err(e) => Err(kube_err(format!("cannot create MachineSet {name}"))(e)),
-    }
-}
-
-/// Adopt a MachineSet no controller owns whose labels this deployment's
-/// selector matches (as a Deployment adopts ReplicaSets): after an owner
-/// was deleted with `--cascade=orphan`, or sets created by hand.
-async fn adopt_set(
-    api: &Api<MachineSet>,
-    ctx: &Context,
-    md: &MachineDeployment,
-    set: &MachineSet,
-) -> Result<(), Error> {
-    let mut owners = set.owner_references().to_vec();
-    owners.push(owner_reference(md));
-    let patch = serde_json::json!({
-        "metadata": {
-            "ownerReferences": owners,
-            // Adopted only as seen: a set changed meanwhile is looked at again.
-            "resourceVersion": set.resource_version(),
-        }
-    });
-    match api
-        .patch(
-            &set.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => {
-            ctx.metrics.wrote(CONTROLLER, "adopt");
-            tracing::info!(deployment = %key_of(md), set = %set.name_any(), "adopted an orphan MachineSet");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
-        Err(e) => Err(kube_err(format!("cannot adopt MachineSet {}", key_of(set)))(e)),
     }
 }
 

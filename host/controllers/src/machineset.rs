@@ -210,7 +210,11 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
             && m.metadata.deletion_timestamp.is_none()
             && selector_matches(&set.spec.selector, m.labels())
         {
-            adopt(&machines_api, &ctx, set.as_ref(), m).await?;
+            // Not adopted (it changed meanwhile): plan again with a fresh
+            // view rather than count without it and create a duplicate.
+            if !adopt(&machines_api, &ctx, CONTROLLER, set.as_ref(), m.as_ref()).await? {
+                return Ok(Action::requeue(Duration::from_millis(500)));
+            }
             mine.push(m.clone());
         }
     }
@@ -528,33 +532,47 @@ async fn hand_over(
     }
 }
 
-async fn adopt(
-    api: &Api<Machine>,
+/// Make `owner` the controller of `orphan` (an object no controller owns
+/// whose labels the owner's selector matches), only as the cache saw it:
+/// `false` when it changed or went meanwhile (the next pass looks again).
+pub(crate) async fn adopt<K, O>(
+    api: &Api<K>,
     ctx: &Context,
-    set: &MachineSet,
-    machine: &Machine,
-) -> Result<(), Error> {
-    let mut owners = machine.owner_references().to_vec();
-    owners.push(owner_reference(set));
+    controller: &'static str,
+    owner: &O,
+    orphan: &K,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    O: Resource<DynamicType = ()>,
+{
+    let mut owners = orphan.owner_references().to_vec();
+    owners.push(owner_reference(owner));
     let patch = serde_json::json!({
         "metadata": {
             "ownerReferences": owners,
-            "resourceVersion": machine.resource_version(),
+            "resourceVersion": orphan.resource_version(),
         }
     });
-    api.patch(
-        &machine.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "cannot adopt machine {}",
-        key_of(machine)
-    )))?;
-    ctx.metrics.wrote(CONTROLLER, "adopt");
-    tracing::info!(set = %key_of(set), machine = %machine.name_any(), "adopted an orphan machine");
-    Ok(())
+    let kind = K::kind(&());
+    match api
+        .patch(
+            &orphan.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.wrote(controller, "adopt");
+            tracing::info!(owner = %key_of(owner), %kind, orphan = %orphan.name_any(), "adopted an orphan");
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(false),
+        Err(e) => Err(kube_err(format!("cannot adopt {kind} {}", key_of(orphan)))(
+            e,
+        )),
+    }
 }
 
 /// Create `count` machines from the set's template, a few at a time.

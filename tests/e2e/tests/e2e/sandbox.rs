@@ -682,6 +682,36 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// The peak resident memory of this process while it runs, sampled every
+/// 5 ms.
+struct PeakRss {
+    sampling: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    fn start() -> PeakRss {
+        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = sampling.clone();
+        let sampler = std::thread::spawn(move || {
+            let mut peak = 0;
+            while flag.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        });
+        PeakRss { sampling, sampler }
+    }
+
+    /// Stop sampling; the peak in KiB.
+    fn stop(self) -> u64 {
+        self.sampling
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.join().unwrap()
+    }
+}
+
 #[tokio::test]
 async fn a_request_flood_is_held_to_the_in_flight_budget_and_host_memory_stays_flat() {
     let cloud = cloud().await;
@@ -696,18 +726,7 @@ async fn a_request_flood_is_held_to_the_in_flight_budget_and_host_memory_stays_f
     let _ = p.create(&attack).await;
     let before = rss_kib();
     // The peak while the calls run, sampled every 5 ms.
-    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = {
-        let sampling = sampling.clone();
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_kib());
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            peak
-        })
-    };
+    let sampler = PeakRss::start();
     for round in 0..3 {
         let err = p.create(&attack).await.unwrap_err();
         match &err {
@@ -731,8 +750,7 @@ async fn a_request_flood_is_held_to_the_in_flight_budget_and_host_memory_stays_f
             other => panic!("round {round}: expected the in-flight limit, got {other}"),
         }
     }
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let grown_mib = sampler.join().unwrap().saturating_sub(before) / 1024;
+    let grown_mib = sampler.stop().saturating_sub(before) / 1024;
     let stats = cloud.stats();
     eprintln!(
         "flood: 3 calls, {} requests reached the target, at most {} at once, host memory peak +{grown_mib} MiB",
@@ -763,18 +781,7 @@ async fn hoarded_header_maps_stay_within_the_per_call_host_object_budget() {
     let p = hostile(&rt, &cloud, Limits::default());
     let attack = machine("hoard", serde_json::json!({ "attack": "header-hoard" }));
     let before = rss_kib();
-    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = {
-        let sampling = sampling.clone();
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_kib());
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            peak
-        })
-    };
+    let sampler = PeakRss::start();
     for round in 0..3 {
         let err = p.create(&attack).await.unwrap_err();
         // The guest traps when its handle table is full, long before it
@@ -784,8 +791,7 @@ async fn hoarded_header_maps_stay_within_the_per_call_host_object_budget() {
             "round {round}: expected a trap at the handle cap, got {err}"
         );
     }
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let grown_mib = sampler.join().unwrap().saturating_sub(before) / 1024;
+    let grown_mib = sampler.stop().saturating_sub(before) / 1024;
     eprintln!(
         "header hoard: 3 calls, host memory peak +{grown_mib} MiB (budget {} MiB per call: {} handles x {} KiB)",
         capstan_runtime::limits::HOST_OBJECT_BYTES_PER_CALL >> 20,
