@@ -119,7 +119,27 @@ enum BenchCommand {
     Plugin(bench::Args),
 }
 
+/// `capstan … | head` closes the pipe early: end quietly with the shell's
+/// code for SIGPIPE (128 + 13), as command-line tools do, instead of a
+/// panic and a stack trace from `println!`.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     options::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

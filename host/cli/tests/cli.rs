@@ -418,6 +418,25 @@ async fn demo_creates_follows_and_deletes_machines() {
 }
 
 #[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    // `capstan crds | head -1`: the reader goes after one line.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "'{}' crds | head -c 1 >/dev/null; '{}' crds | (exec 0<&-; sleep 0.2)",
+            env!("CARGO_BIN_EXE_capstan"),
+            env!("CARGO_BIN_EXE_capstan")
+        ))
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn crds_print_every_kind_for_kubectl_apply() {
     let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
         .arg("crds")

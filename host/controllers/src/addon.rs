@@ -208,6 +208,9 @@ struct Failure {
     condition: &'static str,
     reason: &'static str,
     message: String,
+    /// Waiting for something else (its plugin to load), not failed: the
+    /// phase says `Pending`.
+    waiting: bool,
 }
 
 fn fail(condition: &'static str, reason: &'static str, message: impl Into<String>) -> Failure {
@@ -215,6 +218,7 @@ fn fail(condition: &'static str, reason: &'static str, message: impl Into<String
         condition,
         reason,
         message: message.into(),
+        waiting: false,
     }
 }
 
@@ -277,7 +281,7 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
             (if healthy { ctx.options.resync } else { RECHECK }, event)
         }
         Err(f) => {
-            status.phase = Some("Failed".into());
+            status.phase = Some(if f.waiting { "Pending" } else { "Failed" }.into());
             set_condition(
                 &mut status.conditions,
                 f.condition,
@@ -580,18 +584,28 @@ fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failu
     if let Some(r) = ctx.addons.get(name).filter(|_| object.is_some()) {
         return Ok(r);
     }
-    let message = match object {
-        None => format!(
-            "plugin {name:?} does not exist; create an addon Plugin named {name:?} (kubectl get plugins lists the installed ones)"
+    let (message, waiting) = match object {
+        None => (
+            format!(
+                "plugin {name:?} does not exist; create an addon Plugin named {name:?} (kubectl get plugins lists the installed ones)"
+            ),
+            false,
         ),
         Some(p) => match p.status.as_ref().and_then(|s| s.world.clone()) {
-            Some(world) if world != "addon-plugin" => {
-                format!("plugin {name:?} is a {world}, not an addon plugin")
-            }
-            _ => format!("plugin {name:?} is not loaded yet (kubectl describe plugin {name})"),
+            Some(world) if world != "addon-plugin" => (
+                format!("plugin {name:?} is a {world}, not an addon plugin"),
+                false,
+            ),
+            _ => (
+                format!("plugin {name:?} is not loaded yet (kubectl describe plugin {name})"),
+                true,
+            ),
         },
     };
-    Err(fail(APPLIED, "PluginUnavailable", message))
+    Err(Failure {
+        waiting,
+        ..fail(APPLIED, "PluginUnavailable", message)
+    })
 }
 
 /// What an Addon renders to, ready to apply.

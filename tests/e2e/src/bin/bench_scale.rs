@@ -138,6 +138,9 @@ async fn run_variant(
         let program = capstan_bin()
             .map_err(anyhow::Error::msg)?
             .with_file_name("capstan-bench-controller");
+        if !program.exists() {
+            build_bench_controller(&program)?;
+        }
         ControllerProcess::start_program(
             &program,
             &[],
@@ -371,5 +374,38 @@ async fn main() -> anyhow::Result<()> {
             f.idle_kubelet_writes
         );
     }
+    Ok(())
+}
+
+/// Build `capstan-bench-controller` next to `capstan` (same profile) when it
+/// is missing, so the benchmark runs from one command.
+fn build_bench_controller(program: &std::path::Path) -> anyhow::Result<()> {
+    let release = program
+        .parent()
+        .and_then(|d| d.file_name())
+        .is_some_and(|d| d == "release");
+    let mut cmd =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(capstan_e2e::workspace_root()).args([
+        "build",
+        "-p",
+        "capstan-native-sim",
+        "--bin",
+        "capstan-bench-controller",
+    ]);
+    if release {
+        cmd.arg("--release");
+    }
+    if let Some(target_dir) = program.parent().and_then(|d| d.parent()) {
+        cmd.arg("--target-dir").arg(target_dir);
+    }
+    eprintln!("# {} is missing: building it ({cmd:?})", program.display());
+    let status = cmd.status()?;
+    anyhow::ensure!(
+        status.success() && program.exists(),
+        "cannot build {}: run `cargo build{} -p capstan-native-sim --bins`",
+        program.display(),
+        if release { " --release" } else { "" }
+    );
     Ok(())
 }

@@ -480,7 +480,7 @@ spec:
   {k} get md,ms,ma -w
   {k} create deployment web --image=registry.k8s.io/pause:3.2 --replicas=3
   {k} get pods -o wide        # scheduled onto the machines' Nodes and Running
-  curl -X PUT {cloud}/admin/nodes/NODE/heartbeats -d '{{\"enabled\":false}}'
+  curl -X PUT {cloud}/admin/nodes/NODE/heartbeats -H 'Content-Type: application/json' -d '{{\"enabled\":false}}'
                               # NODE's kubelet stops: Unknown after 10 s, the health check
                               # marks it {QUICKSTART_UNHEALTHY_SECONDS} s later, it is drained and replaced
   {k} get mhc,ma,nodes -w
