@@ -2,23 +2,20 @@
 //!
 //! Subcommands live in their own modules: `plugin inspect` ([`inspect`]),
 //! `plugin conformance` ([`conformance`]), `plugin push|pull|sign|verify`
-//! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `bench plugin`
-//! ([`bench`]) and `demo` ([`demo`]), `crds`, `controller` ([`controller`])
+//! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `crds`,
+//! `controller` ([`controller`])
 //! and `rollout` ([`rollout`]), `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
 //! format) are in [`options`]; registry and trust flags in [`supply`].
 
 #![forbid(unsafe_code)]
 
 mod addon;
-mod bench;
 mod bundle;
 mod conformance;
 mod controller;
-mod demo;
 mod distribute;
 mod inspect;
 mod install;
-mod native;
 mod options;
 mod rollout;
 mod supply;
@@ -56,12 +53,6 @@ enum Command {
     /// Air-gap bundles: signed plugins and their trust policy in one file.
     #[command(subcommand)]
     Bundle(bundle::Command),
-    /// Benchmarks that print `name value` lines.
-    #[command(subcommand)]
-    Bench(BenchCommand),
-    /// Run the sim-provider plugin against a local simulated cloud: create
-    /// machines, follow them until running, then delete them.
-    Demo(demo::Args),
     /// Print the CustomResourceDefinitions (`capstan crds | kubectl apply -f -`).
     Crds,
     /// Run the controllers (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck)
@@ -111,12 +102,6 @@ enum KeyCommand {
     /// Create a cosign-format key pair: PREFIX.key (encrypted with
     /// $CAPSTAN_PASSWORD or a prompted password) and PREFIX.pub.
     Generate(distribute::KeyGenerateArgs),
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// Plugin runtime costs, side by side with native and webhook calls.
-    Plugin(bench::Args),
 }
 
 /// `capstan … | head` closes the pipe early: end quietly with the shell's
@@ -181,8 +166,6 @@ fn main() -> ExitCode {
             Command::Bundle(bundle::Command::Push(args)) => {
                 blocking(move || bundle::push(args)).await
             }
-            Command::Bench(BenchCommand::Plugin(args)) => bench::run(args).await,
-            Command::Demo(args) => demo::run(args).await,
             Command::Crds => {
                 print!("{}", capstan_api::crds_yaml());
                 Ok(ExitCode::SUCCESS)

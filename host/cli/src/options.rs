@@ -149,29 +149,6 @@ impl SandboxArgs {
     }
 }
 
-/// Find a plugin built by `scripts/build-plugins.sh` (or `cargo test`):
-/// `$CAPSTAN_PLUGIN_DIR`, then next to this binary's target folder, then
-/// `./target/plugins/...`.
-pub fn default_plugin(file_stem: &str) -> anyhow::Result<std::path::PathBuf> {
-    let file = format!("{file_stem}.wasm");
-    let mut candidates = Vec::new();
-    if let Some(dir) = std::env::var_os("CAPSTAN_PLUGIN_DIR") {
-        candidates.push(std::path::PathBuf::from(dir).join(&file));
-    }
-    if let Ok(exe) = std::env::current_exe()
-        && let Some(target) = exe.parent().and_then(|p| p.parent())
-    {
-        candidates.push(target.join("plugins/wasm32-wasip2/release").join(&file));
-    }
-    candidates.push(std::path::PathBuf::from("target/plugins/wasm32-wasip2/release").join(&file));
-    candidates.iter().find(|p| p.exists()).cloned().with_context(|| {
-        format!(
-            "cannot find {file} (looked in: {}); build the plugins with scripts/build-plugins.sh or pass --plugin PATH",
-            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        )
-    })
-}
-
 /// Parse `500ms`, `10s`, `2m`, or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();

@@ -2,7 +2,7 @@
 //! until all are Ready, once through the Wasm sim-provider and once through
 //! the same provider logic compiled natively, each with its own controller
 //! process (`capstan controller`, and `capstan-bench-controller` from
-//! `tests/native-sim` for the native variant), side by side in one run against one local
+//! `tests/bench` for the native variant), side by side in one run against one local
 //! control plane and simulated cloud. Prints `name value` lines (not a timed
 //! test): time to all Ready, controller CPU seconds, controller peak RSS, API
 //! writes per machine, the API server's CPU seconds, the Wasm/native ratio
@@ -389,7 +389,7 @@ fn build_bench_controller(program: &std::path::Path) -> anyhow::Result<()> {
     cmd.current_dir(capstan_e2e::workspace_root()).args([
         "build",
         "-p",
-        "capstan-native-sim",
+        "capstan-bench",
         "--bin",
         "capstan-bench-controller",
     ]);
@@ -403,7 +403,7 @@ fn build_bench_controller(program: &std::path::Path) -> anyhow::Result<()> {
     let status = cmd.status()?;
     anyhow::ensure!(
         status.success() && program.exists(),
-        "cannot build {}: run `cargo build{} -p capstan-native-sim --bins`",
+        "cannot build {}: run `cargo build{} -p capstan-bench --bins`",
         program.display(),
         if release { " --release" } else { "" }
     );

@@ -1,5 +1,6 @@
-//! `capstan bench plugin`: what the plugin runtime costs, measured side by
+//! `capstan-bench-plugin`: what the plugin runtime costs, measured side by
 //! side in one run and printed as `name value` lines (`#` lines are comments).
+//! A benchmark, not part of the product (the `capstan` binary carries none).
 //!
 //! - `compile_ms`: load a component with an empty code cache (compile);
 //! - `load_precompiled_ms`: load it again from the code cache;
@@ -10,21 +11,22 @@
 //!   pools the plugins' outbound connections, as native clients do);
 //! - `ratio_*`: the ratios of the medians above.
 
-use crate::native::{
-    NativeHttp, Webhook, WebhookRequest, call_webhook, native_create, native_validate,
-};
-use crate::options::default_plugin;
 use anyhow::{Context, ensure};
+use capstan_bench::webhook::{Webhook, WebhookRequest, call_webhook};
+use capstan_bench::{NativeHttp, native_create, native_validate};
 use capstan_runtime::types::Machine;
 use capstan_runtime::{Credential, Grants, Limits, ProviderPlugin, Runtime, RuntimeConfig};
 use capstan_sim_cloud::{SimCloud, SimCloudConfig};
+use clap::Parser;
 use sim_provider::SimProvider;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// Arguments of `capstan bench plugin`.
-#[derive(Debug, clap::Args)]
+/// What the plugin runtime costs, side by side with the same logic called
+/// natively and as an HTTPS webhook.
+#[derive(Debug, Parser)]
+#[command(name = "capstan-bench-plugin")]
 pub struct Args {
     /// The sim-provider component (default: the one built by scripts/build-plugins.sh).
     #[arg(long)]
@@ -99,8 +101,13 @@ fn webhook_request(m: &Machine) -> WebhookRequest {
     }
 }
 
+#[tokio::main]
+async fn main() -> anyhow::Result<ExitCode> {
+    run(Args::parse()).await
+}
+
 /// Run the benchmark.
-pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+async fn run(args: Args) -> anyhow::Result<ExitCode> {
     ensure!(
         args.calls >= 10 && args.instantiations >= 10 && args.compiles >= 1,
         "use at least 10 calls and instantiations and 1 compile"
@@ -111,7 +118,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     println!(
-        "# capstan bench plugin: {} ({} bytes), {} calls per path",
+        "# capstan-bench-plugin: {} ({} bytes), {} calls per path",
         path.display(),
         bytes.len(),
         args.calls
@@ -289,4 +296,27 @@ async fn webhook_calls(
         Ok(out)
     })
     .await?
+}
+
+/// Find a plugin built by `scripts/build-plugins.sh` (or `cargo test`):
+/// `$CAPSTAN_PLUGIN_DIR`, then next to this binary's target folder, then
+/// `./target/plugins/...`.
+fn default_plugin(file_stem: &str) -> anyhow::Result<std::path::PathBuf> {
+    let file = format!("{file_stem}.wasm");
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::var_os("CAPSTAN_PLUGIN_DIR") {
+        candidates.push(std::path::PathBuf::from(dir).join(&file));
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(target) = exe.parent().and_then(|p| p.parent())
+    {
+        candidates.push(target.join("plugins/wasm32-wasip2/release").join(&file));
+    }
+    candidates.push(std::path::PathBuf::from("target/plugins/wasm32-wasip2/release").join(&file));
+    candidates.iter().find(|p| p.exists()).cloned().with_context(|| {
+        format!(
+            "cannot find {file} (looked in: {}); build the plugins with scripts/build-plugins.sh or pass --plugin PATH",
+            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    })
 }

@@ -1,7 +1,6 @@
-//! The comparison points for the plugin benchmark: the same `sim-provider`
-//! logic compiled natively and called in-process (from
-//! `capstan-native-sim`), and the same call served as an HTTPS webhook on
-//! loopback (what a Cluster API runtime extension costs).
+//! The webhook comparison point of the plugin benchmark: the same
+//! `sim-provider` call served as an HTTPS webhook on loopback (what a
+//! Cluster API runtime extension costs).
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -13,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
-pub use capstan_native_sim::{NativeHttp, native_create, native_validate};
+use crate::{NativeHttp, native_create, native_validate};
 
 /// The webhook's request body.
 #[derive(Debug, Serialize, Deserialize)]

@@ -5,9 +5,9 @@
 //! logic compiled natively (no sandbox). Its bearer token comes from
 //! `$CAPSTAN_NATIVE_SIM_TOKEN`. Not part of the product binary.
 
+use capstan_bench::NativeSimProvider;
 use capstan_controllers::serve::{Process, serve};
 use capstan_controllers::{Concurrency, Options, Providers, Registered};
-use capstan_native_sim::NativeSimProvider;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

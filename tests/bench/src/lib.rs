@@ -5,6 +5,8 @@
 //! the `capstan-bench-controller` binary, so that the product's
 //! `capstan controller` carries no benchmark flags).
 
+pub mod webhook;
+
 use capstan_sdk::http::{HttpClient, HttpError, Request, Response};
 use capstan_sdk::{Machine, MachineStatus, Provider};
 use sim_provider::{SimConfig, SimProvider};
