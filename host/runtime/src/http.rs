@@ -9,10 +9,8 @@
 //! Redirects are never followed by the host: a guest that follows one makes a
 //! new request, which is checked again.
 //!
-//! An AWS SigV4 credential is applied once the guest has written the whole
-//! body (at most [`MAX_SIGNED_BODY_BYTES`]): the host hashes it and signs the
-//! method, path, query, `host`, `content-type` and body, replacing any
-//! `authorization` or `x-amz-*` signing header the guest set.
+//! Credentials are attached by [`crate::credentials`] (an `Authorization`
+//! header, or an AWS SigV4 signature over the whole body).
 //!
 //! Every call has two request budgets ([`crate::Limits`]): requests in
 //! flight at once (a request counts until its response body is read or
@@ -27,14 +25,13 @@
 
 use crate::grants::{Credential, Grants, HttpDecision, decide};
 use crate::limits::RequestLimit;
-use bytes::Bytes;
 use capstan_manifest::{Destination, HttpCapability};
-use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
+use http::header::{HOST, HeaderValue};
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 /// The host's outbound connection pool.
@@ -64,9 +61,6 @@ pub(crate) fn pooled_client() -> Result<PooledClient, String> {
             .build(connector),
     )
 }
-
-/// The largest request body the host buffers to sign (SigV4 hashes it).
-pub const MAX_SIGNED_BODY_BYTES: usize = 1024 * 1024;
 
 /// Per-call HTTP gate.
 pub(crate) struct HttpGate {
@@ -141,68 +135,6 @@ impl HttpGate {
     }
 }
 
-/// Replace the guest's signing headers with a SigV4 signature over the
-/// buffered body.
-async fn sign_aws(
-    request: http::Request<WasiBody>,
-    authority: &str,
-    credentials: &capstan_sigv4::Credentials,
-    scope: &capstan_sigv4::Scope,
-) -> Result<http::Request<WasiBody>, String> {
-    let (mut parts, mut body) = request.into_parts();
-    let mut payload = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| format!("reading the request body to sign it: {e}"))?;
-        if let Ok(data) = frame.into_data() {
-            if payload.len() + data.len() > MAX_SIGNED_BODY_BYTES {
-                return Err(format!(
-                    "request body exceeds {MAX_SIGNED_BODY_BYTES} bytes, the most the host signs"
-                ));
-            }
-            payload.extend_from_slice(&data);
-        }
-    }
-    let content_type = parts
-        .headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let mut to_sign = vec![("host", authority)];
-    if let Some(ct) = content_type.as_deref() {
-        to_sign.push(("content-type", ct));
-    }
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_string();
-    let signed = capstan_sigv4::sign(
-        &capstan_sigv4::Request {
-            method: parts.method.as_str(),
-            path_and_query: &path_and_query,
-            headers: &to_sign,
-            payload: &payload,
-        },
-        credentials,
-        scope,
-        SystemTime::now(),
-    );
-    for name in ["x-amz-date", "x-amz-security-token", "x-amz-content-sha256"] {
-        parts.headers.remove(name);
-    }
-    for (name, value) in signed.headers {
-        let mut v = HeaderValue::from_str(&value)
-            .map_err(|_| format!("a signed {name} header is not a valid header value"))?;
-        v.set_sensitive(name != "x-amz-date");
-        parts.headers.insert(HeaderName::from_static(name), v);
-    }
-    let body = http_body_util::Full::new(Bytes::from(payload))
-        .map_err(|never| match never {})
-        .boxed_unsync();
-    Ok(http::Request::from_parts(parts, body))
-}
-
 type ResponseFuture = Box<
     dyn Future<
             Output = Result<
@@ -253,11 +185,8 @@ impl WasiHttpHooks for HttpGate {
                 if let Ok(v) = HeaderValue::from_str(&authority) {
                     headers.insert(HOST, v);
                 }
-                if let Some(value) = credential.as_ref().and_then(Credential::authorization)
-                    && let Ok(mut v) = HeaderValue::from_str(&value)
-                {
-                    v.set_sensitive(true);
-                    headers.insert(AUTHORIZATION, v);
+                if let Some(credential) = &credential {
+                    crate::credentials::authorize(headers, credential);
                 }
                 // The call's deadline bounds the whole request; per-request
                 // timeouts from the guest are not needed on top of it.
@@ -267,7 +196,14 @@ impl WasiHttpHooks for HttpGate {
                 let denial = self.denial.clone();
                 Box::new(async move {
                     if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
-                        request = match sign_aws(request, &authority, credentials, scope).await {
+                        request = match crate::credentials::sign_aws(
+                            request,
+                            &authority,
+                            credentials,
+                            scope,
+                        )
+                        .await
+                        {
                             Ok(r) => r,
                             Err(reason) => {
                                 tracing::warn!(%plugin, %reason, "outbound request not signed");

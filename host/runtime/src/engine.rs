@@ -1,0 +1,294 @@
+//! The engine: one wasmtime `Engine` per host (pooling allocator, epoch
+//! ticker, async), the sandbox linker, and loading a component (compile or
+//! precompiled code from the cache) into a [`Plugin`].
+
+use super::*;
+
+/// Engine-wide settings. Per-plugin settings are [`Limits`] and [`Grants`].
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Where precompiled code is cached; `None` compiles on every load.
+    pub cache_dir: Option<PathBuf>,
+    /// Most plugin calls in flight at once, host-wide (sizes the instance
+    /// pool; further calls wait for a slot).
+    pub max_concurrent_calls: u32,
+    /// Largest memory cap any plugin may be given.
+    pub max_memory_bytes: usize,
+    /// Epoch tick: the granularity of call deadlines.
+    pub epoch_tick: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            cache_dir: None,
+            max_concurrent_calls: 256,
+            max_memory_bytes: 1024 * 1024 * 1024,
+            epoch_tick: Duration::from_millis(5),
+        }
+    }
+}
+
+/// The plugin host: one engine, one linker, one code cache.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+pub(crate) struct RuntimeInner {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<CallState>,
+    pub(crate) cache: Option<CodeCache>,
+    pub(crate) engine_hash: String,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) ticker_stop: Arc<AtomicBool>,
+    pub(crate) ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub(crate) http_client: http::PooledClient,
+    /// One permit per call that may run at once.
+    pub(crate) calls: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for RuntimeInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeInner")
+            .field("engine_hash", &self.engine_hash)
+            .field("cache", &self.cache)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RuntimeInner {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How a plugin was loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadPath {
+    /// Compiled now (and stored in the cache, if any).
+    Compiled,
+    /// Native code loaded from the cache.
+    Cached,
+}
+
+impl Runtime {
+    /// Build the engine, the sandbox linker and the cache, and start the
+    /// epoch ticker that enforces deadlines.
+    pub fn new(config: RuntimeConfig) -> Result<Self, Error> {
+        let engine_err = |e: wasmtime::Error| Error::Engine(format!("{e:#}"));
+        let mut pool = PoolingAllocationConfig::new();
+        let n = config.max_concurrent_calls.max(1);
+        pool.total_component_instances(n)
+            .total_core_instances(n.saturating_mul(4))
+            .total_memories(n.saturating_mul(2))
+            .total_tables(n.saturating_mul(4))
+            .total_stacks(n)
+            .max_memory_size(config.max_memory_bytes);
+        let mut wasm = Config::new();
+        wasm.wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&wasm).map_err(engine_err)?;
+
+        let mut linker = Linker::<CallState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_err)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(engine_err)?;
+        wit_log::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .map_err(engine_err)?;
+
+        let mut hasher = std::hash::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let engine_hash = format!("{:016x}", hasher.finish());
+        let http_client = http::pooled_client().map_err(Error::Engine)?;
+        let cache = config
+            .cache_dir
+            .as_deref()
+            .map(CodeCache::open)
+            .transpose()?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let engine = engine.clone();
+            let stop = ticker_stop.clone();
+            let tick = config.epoch_tick;
+            std::thread::Builder::new()
+                .name("capstan-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(tick);
+                        engine.increment_epoch();
+                    }
+                })
+                .map_err(|error| Error::Io {
+                    what: "cannot start the epoch ticker".into(),
+                    error,
+                })?
+        };
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                linker,
+                cache,
+                engine_hash,
+                config,
+                ticker_stop,
+                ticker: Mutex::new(Some(ticker)),
+                http_client,
+                calls: Arc::new(tokio::sync::Semaphore::new(n as usize)),
+            }),
+        })
+    }
+
+    /// The precompiled-code cache, if configured.
+    pub fn cache(&self) -> Option<&CodeCache> {
+        self.inner.cache.as_ref()
+    }
+
+    /// Load a plugin from a file (development sources, `file://`).
+    pub fn load_file(&self, path: &Path, limits: Limits, grants: Grants) -> Result<Plugin, Error> {
+        let bytes = std::fs::read(path).map_err(|error| Error::Io {
+            what: format!("cannot read plugin {}", path.display()),
+            error,
+        })?;
+        self.load(&path.display().to_string(), &bytes, limits, grants)
+    }
+
+    /// Load a plugin component: check its manifest, compile it (or load the
+    /// cached code), and pre-instantiate it against the sandbox.
+    /// `source` names where the bytes came from, for error messages.
+    pub fn load(
+        &self,
+        source: &str,
+        bytes: &[u8],
+        limits: Limits,
+        grants: Grants,
+    ) -> Result<Plugin, Error> {
+        let manifest = PluginManifest::from_component(bytes).map_err(|error| Error::Manifest {
+            source_name: source.to_string(),
+            error,
+        })?;
+        let name = manifest.name.clone();
+        if limits.call_timeout > limits::MAX_CALL_TIMEOUT {
+            return Err(Error::Load {
+                plugin: name,
+                reason: format!(
+                    "call timeout {} ms exceeds the host's maximum of {} ms",
+                    limits.call_timeout.as_millis(),
+                    limits::MAX_CALL_TIMEOUT.as_millis()
+                ),
+            });
+        }
+        if limits.memory_bytes > self.inner.config.max_memory_bytes {
+            return Err(Error::Load {
+                plugin: name,
+                reason: format!(
+                    "memory limit {} exceeds the host's maximum of {} bytes",
+                    limits.memory_bytes, self.inner.config.max_memory_bytes
+                ),
+            });
+        }
+        let digest = digest(bytes);
+        let (component, load_path) = self.compile_cached(&name, &digest, bytes)?;
+
+        let export = manifest.world.export_interface();
+        let engine = &self.inner.engine;
+        let exports: Vec<String> = component
+            .component_type()
+            .exports(engine)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        if !exports.contains(&export) {
+            return Err(Error::Load {
+                plugin: name,
+                reason: format!(
+                    "the manifest says world `{}` but the component does not export {export} (it exports: {})",
+                    manifest.world,
+                    if exports.is_empty() {
+                        "nothing".into()
+                    } else {
+                        exports.join(", ")
+                    }
+                ),
+            });
+        }
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| Error::Link {
+                plugin: name.clone(),
+                reason: format!("{e:#}"),
+            })?;
+        let declared: Arc<[HttpCapability]> = manifest.capabilities.http.clone().into();
+        Ok(Plugin {
+            inner: Arc::new(PluginInner {
+                name: name.into(),
+                manifest,
+                digest,
+                load_path,
+                component,
+                pre,
+                limits,
+                grants: Arc::new(grants),
+                declared,
+                runtime: self.inner.clone(),
+            }),
+        })
+    }
+
+    fn compile_cached(
+        &self,
+        name: &str,
+        digest: &str,
+        bytes: &[u8],
+    ) -> Result<(Component, LoadPath), Error> {
+        let key = CodeCache::key(digest, &self.inner.engine_hash);
+        if let Some(cache) = &self.inner.cache
+            && let Some(code) = cache.get(&key)
+        {
+            match self.deserialize(&code) {
+                Ok(component) => return Ok((component, LoadPath::Cached)),
+                Err(e) => {
+                    tracing::warn!(plugin = name, error = %e, "discarding unusable precompiled code");
+                    cache.remove(&key);
+                }
+            }
+        }
+        let component = Component::new(&self.inner.engine, bytes).map_err(|e| Error::Load {
+            plugin: name.to_string(),
+            reason: format!("does not compile: {e:#}"),
+        })?;
+        if let Some(cache) = &self.inner.cache {
+            match component.serialize() {
+                Ok(code) => {
+                    if let Err(e) = cache.put(&key, &code) {
+                        tracing::warn!(plugin = name, error = %e, "cannot store precompiled code");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(plugin = name, error = %e, "cannot serialize compiled code")
+                }
+            }
+        }
+        Ok((component, LoadPath::Compiled))
+    }
+
+    #[allow(unsafe_code)]
+    fn deserialize(&self, code: &[u8]) -> wasmtime::Result<Component> {
+        // SAFETY: `code` was produced by `Component::serialize` on an engine
+        // with the same compatibility hash (it is in the cache key) and read
+        // from the host-owned 0700 cache directory; wasmtime additionally
+        // checks the header and version before using it.
+        unsafe { Component::deserialize(&self.inner.engine, code) }
+    }
+}
+
+/// `sha256:<hex>` of some bytes: how plugins are identified.
+pub fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}

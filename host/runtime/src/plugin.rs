@@ -1,0 +1,324 @@
+//! A loaded plugin: its pre-instantiated component, grants and limits, and
+//! the per-call path — a fresh store with every limit armed, the host-wide
+//! call slot, the deadline, and the errors a call can end in.
+
+use super::*;
+
+/// A loaded, pre-instantiated plugin. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Plugin {
+    pub(crate) inner: Arc<PluginInner>,
+}
+
+pub(crate) struct PluginInner {
+    pub(crate) name: Arc<str>,
+    pub(crate) manifest: PluginManifest,
+    pub(crate) digest: String,
+    pub(crate) load_path: LoadPath,
+    pub(crate) component: Component,
+    pub(crate) pre: InstancePre<CallState>,
+    pub(crate) limits: Limits,
+    pub(crate) grants: Arc<Grants>,
+    pub(crate) declared: Arc<[HttpCapability]>,
+    pub(crate) runtime: Arc<RuntimeInner>,
+}
+
+impl std::fmt::Debug for PluginInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name)
+            .field("digest", &self.digest)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    /// The plugin's name (from its manifest).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+    /// The verified manifest.
+    pub fn manifest(&self) -> &PluginManifest {
+        &self.inner.manifest
+    }
+    /// `sha256:<hex>` of the component bytes.
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+    /// Whether this load compiled or used cached code.
+    pub fn load_path(&self) -> LoadPath {
+        self.inner.load_path
+    }
+    /// The limits applied to every call.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+    /// Names of the component's imports (interfaces and functions).
+    pub fn imports(&self) -> Vec<String> {
+        let engine = &self.inner.runtime.engine;
+        self.inner
+            .component
+            .component_type()
+            .imports(engine)
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+    /// Names of the component's exports.
+    pub fn exports(&self) -> Vec<String> {
+        let engine = &self.inner.runtime.engine;
+        self.inner
+            .component
+            .component_type()
+            .exports(engine)
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+
+    /// This plugin as a provider; fails if it implements another world.
+    pub fn provider(&self) -> Result<ProviderPlugin, Error> {
+        ProviderPlugin::new(self)
+    }
+
+    /// This plugin as an in-place updater; fails if it implements another world.
+    pub fn updater(&self) -> Result<UpdaterPlugin, Error> {
+        UpdaterPlugin::new(self)
+    }
+
+    /// This plugin as an addon operator; fails if it implements another world.
+    pub fn addon(&self) -> Result<AddonPlugin, Error> {
+        AddonPlugin::new(self)
+    }
+
+    pub(crate) fn expect_world(&self, expected: World) -> Result<(), Error> {
+        let actual = self.inner.manifest.world;
+        if actual == expected {
+            Ok(())
+        } else {
+            Err(Error::WrongWorld {
+                plugin: self.name().to_string(),
+                expected,
+                actual,
+            })
+        }
+    }
+
+    /// A fresh store for one call, with every limit armed.
+    pub(crate) fn new_store(&self, call: &'static str) -> Store<CallState> {
+        let inner = &self.inner;
+        let limits = inner.limits;
+        let stdout = Capture::new("stdout", limits.stdio_bytes);
+        let stderr = Capture::new("stderr", limits.stdio_bytes);
+        let wasi = WasiCtxBuilder::new()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        let state = CallState {
+            wasi,
+            table: {
+                let mut table = ResourceTable::new();
+                table.set_max_capacity(MAX_RESOURCES_PER_CALL);
+                table
+            },
+            http_ctx: {
+                let mut ctx = WasiHttpCtx::new();
+                ctx.set_field_size_limit(limits::MAX_FIELDS_BYTES);
+                ctx
+            },
+            http: http::HttpGate {
+                plugin: inner.name.clone(),
+                declared: inner.declared.clone(),
+                grants: inner.grants.clone(),
+                denial: Arc::default(),
+                exhausted: Arc::default(),
+                max_in_flight: limits.max_requests_in_flight,
+                max_total: limits.max_requests_per_call,
+                in_flight: Arc::default(),
+                sent: 0,
+                client: inner.runtime.http_client.clone(),
+            },
+            memory: MemoryLimiter {
+                limit: limits.memory_bytes,
+                used: 0,
+                refused: None,
+            },
+            stdout,
+            stderr,
+            log_left: limits.log_bytes,
+            log_overflowed: false,
+            plugin: inner.name.clone(),
+            call,
+        };
+        let mut store = Store::new(&inner.runtime.engine, state);
+        store.limiter(|s| &mut s.memory);
+        // Every tick, running Wasm hands its thread back to the executor
+        // (tokio's own yield, so the task's budget is honoured too); past
+        // the wall-clock deadline it traps. Set before instantiating, since
+        // instantiation runs guest code.
+        let deadline = std::time::Instant::now() + limits.call_timeout;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if std::time::Instant::now() >= deadline {
+                wasmtime::UpdateDeadline::Interrupt
+            } else {
+                wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+            })
+        });
+        store
+    }
+
+    /// Run one call in a fresh store under the plugin's limits and turn
+    /// whatever happened into a typed result.
+    pub(crate) async fn invoke<T: ReturnSize>(
+        &self,
+        call: &'static str,
+        f: impl AsyncFnOnce(&mut Store<CallState>) -> wasmtime::Result<Result<T, PluginError>>,
+    ) -> Result<T, Error> {
+        let started = std::time::Instant::now();
+        let limit = self.inner.limits.call_timeout;
+        // A slot first: the deadline counts from when the call may run.
+        let _slot = tokio::time::timeout(limit, self.inner.runtime.calls.clone().acquire_owned())
+            .await
+            .map_err(|_| Error::DeadlineExceeded {
+                plugin: self.name().into(),
+                call,
+                limit,
+            })?
+            .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
+        let mut store = self.new_store(call);
+        let outcome = tokio::time::timeout(limit, f(&mut store)).await;
+        let state = store.data();
+        let result = match outcome {
+            Err(_) => Err(Error::DeadlineExceeded {
+                plugin: self.name().into(),
+                call,
+                limit,
+            }),
+            Ok(Err(e)) => Err(self.classify(call, &e, state)),
+            Ok(Ok(r)) => self.check_returned(call, r, state),
+        };
+        state.emit_stdio();
+        tracing::debug!(
+            plugin = %self.inner.name,
+            call,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            ok = result.is_ok(),
+            "plugin call"
+        );
+        result
+    }
+
+    pub(crate) fn limit_hit(&self, call: &'static str, state: &CallState) -> Option<Error> {
+        let plugin = self.name().to_string();
+        let limits = &self.inner.limits;
+        if let Some(requested_bytes) = state.memory.refused {
+            return Some(Error::MemoryLimit {
+                plugin,
+                call,
+                limit_bytes: limits.memory_bytes,
+                requested_bytes,
+            });
+        }
+        let output = |kind, limit_bytes| Error::OutputLimit {
+            plugin: plugin.clone(),
+            call,
+            kind,
+            limit_bytes,
+        };
+        if state.stdout.overflowed() {
+            return Some(output(OutputKind::Stdout, limits.stdio_bytes));
+        }
+        if state.stderr.overflowed() {
+            return Some(output(OutputKind::Stderr, limits.stdio_bytes));
+        }
+        if state.log_overflowed {
+            return Some(output(OutputKind::Log, limits.log_bytes));
+        }
+        if let Some((limit, size)) = state.http.exhausted() {
+            return Some(Error::RequestLimit {
+                plugin,
+                call,
+                limit,
+                size,
+            });
+        }
+        state.http.denial().map(|detail| Error::CapabilityDenied {
+            plugin: plugin.clone(),
+            call,
+            detail,
+        })
+    }
+
+    pub(crate) fn classify(
+        &self,
+        call: &'static str,
+        err: &wasmtime::Error,
+        state: &CallState,
+    ) -> Error {
+        if let Some(limit) = self.limit_hit(call, state) {
+            return limit;
+        }
+        if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            return Error::DeadlineExceeded {
+                plugin: self.name().into(),
+                call,
+                limit: self.inner.limits.call_timeout,
+            };
+        }
+        let mut message = match err.downcast_ref::<Trap>() {
+            Some(trap) => trap.to_string(),
+            None => format!("{err:#}"),
+        };
+        // A Rust guest says why it panicked on stderr just before trapping.
+        // Its message follows on the next line(s), before any `note:` hint.
+        let stderr = state.stderr.text();
+        if let Some(at) = stderr.rfind("panicked at") {
+            let panic: Vec<&str> = stderr[at..]
+                .lines()
+                .take_while(|l| !l.starts_with("note:"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .take(4)
+                .collect();
+            message = format!("{message}; the plugin {}", panic.join(" "));
+        }
+        Error::Trap {
+            plugin: self.name().into(),
+            call,
+            message,
+        }
+    }
+
+    pub(crate) fn check_returned<T: ReturnSize>(
+        &self,
+        call: &'static str,
+        returned: Result<T, PluginError>,
+        state: &CallState,
+    ) -> Result<T, Error> {
+        // A limit or a denial wins over whatever the plugin made of it.
+        if let Some(limit) = self.limit_hit(call, state) {
+            return Err(limit);
+        }
+        let size = match &returned {
+            Ok(v) => v.return_size(),
+            Err(e) => e.return_size(),
+        };
+        let limit_bytes = self.inner.limits.return_bytes;
+        if size > limit_bytes {
+            return Err(Error::OutputLimit {
+                plugin: self.name().into(),
+                call,
+                kind: OutputKind::ReturnValue,
+                limit_bytes,
+            });
+        }
+        returned.map_err(|error| Error::Plugin {
+            plugin: self.name().into(),
+            call,
+            error,
+        })
+    }
+}

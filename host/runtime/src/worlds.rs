@@ -1,0 +1,185 @@
+//! Typed handles per world ([`ProviderPlugin`], [`UpdaterPlugin`],
+//! [`AddonPlugin`]): one method per contract function, each a call through
+//! [`Plugin`]'s per-call path.
+
+use super::*;
+
+/// A typed handle on a plugin of one world: the struct, its constructor
+/// (world check and export type check) and `call`, which instantiates the
+/// component in a fresh store and runs one export under the plugin's limits.
+macro_rules! world_handle {
+    ($(#[$doc:meta])* $name:ident, $world:expr, $module:ident, $pre:ident, $guest:path, $accessor:ident) => {
+        $(#[$doc])*
+        #[derive(Clone)]
+        pub struct $name {
+            plugin: Plugin,
+            pre: bindings::$module::$pre<CallState>,
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name)).field("plugin", &self.plugin).finish()
+            }
+        }
+
+        impl $name {
+            pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
+                plugin.expect_world($world)?;
+                let pre = bindings::$module::$pre::new(plugin.inner.pre.clone()).map_err(|e| Error::Load {
+                    plugin: plugin.name().to_string(),
+                    reason: format!(
+                        "its {} exports do not match contract {}: {e:#}",
+                        $world,
+                        capstan_manifest::CONTRACT_VERSION
+                    ),
+                })?;
+                Ok($name { plugin: plugin.clone(), pre })
+            }
+
+            /// The underlying plugin.
+            pub fn plugin(&self) -> &Plugin {
+                &self.plugin
+            }
+
+            async fn call<T: ReturnSize>(
+                &self,
+                name: &'static str,
+                f: impl AsyncFnOnce(&mut Store<CallState>, &$guest) -> wasmtime::Result<Result<T, PluginError>>,
+            ) -> Result<T, Error> {
+                let pre = &self.pre;
+                self.plugin
+                    .invoke(name, async |store| {
+                        let instance = pre.instantiate_async(&mut *store).await?;
+                        f(store, instance.$accessor()).await
+                    })
+                    .await
+            }
+        }
+    };
+}
+
+world_handle!(
+    /// A plugin that implements the `provider` world.
+    ProviderPlugin,
+    World::Provider,
+    provider,
+    ProviderPluginPre,
+    bindings::provider::exports::capstan::plugin::provider::Guest,
+    capstan_plugin_provider
+);
+
+world_handle!(
+    /// A plugin that implements the `updater` world.
+    UpdaterPlugin,
+    World::Updater,
+    updater,
+    UpdaterPluginPre,
+    bindings::updater::exports::capstan::plugin::updater::Guest,
+    capstan_plugin_updater
+);
+
+world_handle!(
+    /// A plugin that implements the `addon` world.
+    AddonPlugin,
+    World::Addon,
+    addon,
+    AddonPluginPre,
+    bindings::addon::exports::capstan::plugin::addon::Guest,
+    capstan_plugin_addon
+);
+
+impl AddonPlugin {
+    /// `versions`: the versions it knows and their channels.
+    pub async fn versions(&self) -> Result<Vec<VersionInfo>, Error> {
+        self.call("versions", async |s, p| p.call_versions(s).await)
+            .await
+    }
+
+    /// `render`: the objects (JSON text each) for `spec`.
+    pub async fn render(&self, spec: &AddonSpec) -> Result<Vec<String>, Error> {
+        self.call("render", async |s, p| p.call_render(s, spec).await)
+            .await
+    }
+
+    /// `assess`: health judged from the observed objects (JSON text each).
+    pub async fn assess(&self, spec: &AddonSpec, observed: &[String]) -> Result<Health, Error> {
+        self.call("assess", async |s, p| {
+            p.call_assess(s, spec, observed).await
+        })
+        .await
+    }
+}
+
+impl ProviderPlugin {
+    /// `validate(config)`.
+    pub async fn validate(&self, config: &str) -> Result<(), Error> {
+        self.call("validate", async |s, p| p.call_validate(s, config).await)
+            .await
+    }
+
+    /// `create(machine)`.
+    pub async fn create(&self, machine: &Machine) -> Result<MachineStatus, Error> {
+        self.call("create", async |s, p| p.call_create(s, machine).await)
+            .await
+    }
+
+    /// `get(machine)`.
+    pub async fn get(&self, machine: &Machine) -> Result<MachineStatus, Error> {
+        self.call("get", async |s, p| p.call_get(s, machine).await)
+            .await
+    }
+
+    /// `delete(machine)`.
+    pub async fn delete(&self, machine: &Machine) -> Result<Deletion, Error> {
+        self.call("delete", async |s, p| p.call_delete(s, machine).await)
+            .await
+    }
+
+    /// `list-instances(config)`; `None` when the plugin does not list.
+    pub async fn list(&self, config: &str) -> Result<Option<Vec<MachineStatus>>, Error> {
+        self.call("list-instances", async |s, p| {
+            p.call_list_instances(s, config).await
+        })
+        .await
+    }
+
+    /// Instantiate in a fresh store and call nothing: measures the per-call
+    /// setup cost (benchmarks).
+    pub async fn instantiate_only(&self) -> Result<(), Error> {
+        let pre = &self.pre;
+        self.plugin
+            .invoke("instantiate", async |store| {
+                pre.instantiate_async(&mut *store).await?;
+                Ok(Ok(()))
+            })
+            .await
+    }
+}
+
+impl UpdaterPlugin {
+    /// `can-update`: which of `changed_fields` this updater claims.
+    pub async fn can_update(
+        &self,
+        current: &Machine,
+        desired: &Machine,
+        changed_fields: &[String],
+    ) -> Result<Vec<String>, Error> {
+        self.call("can-update", async |s, p| {
+            p.call_can_update(s, current, desired, changed_fields).await
+        })
+        .await
+    }
+
+    /// `update`: apply the claimed fields (re-entrant).
+    pub async fn update(
+        &self,
+        current: &Machine,
+        desired: &Machine,
+        claimed_fields: &[String],
+    ) -> Result<UpdateProgress, Error> {
+        self.call("update", async |s, p| {
+            p.call_update(s, current, desired, claimed_fields).await
+        })
+        .await
+    }
+}
