@@ -808,6 +808,18 @@ async fn idle_resyncs_write_nothing_and_fields_the_render_leaves_out_are_left_al
         s.healthy == Some(true) && s.health_details.contains(&"availableReplicas=3/3".into())
     })
     .await;
+    // Idle means nothing changes: the Deployment's own status may still
+    // settle after the scale (its controller reports in steps), and the
+    // Addon rightly reports that. Wait until the Addon's status has stayed
+    // put over three resyncs, then count.
+    let addons: Api<Addon> = Api::namespaced(env.client.clone(), NS);
+    eventually("the Addon's status settled", Duration::from_secs(60), async || {
+        let before = addons.get("dns").await.ok()?.metadata.resource_version;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = addons.get("dns").await.ok()?.metadata.resource_version;
+        (before == after).then_some(())
+    })
+    .await;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "kube-system");
     let before = deployments.get("coredns").await.unwrap();
     let writes = env.metrics.writes();
