@@ -813,12 +813,16 @@ async fn idle_resyncs_write_nothing_and_fields_the_render_leaves_out_are_left_al
     // Addon rightly reports that. Wait until the Addon's status has stayed
     // put over three resyncs, then count.
     let addons: Api<Addon> = Api::namespaced(env.client.clone(), NS);
-    eventually("the Addon's status settled", Duration::from_secs(60), async || {
-        let before = addons.get("dns").await.ok()?.metadata.resource_version;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let after = addons.get("dns").await.ok()?.metadata.resource_version;
-        (before == after).then_some(())
-    })
+    eventually(
+        "the Addon's status settled",
+        Duration::from_secs(60),
+        async || {
+            let before = addons.get("dns").await.ok()?.metadata.resource_version;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let after = addons.get("dns").await.ok()?.metadata.resource_version;
+            (before == after).then_some(())
+        },
+    )
     .await;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "kube-system");
     let before = deployments.get("coredns").await.unwrap();

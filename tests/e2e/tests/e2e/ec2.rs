@@ -394,8 +394,13 @@ async fn lost_answers_duplicates_not_found_and_quotas_end_with_one_instance_per_
     let proxy = fault_proxy(moto.url.clone(), faults.clone()).await;
     let nodes = moto.run_nodes(env.cloud.kubelet().unwrap());
     install_ec2_plugin(&env, &moto, &proxy, false).await;
-    env.start_controllers(Providers::default(), Options::default())
-        .await;
+    // A duplicate launched after its machine became Ready is found by the
+    // next instance check: every 5 s here (1 minute by default).
+    let options = Options {
+        instance_check: Duration::from_secs(5),
+        ..Options::default()
+    };
+    env.start_controllers(Providers::default(), options).await;
     let mut config = moto.provider_config("t3.micro");
     config["endpoint"] = proxy.clone().into();
     let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), "default");
