@@ -12,12 +12,13 @@
 use anyhow::Context as _;
 use capstan_api::Machine;
 use capstan_controllers::rbac::{self, Scope};
+use capstan_registry::policy::TrustPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, Namespace, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Volume,
-    VolumeMount,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccount, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -61,6 +62,11 @@ pub struct InstallArgs {
         allow_hyphen_values = true
     )]
     pub controller_args: Vec<String>,
+    /// The host's trust policy: every plugin source must be signed as it
+    /// says (without one no Plugin loads). Stored, keys inline, in the
+    /// ConfigMap `capstan-trust-policy` and passed as `--trust-policy`.
+    #[arg(long, value_name = "FILE")]
+    pub trust_policy: Option<PathBuf>,
     /// Apply the objects to the cluster (server-side apply) instead of
     /// printing them.
     #[arg(long)]
@@ -104,7 +110,13 @@ pub struct Manifests {
     pub role_binding: RoleBinding,
     /// The controller replicas.
     pub deployment: Deployment,
+    /// The trust policy, when one was given.
+    pub trust_policy: Option<ConfigMap>,
 }
+
+/// Where the trust policy is mounted in the controller's container.
+const TRUST_POLICY_DIR: &str = "/etc/capstan";
+const TRUST_POLICY_FILE: &str = "trust-policy.yaml";
 
 fn labels() -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -178,7 +190,7 @@ fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
         .collect()
 }
 
-fn deployment(args: &InstallArgs) -> Deployment {
+fn deployment(args: &InstallArgs, with_policy: bool) -> Deployment {
     let mut container_args: Vec<String> = vec![
         "controller".into(),
         "--leader-elect".into(),
@@ -187,6 +199,11 @@ fn deployment(args: &InstallArgs) -> Deployment {
         format!("--code-cache={CACHE_DIR}/code"),
         format!("--oci-cache={CACHE_DIR}/oci"),
     ];
+    if with_policy {
+        container_args.push(format!(
+            "--trust-policy={TRUST_POLICY_DIR}/{TRUST_POLICY_FILE}"
+        ));
+    }
     container_args.extend(args.controller_args.iter().cloned());
     let container = Container {
         name: "controller".into(),
@@ -228,18 +245,28 @@ fn deployment(args: &InstallArgs) -> Deployment {
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "cache".into(),
-                mount_path: CACHE_DIR.into(),
+        volume_mounts: Some(
+            vec![
+                VolumeMount {
+                    name: "cache".into(),
+                    mount_path: CACHE_DIR.into(),
+                    ..Default::default()
+                },
+                VolumeMount {
+                    name: "tmp".into(),
+                    mount_path: "/tmp".into(),
+                    ..Default::default()
+                },
+            ]
+            .into_iter()
+            .chain(with_policy.then(|| VolumeMount {
+                name: "trust-policy".into(),
+                mount_path: TRUST_POLICY_DIR.into(),
+                read_only: Some(true),
                 ..Default::default()
-            },
-            VolumeMount {
-                name: "tmp".into(),
-                mount_path: "/tmp".into(),
-                ..Default::default()
-            },
-        ]),
+            }))
+            .collect(),
+        ),
         ..Default::default()
     };
     let empty_dir = |name: &str| Volume {
@@ -278,7 +305,19 @@ fn deployment(args: &InstallArgs) -> Deployment {
                         ..Default::default()
                     }),
                     containers: vec![container],
-                    volumes: Some(vec![empty_dir("cache"), empty_dir("tmp")]),
+                    volumes: Some(
+                        [empty_dir("cache"), empty_dir("tmp")]
+                            .into_iter()
+                            .chain(with_policy.then(|| Volume {
+                                name: "trust-policy".into(),
+                                config_map: Some(ConfigMapVolumeSource {
+                                    name: TRUST_POLICY_CONFIG_MAP.into(),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }))
+                            .collect(),
+                    ),
                     ..Default::default()
                 }),
             },
@@ -288,8 +327,12 @@ fn deployment(args: &InstallArgs) -> Deployment {
     }
 }
 
-/// The objects `install` creates.
-pub fn manifests(args: &InstallArgs) -> Manifests {
+/// The ConfigMap holding the host's trust policy.
+const TRUST_POLICY_CONFIG_MAP: &str = "capstan-trust-policy";
+
+/// The objects `install` creates; `policy` is the host's trust policy (its
+/// keys inline), if any.
+pub fn manifests(args: &InstallArgs, policy: Option<&TrustPolicy>) -> Manifests {
     let ns = args.namespace.as_str();
     let subject = Subject {
         kind: "ServiceAccount".into(),
@@ -331,7 +374,15 @@ pub fn manifests(args: &InstallArgs) -> Manifests {
             role_ref: role_ref("Role"),
             subjects: Some(vec![subject]),
         },
-        deployment: deployment(args),
+        deployment: deployment(args, policy.is_some()),
+        trust_policy: policy.map(|p| ConfigMap {
+            metadata: meta(TRUST_POLICY_CONFIG_MAP, Some(ns)),
+            data: Some(BTreeMap::from([(
+                TRUST_POLICY_FILE.to_string(),
+                p.to_yaml(),
+            )])),
+            ..Default::default()
+        }),
     }
 }
 
@@ -373,6 +424,9 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
     yaml(&mut out, &m.cluster_role_binding)?;
     yaml(&mut out, &m.role)?;
     yaml(&mut out, &m.role_binding)?;
+    if let Some(policy) = &m.trust_policy {
+        yaml(&mut out, policy)?;
+    }
     yaml(&mut out, &m.deployment)?;
     Ok(out)
 }
@@ -401,7 +455,11 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         "--replicas {} must be at least 1",
         args.replicas
     );
-    let m = manifests(&args);
+    let policy = match &args.trust_policy {
+        Some(path) => Some(TrustPolicy::load(path)?),
+        None => None,
+    };
+    let m = manifests(&args, policy.as_ref());
     if !args.apply {
         print!("{}", render(&m)?);
         return Ok(ExitCode::SUCCESS);
@@ -417,6 +475,9 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     apply(Api::all(client.clone()), &m.cluster_role_binding).await?;
     apply(Api::namespaced(client.clone(), ns), &m.role).await?;
     apply(Api::namespaced(client.clone(), ns), &m.role_binding).await?;
+    if let Some(policy) = &m.trust_policy {
+        apply(Api::namespaced(client.clone(), ns), policy).await?;
+    }
     apply(Api::namespaced(client.clone(), ns), &m.deployment).await?;
     eprintln!(
         "capstan installed in namespace {ns}: put credential Secrets there; `kubectl -n {ns} get deploy,pods` shows the controllers"
@@ -523,7 +584,7 @@ mod tests {
 
     #[test]
     fn roles_come_from_the_one_list_and_secrets_stay_in_the_namespace() {
-        let m = manifests(&args(&["--namespace", "ops"]));
+        let m = manifests(&args(&["--namespace", "ops"]), None);
         let cluster = m.cluster_role.rules.unwrap();
         assert_eq!(cluster.len(), rbac::rules(Scope::Cluster).count());
         assert!(
@@ -547,11 +608,14 @@ mod tests {
 
     #[test]
     fn the_deployment_runs_leader_elected_non_root_replicas() {
-        let m = manifests(&args(&[
-            "--image",
-            "registry.example/capstan:1",
-            "--controller-arg=--resync=5m",
-        ]));
+        let m = manifests(
+            &args(&[
+                "--image",
+                "registry.example/capstan:1",
+                "--controller-arg=--resync=5m",
+            ]),
+            None,
+        );
         let spec = m.deployment.spec.unwrap();
         assert_eq!(spec.replicas, Some(2));
         let pod = spec.template.spec.unwrap();
@@ -576,7 +640,7 @@ mod tests {
 
     #[test]
     fn the_yaml_stream_names_every_object() {
-        let text = render(&manifests(&args(&[]))).unwrap();
+        let text = render(&manifests(&args(&[]), None)).unwrap();
         for kind in [
             "kind: Namespace",
             "kind: CustomResourceDefinition",
@@ -589,5 +653,56 @@ mod tests {
         ] {
             assert!(text.contains(kind), "{kind} missing");
         }
+    }
+
+    #[test]
+    fn a_trust_policy_travels_in_a_config_map_mounted_read_only() {
+        let key = capstan_registry::keys::PrivateKey::generate().public();
+        let pem = key.to_pem().replace('\n', "\n      ");
+        let policy = TrustPolicy::parse(
+            "p.yaml",
+            &format!("apiVersion: capstan.dev/v1alpha1\nkind: TrustPolicy\nkeys:\n  - name: publisher\n    publicKey: |\n      {pem}\nsources:\n  - prefix: oci://registry.example.com/capstan/\n    allOf: [publisher]\n"),
+            None,
+        )
+        .unwrap();
+        let m = manifests(&args(&["--namespace", "ops"]), Some(&policy));
+        let cm = m.trust_policy.unwrap();
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("ops"));
+        let text = &cm.data.unwrap()[TRUST_POLICY_FILE];
+        let back = TrustPolicy::parse("back", text, None).unwrap();
+        let source =
+            capstan_registry::Source::parse("oci://registry.example.com/capstan/sim:v1").unwrap();
+        assert!(back.rule_for(&source).is_some(), "the keys travel inline");
+        let pod = m.deployment.spec.unwrap().template.spec.unwrap();
+        let c = &pod.containers[0];
+        assert!(
+            c.args
+                .as_ref()
+                .unwrap()
+                .contains(&"--trust-policy=/etc/capstan/trust-policy.yaml".into())
+        );
+        let mount = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "trust-policy")
+            .unwrap();
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (TRUST_POLICY_DIR, Some(true))
+        );
+        // Without one, nothing of it.
+        let m = manifests(&args(&[]), None);
+        assert!(m.trust_policy.is_none());
+        let pod = m.deployment.spec.unwrap().template.spec.unwrap();
+        assert!(
+            !pod.containers[0]
+                .args
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|a| a.starts_with("--trust-policy"))
+        );
     }
 }
