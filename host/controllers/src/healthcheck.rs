@@ -252,6 +252,7 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
         .filter(|m| m.metadata.deletion_timestamp.is_none())
         .collect();
     let mut verdicts = Vec::with_capacity(live.len());
+    let mut healthy_count = 0usize;
     let mut recheck: Option<i64> = None;
     for m in &live {
         let machine_status = m.status.clone().unwrap_or_default();
@@ -268,6 +269,9 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
             failure: machine_status.failure_reason.clone(),
         };
         let verdict = plan::judge(&target, &checks, now_s);
+        if plan::counts_healthy(&verdict, target.node.is_some(), false) {
+            healthy_count += 1;
+        }
         if let Verdict::Healthy {
             recheck_in: Some(wait),
         } = verdict
@@ -276,10 +280,12 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
         }
         verdicts.push(verdict);
     }
-    let expected = i32::try_from(live.len()).unwrap_or(i32::MAX);
-    let unhealthy_count = verdicts.iter().filter(|v| v.is_unhealthy()).count();
-    let unhealthy_i32 = i32::try_from(unhealthy_count).unwrap_or(i32::MAX);
-    let allowed = plan::remediations_allowed(expected, unhealthy_i32, &trigger);
+    // As in Cluster API: every selected machine is expected, deleting ones
+    // included, and whatever is not healthy (being remediated, booting, a
+    // timeout still running) counts against the short-circuit.
+    let expected = i32::try_from(machines.len()).unwrap_or(i32::MAX);
+    let healthy_i32 = i32::try_from(healthy_count).unwrap_or(i32::MAX);
+    let allowed = plan::remediations_allowed(expected, expected - healthy_i32, &trigger);
     let unhealthy: Vec<Unhealthy> = live
         .iter()
         .zip(&verdicts)
@@ -300,9 +306,9 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
     }
 
     status.expected_machines = expected;
-    status.current_healthy = expected - unhealthy_i32;
+    status.current_healthy = healthy_i32;
     status.remediations_allowed = *allowed.as_ref().unwrap_or(&0);
-    status.targets = live.iter().map(|m| m.name_any()).collect();
+    status.targets = machines.iter().map(|m| m.name_any()).collect();
     let blocked = match &allowed {
         Ok(_) => {
             set_condition(

@@ -204,6 +204,17 @@ pub fn parse_range(text: &str) -> Result<(i32, i32), String> {
     Ok((min, max))
 }
 
+/// Whether a machine counts as healthy for the short-circuit and
+/// `currentHealthy`, as in Cluster API: it is not being deleted, its Node is
+/// there, and no timer is still running on it (no Node yet within the
+/// startup timeout, or a condition whose timeout has not expired). Every
+/// other target counts against `unhealthyLessThanOrEqualTo` /
+/// `unhealthyInRange`: `unhealthy = expected - healthy`, so machines being
+/// remediated, still booting or about to time out hold the breaker.
+pub fn counts_healthy(verdict: &Verdict, has_node: bool, deleting: bool) -> bool {
+    !deleting && has_node && matches!(verdict, Verdict::Healthy { recheck_in: None })
+}
+
 /// How many more machines may be remediated, or why none may: with
 /// `unhealthy` of `expected` machines unhealthy. Percentages round down,
 /// as in Cluster API.
@@ -306,6 +317,39 @@ mod tests {
             machine_conditions: vec![],
             failure: None,
         }
+    }
+
+    #[test]
+    fn the_short_circuit_counts_what_is_not_healthy_as_cluster_api_does() {
+        // 10 machines, unhealthyLessThanOrEqualTo 40%: 3 being remediated
+        // (deleting), 2 newly unhealthy, 5 healthy.
+        let healthy = Verdict::Healthy { recheck_in: None };
+        let sick = Verdict::Unhealthy {
+            reason: "UnhealthyNode",
+            message: String::new(),
+        };
+        let mut targets = vec![(healthy.clone(), true, true); 3];
+        targets.extend(vec![(sick.clone(), true, false); 2]);
+        targets.extend(vec![(healthy.clone(), true, false); 5]);
+        let expected = targets.len() as i32;
+        let ok = targets
+            .iter()
+            .filter(|(v, node, deleting)| counts_healthy(v, *node, *deleting))
+            .count() as i32;
+        assert_eq!((expected, ok), (10, 5));
+        let trigger = Trigger {
+            max_unhealthy: Some(crate::Bound::parse("40%").unwrap()),
+            range: None,
+        };
+        let err = remediations_allowed(expected, expected - ok, &trigger).unwrap_err();
+        assert!(err.contains("5 of 10 machines are unhealthy"), "{err}");
+        // Booting (a timer running) or without a Node: not healthy either.
+        let booting = Verdict::Healthy {
+            recheck_in: Some(30),
+        };
+        assert!(!counts_healthy(&booting, false, false));
+        assert!(!counts_healthy(&healthy, false, false));
+        assert!(counts_healthy(&healthy, true, false));
     }
 
     #[test]
