@@ -69,6 +69,10 @@ pub const ANNOTATION_CHANGE_CAUSE: &str = "capstan.dev/change-cause";
 /// the `OnDelete` strategy: `"false"` means a machine a user deletes is not
 /// replaced in this set (the deployment replaces it from the new template).
 pub const ANNOTATION_REPLACE_DELETED: &str = "capstan.dev/replace-deleted";
+/// Annotation on a Machine (any value): when its set shrinks, it goes
+/// first, even while updating in place (Cluster API's key, so runbooks and
+/// tools that use it work unchanged).
+pub const ANNOTATION_DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
 /// On an old MachineSet: the deployment's new set, to which the machines
 /// it sheds are handed over for an in-place update instead of deleted.
 pub const ANNOTATION_IN_PLACE_TO: &str = "capstan.dev/in-place-to";

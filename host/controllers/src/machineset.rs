@@ -123,6 +123,21 @@ pub(crate) fn owner_reference_kind(obj: &impl Resource) -> Option<&str> {
         .map(|o| o.kind.as_str())
 }
 
+/// Whether this machine goes first when the set shrinks: annotated
+/// `cluster.x-k8s.io/delete-machine`, or found unhealthy by a health check
+/// (as in Cluster API's deletion priority).
+fn delete_first(machine: &Machine) -> bool {
+    let unhealthy = machine.status.as_ref().is_some_and(|s| {
+        capstan_api::condition(&s.conditions, machine_conditions::HEALTH_CHECK_SUCCEEDED)
+            .is_some_and(|c| c.status == capstan_api::status::FALSE)
+    });
+    machine
+        .annotations()
+        .contains_key(capstan_api::ANNOTATION_DELETE_MACHINE)
+        || unhealthy
+        || remediation_requested(machine)
+}
+
 /// Whether a MachineHealthCheck handed this machine to its owner for
 /// remediation (`OwnerRemediated=False`).
 fn remediation_requested(machine: &Machine) -> bool {
@@ -318,6 +333,7 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
                 deleting: m.metadata.deletion_timestamp.is_some()
                     || deleted.contains(&m.name_any()),
                 updating: crate::inplace::updating_in_place(m),
+                delete_first: delete_first(m),
             }
         })
         .collect();

@@ -36,8 +36,14 @@ pub struct MachineView {
     pub health: Health,
     /// Deletion has started (the object has a deletion timestamp).
     pub deleting: bool,
-    /// An in-place update is under way (or failed): the machine stays.
+    /// An in-place update is under way (or failed): the machine stays,
+    /// unless it must go first.
     pub updating: bool,
+    /// Marked to go first when the set shrinks, as in Cluster API: the
+    /// `cluster.x-k8s.io/delete-machine` annotation, or a health check found
+    /// it unhealthy. Such a machine goes even while updating in place, so a
+    /// hung update can be scaled away.
+    pub delete_first: bool,
 }
 
 /// What a MachineSet should do now.
@@ -69,7 +75,11 @@ pub fn plan_scale(
         };
     }
     let excess = active.len().saturating_sub(replicas);
-    let movable: Vec<&MachineView> = active.iter().copied().filter(|m| !m.updating).collect();
+    let movable: Vec<&MachineView> = active
+        .iter()
+        .copied()
+        .filter(|m| !m.updating || m.delete_first)
+        .collect();
     let shed: Vec<String> = delete_order(&movable, policy)
         .into_iter()
         .take(excess)
@@ -88,17 +98,19 @@ pub fn plan_scale(
     }
 }
 
-/// The order in which machines go when a set shrinks: failed first, then not
-/// ready, then ready but not yet available, then by `policy`; ties broken by
-/// name so the order is total and stable.
+/// The order in which machines go when a set shrinks: those marked to go
+/// first (`delete_first`), then failed, then not ready, then ready but not
+/// yet available, then by `policy`; ties broken by name so the order is
+/// total and stable.
 pub fn delete_order<'a>(
     machines: &[&'a MachineView],
     policy: DeletePolicy,
 ) -> Vec<&'a MachineView> {
     let mut ordered: Vec<&MachineView> = machines.to_vec();
     ordered.sort_by(|a, b| {
-        a.health
-            .cmp(&b.health)
+        b.delete_first
+            .cmp(&a.delete_first)
+            .then_with(|| a.health.cmp(&b.health))
             .then_with(|| match policy {
                 DeletePolicy::Newest => b.created.cmp(&a.created),
                 DeletePolicy::Oldest => a.created.cmp(&b.created),
@@ -156,11 +168,37 @@ mod tests {
     fn machine(name: &str, created: i64, health: Health) -> MachineView {
         MachineView {
             updating: false,
+            delete_first: false,
             name: name.into(),
             created,
             health,
             deleting: false,
         }
+    }
+
+    #[test]
+    fn marked_machines_go_first_even_while_updating_in_place() {
+        let mut marked = machine("marked", 5, Health::Available);
+        marked.delete_first = true;
+        let mut hung = machine("hung", 1, Health::Available);
+        hung.updating = true;
+        let failed = machine("failed", 2, Health::Failed);
+        let machines = vec![failed.clone(), hung.clone(), marked.clone()];
+        // The mark outranks health and policy.
+        let plan = plan_scale(2, &machines, DeletePolicy::Oldest, false, 0);
+        assert_eq!(plan.delete, ["marked"]);
+        // An update in place holds a machine, unless it is marked.
+        let plan = plan_scale(1, &machines, DeletePolicy::Oldest, false, 0);
+        assert_eq!(plan.delete, ["marked", "failed"]);
+        hung.delete_first = true;
+        let plan = plan_scale(
+            2,
+            &[failed, hung, machine("ok", 3, Health::Available)],
+            DeletePolicy::Oldest,
+            false,
+            0,
+        );
+        assert_eq!(plan.delete, ["hung"], "a hung update can be scaled away");
     }
 
     #[test]
@@ -253,7 +291,7 @@ mod tests {
             policy in prop_oneof![Just(DeletePolicy::Random), Just(DeletePolicy::Newest), Just(DeletePolicy::Oldest)],
         ) {
             let machines: Vec<MachineView> = raw.iter().enumerate().map(|(i, (created, health, deleting, updating))| MachineView {
-                name: format!("m-{i}"), created: *created, health: *health, deleting: *deleting, updating: *updating,
+                name: format!("m-{i}"), created: *created, health: *health, deleting: *deleting, updating: *updating, delete_first: false,
             }).collect();
             let plan = plan_scale(replicas, &machines, policy, false, 0);
             let active = machines.iter().filter(|m| !m.deleting).count();

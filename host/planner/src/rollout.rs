@@ -617,6 +617,7 @@ mod tests {
                             Health::NotReady
                         },
                         deleting: m.gone_at.is_some(),
+                        delete_first: false,
                         updating: m.updating && m.ready_at > now,
                     })
                     .collect();

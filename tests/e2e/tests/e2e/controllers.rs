@@ -905,3 +905,67 @@ async fn plugin_text_in_conditions_status_and_events_is_bounded() {
         "an Event of {longest} bytes"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_down_takes_the_machine_annotated_delete_machine_first() {
+    let mut env = Env::start(faults(100)).await.expect("env");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    apply(
+        &env,
+        &sample_deployment("pick", SIM_PLUGIN, &env.cloud.url(), 3, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "pick", LONG).await;
+    let machines = env.machines(NS).await;
+    // The machine the delete policy would keep longest goes, annotated.
+    let views: Vec<capstan_planner::machineset::MachineView> = machines
+        .iter()
+        .map(|m| capstan_planner::machineset::MachineView {
+            name: m.name_any(),
+            created: m.creation_timestamp().map_or(0, |c| c.0.as_second()),
+            health: capstan_planner::Health::Available,
+            deleting: false,
+            updating: false,
+            delete_first: false,
+        })
+        .collect();
+    let refs: Vec<&capstan_planner::machineset::MachineView> = views.iter().collect();
+    let order = capstan_planner::machineset::delete_order(
+        &refs,
+        capstan_planner::machineset::DeletePolicy::Random,
+    );
+    let chosen = order.last().unwrap().name.clone();
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .patch(
+            &chosen,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                capstan_api::ANNOTATION_DELETE_MACHINE: "yes"}}})),
+        )
+        .await
+        .unwrap();
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "pick",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
+    eventually("scaled to 2", LONG, async || {
+        let left = env.machines(NS).await;
+        (left.len() == 2).then_some(())
+    })
+    .await;
+    let left: BTreeSet<String> = env
+        .machines(NS)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    assert!(
+        !left.contains(&chosen),
+        "{chosen} should have gone first: {left:?}"
+    );
+}
