@@ -112,6 +112,23 @@ fn names_a_registry(first: &str) -> bool {
     first.contains('.') || first.contains(':') || first.eq_ignore_ascii_case("localhost")
 }
 
+/// Whether `host[:port]` is a registry a source can name: the
+/// distribution grammar's domain (dot-separated labels of letters, digits
+/// and inner '-'), named as one (a '.', a port, or localhost).
+fn valid_registry(registry: &str) -> bool {
+    let (host, port) = registry.split_once(':').unwrap_or((registry, ""));
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    names_a_registry(registry)
+        && host.split('.').all(label_ok)
+        && (registry.find(':').is_none()
+            || (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())))
+}
+
 /// The registry as policies and mirrors compare it: lowercase host, no
 /// default HTTPS port.
 fn normalise_registry(registry: &str) -> String {
@@ -219,11 +236,13 @@ impl Scope {
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         let (registry, path) = rest.split_once('/').unwrap_or((rest, ""));
         if path.is_empty() {
-            // A whole registry: check the host with a placeholder repository.
-            let probe = Reference::parse(&format!("oci://{registry}/x"))
-                .map_err(|_| bad("the registry must be a host name with an optional :port"))?;
+            if !valid_registry(registry) {
+                return Err(bad(
+                    "the registry must be a host name with a '.' (or localhost) and an optional :port",
+                ));
+            }
             return Ok(Scope::Oci {
-                registry: probe.registry,
+                registry: normalise_registry(registry),
                 path: Vec::new(),
             });
         }
@@ -365,6 +384,11 @@ mod tests {
         assert!(!covers("oci://registry.example.com/capstan-evil/sim:v1"));
         assert!(!covers("oci://registry.example.com:5000/capstan/sim:v1"));
         assert!(!covers("file:///registry.example.com/capstan/sim.wasm"));
+        assert!(
+            Scope::parse("oci://registry/").is_err(),
+            "no source can name it"
+        );
+        assert!(Scope::parse("oci://reg.io:port/").is_err());
         let host = Scope::parse("oci://Registry.example.com:443").unwrap();
         assert!(host.covers(&Source::parse("oci://registry.example.com/a/b:1").unwrap()));
         let dir = Scope::parse("file:///opt/plugins/").unwrap();

@@ -264,10 +264,25 @@ struct Loaded {
 struct Found {
     revision: Revision,
     manifest: PluginManifest,
-    /// The component bytes (files are read whole; OCI components are
-    /// downloaded only after grants and signatures check out).
-    bytes: Option<Vec<u8>>,
-    described: Option<(Reference, capstan_registry::artifact::Described)>,
+    origin: Origin,
+}
+
+/// Where a found revision comes from.
+enum Origin {
+    /// A local component, read whole, and the policies its signatures must
+    /// meet (`None`: a directory the host allows unsigned).
+    File {
+        source: Source,
+        path: String,
+        bytes: Vec<u8>,
+        policies: Option<Vec<TrustPolicy>>,
+    },
+    /// An OCI artifact, resolved; its component is downloaded only after
+    /// grants and signatures check out.
+    Oci {
+        reference: Reference,
+        described: Box<capstan_registry::artifact::Described>,
+    },
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Failure> {
@@ -281,9 +296,12 @@ async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
     let parsed =
         Source::parse(source).map_err(|e| ("InvalidSource", format!("spec.source: {e}")))?;
     if let Source::File(_) = parsed {
-        file_policies(plugin, ctx, &parsed)?;
+        // Decided before the file is read: an untrusted path never is.
+        let policies = file_policies(plugin, ctx, &parsed)?;
         let path = source.strip_prefix("file://").unwrap_or(source).to_string();
+        let read_path = path.clone();
         let bytes = blocking(move || {
+            let path = read_path;
             let read = capstan_registry::verify::read_bounded(
                 std::path::Path::new(&path),
                 capstan_registry::DEFAULT_MAX_BLOB_BYTES,
@@ -296,8 +314,12 @@ async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
         return Ok(Found {
             revision: capstan_runtime::digest(&bytes),
             manifest,
-            bytes: Some(bytes),
-            described: None,
+            origin: Origin::File {
+                source: parsed,
+                path,
+                bytes,
+                policies,
+            },
         });
     }
     let Source::Oci(reference) = parsed else {
@@ -319,8 +341,10 @@ async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
     Ok(Found {
         revision: described.digest.to_string(),
         manifest: described.plugin.clone(),
-        bytes: None,
-        described: Some((reference, described)),
+        origin: Origin::Oci {
+            reference,
+            described: Box::new(described),
+        },
     })
 }
 
@@ -390,26 +414,23 @@ fn file_policies(
     })
 }
 
-/// Whether a `file://` plugin may load, and who signed it: in a directory
-/// the host trusts unsigned (`--allow-unsigned-dir`, for development), or
-/// signed (a Sigstore bundle next to the file) under the host policy's rule
-/// for its directory.
+/// Who signed a `file://` plugin, under each policy it must meet
+/// ([`file_policies`], decided before it was read).
 async fn check_file(
-    plugin: &Plugin,
     ctx: &Context,
+    source: Source,
+    path: String,
     bytes: &Arc<Vec<u8>>,
+    policies: Option<Vec<TrustPolicy>>,
 ) -> Result<Vec<String>, Failure> {
-    let source = Source::parse(&plugin.spec.source)
-        .map_err(|e| ("InvalidSource", format!("spec.source: {e}")))?;
-    let Some(policies) = file_policies(plugin, ctx, &source)? else {
+    let Some(policies) = policies else {
         return Ok(vec![
             "nobody: unsigned, in a directory allowed by --allow-unsigned-dir".into(),
         ]);
     };
     let mut signers = Vec::new();
     for policy in policies {
-        let (source, bytes) = (source.clone(), bytes.clone());
-        let path = plugin.spec.source.trim_start_matches("file://").to_string();
+        let (source, path, bytes) = (source.clone(), path.clone(), bytes.clone());
         let verified = blocking(move || {
             capstan_registry::verify::verify_file(
                 &policy,
@@ -422,12 +443,7 @@ async fn check_file(
         match verified {
             Ok(found) => {
                 ctx.metrics.artifact_step("verify", "ok");
-                for s in found {
-                    let line = format!("{} ({})", s.name, s.key_id);
-                    if !signers.contains(&line) {
-                        signers.push(line);
-                    }
-                }
+                add_signers(&mut signers, found);
             }
             Err(e) => {
                 ctx.metrics.artifact_step("verify", "failed");
@@ -436,6 +452,16 @@ async fn check_file(
         }
     }
     Ok(signers)
+}
+
+/// Record `found` as `name (key id)` lines, each once.
+fn add_signers(signers: &mut Vec<String>, found: Vec<capstan_registry::policy::Signer>) {
+    for s in found {
+        let line = format!("{} ({})", s.name, s.key_id);
+        if !signers.contains(&line) {
+            signers.push(line);
+        }
+    }
 }
 
 /// Load the plugin if its spec or revision changed. `Ok(None)` means
@@ -510,13 +536,22 @@ async fn load(
     let mut resolved_source = None;
     let mut fetched_from = None;
     let mut signers = Vec::new();
-    let bytes = match (found.bytes, found.described) {
-        (Some(bytes), _) => {
+    let bytes = match found.origin {
+        Origin::File {
+            source,
+            path,
+            bytes,
+            policies,
+        } => {
             let bytes = Arc::new(bytes);
-            signers = check_file(plugin, ctx, &bytes).await?;
+            signers = check_file(ctx, source, path, &bytes, policies).await?;
             Arc::try_unwrap(bytes).unwrap_or_else(|shared| (*shared).clone())
         }
-        (None, Some((reference, described))) => {
+        Origin::Oci {
+            reference,
+            described,
+        } => {
+            let described = *described;
             let supply = supply(ctx)?;
             let source = Source::Oci(reference.clone());
             for policy in policies(plugin, supply.policy.as_ref(), &source)? {
@@ -533,12 +568,7 @@ async fn load(
                         return Err(("VerificationFailed", e.to_string()));
                     }
                 };
-                for s in verified.signers {
-                    let line = format!("{} ({})", s.name, s.key_id);
-                    if !signers.contains(&line) {
-                        signers.push(line);
-                    }
-                }
+                add_signers(&mut signers, verified.signers);
             }
             resolved_source = Some(reference.pinned(&described.digest).to_string());
             if described.reference.registry != reference.registry
@@ -568,7 +598,6 @@ async fn load(
                 }
             }
         }
-        (None, None) => unreachable!("find returns bytes or a described artifact"),
     };
 
     let mut limits = Limits::default();
