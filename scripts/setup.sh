@@ -2,7 +2,7 @@
 # Install what building, running and testing Capstan needs on a fresh
 # Debian 12 machine. Idempotent: a second run only checks.
 #
-#   setup.sh [PART...]    PART: build | registry | interop | moto   (default: all)
+#   setup.sh [PART...]    PART: build | registry | interop | moto | image   (default: all)
 #
 #   build     a C compiler and the wasm32-wasip2 target (everything needs it)
 #   registry  Debian's docker-registry and htpasswd (the supply-chain tests,
@@ -11,10 +11,13 @@
 #             outside the repo (the interoperability tests only)
 #   moto      moto's EC2 server in a Python venv outside the repo (the EC2
 #             provider's tests: a real EC2 API implementation on loopback)
+#   image     the musl target and musl-gcc (the controller image's static
+#             binary), skopeo, umoci and bubblewrap (pushing, unpacking and
+#             running the image without a container engine)
 set -euo pipefail
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(build registry interop moto)
+[ ${#parts[@]} -gt 0 ] || parts=(build registry interop moto image)
 want() {
     local p
     for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done
@@ -22,8 +25,8 @@ want() {
 }
 for p in "${parts[@]}"; do
     case "$p" in
-        build | registry | interop | moto) ;;
-        *) echo "error: unknown setup part '$p' (expected build, registry, interop or moto)" >&2; exit 2 ;;
+        build | registry | interop | moto | image) ;;
+        *) echo "error: unknown setup part '$p' (expected build, registry, interop, moto or image)" >&2; exit 2 ;;
     esac
 done
 
@@ -96,5 +99,22 @@ if want moto; then
             python3 -m venv "$MOTO_VENV"
         fi
         "$MOTO_VENV/bin/pip" install -q "moto[server]==$MOTO_VERSION"
+    fi
+fi
+
+if want image; then
+    if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+        echo "==> adding the x86_64-unknown-linux-musl target (the controller image's static binary)"
+        rustup target add x86_64-unknown-linux-musl
+    fi
+    missing=()
+    command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
+    command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+    command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+    command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+    [ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "==> installing ${missing[*]} (the controller image: build, push, unpack, run)"
+        apt_install "${missing[@]}"
     fi
 fi

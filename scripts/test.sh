@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The README's "test" command: install what is needed (including the local
 # Kubernetes control plane, built once and cached), build the plugins
-# (including the hostile test fixtures), and run the whole test suite.
+# (including the hostile test fixtures) and the controller image, and run
+# the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 "$(dirname "$0")/setup.sh"
 "$(dirname "$0")/build-plugins.sh"
+# The image tests unpack and run it; built here, before the tests compete
+# for the cores.
+"$(dirname "$0")/build-image.sh"
 echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 11 minutes with its Go toolchain, then cached)"
 CAPSTAN_K8S_BIN="$("$(dirname "$0")/control-plane.sh" | tail -n 1)"
 export CAPSTAN_K8S_BIN

@@ -1,10 +1,11 @@
 //! Air-gap bundles: one OCI image layout archive (tar) holding plugins,
-//! their signatures (cosign `.sig` manifests and Sigstore bundle referrers)
-//! and the trust policy.
+//! container images (the controller's own), their signatures (cosign `.sig`
+//! manifests and Sigstore bundle referrers) and the trust policy.
 //!
-//! - [`create`] resolves each plugin listed in a `bundle.yaml`, refuses any
-//!   that does not verify under the policy, and writes every manifest and
-//!   blob byte-for-byte, so digests and signatures survive the trip.
+//! - [`create`] resolves each plugin and image listed in a `bundle.yaml`,
+//!   refuses any that does not verify under the policy, and writes every
+//!   manifest and blob byte-for-byte, so digests and signatures survive the
+//!   trip.
 //! - [`Layout::read`] loads an archive into memory, accepting only the names
 //!   an OCI layout has (`oci-layout`, `index.json`, `blobs/sha256/<hex>`) and
 //!   checking every blob's digest; nothing is extracted to disk, so a
@@ -26,6 +27,11 @@ use std::path::Path;
 /// Annotation on `index.json` entries: the full `oci://` reference the entry
 /// was copied from (tag included).
 pub const ANNOTATION_SOURCE: &str = "dev.capstan.bundle.source";
+/// Annotation on `index.json` entries of container images: what the entry
+/// is ([`KIND_IMAGE`]); plugins are known by their Wasm config instead.
+pub const ANNOTATION_KIND: &str = "dev.capstan.bundle.kind";
+/// [`ANNOTATION_KIND`] of a container image.
+pub const KIND_IMAGE: &str = "image";
 /// `ref.name` of the trust policy entry.
 pub const POLICY_REF_NAME: &str = "capstan-trust-policy";
 /// The largest archive member accepted.
@@ -40,7 +46,13 @@ pub struct BundleSpec {
     /// `Bundle`.
     pub kind: String,
     /// `oci://` references of the plugins to carry.
+    #[serde(default)]
     pub plugins: Vec<String>,
+    /// `oci://` references of container images to carry (the controller's
+    /// own, for one file that brings both across the gap); signed and
+    /// verified like plugins.
+    #[serde(default)]
+    pub images: Vec<String>,
     /// The trust policy file (relative to `bundle.yaml`); it goes into the
     /// bundle with every key inline.
     pub policy: String,
@@ -68,6 +80,26 @@ pub struct PluginReport {
     pub signers: Vec<Signer>,
 }
 
+/// What [`Layout::verify`] found for one container image.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageReport {
+    /// The source it was bundled from.
+    pub source: String,
+    /// Its manifest (or index) digest: what a Deployment pins.
+    pub digest: Digest,
+    /// Keys whose signatures counted.
+    pub signers: Vec<Signer>,
+}
+
+/// Everything [`Layout::verify`] checked.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Verified {
+    /// The plugins.
+    pub plugins: Vec<PluginReport>,
+    /// The container images.
+    pub images: Vec<ImageReport>,
+}
+
 /// What [`Layout::push`] did for one entry.
 #[derive(Debug, Clone, Serialize)]
 pub struct Pushed {
@@ -86,8 +118,20 @@ impl Layout {
         digest
     }
 
-    fn entry(&mut self, media_type: &str, bytes: Vec<u8>, source: &str, ref_name: &str) {
+    fn entry(
+        &mut self,
+        media_type: &str,
+        bytes: Vec<u8>,
+        source: &str,
+        ref_name: &str,
+        kind: Option<&str>,
+    ) {
         let mut descriptor = Descriptor::of(media_type, &bytes);
+        if let Some(kind) = kind {
+            descriptor
+                .annotations
+                .insert(ANNOTATION_KIND.into(), kind.into());
+        }
         descriptor
             .annotations
             .insert(oci::ANNOTATION_REF_NAME.into(), ref_name.into());
@@ -130,6 +174,61 @@ impl Layout {
             }
         }
         Ok(Some((oci::MANIFEST.into(), bytes)))
+    }
+
+    /// Add `reference` (resolved to `digest`, manifest `bytes`) with its
+    /// blobs and signatures, once its signatures satisfy `policy`: a bundle
+    /// never carries what its own policy rejects.
+    #[allow(clippy::too_many_arguments)]
+    fn carry(
+        &mut self,
+        client: &Client,
+        policy: &TrustPolicy,
+        reference: &Reference,
+        digest: &Digest,
+        bytes: &[u8],
+        kind: Option<&str>,
+        progress: &dyn Progress,
+    ) -> Result<(), Error> {
+        let candidates = signature::find(
+            client,
+            reference,
+            &reference.repository_name(),
+            digest,
+            bytes,
+        )?;
+        let rule = crate::verify::rule_for(policy, reference)?;
+        policy::evaluate(&rule, &candidates).map_err(|reason| Error::Verification {
+            reference: reference.pinned(digest).to_string(),
+            reason,
+        })?;
+        let pinned = reference.pinned(digest);
+        if let Some((media_type, bytes)) = self.copy(client, &pinned, progress)? {
+            self.entry(
+                &media_type,
+                bytes,
+                &reference.to_string(),
+                &format!(
+                    "{}:{}",
+                    reference.repository_name(),
+                    reference.tag.as_deref().unwrap_or_default()
+                ),
+                kind,
+            );
+        }
+        for tag in [digest.signature_tag(), digest.referrers_tag()] {
+            let tagged = reference.with_tag(&tag);
+            if let Some((media_type, bytes)) = self.copy(client, &tagged, &NoProgress)? {
+                self.entry(
+                    &media_type,
+                    bytes,
+                    &tagged.to_string(),
+                    &format!("{}:{tag}", reference.repository_name()),
+                    None,
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Read an archive written by [`create`] (or any OCI image layout tar).
@@ -275,14 +374,92 @@ impl Layout {
         })
     }
 
-    /// Verify every plugin offline under the host's `policy` and the
-    /// policy the bundle carries: both must be satisfied, so the bundle's
-    /// own policy can only narrow the host's (a bundle cannot vouch for
-    /// itself). Signatures first, then config and component against the
-    /// verified manifest.
-    pub fn verify(&self, policy: &TrustPolicy) -> Result<Vec<PluginReport>, Error> {
+    /// The container image entries: `(source, manifest descriptor)`.
+    fn images(&self) -> impl Iterator<Item = (&str, &Descriptor)> {
+        self.index.manifests.iter().filter_map(|d| {
+            let source = d.annotations.get(ANNOTATION_SOURCE)?;
+            (d.annotations.get(ANNOTATION_KIND).map(String::as_str) == Some(KIND_IMAGE))
+                .then_some((source.as_str(), d))
+        })
+    }
+
+    /// The keys whose signatures on `digest` (the manifest of `source`)
+    /// satisfy both the host's `policy` and the bundle's own `bundled` one.
+    fn signers(
+        &self,
+        source: &Reference,
+        digest: &Digest,
+        policy: &TrustPolicy,
+        bundled: &TrustPolicy,
+    ) -> Result<Vec<Signer>, Error> {
+        let manifest = self
+            .blobs
+            .get(digest)
+            .ok_or_else(|| Error::malformed("bundle", format!("manifest {digest} is missing")))?;
+        let candidates =
+            signature::find(self, source, &source.repository_name(), digest, manifest)?;
+        let mut signers: Vec<Signer> = Vec::new();
+        for (whose, policy) in [("the host's", policy), ("the bundle's own", bundled)] {
+            let rule = crate::verify::rule_for(policy, source).map_err(|e| match e {
+                Error::Verification { reference, reason } => Error::Verification {
+                    reference,
+                    reason: format!("{whose} trust policy: {reason}"),
+                },
+                other => other,
+            })?;
+            let found =
+                policy::evaluate(&rule, &candidates).map_err(|reason| Error::Verification {
+                    reference: source.pinned(digest).to_string(),
+                    reason: format!("{whose} trust policy: {reason}"),
+                })?;
+            for s in found {
+                if !signers.contains(&s) {
+                    signers.push(s);
+                }
+            }
+        }
+        Ok(signers)
+    }
+
+    /// Every blob an image manifest (or each manifest of an index) names
+    /// must be in the bundle, or a push would leave a broken image behind.
+    fn check_image_blobs(
+        &self,
+        what: &str,
+        digest: &Digest,
+        media_type: &str,
+    ) -> Result<(), Error> {
+        let bytes = self.blobs.get(digest).ok_or_else(|| {
+            Error::malformed(what, format!("manifest {digest} is not in the bundle"))
+        })?;
+        if media_type == oci::INDEX {
+            let index = Index::parse(what, bytes)?;
+            for child in &index.manifests {
+                self.check_image_blobs(what, &child.digest, &child.media_type)?;
+            }
+            return Ok(());
+        }
+        let manifest = Manifest::parse(what, bytes)?;
+        for descriptor in std::iter::once(&manifest.config).chain(&manifest.layers) {
+            if !self.blobs.contains_key(&descriptor.digest) {
+                return Err(Error::malformed(
+                    what,
+                    format!("blob {} is not in the bundle", descriptor.digest),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Verify every plugin and image offline under the host's `policy` and
+    /// the policy the bundle carries: both must be satisfied, so the
+    /// bundle's own policy can only narrow the host's (a bundle cannot vouch
+    /// for itself). Signatures first, then a plugin's config and component
+    /// against the verified manifest, and an image's blobs (their digests
+    /// were checked when the archive was read).
+    pub fn verify(&self, policy: &TrustPolicy) -> Result<Verified, Error> {
         let bundled = self.policy()?;
-        let mut reports = Vec::new();
+        let mut verified = Verified::default();
         for (source, descriptor) in self.plugins() {
             let reference = Reference::parse(source)?;
             let bytes = self.blobs[&descriptor.digest].clone();
@@ -291,37 +468,11 @@ impl Layout {
                 descriptor.digest.clone(),
                 bytes,
             )?;
-            let candidates = signature::find(
-                self,
-                &reference,
-                &reference.repository_name(),
-                &described.digest,
-                &described.manifest_bytes,
-            )?;
-            let mut signers: Vec<Signer> = Vec::new();
-            for (whose, policy) in [("the host's", policy), ("the bundle's own", &bundled)] {
-                let rule = crate::verify::rule_for(policy, &reference).map_err(|e| match e {
-                    Error::Verification { reference, reason } => Error::Verification {
-                        reference,
-                        reason: format!("{whose} trust policy: {reason}"),
-                    },
-                    other => other,
-                })?;
-                let found =
-                    policy::evaluate(&rule, &candidates).map_err(|reason| Error::Verification {
-                        reference: reference.pinned(&described.digest).to_string(),
-                        reason: format!("{whose} trust policy: {reason}"),
-                    })?;
-                for s in found {
-                    if !signers.contains(&s) {
-                        signers.push(s);
-                    }
-                }
-            }
+            let signers = self.signers(&reference, &described.digest, policy, &bundled)?;
             let config = self.blob(&reference, &described.manifest.config)?;
             let component = self.blob(&reference, &described.manifest.layers[0])?;
             artifact::check_component(&described, &config, &component)?;
-            reports.push(PluginReport {
+            verified.plugins.push(PluginReport {
                 source: source.to_string(),
                 digest: described.digest.clone(),
                 name: described.plugin.name.clone(),
@@ -329,10 +480,76 @@ impl Layout {
                 signers,
             });
         }
-        if reports.is_empty() {
-            return Err(Error::malformed("bundle", "it holds no plugins"));
+        for (source, descriptor) in self.images() {
+            let reference = Reference::parse(source)?;
+            let signers = self.signers(&reference, &descriptor.digest, policy, &bundled)?;
+            self.check_image_blobs(
+                &format!("image {source}"),
+                &descriptor.digest,
+                &descriptor.media_type,
+            )?;
+            verified.images.push(ImageReport {
+                source: source.to_string(),
+                digest: descriptor.digest.clone(),
+                signers,
+            });
         }
-        Ok(reports)
+        if verified.plugins.is_empty() && verified.images.is_empty() {
+            return Err(Error::malformed(
+                "bundle",
+                "it holds no plugins and no images",
+            ));
+        }
+        self.check_accounted_for(&verified)?;
+        Ok(verified)
+    }
+
+    /// Every `index.json` entry must be the trust policy, a verified plugin
+    /// or image, or a signature of one: `push` mirrors every entry, so an
+    /// entry nothing verified (an image whose mark was taken off, say)
+    /// must stop the bundle rather than reach the mirror.
+    fn check_accounted_for(&self, verified: &Verified) -> Result<(), Error> {
+        let mut known: Vec<String> = Vec::new();
+        for (source, digest) in verified
+            .plugins
+            .iter()
+            .map(|p| (&p.source, &p.digest))
+            .chain(verified.images.iter().map(|i| (&i.source, &i.digest)))
+        {
+            let reference = Reference::parse(source)?;
+            known.push(source.clone());
+            for tag in [digest.signature_tag(), digest.referrers_tag()] {
+                known.push(reference.with_tag(&tag).to_string());
+            }
+        }
+        for entry in &self.index.manifests {
+            let is_policy = entry
+                .annotations
+                .get(oci::ANNOTATION_REF_NAME)
+                .map(String::as_str)
+                == Some(POLICY_REF_NAME)
+                && !entry.annotations.contains_key(ANNOTATION_SOURCE);
+            let accounted = is_policy
+                || entry
+                    .annotations
+                    .get(ANNOTATION_SOURCE)
+                    .is_some_and(|s| known.contains(s));
+            if !accounted {
+                let name = entry
+                    .annotations
+                    .get(ANNOTATION_SOURCE)
+                    .or_else(|| entry.annotations.get(oci::ANNOTATION_REF_NAME))
+                    .cloned()
+                    .unwrap_or_else(|| entry.digest.to_string());
+                return Err(Error::malformed(
+                    "bundle",
+                    format!(
+                        "entry {name} is neither a verified plugin or image, a signature of one, nor the trust policy; refusing the bundle"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Push every plugin and its signatures to `destination` (`REGISTRY/PREFIX`):
@@ -444,7 +661,7 @@ pub fn create(
     client: &Client,
     spec_path: &Path,
     progress: &dyn Progress,
-) -> Result<(Layout, Vec<PluginReport>), Error> {
+) -> Result<(Layout, Verified), Error> {
     let text = std::fs::read_to_string(spec_path).map_err(Error::io(spec_path))?;
     let what = spec_path.display().to_string();
     let spec: BundleSpec = serde_yaml::from_str(&text).map_err(|e| Error::config(&what, e))?;
@@ -454,10 +671,10 @@ pub fn create(
             "expected apiVersion: capstan.dev/v1alpha1 and kind: Bundle",
         ));
     }
-    if spec.plugins.is_empty() {
+    if spec.plugins.is_empty() && spec.images.is_empty() {
         return Err(Error::config(
             format!("{what}: plugins"),
-            "lists no plugins",
+            "lists no plugins and no images",
         ));
     }
     let base = spec_path.parent().unwrap_or(Path::new("."));
@@ -466,55 +683,43 @@ pub fn create(
         index: Index::default(),
         ..Layout::default()
     };
-    for (i, text) in spec.plugins.iter().enumerate() {
+    let tagged = |field: &str, i: usize, text: &str| -> Result<Reference, Error> {
         let reference = Reference::parse(text)
-            .map_err(|e| Error::config(format!("{what}: plugins[{i}]"), e))?;
+            .map_err(|e| Error::config(format!("{what}: {field}[{i}]"), e))?;
         if reference.tag.is_none() {
             return Err(Error::config(
-                format!("{what}: plugins[{i}]"),
+                format!("{what}: {field}[{i}]"),
                 "needs a tag, so the mirror can serve it under the same name",
             ));
         }
+        Ok(reference)
+    };
+    for (i, text) in spec.plugins.iter().enumerate() {
+        let reference = tagged("plugins", i, text)?;
+        // A plugin is checked to be one before anything is copied.
         let described = artifact::describe(client, &reference)?;
-        let candidates = signature::find(
+        layout.carry(
             client,
+            &policy,
             &reference,
-            &reference.repository_name(),
             &described.digest,
             &described.manifest_bytes,
+            None,
+            progress,
         )?;
-        let rule = crate::verify::rule_for(&policy, &reference)?;
-        policy::evaluate(&rule, &candidates).map_err(|reason| Error::Verification {
-            reference: reference.pinned(&described.digest).to_string(),
-            reason,
-        })?;
-        let pinned = reference.pinned(&described.digest);
-        if let Some((media_type, bytes)) = layout.copy(client, &pinned, progress)? {
-            layout.entry(
-                &media_type,
-                bytes,
-                &reference.to_string(),
-                &format!(
-                    "{}:{}",
-                    reference.repository_name(),
-                    reference.tag.as_deref().unwrap_or_default()
-                ),
-            );
-        }
-        for tag in [
-            described.digest.signature_tag(),
-            described.digest.referrers_tag(),
-        ] {
-            let tagged = reference.with_tag(&tag);
-            if let Some((media_type, bytes)) = layout.copy(client, &tagged, &NoProgress)? {
-                layout.entry(
-                    &media_type,
-                    bytes,
-                    &tagged.to_string(),
-                    &format!("{}:{tag}", reference.repository_name()),
-                );
-            }
-        }
+    }
+    for (i, text) in spec.images.iter().enumerate() {
+        let reference = tagged("images", i, text)?;
+        let (digest, _, bytes) = client.fetch_manifest(&reference)?;
+        layout.carry(
+            client,
+            &policy,
+            &reference,
+            &digest,
+            &bytes,
+            Some(KIND_IMAGE),
+            progress,
+        )?;
     }
     let policy_yaml = policy.to_yaml().into_bytes();
     let empty = layout.add(b"{}".to_vec());

@@ -1,5 +1,6 @@
-//! `capstan bundle create|verify|push`: carry signed plugins and their trust
-//! policy across an air gap in one OCI image layout archive.
+//! `capstan bundle create|verify|push`: carry signed plugins, the signed
+//! controller image and their trust policy across an air gap in one OCI
+//! image layout archive.
 
 use crate::options::Output;
 use crate::supply::{Bars, RegistryArgs, TrustArgs, step};
@@ -11,16 +12,16 @@ use std::process::ExitCode;
 /// `capstan bundle …`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Pull the plugins `bundle.yaml` lists, check each against its trust
-    /// policy, and write them with their signatures and the policy to one
-    /// archive.
+    /// Pull the plugins and container images `bundle.yaml` lists, check
+    /// each against its trust policy, and write them with their signatures
+    /// and the policy to one archive.
     Create(CreateArgs),
-    /// Check a bundle offline: every blob's digest, every plugin's
-    /// signatures under your policy (--policy or --key; the bundle's own
+    /// Check a bundle offline: every blob's digest, every plugin's and
+    /// image's signatures under your policy (--policy or --key; the bundle's own
     /// policy must hold too, so it can only narrow yours).
     Verify(VerifyArgs),
-    /// Verify a bundle, then push its plugins and signatures to a mirror
-    /// registry, byte for byte (digests and signatures unchanged).
+    /// Verify a bundle, then push its plugins, images and signatures to a
+    /// mirror registry, byte for byte (digests and signatures unchanged).
     Push(PushArgs),
 }
 
@@ -28,7 +29,7 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
     /// The bundle description (apiVersion capstan.dev/v1alpha1, kind Bundle,
-    /// plugins: [oci://…:TAG], policy: FILE).
+    /// plugins: [oci://…:TAG], images: [oci://…:TAG], policy: FILE).
     #[arg(short = 'f', long = "file", value_name = "BUNDLE_YAML")]
     pub file: PathBuf,
     /// The archive to write.
@@ -70,19 +71,30 @@ pub struct PushArgs {
     pub output: Output,
 }
 
-fn print_reports(reports: &[layout::PluginReport]) {
-    for r in reports {
-        let signers: Vec<String> = r
-            .signers
-            .iter()
-            .map(|s| format!("{} ({})", s.name, s.key_id))
-            .collect();
+fn signed_by(signers: &[capstan_registry::policy::Signer]) -> String {
+    signers
+        .iter()
+        .map(|s| format!("{} ({})", s.name, s.key_id))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_reports(verified: &layout::Verified) {
+    for r in &verified.plugins {
         println!(
-            "  {} {} {}  signed by {}",
+            "  plugin {} {} {}  signed by {}",
             r.source,
             r.name,
             r.digest,
-            signers.join(", ")
+            signed_by(&r.signers)
+        );
+    }
+    for r in &verified.images {
+        println!(
+            "  image {} {}  signed by {}",
+            r.source,
+            r.digest,
+            signed_by(&r.signers)
         );
     }
 }
@@ -100,17 +112,21 @@ pub fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
     match args.output {
         Output::Text => {
             println!(
-                "wrote {} ({size} bytes) with {} plugin(s):",
+                "wrote {} ({size} bytes) with {} plugin(s) and {} image(s):",
                 args.out.display(),
-                reports.len()
+                reports.plugins.len(),
+                reports.images.len()
             );
             print_reports(&reports);
         }
         Output::Json => println!(
             "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"bundle": args.out, "sizeBytes": size, "plugins": reports})
-            )?
+            serde_json::to_string_pretty(&serde_json::json!({
+                "bundle": args.out,
+                "sizeBytes": size,
+                "plugins": reports.plugins,
+                "images": reports.images,
+            }))?
         ),
     }
     Ok(ExitCode::SUCCESS)
@@ -124,17 +140,20 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     match args.output {
         Output::Text => {
             println!(
-                "{}: verified {} plugin(s) offline:",
+                "{}: verified {} plugin(s) and {} image(s) offline:",
                 args.bundle.display(),
-                reports.len()
+                reports.plugins.len(),
+                reports.images.len()
             );
             print_reports(&reports);
         }
         Output::Json => println!(
             "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"verified": true, "plugins": reports})
-            )?
+            serde_json::to_string_pretty(&serde_json::json!({
+                "verified": true,
+                "plugins": reports.plugins,
+                "images": reports.images,
+            }))?
         ),
     }
     Ok(ExitCode::SUCCESS)

@@ -229,7 +229,8 @@ fn print_signers(signers: &[Signer], verified: bool) {
 #[derive(Debug, clap::Args)]
 pub struct SignArgs {
     /// The plugin: `oci://REGISTRY/REPOSITORY:TAG` or `…@sha256:…` (a tag is
-    /// resolved once; the signature covers that digest), or a local
+    /// resolved once; the signature covers that digest; any OCI artifact,
+    /// such as the controller image, is signed the same way), or a local
     /// component (`PATH.wasm` or `file:///PATH.wasm`), whose signature goes
     /// into the Sigstore bundle `PATH.wasm.sigstore.json` next to it, where
     /// the controller looks for it.
@@ -262,19 +263,17 @@ pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
     }
     let target = reference(&args.reference)?;
     let client = args.registry.client()?;
-    let described = artifact::describe(&client, &target)?;
+    // Any manifest: a signature covers its digest, whatever it describes.
+    let (digest, media_type, manifest_bytes) = client.fetch_manifest(&target)?;
     let repository = target.repository_name();
-    let added = signature::sign(&client, &target, &repository, &described.digest, &key)?;
+    let added = signature::sign(&client, &target, &repository, &digest, &key)?;
     let mut bundle = None;
     if args.bundle {
-        let subject = capstan_registry::oci::Descriptor::of(
-            capstan_registry::oci::MANIFEST,
-            &described.manifest_bytes,
-        );
-        let json = signature::make_bundle(&repository, &described.digest, &key);
+        let subject = capstan_registry::oci::Descriptor::of(&media_type, &manifest_bytes);
+        let json = signature::make_bundle(&repository, &digest, &key);
         bundle = Some(signature::attach_bundle(&client, &target, &subject, &json)?);
     }
-    let pinned = target.pinned(&described.digest);
+    let pinned = target.pinned(&digest);
     match args.output {
         Output::Text => {
             if added {
@@ -293,7 +292,7 @@ pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "reference": pinned.to_string(),
-                "digest": described.digest,
+                "digest": digest,
                 "keyId": key.public().id(),
                 "added": added,
                 "bundle": bundle,

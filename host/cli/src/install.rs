@@ -40,6 +40,48 @@ const FIELD_MANAGER: &str = "capstan-install";
 const METRICS_PORT: i32 = 9090;
 const HEALTH_PORT: i32 = 9091;
 const CACHE_DIR: &str = "/var/cache/capstan";
+/// The image this version publishes (`scripts/build-image.sh --push`).
+pub const PUBLISHED_IMAGE: &str =
+    concat!("ghcr.io/capstan-dev/capstan:", env!("CARGO_PKG_VERSION"));
+/// The image's non-root user (`scripts/oci-image.py`).
+const IMAGE_UID: i64 = 65532;
+
+/// The controller image after `--image-mirror`, checked: a digest, if
+/// given, must be a whole sha256 digest. Also says whether it is pinned.
+pub fn controller_image(args: &InstallArgs) -> anyhow::Result<(String, bool)> {
+    let image = args.image.trim();
+    anyhow::ensure!(
+        !image.is_empty() && !image.contains(char::is_whitespace) && !image.contains("://"),
+        "--image {image:?} is not an image reference; expected REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex digits>"
+    );
+    let pinned = match image.split_once('@') {
+        Some((name, digest)) => {
+            let hex = digest.strip_prefix("sha256:").unwrap_or_default();
+            anyhow::ensure!(
+                !name.is_empty()
+                    && hex.len() == 64
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "--image {image}: the digest after '@' must be sha256: and 64 lowercase hex digits"
+            );
+            true
+        }
+        None => false,
+    };
+    let mirrored = args
+        .image_mirrors
+        .iter()
+        .find_map(|rule| {
+            let rest = image.strip_prefix(rule.from.as_str())?;
+            // A prefix ends at a path boundary: `reg/capstan` must not
+            // match `reg/capstan-fork`.
+            let whole = rule.from.ends_with('/') || rest.starts_with(['/', ':', '@']);
+            whole.then(|| format!("{}{rest}", rule.to))
+        })
+        .unwrap_or_else(|| image.to_string());
+    Ok((mirrored, pinned))
+}
 
 /// Flags of `capstan install`.
 #[derive(Debug, clap::Args)]
@@ -48,9 +90,19 @@ pub struct InstallArgs {
     /// live here.
     #[arg(long, default_value = crate::controller::DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// Container image holding the `capstan` binary.
-    #[arg(long, default_value = concat!("capstan:", env!("CARGO_PKG_VERSION")))]
+    /// The controller image, pinned by digest:
+    /// `REGISTRY/REPOSITORY[:TAG]@sha256:…` (`scripts/build-image.sh`
+    /// prints it). Its entrypoint must be `capstan controller`: the
+    /// Deployment passes flags only. Default: the image this version
+    /// publishes (by tag; a warning says so).
+    #[arg(long, default_value = PUBLISHED_IMAGE)]
     pub image: String,
+    /// Pull the image from a mirror: `FROM=TO` replaces the image's prefix
+    /// `FROM` (a registry, or registry and path) by `TO`, digest kept, e.g.
+    /// `ghcr.io/capstan-dev/=mirror.local:5000/capstan/` (repeatable; the
+    /// first match wins).
+    #[arg(long = "image-mirror", value_name = "FROM=TO")]
+    pub image_mirrors: Vec<capstan_addons::ImageRewrite>,
     /// Controller replicas (one leads, the others stand by).
     #[arg(long, default_value_t = 2)]
     pub replicas: i32,
@@ -190,24 +242,36 @@ fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
         .collect()
 }
 
-fn deployment(args: &InstallArgs, with_policy: bool) -> Deployment {
-    let mut container_args: Vec<String> = vec![
-        "controller".into(),
+fn deployment(args: &InstallArgs, image: &str, with_policy: bool) -> Deployment {
+    // Flags only: the image's entrypoint is `capstan controller`. The
+    // leader-election timings are spelled out so they can be read and tuned
+    // here; a `--controller-arg` for the same flag replaces the default
+    // (the controller would refuse a flag given twice).
+    let mut defaults: Vec<String> = vec![
         "--leader-elect".into(),
+        "--leader-elect-lease-duration=15s".into(),
+        "--leader-elect-renew-deadline=10s".into(),
+        "--leader-elect-retry-period=2s".into(),
         format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
         format!("--health-addr=0.0.0.0:{HEALTH_PORT}"),
         format!("--code-cache={CACHE_DIR}/code"),
         format!("--oci-cache={CACHE_DIR}/oci"),
     ];
     if with_policy {
-        container_args.push(format!(
+        defaults.push(format!(
             "--trust-policy={TRUST_POLICY_DIR}/{TRUST_POLICY_FILE}"
         ));
     }
-    container_args.extend(args.controller_args.iter().cloned());
+    let flag_name = |arg: &str| arg.split('=').next().unwrap_or(arg).to_string();
+    let overridden: Vec<String> = args.controller_args.iter().map(|a| flag_name(a)).collect();
+    let container_args: Vec<String> = defaults
+        .into_iter()
+        .filter(|d| !overridden.contains(&flag_name(d)))
+        .chain(args.controller_args.iter().cloned())
+        .collect();
     let container = Container {
         name: "controller".into(),
-        image: Some(args.image.clone()),
+        image: Some(image.to_string()),
         args: Some(container_args),
         env: Some(vec![
             // Capstan's namespace and the replica's name (its leader identity).
@@ -237,6 +301,7 @@ fn deployment(args: &InstallArgs, with_policy: bool) -> Deployment {
             ..Default::default()
         }),
         security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
             capabilities: Some(Capabilities {
@@ -295,9 +360,9 @@ fn deployment(args: &InstallArgs, with_policy: bool) -> Deployment {
                     termination_grace_period_seconds: Some(30),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        fs_group: Some(65532),
+                        run_as_user: Some(IMAGE_UID),
+                        run_as_group: Some(IMAGE_UID),
+                        fs_group: Some(IMAGE_UID),
                         seccomp_profile: Some(SeccompProfile {
                             type_: "RuntimeDefault".into(),
                             ..Default::default()
@@ -330,9 +395,10 @@ fn deployment(args: &InstallArgs, with_policy: bool) -> Deployment {
 /// The ConfigMap holding the host's trust policy.
 const TRUST_POLICY_CONFIG_MAP: &str = "capstan-trust-policy";
 
-/// The objects `install` creates; `policy` is the host's trust policy (its
-/// keys inline), if any.
-pub fn manifests(args: &InstallArgs, policy: Option<&TrustPolicy>) -> Manifests {
+/// The objects `install` creates; `image` is the controller image (after
+/// [`controller_image`]), `policy` the host's trust policy (its keys
+/// inline), if any.
+pub fn manifests(args: &InstallArgs, image: &str, policy: Option<&TrustPolicy>) -> Manifests {
     let ns = args.namespace.as_str();
     let subject = Subject {
         kind: "ServiceAccount".into(),
@@ -374,7 +440,7 @@ pub fn manifests(args: &InstallArgs, policy: Option<&TrustPolicy>) -> Manifests 
             role_ref: role_ref("Role"),
             subjects: Some(vec![subject]),
         },
-        deployment: deployment(args, policy.is_some()),
+        deployment: deployment(args, image, policy.is_some()),
         trust_policy: policy.map(|p| ConfigMap {
             metadata: meta(TRUST_POLICY_CONFIG_MAP, Some(ns)),
             data: Some(BTreeMap::from([(
@@ -459,7 +525,13 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(TrustPolicy::load(path)?),
         None => None,
     };
-    let m = manifests(&args, policy.as_ref());
+    let (image, pinned) = controller_image(&args)?;
+    if !pinned {
+        eprintln!(
+            "warning: the controller image {image} is not pinned by a digest, so nodes may run different builds under one tag; pass --image REGISTRY/REPOSITORY@sha256:… (scripts/build-image.sh prints it)"
+        );
+    }
+    let m = manifests(&args, &image, policy.as_ref());
     if !args.apply {
         print!("{}", render(&m)?);
         return Ok(ExitCode::SUCCESS);
@@ -582,9 +654,56 @@ mod tests {
         Cli::parse_from([&["install"], extra].concat()).args
     }
 
+    fn built(args: &InstallArgs, policy: Option<&TrustPolicy>) -> Manifests {
+        manifests(args, &controller_image(args).unwrap().0, policy)
+    }
+
+    const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn the_image_is_pinned_by_a_whole_digest_and_mirrored_at_a_path_boundary() {
+        let pinned = format!("ghcr.io/capstan-dev/capstan:0.1.0@{DIGEST}");
+        assert_eq!(
+            controller_image(&args(&["--image", &pinned])).unwrap(),
+            (pinned.clone(), true)
+        );
+        // The default is the published tag: usable, but not pinned.
+        let (default, is_pinned) = controller_image(&args(&[])).unwrap();
+        assert_eq!((default.as_str(), is_pinned), (PUBLISHED_IMAGE, false));
+        for bad in [
+            "ghcr.io/capstan-dev/capstan@sha256:0123",
+            "ghcr.io/capstan-dev/capstan@md5:0123456789abcdef0123456789abcdef",
+            "oci://ghcr.io/capstan-dev/capstan:1",
+            "ghcr.io/capstan dev/capstan:1",
+            "",
+        ] {
+            let err = controller_image(&args(&["--image", bad])).unwrap_err();
+            assert!(err.to_string().contains("--image"), "{bad}: {err}");
+        }
+        let mirrored = |rule: &str, image: &str| {
+            controller_image(&args(&["--image", image, "--image-mirror", rule]))
+                .unwrap()
+                .0
+        };
+        assert_eq!(
+            mirrored("ghcr.io/capstan-dev/=mirror.local:5000/capstan/", &pinned),
+            format!("mirror.local:5000/capstan/capstan:0.1.0@{DIGEST}")
+        );
+        assert_eq!(
+            mirrored("ghcr.io/capstan-dev/capstan=mirror.local/c", &pinned),
+            format!("mirror.local/c:0.1.0@{DIGEST}")
+        );
+        // `…/capstan` is not a prefix of `…/capstan-fork`.
+        let fork = format!("ghcr.io/capstan-dev/capstan-fork@{DIGEST}");
+        assert_eq!(
+            mirrored("ghcr.io/capstan-dev/capstan=mirror.local/c", &fork),
+            fork
+        );
+    }
+
     #[test]
     fn roles_come_from_the_one_list_and_secrets_stay_in_the_namespace() {
-        let m = manifests(&args(&["--namespace", "ops"]), None);
+        let m = built(&args(&["--namespace", "ops"]), None);
         let cluster = m.cluster_role.rules.unwrap();
         assert_eq!(cluster.len(), rbac::rules(Scope::Cluster).count());
         assert!(
@@ -608,22 +727,55 @@ mod tests {
 
     #[test]
     fn the_deployment_runs_leader_elected_non_root_replicas() {
-        let m = manifests(
+        let m = built(
             &args(&[
                 "--image",
                 "registry.example/capstan:1",
                 "--controller-arg=--resync=5m",
+                "--controller-arg=--leader-elect-lease-duration=30s",
             ]),
             None,
         );
         let spec = m.deployment.spec.unwrap();
         assert_eq!(spec.replicas, Some(2));
         let pod = spec.template.spec.unwrap();
-        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+        assert_eq!(
+            pod.security_context.as_ref().unwrap().run_as_non_root,
+            Some(true)
+        );
         let c = &pod.containers[0];
         assert_eq!(c.image.as_deref(), Some("registry.example/capstan:1"));
         let a = c.args.clone().unwrap();
         assert!(a.contains(&"--leader-elect".into()) && a.contains(&"--resync=5m".into()));
+        // Flags only: the image's entrypoint is `capstan controller`.
+        assert!(a.iter().all(|arg| arg.starts_with("--")), "{a:?}");
+        // A --controller-arg replaces the default of the same flag.
+        let lease: Vec<&String> = a
+            .iter()
+            .filter(|f| f.starts_with("--leader-elect-lease-duration"))
+            .collect();
+        assert_eq!(lease, ["--leader-elect-lease-duration=30s"]);
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(
+            (
+                sc.run_as_non_root,
+                sc.read_only_root_filesystem,
+                sc.allow_privilege_escalation
+            ),
+            (Some(true), Some(true), Some(false))
+        );
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_string()][..])
+        );
+        let pod_sc = pod.security_context.as_ref().unwrap();
+        assert_eq!(pod_sc.run_as_user, Some(IMAGE_UID));
+        assert_eq!(
+            pod_sc.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault"
+        );
+        assert!(c.liveness_probe.is_some());
+        assert!(c.resources.as_ref().unwrap().limits.is_some());
         assert_eq!(
             c.readiness_probe
                 .as_ref()
@@ -640,7 +792,7 @@ mod tests {
 
     #[test]
     fn the_yaml_stream_names_every_object() {
-        let text = render(&manifests(&args(&[]), None)).unwrap();
+        let text = render(&built(&args(&[]), None)).unwrap();
         for kind in [
             "kind: Namespace",
             "kind: CustomResourceDefinition",
@@ -665,7 +817,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let m = manifests(&args(&["--namespace", "ops"]), Some(&policy));
+        let m = built(&args(&["--namespace", "ops"]), Some(&policy));
         let cm = m.trust_policy.unwrap();
         assert_eq!(cm.metadata.namespace.as_deref(), Some("ops"));
         let text = &cm.data.unwrap()[TRUST_POLICY_FILE];
@@ -693,7 +845,7 @@ mod tests {
             (TRUST_POLICY_DIR, Some(true))
         );
         // Without one, nothing of it.
-        let m = manifests(&args(&[]), None);
+        let m = built(&args(&[]), None);
         assert!(m.trust_policy.is_none());
         let pod = m.deployment.spec.unwrap().template.spec.unwrap();
         assert!(

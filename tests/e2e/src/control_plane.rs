@@ -122,7 +122,8 @@ pub struct ControlPlane {
     children: Vec<(&'static str, Child)>,
 }
 
-pub(crate) fn free_port() -> u16 {
+/// A free loopback port (free now; a race with other processes is possible but rare).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -701,7 +701,6 @@ impl ControllerProcess {
             .map_err(|e| e.to_string())?
             .port();
         let log = kubeconfig.with_file_name(format!("capstan-controller-{port}.log"));
-        let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let mut cmd = std::process::Command::new(program);
         cmd.args(command)
             .arg(format!("--namespace={CAPSTAN_NAMESPACE}"))
@@ -713,16 +712,31 @@ impl ControllerProcess {
             .env("RUST_LOG", "info,kube=warn")
             // The test plugins are built here, unsigned: trusted as a
             // development directory (a test about trust passes its own).
-            .env("CAPSTAN_ALLOW_UNSIGNED_DIRS", crate::plugin_dir())
-            .stdin(std::process::Stdio::null())
-            .stdout(file.try_clone().map_err(|e| e.to_string())?)
-            .stderr(file);
+            .env("CAPSTAN_ALLOW_UNSIGNED_DIRS", crate::plugin_dir());
         for (k, v) in vars {
             cmd.env(k, v);
         }
+        Self::spawn(cmd, port, log)
+    }
+
+    /// Start a prepared command (which must serve metrics and health on
+    /// `127.0.0.1:port`) with its output going to `log`.
+    pub fn spawn(
+        mut cmd: std::process::Command,
+        port: u16,
+        log: std::path::PathBuf,
+    ) -> Result<ControllerProcess, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| e.to_string())?;
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().map_err(|e| e.to_string())?)
+            .stderr(file);
         let child = cmd
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+            .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
         Ok(ControllerProcess {
             child,
             metrics_url: format!("http://127.0.0.1:{port}"),

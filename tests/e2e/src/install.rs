@@ -63,23 +63,7 @@ pub fn rbac_docs(without: Option<&str>) -> Vec<Value> {
 
 /// A kubeconfig for the `capstan-controller` ServiceAccount's token.
 pub async fn service_account_kubeconfig(env: &Env) -> std::path::PathBuf {
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
-    let token = env
-        .eventually(
-            "the ServiceAccount's token",
-            Duration::from_secs(90),
-            async || {
-                let list = secrets.list(&Default::default()).await.ok()?;
-                list.items.into_iter().find_map(|s| {
-                    let for_us = s.type_.as_deref() == Some("kubernetes.io/service-account-token")
-                        && s.annotations().get("kubernetes.io/service-account.name")
-                            == Some(&"capstan-controller".to_string());
-                    let token = s.data?.get("token")?.0.clone();
-                    for_us.then(|| String::from_utf8(token).expect("a text token"))
-                })
-            },
-        )
-        .await;
+    let token = service_account_token(env).await;
     let admin = env.control_plane.kubeconfig();
     let text = std::fs::read_to_string(&admin).expect("the admin kubeconfig");
     let replaced = text.replace(&env.control_plane.token, &token);
@@ -87,6 +71,27 @@ pub async fn service_account_kubeconfig(env: &Env) -> std::path::PathBuf {
     let path = admin.with_file_name("capstan-controller.kubeconfig");
     std::fs::write(&path, replaced).expect("write the kubeconfig");
     path
+}
+
+/// The `capstan-controller` ServiceAccount's token, once the token
+/// controller has issued it (what a pod of the Deployment mounts).
+pub async fn service_account_token(env: &Env) -> String {
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
+    env.eventually(
+        "the ServiceAccount's token",
+        Duration::from_secs(90),
+        async || {
+            let list = secrets.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find_map(|s| {
+                let for_us = s.type_.as_deref() == Some("kubernetes.io/service-account-token")
+                    && s.annotations().get("kubernetes.io/service-account.name")
+                        == Some(&"capstan-controller".to_string());
+                let token = s.data?.get("token")?.0.clone();
+                for_us.then(|| String::from_utf8(token).expect("a text token"))
+            })
+        },
+    )
+    .await
 }
 
 /// Install the generated RBAC and return the connection config of the

@@ -9,6 +9,7 @@ mod controllers;
 mod drain;
 mod ec2;
 mod healthchecks;
+mod image;
 mod in_cluster;
 mod in_place;
 mod interop;
