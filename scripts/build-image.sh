@@ -47,8 +47,12 @@ if [ "$build" = 1 ]; then
     "$(dirname "$0")/setup.sh" image
     echo "==> building capstan for $target (release, statically linked; about 10 minutes cold on 2 cores)"
     # musl-gcc compiles the C parts (ring, zstd); debug info is stripped, the
-    # symbols stay so a panic's backtrace still names functions.
-    CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=debuginfo \
+    # symbols stay so a panic's backtrace still names functions. Paths are
+    # remapped so the checkout's and cargo's own directories do not end up
+    # in the binary: two checkouts of one commit build the same bytes.
+    cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+    RUSTFLAGS="${RUSTFLAGS:-} --remap-path-prefix=$PWD=/capstan --remap-path-prefix=$cargo_home=/cargo" \
+        CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=debuginfo \
         cargo build --release --locked --target "$target" -p capstan
 fi
 if [ ! -x "$binary" ]; then

@@ -69,6 +69,11 @@ pub struct MachineDeletionStatus {
     /// When draining the Node started (the drain timeout counts from here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_drain_start_time: Option<crate::Time>,
+    /// When the drain step ended: the Node was drained, or the drain was
+    /// skipped or cut short (its timeout, the exclude annotation, no Node).
+    /// Later passes go on from there instead of draining again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_drain_end_time: Option<crate::Time>,
 }
 
 /// A reference to a provider plugin plus the configuration it gets.

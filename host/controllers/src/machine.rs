@@ -1,15 +1,18 @@
 //! The Machine controller: one instance per Machine, through its provider
-//! plugin.
+//! plugin. An executor of [`capstan_planner::machine::next_step`]: each
+//! reconcile observes the Machine ([`Pass::observe`]), runs the step the
+//! planner names ([`Pass::run`]: the finalizer, `validate`, `create`, `get`,
+//! the in-place update's next step, a drain round, `delete`, the Node
+//! object, the finalizer again), records what it found, and asks again
+//! until the planner ends the pass; then [`settle`] derives the status once
+//! and it is written at most once ([`Pass::finish`]).
 //!
-//! Per reconcile: make sure the finalizer is on; `validate` the config (once
-//! per generation); `create` (idempotent by the machine's uid) until a
-//! provider ID is known, which is persisted at once; then `get` until the
-//! instance runs; link the Node whose `spec.providerID` matches and mirror
-//! its Ready condition. On deletion: wait for pre-drain hooks, drain the
-//! Node (`crate::nodedrain`), wait for pre-terminate hooks, `delete` until the
-//! provider says done, delete the Node object, then drop the finalizer. Transient errors back off (honouring the
-//! plugin's retry-after); terminal errors set `failureReason` /
-//! `failureMessage` and an Event, and the machine waits for a spec change.
+//! Transient errors back off (honouring the plugin's retry-after); terminal
+//! errors set `failureReason` / `failureMessage` and an Event, and the
+//! machine waits for a spec change. Deletion: pre-drain hooks, the drain
+//! (`crate::nodedrain`; its start and end are recorded in
+//! `status.deletion`), pre-terminate hooks, `delete` until the provider says
+//! done, the Node object, then the finalizer.
 
 use crate::inplace::Advance;
 use crate::plugin::Availability;
@@ -26,8 +29,14 @@ use capstan_api::{
     MachineAddress, MachinePhase, MachineStatus, NodeRef, PRE_DRAIN_HOOK_PREFIX,
     PRE_TERMINATE_HOOK_PREFIX, Plugin, set_condition, status as cond,
 };
-use capstan_planner::deletion::{DeletionStep, DeletionView, next_step};
-use capstan_runtime::types::{AddressKind, Deletion, InstanceState, Machine as PluginMachine};
+use capstan_planner::deletion::DeletionView;
+use capstan_planner::machine::{
+    Call, CallError, Drain, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
+    MachineStep, MachineView, NodeSeen, Outcome, PluginState, Release, Requeue, next_step,
+};
+use capstan_runtime::types::{
+    AddressKind, Deletion, InstanceState, Machine as PluginMachine, MachineStatus as PluginStatus,
+};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -117,274 +126,581 @@ pub fn to_plugin_machine(machine: &Machine) -> PluginMachine {
     }
 }
 
-/// Hold a Machine its plugin cannot serve (not allowed in its namespace,
-/// or not ready): `InstanceProvisioned=False` with `reason` and `message`,
-/// and nothing else happens until `requeue`.
-async fn hold_for_plugin(
-    ctx: &Context,
-    machine: &Machine,
-    current: Option<&MachineStatus>,
-    mut status: MachineStatus,
-    (reason, message, generation, requeue): (&str, String, i64, Duration),
-) -> Result<Action, Error> {
-    set_condition(
-        &mut status.conditions,
-        INSTANCE_PROVISIONED,
-        cond::FALSE,
-        reason,
-        message,
-        Some(generation),
-        &now(),
-    );
-    status.phase.get_or_insert(MachinePhase::Pending);
-    apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-    Ok(Action::requeue(requeue))
+/// One pass over a Machine: observe it, run the planner's steps
+/// ([`capstan_planner::machine::next_step`]) until the planner ends the
+/// pass, then derive the status once and write it at most once.
+async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let mut pass = Pass::observe(&machine, &ctx);
+    let end = loop {
+        match next_step(&pass.view) {
+            MachineStep::End(end) => break end,
+            step => pass.run(step).await?,
+        }
+    };
+    pass.finish(end).await
 }
 
-async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let generation = machine.metadata.generation.unwrap_or(0);
-    let current = machine.status.clone();
-    let mut status = current.clone().unwrap_or_default();
-    let has_finalizer = machine.finalizers().iter().any(|f| f == MACHINE_FINALIZER);
+/// A pass in progress: what the planner sees, and what the steps found that
+/// the status will say.
+struct Pass<'a> {
+    machine: &'a Machine,
+    ctx: &'a Context,
+    view: MachineView,
+    /// The status as this pass found it; the in-place step and the drain
+    /// record their progress here.
+    draft: MachineStatus,
+    /// The provider of the Plugin this pass needs, when it is ready.
+    provider: Option<Arc<dyn crate::provider::MachineProvider>>,
+    /// What `create` or `get` reported.
+    observed: Option<PluginStatus>,
+    /// The machine's Node: found by provider ID while alive, the one it
+    /// recorded (same uid and instance) while deleting.
+    node: Option<Arc<Node>>,
+    /// A skipped drain was reported (once per machine: only until the
+    /// drain's end is recorded, and once per pass).
+    skip_reported: bool,
+    t: capstan_api::Time,
+}
 
-    if machine.metadata.deletion_timestamp.is_some() {
-        if !has_finalizer {
-            return Ok(Action::await_change());
+impl<'a> Pass<'a> {
+    fn observe(machine: &'a Machine, ctx: &'a Context) -> Pass<'a> {
+        let generation = machine.metadata.generation.unwrap_or(0);
+        let status = machine.status.clone().unwrap_or_default();
+        let deleting = machine.metadata.deletion_timestamp.is_some();
+        let namespace = machine.namespace().unwrap_or_default();
+        // Released through the Plugin that created it, whatever the spec
+        // says now.
+        let plugin_name = if deleting {
+            machine.instance_plugin()
+        } else {
+            machine.spec.provider.plugin.as_str()
+        };
+        let (plugin, provider) = match crate::plugin::availability(ctx, plugin_name, &namespace) {
+            Availability::Ready => match ctx.providers.get(plugin_name) {
+                Some(registered) => (PluginState::Ready, Some(registered.provider)),
+                None => (PluginState::Loading, None),
+            },
+            Availability::Loading => (PluginState::Loading, None),
+            Availability::NotAllowed(message) => (PluginState::NotAllowed(message), None),
+            Availability::Unavailable(message) => (PluginState::Unavailable(message), None),
+        };
+        let t = now();
+        let node = if deleting {
+            own_node(&ctx.stores.nodes, &status)
+        } else {
+            None
+        };
+        let deletion = if deleting {
+            DeletionView {
+                pre_drain_hooks: hooks(machine, PRE_DRAIN_HOOK_PREFIX),
+                pre_terminate_hooks: hooks(machine, PRE_TERMINATE_HOOK_PREFIX),
+                node: node.as_ref().map(|n| n.name_any()),
+                exclude_draining: machine
+                    .annotations()
+                    .contains_key(ANNOTATION_EXCLUDE_NODE_DRAINING),
+                drained_for: status
+                    .deletion
+                    .as_ref()
+                    .and_then(|d| d.node_drain_start_time.as_ref())
+                    .map(|start| t.0.as_second() - start.0.as_second()),
+                drain_timeout: machine
+                    .spec
+                    .deletion
+                    .as_ref()
+                    .and_then(|d| d.node_drain_timeout_seconds)
+                    .map_or(0, |s| i64::from(s.max(0))),
+                // A pass that went past the drain recorded so; later passes
+                // (the instance takes a while to go) resume from there
+                // instead of listing the Node's pods again.
+                drain_complete: status
+                    .deletion
+                    .as_ref()
+                    .is_some_and(|d| d.node_drain_end_time.is_some()),
+            }
+        } else {
+            DeletionView::default()
+        };
+        let view = MachineView {
+            deleting,
+            has_finalizer: machine.finalizers().iter().any(|f| f == MACHINE_FINALIZER),
+            plugin,
+            provider_changed: machine.provider_changed(),
+            failed: status.failure_reason.is_some()
+                && status.observed_generation == Some(generation),
+            validated: capstan_api::condition(&status.conditions, CONFIG_VALID).is_some_and(|c| {
+                c.status == cond::TRUE && c.observed_generation == Some(generation)
+            }),
+            provider_id: status.provider_id.clone(),
+            updating_in_place: crate::inplace::updating_in_place(machine),
+            deletion,
+            hook_prefixes: HookPrefixes {
+                pre_drain: PRE_DRAIN_HOOK_PREFIX,
+                pre_terminate: PRE_TERMINATE_HOOK_PREFIX,
+            },
+            ..Default::default()
+        };
+        Pass {
+            machine,
+            ctx,
+            view,
+            draft: status,
+            provider,
+            observed: None,
+            node,
+            skip_reported: machine
+                .status
+                .as_ref()
+                .and_then(|s| s.deletion.as_ref())
+                .is_some_and(|d| d.node_drain_end_time.is_some()),
+            t,
         }
-        return delete(&machine, &ctx, status, current.as_ref()).await;
     }
-    let plugin_name = machine.spec.provider.plugin.clone();
-    let namespace = machine.namespace().unwrap_or_default();
-    // Refused before the first write: a Machine in a namespace its plugin
-    // does not allow gets no finalizer, no plugin call and no cloud call.
-    if let Availability::NotAllowed(message) =
-        crate::plugin::availability(&ctx, &plugin_name, &namespace)
+
+    /// Say once that the drain was skipped or cut short, and why.
+    async fn report_skipped_drain(&mut self, why: Option<&String>) {
+        let Some(why) = why else { return };
+        if std::mem::replace(&mut self.skip_reported, true) {
+            return;
+        }
+        record_event(
+            self.ctx,
+            CONTROLLER,
+            &self.machine.object_ref(&()),
+            EventType::Warning,
+            "DrainSkipped",
+            why.clone(),
+        )
+        .await;
+    }
+
+    /// The provider for a call. The planner asks for calls only when the
+    /// plugin is ready, which is when this pass found its provider; were it
+    /// missing, the plugin counts as still loading.
+    fn provider(&mut self) -> Option<Arc<dyn crate::provider::MachineProvider>> {
+        if self.provider.is_none() {
+            self.view.plugin = PluginState::Loading;
+        }
+        self.provider.clone()
+    }
+
+    /// Run one step and record what it found in the view.
+    async fn run(&mut self, step: MachineStep) -> Result<(), Error> {
+        let (ctx, machine) = (self.ctx, self.machine);
+        let plugin_name = if self.view.deleting {
+            machine.instance_plugin().to_string()
+        } else {
+            machine.spec.provider.plugin.clone()
+        };
+        match step {
+            MachineStep::AddFinalizer => {
+                crate::set_finalizers(ctx, CONTROLLER, machine, with_finalizer(machine)).await?;
+                self.view.has_finalizer = true;
+            }
+            MachineStep::Validate => {
+                let Some(provider) = self.provider() else {
+                    return Ok(());
+                };
+                let config = machine.spec.provider.config.to_string();
+                match timed(
+                    &ctx.metrics,
+                    &plugin_name,
+                    "validate",
+                    provider.validate(&config),
+                )
+                .await
+                {
+                    Ok(()) => self.view.validated = true,
+                    Err(e) => self.view.call_error = Some((Call::Validate, call_error(e))),
+                }
+            }
+            MachineStep::Create => self.instance(Call::Create, &plugin_name).await,
+            MachineStep::Get => self.instance(Call::Get, &plugin_name).await,
+            MachineStep::AdvanceInPlace => {
+                let advance = crate::inplace::advance(ctx, machine, &mut self.draft, &self.t).await;
+                self.view.in_place = Some(match advance {
+                    Advance::Wait(wait) => InPlace::Wait(wait.as_millis() as u64),
+                    Advance::Failed => InPlace::Failed,
+                    Advance::Done => InPlace::Done,
+                });
+            }
+            MachineStep::DrainNode(_) => self.drain().await?,
+            MachineStep::ReleaseInstance { drain_skipped } => {
+                self.report_skipped_drain(drain_skipped.as_ref()).await;
+                self.release(&plugin_name).await;
+            }
+            MachineStep::DeleteNode => {
+                if let Some(node) = &self.node {
+                    delete_node(ctx, node).await?;
+                }
+                self.view.node_deleted = true;
+            }
+            MachineStep::RemoveFinalizer => {
+                let remaining: Vec<String> = machine
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != MACHINE_FINALIZER)
+                    .cloned()
+                    .collect();
+                crate::set_finalizers(ctx, CONTROLLER, machine, remaining).await?;
+                self.view.has_finalizer = false;
+            }
+            MachineStep::End(_) => {}
+        }
+        Ok(())
+    }
+
+    /// `create` or `get`: the instance as the provider reports it.
+    async fn instance(&mut self, call: Call, plugin_name: &str) {
+        let (ctx, machine) = (self.ctx, self.machine);
+        let Some(provider) = self.provider() else {
+            return;
+        };
+        let plugin_machine = to_plugin_machine(machine);
+        let result = match call {
+            Call::Create => {
+                let creating = provider.create(&plugin_machine);
+                timed(&ctx.metrics, plugin_name, "create", creating).await
+            }
+            _ => {
+                timed(
+                    &ctx.metrics,
+                    plugin_name,
+                    "get",
+                    provider.get(&plugin_machine),
+                )
+                .await
+            }
+        };
+        match result {
+            Ok(observed) => {
+                if call == Call::Create {
+                    // Recorded now so this pass's status write (the
+                    // next API call) persists it.
+                    self.draft.provider_id = Some(observed.provider_id.clone());
+                    self.draft.provider_plugin = Some(plugin_name.to_string());
+                }
+                self.draft.plugin_digest = Some(provider.digest().to_string());
+                self.node = find_node(&ctx.stores.nodes, &observed.provider_id);
+                self.view.provider_id = Some(observed.provider_id.clone());
+                self.view.instance = Some(Instance {
+                    provider_id: observed.provider_id.clone(),
+                    state: instance_state(&observed.state),
+                    message: observed
+                        .message
+                        .as_deref()
+                        .map(|m| capstan_api::bounded(m, capstan_api::MAX_PLUGIN_TEXT)),
+                    node: self.node_seen(),
+                });
+                self.observed = Some(observed);
+            }
+            Err(e) => self.view.call_error = Some((call, call_error(e))),
+        }
+    }
+
+    /// One drain round on the machine's Node (cordon, evict, look).
+    async fn drain(&mut self) -> Result<(), Error> {
+        let (ctx, machine) = (self.ctx, self.machine);
+        let Some(node) = self.node.clone() else {
+            // The planner drains only the Node this pass found.
+            self.view.deletion.node = None;
+            return Ok(());
+        };
+        self.draft
+            .deletion
+            .get_or_insert_with(Default::default)
+            .node_drain_start_time
+            .get_or_insert_with(|| self.t.clone());
+        self.view.drain = Some(match crate::nodedrain::drain_round(ctx, &node).await? {
+            crate::nodedrain::Round::Complete => {
+                record_event(
+                    ctx,
+                    CONTROLLER,
+                    &machine.object_ref(&()),
+                    EventType::Normal,
+                    "NodeDrained",
+                    format!("drained Node {}", node.name_any()),
+                )
+                .await;
+                Drain::Complete
+            }
+            crate::nodedrain::Round::Pending { message, blocked } => {
+                Drain::Pending { message, blocked }
+            }
+        });
+        Ok(())
+    }
+
+    /// The provider's `delete`.
+    async fn release(&mut self, plugin_name: &str) {
+        let (ctx, machine) = (self.ctx, self.machine);
+        let Some(provider) = self.provider() else {
+            return;
+        };
+        let plugin_machine = to_plugin_machine(machine);
+        let outcome = timed(
+            &ctx.metrics,
+            plugin_name,
+            "delete",
+            provider.delete(&plugin_machine),
+        )
+        .await;
+        self.view.release = Some(match outcome {
+            Ok(Deletion::Done) | Err(ProviderError::NotFound(_)) => Release::Done,
+            Ok(Deletion::InProgress(ms)) => Release::InProgress(ms),
+            Err(ProviderError::Transient {
+                message,
+                retry_after,
+            }) => {
+                tracing::debug!(machine = %key_of(machine), %message, "delete will be retried");
+                Release::Retry(retry_after.as_millis() as u64)
+            }
+            Err(error) => Release::Failed(error.to_string()),
+        });
+    }
+
+    /// The Node as the planner sees it. A Node once linked stays referenced
+    /// when it is deleted, so a health check sees "NodeDeleted" rather than
+    /// a machine still booting.
+    fn node_seen(&self) -> NodeSeen {
+        match &self.node {
+            Some(n) if node_is_ready(n) => NodeSeen::Ready(n.name_any()),
+            Some(n) => NodeSeen::NotReady(n.name_any()),
+            None => match &self.draft.node_ref {
+                Some(recorded) => NodeSeen::Deleted(recorded.name.clone()),
+                None => NodeSeen::Missing,
+            },
+        }
+    }
+
+    /// Write the status the pass ends with (once, if it changed), say what
+    /// needs saying, and requeue.
+    async fn finish(mut self, end: End) -> Result<Action, Error> {
+        let (ctx, machine) = (self.ctx, self.machine);
+        if let Outcome::Deleting { drain_skipped, .. } = &end.outcome {
+            self.report_skipped_drain(drain_skipped.as_ref()).await;
+        }
+        let status = settle(
+            machine,
+            self.draft,
+            &self.view,
+            self.observed.as_ref(),
+            self.node.as_deref(),
+            &end.outcome,
+            &self.t,
+        );
+        let changed = match &status {
+            Some(status) => {
+                apply_machine_status(ctx, CONTROLLER, machine, machine.status.as_ref(), status)
+                    .await?
+            }
+            None => false,
+        };
+        match &end.outcome {
+            Outcome::Failed { reason, message } if changed => {
+                record_event(
+                    ctx,
+                    CONTROLLER,
+                    &machine.object_ref(&()),
+                    EventType::Warning,
+                    reason,
+                    message.clone(),
+                )
+                .await;
+            }
+            Outcome::Observed => match self.view.in_place {
+                Some(InPlace::Failed)
+                    if changed && crate::inplace::update_failed(machine).is_none() =>
+                {
+                    let message = status
+                        .as_ref()
+                        .and_then(|s| capstan_api::condition(&s.conditions, UPDATING))
+                        .map(|c| c.message.clone())
+                        .unwrap_or_default();
+                    record_event(
+                        ctx,
+                        CONTROLLER,
+                        &machine.object_ref(&()),
+                        EventType::Warning,
+                        "UpdateFailed",
+                        message,
+                    )
+                    .await;
+                }
+                // The status (UpToDate, provenance) is written; now the
+                // machine is an ordinary member of its set.
+                Some(InPlace::Done) => finish_in_place(machine, ctx).await?,
+                _ => {}
+            },
+            _ => {}
+        }
+        let options = &ctx.options;
+        Ok(match end.requeue {
+            Requeue::AwaitChange => Action::await_change(),
+            Requeue::Resync => Action::requeue(options.resync),
+            Requeue::Poll => Action::requeue(options.poll),
+            // A running instance is looked at again on its own cadence, so
+            // one that vanished is seen within that bound even without a
+            // Node event.
+            Requeue::InstanceCheck => {
+                Action::requeue(jittered(options.instance_check).min(options.resync))
+            }
+            Requeue::After(ms) => Action::requeue(Duration::from_millis(ms)),
+        })
+    }
+}
+
+/// The status a pass ends with, derived once from what it observed and how
+/// the planner ended it (`None`: nothing to write). Pure.
+fn settle(
+    machine: &Machine,
+    mut status: MachineStatus,
+    view: &MachineView,
+    observed: Option<&PluginStatus>,
+    node: Option<&Node>,
+    outcome: &Outcome,
+    t: &capstan_api::Time,
+) -> Option<MachineStatus> {
+    if *outcome == Outcome::Unchanged {
+        return None;
+    }
+    let generation = machine.metadata.generation;
+    let set = |status: &mut MachineStatus, kind, value, reason: &str, message: String| {
+        set_condition(
+            &mut status.conditions,
+            kind,
+            value,
+            reason,
+            message,
+            generation.or(Some(0)),
+            t,
+        )
+    };
+    if let Outcome::Deleting {
+        reason,
+        message,
+        instance,
+        drain_ended,
+        ..
+    } = outcome
     {
-        let hold = ("PluginNotAllowed", message, generation, ctx.options.resync);
-        return hold_for_plugin(&ctx, &machine, current.as_ref(), status, hold).await;
-    }
-    if !has_finalizer {
-        crate::set_finalizers(&ctx, CONTROLLER, machine.as_ref(), with_finalizer(&machine)).await?;
+        status.phase = Some(MachinePhase::Deleting);
+        set(&mut status, DELETING, cond::TRUE, reason, message.clone());
+        if let Some((reason, message)) = instance {
+            set(
+                &mut status,
+                INSTANCE_PROVISIONED,
+                cond::FALSE,
+                reason,
+                message.clone(),
+            );
+        }
+        if *drain_ended {
+            status
+                .deletion
+                .get_or_insert_with(Default::default)
+                .node_drain_end_time
+                .get_or_insert_with(|| t.clone());
+        }
+        return Some(status);
     }
 
-    // A terminal failure waits for the spec to change.
-    if status.failure_reason.is_some() {
-        if status.observed_generation == Some(generation) {
-            return Ok(Action::requeue(ctx.options.resync));
-        }
-        status.failure_reason = None;
-        status.failure_message = None;
-    }
-    status.observed_generation = Some(generation);
-    let t = now();
+    // Alive: the status describes this generation from now on.
+    status.observed_generation = Some(generation.unwrap_or(0));
+    status.failure_reason = None;
+    status.failure_message = None;
     // Machines that got their instance before the creating Plugin was
     // recorded: the spec's is the one (it could not change unnoticed since).
     if status.provider_id.is_some() && status.provider_plugin.is_none() {
-        status.provider_plugin = Some(plugin_name.clone());
+        status.provider_plugin = Some(machine.spec.provider.plugin.clone());
     }
-    if let Some(message) = machine.provider_changed() {
-        // Not applied: the instance stays with the Plugin that created it.
-        set_condition(
-            &mut status.conditions,
+    match &view.call_error {
+        Some((Call::Validate, CallError::InvalidConfig(message))) => set(
+            &mut status,
+            CONFIG_VALID,
+            cond::FALSE,
+            "InvalidConfig",
+            message.clone(),
+        ),
+        _ if view.validated => set(
+            &mut status,
+            CONFIG_VALID,
+            cond::TRUE,
+            "Valid",
+            String::new(),
+        ),
+        _ => {}
+    }
+    match outcome {
+        Outcome::Unchanged | Outcome::Deleting { .. } => {}
+        Outcome::Held { reason, message } => {
+            set(
+                &mut status,
+                INSTANCE_PROVISIONED,
+                cond::FALSE,
+                reason,
+                message.clone(),
+            );
+            status.phase.get_or_insert(MachinePhase::Pending);
+        }
+        Outcome::ProviderChanged(message) => set(
+            &mut status,
             CONFIG_VALID,
             cond::FALSE,
             "ProviderChanged",
-            message,
-            Some(generation),
-            &t,
-        );
-        apply_machine_status(
-            &ctx,
-            CONTROLLER,
-            machine.as_ref(),
-            current.as_ref(),
-            &status,
-        )
-        .await?;
-        return Ok(Action::requeue(ctx.options.resync));
-    }
-
-    let registered = match crate::plugin::availability(&ctx, &plugin_name, &namespace) {
-        Availability::Ready => ctx.providers.get(&plugin_name),
-        Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
-        Availability::NotAllowed(message) => {
-            let hold = ("PluginNotAllowed", message, generation, ctx.options.resync);
-            return hold_for_plugin(&ctx, &machine, current.as_ref(), status, hold).await;
+            message.clone(),
+        ),
+        Outcome::Failed { reason, message } => {
+            status.failure_reason = Some(reason.clone());
+            status.failure_message = Some(message.clone());
+            status.phase = Some(MachinePhase::Failed);
+            set(&mut status, READY, cond::FALSE, reason, message.clone());
         }
-        Availability::Unavailable(message) => {
-            let hold = (
-                "PluginNotReady",
-                message,
-                generation,
-                Duration::from_secs(15),
+        Outcome::Retrying { reason, message } => {
+            set(
+                &mut status,
+                INSTANCE_PROVISIONED,
+                cond::FALSE,
+                reason,
+                message.clone(),
             );
-            return hold_for_plugin(&ctx, &machine, current.as_ref(), status, hold).await;
-        }
-    };
-    let Some(registered) = registered else {
-        return Ok(Action::requeue(Duration::from_secs(2)));
-    };
-    let provider = registered.provider;
-    let plugin_machine = to_plugin_machine(&machine);
-
-    // Validate once per generation.
-    let validated = capstan_api::condition(&status.conditions, CONFIG_VALID)
-        .is_some_and(|c| c.status == cond::TRUE && c.observed_generation == Some(generation));
-    if !validated {
-        match timed(
-            &ctx.metrics,
-            &plugin_name,
-            "validate",
-            provider.validate(&plugin_machine.provider_config),
-        )
-        .await
-        {
-            Ok(()) => set_condition(
-                &mut status.conditions,
-                CONFIG_VALID,
-                cond::TRUE,
-                "Valid",
-                "",
-                Some(generation),
-                &t,
-            ),
-            Err(ProviderError::InvalidConfig(message)) => {
-                set_condition(
-                    &mut status.conditions,
-                    CONFIG_VALID,
-                    cond::FALSE,
-                    "InvalidConfig",
-                    message.clone(),
-                    Some(generation),
-                    &t,
-                );
-                return fail(
-                    &machine,
-                    &ctx,
-                    status,
-                    current.as_ref(),
-                    "InvalidConfiguration",
-                    format!("spec.provider.config: {message}"),
-                )
-                .await;
+            if matches!(view.call_error, Some((Call::Create, _))) {
+                status.phase = Some(MachinePhase::Provisioning);
+            } else {
+                status.phase.get_or_insert(MachinePhase::Pending);
             }
-            Err(error) => return retry(&machine, &ctx, status, current.as_ref(), error).await,
+        }
+        Outcome::Observed => {
+            if let (Some(observed), Some(instance)) = (observed, &view.instance) {
+                settle_observed(&mut status, view, observed, instance, node, generation, t);
+            }
         }
     }
+    Some(status)
+}
 
-    let observed = if status.provider_id.is_none() {
-        status.phase = Some(MachinePhase::Provisioning);
-        match timed(
-            &ctx.metrics,
-            &plugin_name,
-            "create",
-            provider.create(&plugin_machine),
+/// The status of a pass that observed its instance: addresses, version,
+/// Node, `InstanceProvisioned`, `Ready` and the phase (an in-place update's
+/// when one is under way).
+fn settle_observed(
+    status: &mut MachineStatus,
+    view: &MachineView,
+    observed: &PluginStatus,
+    instance: &Instance,
+    node: Option<&Node>,
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) {
+    let set = |status: &mut MachineStatus, kind, value, reason: &str, message: String| {
+        set_condition(
+            &mut status.conditions,
+            kind,
+            value,
+            reason,
+            message,
+            generation.or(Some(0)),
+            t,
         )
-        .await
-        {
-            Ok(observed) => {
-                // Recorded now so the status write at the end of this
-                // reconcile (the next API call) persists it.
-                status.provider_id = Some(observed.provider_id.clone());
-                status.provider_plugin = Some(plugin_name.clone());
-                observed
-            }
-            Err(ProviderError::InvalidConfig(message)) => {
-                return fail(
-                    &machine,
-                    &ctx,
-                    status,
-                    current.as_ref(),
-                    "InvalidConfiguration",
-                    message,
-                )
-                .await;
-            }
-            Err(ProviderError::Terminal(message)) => {
-                return fail(
-                    &machine,
-                    &ctx,
-                    status,
-                    current.as_ref(),
-                    "CreateError",
-                    message,
-                )
-                .await;
-            }
-            Err(error) => return retry(&machine, &ctx, status, current.as_ref(), error).await,
-        }
-    } else {
-        match timed(
-            &ctx.metrics,
-            &plugin_name,
-            "get",
-            provider.get(&plugin_machine),
-        )
-        .await
-        {
-            Ok(observed) => observed,
-            Err(ProviderError::NotFound(message)) => {
-                let message = format!(
-                    "the instance behind {} is gone: {message}",
-                    status.provider_id.clone().unwrap_or_default()
-                );
-                return fail(
-                    &machine,
-                    &ctx,
-                    status,
-                    current.as_ref(),
-                    "InstanceNotFound",
-                    message,
-                )
-                .await;
-            }
-            Err(ProviderError::Terminal(message)) => {
-                return fail(
-                    &machine,
-                    &ctx,
-                    status,
-                    current.as_ref(),
-                    "InstanceError",
-                    message,
-                )
-                .await;
-            }
-            Err(error) => return retry(&machine, &ctx, status, current.as_ref(), error).await,
-        }
     };
-    status.plugin_digest = Some(provider.digest().to_string());
-    // An instance terminated or stopped outside Capstan will not come back
-    // by waiting: the Machine fails, so a health check replaces it. (An
-    // in-place update may stop its instance on purpose.)
-    let gone = match observed.state {
-        InstanceState::Terminated => Some("InstanceTerminated"),
-        InstanceState::Stopped if !crate::inplace::updating_in_place(&machine) => {
-            Some("InstanceStopped")
-        }
-        _ => None,
-    };
-    if let Some(reason) = gone {
-        let state = if reason == "InstanceTerminated" {
-            "terminated"
-        } else {
-            "stopped"
-        };
-        let detail = observed
-            .message
-            .as_deref()
-            .map(|m| {
-                format!(
-                    ": {}",
-                    capstan_api::bounded(m, capstan_api::MAX_PLUGIN_TEXT)
-                )
-            })
-            .unwrap_or_default();
-        let message = format!(
-            "the instance {} was {state} outside Capstan{detail}; the Machine will not recover by itself (a MachineHealthCheck replaces it)",
-            observed.provider_id
-        );
-        return fail(&machine, &ctx, status, current.as_ref(), reason, message).await;
-    }
     status.addresses = observed
         .addresses
         .iter()
@@ -396,144 +712,94 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
     if observed.version.is_some() {
         status.version = observed.version.clone();
     }
-    let running = observed.state == InstanceState::Running;
+    if let Some(n) = node {
+        status.node_ref = Some(NodeRef {
+            name: n.name_any(),
+            uid: n.uid(),
+        });
+    }
+    let running = instance.state == PlannedState::Running;
     if running {
-        set_condition(
-            &mut status.conditions,
+        set(
+            status,
             INSTANCE_PROVISIONED,
             cond::TRUE,
             "Running",
-            "",
-            Some(generation),
-            &t,
+            String::new(),
         );
     } else {
-        let message = observed.message.clone().unwrap_or_default();
-        set_condition(
-            &mut status.conditions,
+        set(
+            status,
             INSTANCE_PROVISIONED,
             cond::FALSE,
             state_reason(&observed.state),
-            message,
-            Some(generation),
-            &t,
+            observed.message.clone().unwrap_or_default(),
         );
     }
-
-    let node = find_node(&ctx.stores.nodes, &observed.provider_id);
-    // A Node once linked stays referenced when it is deleted, so the
-    // health check sees "NodeDeleted" rather than a machine still booting.
-    let lost_node = match &node {
-        Some(n) => {
-            status.node_ref = Some(NodeRef {
-                name: n.name_any(),
-                uid: n.uid(),
-            });
-            None
-        }
-        None => status.node_ref.as_ref().map(|n| n.name.clone()),
-    };
-    let node_ready = node.as_ref().is_some_and(|n| node_is_ready(n));
-    let (reason, message) = match (&node, node_ready, running) {
-        (_, _, false) => (
+    let node_ready = matches!(instance.node, NodeSeen::Ready(_));
+    let (reason, message) = match (&instance.node, running) {
+        (_, false) => (
             "InstanceNotRunning",
             "waiting for the instance to run".to_string(),
         ),
-        (None, _, true) if lost_node.is_some() => (
+        (NodeSeen::Deleted(name), true) => (
             "NodeDeleted",
             format!(
-                "Node {} was deleted; waiting for a Node with spec.providerID {}",
-                lost_node.clone().unwrap_or_default(),
-                observed.provider_id
+                "Node {name} was deleted; waiting for a Node with spec.providerID {}",
+                instance.provider_id
             ),
         ),
-        (None, _, true) => (
+        (NodeSeen::Missing, true) => (
             "WaitingForNode",
-            format!("no Node with spec.providerID {} yet", observed.provider_id),
+            format!("no Node with spec.providerID {} yet", instance.provider_id),
         ),
-        (Some(n), false, true) => (
-            "NodeNotReady",
-            format!("Node {} is not Ready", n.name_any()),
-        ),
-        (Some(_), true, true) => ("NodeReady", String::new()),
+        (NodeSeen::NotReady(name), true) => ("NodeNotReady", format!("Node {name} is not Ready")),
+        (NodeSeen::Ready(_), true) => ("NodeReady", String::new()),
     };
-    let ready_status = if node_ready && running {
+    let ready = if node_ready && running {
         cond::TRUE
     } else {
         cond::FALSE
     };
-    set_condition(
-        &mut status.conditions,
-        READY,
-        ready_status,
-        reason,
-        message,
-        Some(generation),
-        &t,
-    );
-    status.phase = Some(if node_ready && running {
-        MachinePhase::Running
-    } else if running {
-        MachinePhase::Provisioned
-    } else {
-        MachinePhase::Provisioning
+    set(status, READY, ready, reason, message);
+    status.phase = Some(match view.in_place {
+        Some(InPlace::Wait(_)) => MachinePhase::Updating,
+        Some(InPlace::Failed) => MachinePhase::UpdateFailed,
+        _ if node_ready && running => MachinePhase::Running,
+        _ if running => MachinePhase::Provisioned,
+        _ => MachinePhase::Provisioning,
     });
-    // Handed over for an in-place update: plan it, or take its next step.
-    let in_place = if crate::inplace::updating_in_place(&machine) {
-        let advance = crate::inplace::advance(&ctx, &machine, &mut status, &t).await;
-        match advance {
-            Advance::Wait(_) => status.phase = Some(MachinePhase::Updating),
-            Advance::Failed => status.phase = Some(MachinePhase::UpdateFailed),
-            Advance::Done => {}
-        }
-        Some(advance)
-    } else {
-        None
+}
+
+/// A provider error as the planner weighs it.
+fn call_error(error: ProviderError) -> CallError {
+    let retry = |reason: &str, after: Duration, error: &ProviderError| CallError::Retry {
+        reason: reason.into(),
+        message: error.to_string(),
+        after_ms: after.as_millis() as u64,
     };
-    let changed = apply_machine_status(
-        &ctx,
-        CONTROLLER,
-        machine.as_ref(),
-        current.as_ref(),
-        &status,
-    )
-    .await?;
-    match in_place {
-        Some(Advance::Wait(wait)) => return Ok(Action::requeue(wait)),
-        Some(Advance::Failed) => {
-            if changed && crate::inplace::update_failed(&machine).is_none() {
-                let message = capstan_api::condition(&status.conditions, UPDATING)
-                    .map(|c| c.message.clone())
-                    .unwrap_or_default();
-                record_event(
-                    &ctx,
-                    CONTROLLER,
-                    &machine.object_ref(&()),
-                    EventType::Warning,
-                    "UpdateFailed",
-                    message,
-                )
-                .await;
-            }
-            return Ok(Action::requeue(ctx.options.resync));
+    match &error {
+        ProviderError::InvalidConfig(m) => CallError::InvalidConfig(m.clone()),
+        ProviderError::Terminal(m) => CallError::Terminal(m.clone()),
+        ProviderError::NotFound(m) => CallError::NotFound(m.clone()),
+        ProviderError::Transient { retry_after, .. } => {
+            retry("ProviderRetrying", *retry_after, &error)
         }
-        Some(Advance::Done) => {
-            // The status (UpToDate, provenance) is written; now the machine
-            // is an ordinary member of its set.
-            finish_in_place(&machine, &ctx).await?;
-            return Ok(Action::requeue(Duration::from_millis(10)));
-        }
-        None => {}
+        ProviderError::Unauthorized(_) => retry("Unauthorized", Duration::from_secs(30), &error),
+        ProviderError::Fault(_) => retry("PluginFault", Duration::from_secs(30), &error),
     }
-    Ok(if !running {
-        Action::requeue(ctx.options.poll)
-    } else if !node_ready {
-        Action::requeue(Duration::from_secs(10))
-    } else {
-        // A running instance is looked at again on its own cadence, so one
-        // that vanished is seen within that bound even without a Node event.
-        Action::requeue(jittered(ctx.options.instance_check).min(ctx.options.resync))
-    })
+}
+
+fn instance_state(state: &InstanceState) -> PlannedState {
+    match state {
+        InstanceState::Pending => PlannedState::Pending,
+        InstanceState::Running => PlannedState::Running,
+        InstanceState::Updating => PlannedState::Updating,
+        InstanceState::Stopping => PlannedState::Stopping,
+        InstanceState::Stopped => PlannedState::Stopped,
+        InstanceState::Terminated => PlannedState::Terminated,
+        InstanceState::Unknown => PlannedState::Unknown,
+    }
 }
 
 /// `interval` plus or minus up to a tenth, so a fleet created together
@@ -548,143 +814,6 @@ fn jittered(interval: Duration) -> Duration {
     interval - Duration::from_millis(spread / 2) + Duration::from_millis(offset)
 }
 
-/// Deletion, one step per reconcile pass (`capstan_planner::deletion`):
-/// pre-drain hooks, drain, pre-terminate hooks, the instance, the Node
-/// object, the finalizer. The `Deleting` condition says which step holds
-/// the machine and why.
-async fn delete(
-    machine: &Machine,
-    ctx: &Context,
-    mut status: MachineStatus,
-    current: Option<&MachineStatus>,
-) -> Result<Action, Error> {
-    status.phase = Some(MachinePhase::Deleting);
-    let t = now();
-    let generation = machine.metadata.generation;
-    let node = own_node(&ctx.stores.nodes, &status);
-    let mut view = DeletionView {
-        pre_drain_hooks: hooks(machine, PRE_DRAIN_HOOK_PREFIX),
-        pre_terminate_hooks: hooks(machine, PRE_TERMINATE_HOOK_PREFIX),
-        node: node.as_ref().map(|n| n.name_any()),
-        exclude_draining: machine
-            .annotations()
-            .contains_key(ANNOTATION_EXCLUDE_NODE_DRAINING),
-        drained_for: status
-            .deletion
-            .as_ref()
-            .and_then(|d| d.node_drain_start_time.as_ref())
-            .map(|start| t.0.as_second() - start.0.as_second()),
-        drain_timeout: machine
-            .spec
-            .deletion
-            .as_ref()
-            .and_then(|d| d.node_drain_timeout_seconds)
-            .map_or(0, |s| i64::from(s.max(0))),
-        // A pass that went past the drain says so in the Deleting
-        // condition; later passes (the instance takes a while to go)
-        // resume from there instead of listing the Node's pods again.
-        drain_complete: current
-            .and_then(|c| capstan_api::condition(&c.conditions, DELETING))
-            .is_some_and(|c| {
-                c.reason == "WaitingForPreTerminateHook"
-                    || c.reason == "WaitingForInfrastructureDeletion"
-            }),
-    };
-    let mut step = next_step(&view);
-    if let (DeletionStep::DrainNode(_), Some(node)) = (&step, &node) {
-        status
-            .deletion
-            .get_or_insert_with(Default::default)
-            .node_drain_start_time
-            .get_or_insert_with(|| t.clone());
-        match crate::nodedrain::drain_round(ctx, node).await? {
-            crate::nodedrain::Round::Complete => {
-                view.drain_complete = true;
-                step = next_step(&view);
-                record_event(
-                    ctx,
-                    CONTROLLER,
-                    &machine.object_ref(&()),
-                    EventType::Normal,
-                    "NodeDrained",
-                    format!("drained Node {}", node.name_any()),
-                )
-                .await;
-            }
-            crate::nodedrain::Round::Pending { message, blocked } => {
-                set_deleting(&mut status, "DrainingNode", message, generation, &t);
-                apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-                // A refused eviction (a PodDisruptionBudget) is retried with
-                // backoff; pods already evicted are checked again soon.
-                return Ok(Action::requeue(if blocked {
-                    Duration::from_secs(5)
-                } else {
-                    Duration::from_secs(1)
-                }));
-            }
-        }
-    }
-    let skipped = match &step {
-        DeletionStep::WaitForPreTerminateHooks { drain_skipped, .. }
-        | DeletionStep::DeleteInstance { drain_skipped } => drain_skipped.clone(),
-        _ => None,
-    };
-    if let Some(why) = &skipped {
-        record_event(
-            ctx,
-            CONTROLLER,
-            &machine.object_ref(&()),
-            EventType::Warning,
-            "DrainSkipped",
-            why.clone(),
-        )
-        .await;
-    }
-    let drain_skipped = match step {
-        DeletionStep::WaitForPreDrainHooks(names) => {
-            let message = hook_message("pre-drain", PRE_DRAIN_HOOK_PREFIX, &names);
-            set_deleting(
-                &mut status,
-                "WaitingForPreDrainHook",
-                message,
-                generation,
-                &t,
-            );
-            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-            return Ok(Action::requeue(ctx.options.resync));
-        }
-        DeletionStep::WaitForPreTerminateHooks { hooks, .. } => {
-            let mut message = hook_message("pre-terminate", PRE_TERMINATE_HOOK_PREFIX, &hooks);
-            if let Some(why) = skipped {
-                message = format!("{message}; {why}");
-            }
-            set_deleting(
-                &mut status,
-                "WaitingForPreTerminateHook",
-                message,
-                generation,
-                &t,
-            );
-            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-            return Ok(Action::requeue(ctx.options.resync));
-        }
-        DeletionStep::DrainNode(_) => {
-            // The Node vanished between the step and the drain: look again.
-            return Ok(Action::requeue(Duration::from_millis(200)));
-        }
-        DeletionStep::DeleteInstance { drain_skipped } => drain_skipped,
-    };
-    delete_instance(
-        machine,
-        ctx,
-        status,
-        current,
-        node.as_deref(),
-        drain_skipped,
-    )
-    .await
-}
-
 /// The names of the hooks with this annotation prefix, sorted.
 fn hooks(machine: &Machine, prefix: &str) -> Vec<String> {
     machine
@@ -693,142 +822,6 @@ fn hooks(machine: &Machine, prefix: &str) -> Vec<String> {
         .filter_map(|k| k.strip_prefix(prefix))
         .map(str::to_string)
         .collect()
-}
-
-fn hook_message(kind: &str, prefix: &str, names: &[String]) -> String {
-    format!(
-        "waiting for {kind} hooks: {} (remove the annotations {} to continue)",
-        names.join(", "),
-        names
-            .iter()
-            .map(|n| format!("{prefix}{n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
-fn set_deleting(
-    status: &mut MachineStatus,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-    t: &capstan_api::Time,
-) {
-    set_condition(
-        &mut status.conditions,
-        DELETING,
-        cond::TRUE,
-        reason,
-        message,
-        generation,
-        t,
-    );
-}
-
-/// The last steps: the instance through the provider, then the Node
-/// object, then the finalizer.
-async fn delete_instance(
-    machine: &Machine,
-    ctx: &Context,
-    mut status: MachineStatus,
-    current: Option<&MachineStatus>,
-    node: Option<&Node>,
-    drain_skipped: Option<String>,
-) -> Result<Action, Error> {
-    // Released through the Plugin that created it, whatever the spec says now.
-    let plugin_name = machine.instance_plugin();
-    let t = now();
-    let generation = machine.metadata.generation;
-    let waiting = match &drain_skipped {
-        Some(why) => format!("deleting the instance ({why})"),
-        None => "deleting the instance".to_string(),
-    };
-    set_deleting(
-        &mut status,
-        "WaitingForInfrastructureDeletion",
-        waiting,
-        generation,
-        &t,
-    );
-    let namespace = machine.namespace().unwrap_or_default();
-    let provider = match crate::plugin::availability(ctx, plugin_name, &namespace) {
-        Availability::Ready => ctx.providers.get(plugin_name),
-        Availability::Loading => return Ok(Action::requeue(Duration::from_millis(500))),
-        Availability::NotAllowed(reason) | Availability::Unavailable(reason) => {
-            set_condition(
-                &mut status.conditions,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                "PluginNotReady",
-                format!("cannot release the instance: {reason}"),
-                generation,
-                &t,
-            );
-            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-            return Ok(Action::requeue(Duration::from_secs(15)));
-        }
-    };
-    let Some(provider) = provider.map(|r| r.provider) else {
-        return Ok(Action::requeue(Duration::from_secs(2)));
-    };
-    let plugin_machine = to_plugin_machine(machine);
-    let outcome = timed(
-        &ctx.metrics,
-        plugin_name,
-        "delete",
-        provider.delete(&plugin_machine),
-    )
-    .await;
-    match outcome {
-        Ok(Deletion::Done) | Err(ProviderError::NotFound(_)) => {
-            if let Some(node) = node {
-                delete_node(ctx, node).await?;
-            }
-            let remaining: Vec<String> = machine
-                .finalizers()
-                .iter()
-                .filter(|f| *f != MACHINE_FINALIZER)
-                .cloned()
-                .collect();
-            crate::set_finalizers(ctx, CONTROLLER, machine, remaining).await?;
-            Ok(Action::await_change())
-        }
-        Ok(Deletion::InProgress(ms)) => {
-            set_condition(
-                &mut status.conditions,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                "Deleting",
-                "the provider is deleting the instance",
-                generation,
-                &t,
-            );
-            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-            Ok(Action::requeue(Duration::from_millis(ms.max(100))))
-        }
-        Err(ProviderError::Transient {
-            message,
-            retry_after,
-        }) => {
-            tracing::debug!(machine = %key_of(machine), %message, "delete will be retried");
-            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-            Ok(Action::requeue(retry_after))
-        }
-        Err(error) => {
-            // The instance must still be released: keep trying, slowly.
-            set_condition(
-                &mut status.conditions,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                "DeleteFailed",
-                error.to_string(),
-                generation,
-                &t,
-            );
-            apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-            Ok(Action::requeue(Duration::from_secs(30)))
-        }
-    }
 }
 
 /// Delete the machine's Node object once its instance is gone (a cloud's
@@ -921,74 +914,6 @@ async fn finish_in_place(machine: &Machine, ctx: &Context) -> Result<(), Error> 
     }
 }
 
-/// Record a terminal failure: status, an Event, and no retry until the spec
-/// changes.
-async fn fail(
-    machine: &Machine,
-    ctx: &Context,
-    mut status: MachineStatus,
-    current: Option<&MachineStatus>,
-    reason: &str,
-    message: String,
-) -> Result<Action, Error> {
-    let t = now();
-    let generation = machine.metadata.generation;
-    status.failure_reason = Some(reason.to_string());
-    status.failure_message = Some(message.clone());
-    status.phase = Some(MachinePhase::Failed);
-    set_condition(
-        &mut status.conditions,
-        READY,
-        cond::FALSE,
-        reason,
-        message.clone(),
-        generation,
-        &t,
-    );
-    if apply_machine_status(ctx, CONTROLLER, machine, current, &status).await? {
-        let object = machine.object_ref(&());
-        record_event(
-            ctx,
-            CONTROLLER,
-            &object,
-            EventType::Warning,
-            reason,
-            message,
-        )
-        .await;
-    }
-    Ok(Action::requeue(ctx.options.resync))
-}
-
-/// Record a retryable failure and back off.
-async fn retry(
-    machine: &Machine,
-    ctx: &Context,
-    mut status: MachineStatus,
-    current: Option<&MachineStatus>,
-    error: ProviderError,
-) -> Result<Action, Error> {
-    let t = now();
-    let (reason, delay) = match &error {
-        ProviderError::Transient { retry_after, .. } => ("ProviderRetrying", *retry_after),
-        ProviderError::Unauthorized(_) => ("Unauthorized", Duration::from_secs(30)),
-        ProviderError::Fault(_) => ("PluginFault", Duration::from_secs(30)),
-        _ => ("ProviderError", Duration::from_secs(30)),
-    };
-    set_condition(
-        &mut status.conditions,
-        INSTANCE_PROVISIONED,
-        cond::FALSE,
-        reason,
-        error.to_string(),
-        machine.metadata.generation,
-        &t,
-    );
-    status.phase.get_or_insert(MachinePhase::Pending);
-    apply_machine_status(ctx, CONTROLLER, machine, current, &status).await?;
-    Ok(Action::requeue(delay))
-}
-
 fn with_finalizer(machine: &Machine) -> Vec<String> {
     let mut finalizers = machine.finalizers().to_vec();
     finalizers.push(MACHINE_FINALIZER.to_string());
@@ -1039,5 +964,221 @@ fn state_reason(state: &InstanceState) -> &'static str {
         InstanceState::Stopped => "InstanceStopped",
         InstanceState::Terminated => "InstanceTerminated",
         InstanceState::Unknown => "InstanceStateUnknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capstan_runtime::types::{InstanceState as Wit, MachineAddress as WitAddress};
+
+    fn machine(generation: i64) -> Machine {
+        let mut m = Machine::new("m1", Default::default());
+        m.spec.provider.plugin = "sim".into();
+        m.metadata.generation = Some(generation);
+        m
+    }
+
+    fn running(node: NodeSeen) -> (PluginStatus, Instance) {
+        let observed = PluginStatus {
+            provider_id: "sim://i-1".into(),
+            state: Wit::Running,
+            addresses: vec![WitAddress {
+                kind: AddressKind::InternalIp,
+                address: "10.0.0.1".into(),
+            }],
+            failure_domain: None,
+            version: Some("v1.30.0".into()),
+            message: None,
+        };
+        let instance = Instance {
+            provider_id: "sim://i-1".into(),
+            state: PlannedState::Running,
+            message: None,
+            node,
+        };
+        (observed, instance)
+    }
+
+    fn condition<'s>(s: &'s MachineStatus, kind: &str) -> (&'s str, &'s str) {
+        let c = capstan_api::condition(&s.conditions, kind).expect(kind);
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    #[test]
+    fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
+        let (observed, instance) = running(NodeSeen::Ready("n1".into()));
+        let view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let t = now();
+        let s = settle(
+            &machine(3),
+            MachineStatus::default(),
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(s.phase, Some(MachinePhase::Running));
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(condition(&s, READY), ("True", "NodeReady"));
+        assert_eq!(condition(&s, INSTANCE_PROVISIONED), ("True", "Running"));
+        assert_eq!(condition(&s, CONFIG_VALID), ("True", "Valid"));
+        assert_eq!(s.addresses[0].type_, "InternalIP");
+        assert_eq!(s.version.as_deref(), Some("v1.30.0"));
+        // The same pass again changes nothing: no second write.
+        let again = settle(
+            &machine(3),
+            s.clone(),
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(again, s);
+    }
+
+    #[test]
+    fn a_deleted_node_stays_referenced_and_an_update_shows_in_the_phase() {
+        let (observed, instance) = running(NodeSeen::Deleted("n1".into()));
+        let mut view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(condition(&s, READY), ("False", "NodeDeleted"));
+        assert_eq!(s.phase, Some(MachinePhase::Provisioned));
+        view.in_place = Some(InPlace::Wait(1000));
+        let s = settle(
+            &machine(1),
+            s,
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(s.phase, Some(MachinePhase::Updating));
+    }
+
+    #[test]
+    fn failures_are_recorded_and_cleared_by_the_next_generation() {
+        let view = MachineView {
+            call_error: Some((Call::Validate, CallError::InvalidConfig("size".into()))),
+            ..Default::default()
+        };
+        let failed = Outcome::Failed {
+            reason: "InvalidConfiguration".into(),
+            message: "spec.provider.config: size".into(),
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            None,
+            None,
+            &failed,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(s.failure_reason.as_deref(), Some("InvalidConfiguration"));
+        assert_eq!(s.phase, Some(MachinePhase::Failed));
+        assert_eq!(condition(&s, CONFIG_VALID), ("False", "InvalidConfig"));
+        // Generation 2 validates: the failure is gone.
+        let view = MachineView {
+            validated: true,
+            ..Default::default()
+        };
+        let retrying = Outcome::Retrying {
+            reason: "ProviderRetrying".into(),
+            message: "busy".into(),
+        };
+        let s = settle(&machine(2), s, &view, None, None, &retrying, &now()).unwrap();
+        assert_eq!(
+            (s.failure_reason.as_deref(), s.observed_generation),
+            (None, Some(2))
+        );
+        assert_eq!(condition(&s, CONFIG_VALID), ("True", "Valid"));
+        assert_eq!(
+            condition(&s, INSTANCE_PROVISIONED),
+            ("False", "ProviderRetrying")
+        );
+    }
+
+    #[test]
+    fn deletion_records_where_the_drain_is_and_nothing_is_written_for_an_unchanged_pass() {
+        let holding = Outcome::Deleting {
+            reason: "DrainingNode",
+            message: "evicting 1 pod".into(),
+            instance: None,
+            drain_ended: false,
+            drain_skipped: None,
+        };
+        let view = MachineView {
+            deleting: true,
+            ..Default::default()
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            None,
+            None,
+            &holding,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(s.phase, Some(MachinePhase::Deleting));
+        assert_eq!(condition(&s, DELETING), ("True", "DrainingNode"));
+        assert!(s.deletion.is_none_or(|d| d.node_drain_end_time.is_none()));
+        let past = Outcome::Deleting {
+            reason: "WaitingForInfrastructureDeletion",
+            message: "deleting the instance".into(),
+            instance: Some(("Deleting", "the provider is deleting the instance".into())),
+            drain_ended: true,
+            drain_skipped: None,
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            None,
+            None,
+            &past,
+            &now(),
+        )
+        .unwrap();
+        assert!(s.deletion.unwrap().node_drain_end_time.is_some());
+        assert_eq!(condition_of_none(&view), None);
+    }
+
+    fn condition_of_none(view: &MachineView) -> Option<MachineStatus> {
+        settle(
+            &machine(1),
+            MachineStatus::default(),
+            view,
+            None,
+            None,
+            &Outcome::Unchanged,
+            &now(),
+        )
     }
 }

@@ -6,7 +6,8 @@
 //! replica targets under `maxSurge` / `maxUnavailable`, and
 //! [`machineset::plan_scale`], which says how many machines a set creates and
 //! which ones it deletes; [`healthcheck`] judges machines and holds the
-//! remediation short-circuit; [`deletion`] says which step a deleting
+//! remediation short-circuit; [`machine::next_step`] says what a Machine
+//! does next, alive or deleting; [`deletion`] says which step a deleting
 //! machine is at and which pods its drain evicts; [`inplace`] says which
 //! updater applies which changed field, and [`rollout::plan_in_place`] paces
 //! an in-place rollout. The controllers (`capstan-controllers`) observe the
@@ -17,6 +18,7 @@
 pub mod deletion;
 pub mod healthcheck;
 pub mod inplace;
+pub mod machine;
 pub mod machineset;
 pub mod rollout;
 

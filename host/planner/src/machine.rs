@@ -1,0 +1,994 @@
+//! A Machine's life as steps. [`next_step`] says what a Machine does next
+//! from what its controller has observed, and done, so far in this pass
+//! ([`MachineView`]). The Machine controller is an executor: it observes,
+//! asks, runs that one step, records the result in the view, and asks again
+//! until the answer is [`MachineStep::End`]; then it derives the status
+//! once from the view and the [`Outcome`], writes it at most once, and
+//! requeues as [`Requeue`] says.
+//!
+//! Alive: the plugin must allow the machine's namespace (before anything
+//! is written), the finalizer, a terminal failure waits for a new
+//! generation, the plugin must be ready, `validate` once per generation,
+//! `create` until a provider ID is known, `get` otherwise, an instance
+//! terminated or stopped outside Capstan fails the machine, then the
+//! in-place update's next step. Deleting: the hook and drain steps of
+//! [`crate::deletion`], then release the instance, delete the Node object,
+//! remove the finalizer.
+
+use crate::deletion::{self, DeletionStep, DeletionView};
+
+/// Whether the Plugin a pass needs (the spec's while alive; the one that
+/// created the instance while deleting) can serve this machine.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PluginState {
+    /// Loaded, and allowed in the machine's namespace.
+    #[default]
+    Ready,
+    /// Still loading: look again soon, write nothing.
+    Loading,
+    /// The Plugin does not allow the machine's namespace.
+    NotAllowed(String),
+    /// The Plugin cannot serve (missing, failed to load, not ready).
+    Unavailable(String),
+}
+
+/// The provider calls a pass makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// `validate` the provider config.
+    Validate,
+    /// `create` the instance (idempotent by the machine's uid).
+    Create,
+    /// `get` the instance.
+    Get,
+}
+
+/// How a provider call failed, as far as the steps care.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The config is invalid: terminal until the spec changes.
+    InvalidConfig(String),
+    /// The provider says this will never succeed.
+    Terminal(String),
+    /// The provider knows no such instance.
+    NotFound(String),
+    /// Worth trying again: the condition reason, the message, and when.
+    Retry {
+        /// `InstanceProvisioned` reason, e.g. `ProviderRetrying`.
+        reason: String,
+        /// What the provider said.
+        message: String,
+        /// Milliseconds until the next try.
+        after_ms: u64,
+    },
+}
+
+/// An instance's state as its provider reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceState {
+    /// Being created.
+    Pending,
+    /// Running.
+    Running,
+    /// Being updated in place.
+    Updating,
+    /// Stopping.
+    Stopping,
+    /// Stopped.
+    Stopped,
+    /// Gone for good.
+    Terminated,
+    /// The provider cannot tell.
+    Unknown,
+}
+
+/// The machine's Node, as the pass found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeSeen {
+    /// No Node carries the instance's provider ID yet.
+    Missing,
+    /// The Node once linked (this name) is gone.
+    Deleted(String),
+    /// The Node exists and is not Ready.
+    NotReady(String),
+    /// The Node exists and is Ready.
+    Ready(String),
+}
+
+/// The instance as this pass's `create` or `get` reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// Its provider ID.
+    pub provider_id: String,
+    /// Its state.
+    pub state: InstanceState,
+    /// The provider's message, already bounded.
+    pub message: Option<String>,
+    /// Its Node.
+    pub node: NodeSeen,
+}
+
+/// Where this pass left an in-place update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InPlace {
+    /// Look again after this many milliseconds.
+    Wait(u64),
+    /// Every updater is done: the hand-over annotation may go.
+    Done,
+    /// The update failed: nothing more happens until the machine is deleted.
+    Failed,
+}
+
+/// This pass's drain round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drain {
+    /// Pods are left: evictions sent or refused (`blocked`: by a budget).
+    Pending {
+        /// What holds the drain.
+        message: String,
+        /// A disruption budget refused an eviction.
+        blocked: bool,
+    },
+    /// Nothing is left to evict or wait for.
+    Complete,
+}
+
+/// What the provider's `delete` said this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// The instance is gone (or was never there).
+    Done,
+    /// Deleting; ask again after this many milliseconds.
+    InProgress(u64),
+    /// Worth trying again after this many milliseconds.
+    Retry(u64),
+    /// Failed; the instance must still go, so this is retried slowly.
+    Failed(String),
+}
+
+/// What a Machine's next step depends on: what its controller observed at
+/// the start of the pass, and what the steps it ran so far found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MachineView {
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Capstan's finalizer is on the machine.
+    pub has_finalizer: bool,
+    /// The Plugin this pass needs.
+    pub plugin: PluginState,
+    /// `spec.provider` moved away from the Plugin that created the
+    /// instance (the message says how); not applied.
+    pub provider_changed: Option<String>,
+    /// A terminal failure is recorded for the current generation.
+    pub failed: bool,
+    /// `ConfigValid` holds for the current generation (recorded, or
+    /// validated in this pass).
+    pub validated: bool,
+    /// The instance's provider ID, once known (recorded, or created in
+    /// this pass).
+    pub provider_id: Option<String>,
+    /// The provider call of this pass that failed, and how.
+    pub call_error: Option<(Call, CallError)>,
+    /// The instance as this pass's `create` or `get` reported it.
+    pub instance: Option<Instance>,
+    /// The machine is handed over for an in-place update.
+    pub updating_in_place: bool,
+    /// Where this pass left the in-place update.
+    pub in_place: Option<InPlace>,
+    /// The deletion steps' inputs.
+    pub deletion: DeletionView,
+    /// The hook annotations' prefixes, for messages that say what to remove.
+    pub hook_prefixes: HookPrefixes,
+    /// This pass's drain round.
+    pub drain: Option<Drain>,
+    /// What the provider's `delete` said this pass.
+    pub release: Option<Release>,
+    /// The Node object is deleted (or there was none to delete).
+    pub node_deleted: bool,
+}
+
+/// The annotation prefixes of the deletion hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HookPrefixes {
+    /// Pre-drain hooks.
+    pub pre_drain: &'static str,
+    /// Pre-terminate hooks.
+    pub pre_terminate: &'static str,
+}
+
+/// What the executor does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MachineStep {
+    /// Put Capstan's finalizer on the machine.
+    AddFinalizer,
+    /// Call `validate`.
+    Validate,
+    /// Call `create`.
+    Create,
+    /// Call `get`.
+    Get,
+    /// Plan the in-place update, or run its next updater step.
+    AdvanceInPlace,
+    /// Cordon this Node and run one drain round.
+    DrainNode(String),
+    /// Call the provider's `delete`.
+    ReleaseInstance {
+        /// Why the drain was skipped or cut short, if it was (an Event
+        /// says so once).
+        drain_skipped: Option<String>,
+    },
+    /// Delete the Node object (it belongs to the released instance).
+    DeleteNode,
+    /// Remove Capstan's finalizer: the machine may go.
+    RemoveFinalizer,
+    /// The pass is over: write the status once, then requeue.
+    End(End),
+}
+
+/// How a pass ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct End {
+    /// What the status says about the pass.
+    pub outcome: Outcome,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+/// When to look at the machine again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Only when it changes.
+    AwaitChange,
+    /// After the idle resync period.
+    Resync,
+    /// After the instance poll interval (booting or deleting instances).
+    Poll,
+    /// After the (jittered) check interval of a running instance.
+    InstanceCheck,
+    /// After this many milliseconds.
+    After(u64),
+}
+
+/// What the status says about a pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing to write.
+    Unchanged,
+    /// Held before anything happens: `InstanceProvisioned=False` with this
+    /// reason (`PluginNotAllowed`, `PluginNotReady`).
+    Held {
+        /// The condition reason.
+        reason: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// `ConfigValid=False`, reason `ProviderChanged`.
+    ProviderChanged(String),
+    /// A terminal failure: `failureReason`, phase `Failed`, `Ready=False`,
+    /// and a Warning Event when first recorded.
+    Failed {
+        /// Machine-readable reason.
+        reason: String,
+        /// What happened.
+        message: String,
+    },
+    /// A provider call is retried: `InstanceProvisioned=False` with this
+    /// reason.
+    Retrying {
+        /// The condition reason.
+        reason: String,
+        /// What the provider said.
+        message: String,
+    },
+    /// The instance as observed: conditions and phase from
+    /// [`MachineView::instance`] and [`MachineView::in_place`].
+    Observed,
+    /// Deleting, held at a step: `Deleting=True` with this reason.
+    Deleting {
+        /// The condition reason, e.g. `DrainingNode`.
+        reason: &'static str,
+        /// What holds the machine.
+        message: String,
+        /// `InstanceProvisioned=False` with this reason and message, when
+        /// releasing the instance says something about it.
+        instance: Option<(&'static str, String)>,
+        /// The drain is behind the machine (done, skipped or cut short).
+        drain_ended: bool,
+        /// Why the drain was skipped or cut short, if it was.
+        drain_skipped: Option<String>,
+    },
+}
+
+fn end(outcome: Outcome, requeue: Requeue) -> MachineStep {
+    MachineStep::End(End { outcome, requeue })
+}
+
+/// The step a Machine takes next.
+pub fn next_step(view: &MachineView) -> MachineStep {
+    if view.deleting {
+        if !view.has_finalizer {
+            return end(Outcome::Unchanged, Requeue::AwaitChange);
+        }
+        return next_deletion_step(view);
+    }
+    // Refused before the first write: a Machine in a namespace its plugin
+    // does not allow gets no finalizer, no plugin call and no cloud call.
+    if let PluginState::NotAllowed(message) = &view.plugin {
+        let held = Outcome::Held {
+            reason: "PluginNotAllowed",
+            message: message.clone(),
+        };
+        return end(held, Requeue::Resync);
+    }
+    if !view.has_finalizer {
+        return MachineStep::AddFinalizer;
+    }
+    if view.failed {
+        return end(Outcome::Unchanged, Requeue::Resync);
+    }
+    if let Some(message) = &view.provider_changed {
+        return end(Outcome::ProviderChanged(message.clone()), Requeue::Resync);
+    }
+    match &view.plugin {
+        PluginState::Ready => {}
+        PluginState::Loading => return end(Outcome::Unchanged, Requeue::After(500)),
+        PluginState::Unavailable(message) | PluginState::NotAllowed(message) => {
+            let held = Outcome::Held {
+                reason: "PluginNotReady",
+                message: message.clone(),
+            };
+            return end(held, Requeue::After(15_000));
+        }
+    }
+    if let Some((call, error)) = &view.call_error {
+        return call_failed(*call, error, view.provider_id.as_deref());
+    }
+    if !view.validated {
+        return MachineStep::Validate;
+    }
+    let Some(instance) = &view.instance else {
+        return if view.provider_id.is_none() {
+            MachineStep::Create
+        } else {
+            MachineStep::Get
+        };
+    };
+    // An instance terminated or stopped outside Capstan will not come back
+    // by waiting: the Machine fails, so a health check replaces it. (An
+    // in-place update may stop its instance on purpose.)
+    let gone = match instance.state {
+        InstanceState::Terminated => Some(("InstanceTerminated", "terminated")),
+        InstanceState::Stopped if !view.updating_in_place => Some(("InstanceStopped", "stopped")),
+        _ => None,
+    };
+    if let Some((reason, state)) = gone {
+        let detail = instance
+            .message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        let message = format!(
+            "the instance {} was {state} outside Capstan{detail}; the Machine will not recover by itself (a MachineHealthCheck replaces it)",
+            instance.provider_id
+        );
+        let failed = Outcome::Failed {
+            reason: reason.into(),
+            message,
+        };
+        return end(failed, Requeue::Resync);
+    }
+    if view.updating_in_place {
+        return match view.in_place {
+            None => MachineStep::AdvanceInPlace,
+            Some(InPlace::Wait(ms)) => end(Outcome::Observed, Requeue::After(ms)),
+            Some(InPlace::Failed) => end(Outcome::Observed, Requeue::Resync),
+            // The status (UpToDate, provenance) is written first; then the
+            // executor drops the hand-over annotation and looks again soon.
+            Some(InPlace::Done) => end(Outcome::Observed, Requeue::After(10)),
+        };
+    }
+    let requeue = match (&instance.state, &instance.node) {
+        (InstanceState::Running, NodeSeen::Ready(_)) => Requeue::InstanceCheck,
+        (InstanceState::Running, _) => Requeue::After(10_000),
+        _ => Requeue::Poll,
+    };
+    end(Outcome::Observed, requeue)
+}
+
+/// A failed provider call ends the pass: terminal errors fail the machine,
+/// the rest are retried.
+fn call_failed(call: Call, error: &CallError, provider_id: Option<&str>) -> MachineStep {
+    let failed = |reason: &str, message: String| {
+        let outcome = Outcome::Failed {
+            reason: reason.into(),
+            message,
+        };
+        end(outcome, Requeue::Resync)
+    };
+    match (call, error) {
+        (Call::Validate, CallError::InvalidConfig(m)) => {
+            failed("InvalidConfiguration", format!("spec.provider.config: {m}"))
+        }
+        (Call::Create, CallError::InvalidConfig(m)) => failed("InvalidConfiguration", m.clone()),
+        (Call::Create, CallError::Terminal(m)) => failed("CreateError", m.clone()),
+        (Call::Get, CallError::NotFound(m)) => failed(
+            "InstanceNotFound",
+            format!(
+                "the instance behind {} is gone: {m}",
+                provider_id.unwrap_or_default()
+            ),
+        ),
+        (Call::Get, CallError::Terminal(m)) => failed("InstanceError", m.clone()),
+        (
+            _,
+            CallError::Retry {
+                reason,
+                message,
+                after_ms,
+            },
+        ) => {
+            let outcome = Outcome::Retrying {
+                reason: reason.clone(),
+                message: message.clone(),
+            };
+            end(outcome, Requeue::After(*after_ms))
+        }
+        // What a call should not answer (validate saying NotFound, say) is
+        // reported and tried again later.
+        (_, CallError::InvalidConfig(m) | CallError::Terminal(m) | CallError::NotFound(m)) => {
+            let outcome = Outcome::Retrying {
+                reason: "ProviderError".into(),
+                message: m.clone(),
+            };
+            end(outcome, Requeue::After(30_000))
+        }
+    }
+}
+
+fn hook_message(kind: &str, names: &[String], prefix: &str) -> String {
+    format!(
+        "waiting for {kind} hooks: {} (remove the annotations {} to continue)",
+        names.join(", "),
+        names
+            .iter()
+            .map(|n| format!("{prefix}{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+fn next_deletion_step(view: &MachineView) -> MachineStep {
+    let mut steps = view.deletion.clone();
+    if view.drain == Some(Drain::Complete) {
+        steps.drain_complete = true;
+    }
+    let deleting = |reason, message, instance, drain_skipped: Option<String>| Outcome::Deleting {
+        reason,
+        message,
+        instance,
+        drain_ended: reason != "WaitingForPreDrainHook" && reason != "DrainingNode",
+        drain_skipped,
+    };
+    match deletion::next_step(&steps) {
+        DeletionStep::WaitForPreDrainHooks(names) => {
+            let message = hook_message("pre-drain", &names, view.hook_prefixes.pre_drain);
+            end(
+                deleting("WaitingForPreDrainHook", message, None, None),
+                Requeue::Resync,
+            )
+        }
+        DeletionStep::DrainNode(node) => match &view.drain {
+            Some(Drain::Pending { message, blocked }) => {
+                // A refused eviction (a PodDisruptionBudget) is retried with
+                // backoff; pods already evicted are checked again soon.
+                let after = if *blocked { 5_000 } else { 1_000 };
+                end(
+                    deleting("DrainingNode", message.clone(), None, None),
+                    Requeue::After(after),
+                )
+            }
+            _ => MachineStep::DrainNode(node),
+        },
+        DeletionStep::WaitForPreTerminateHooks {
+            hooks,
+            drain_skipped,
+        } => {
+            let mut message =
+                hook_message("pre-terminate", &hooks, view.hook_prefixes.pre_terminate);
+            if let Some(why) = &drain_skipped {
+                message = format!("{message}; {why}");
+            }
+            end(
+                deleting("WaitingForPreTerminateHook", message, None, drain_skipped),
+                Requeue::Resync,
+            )
+        }
+        DeletionStep::DeleteInstance { drain_skipped } => {
+            let waiting = match &drain_skipped {
+                Some(why) => format!("deleting the instance ({why})"),
+                None => "deleting the instance".to_string(),
+            };
+            let releasing = |instance, requeue| {
+                end(
+                    deleting(
+                        "WaitingForInfrastructureDeletion",
+                        waiting.clone(),
+                        instance,
+                        drain_skipped.clone(),
+                    ),
+                    requeue,
+                )
+            };
+            match (&view.release, &view.plugin) {
+                (Some(Release::Done), _) if !view.node_deleted => MachineStep::DeleteNode,
+                (Some(Release::Done), _) => MachineStep::RemoveFinalizer,
+                (Some(Release::InProgress(ms)), _) => releasing(
+                    Some(("Deleting", "the provider is deleting the instance".into())),
+                    Requeue::After((*ms).max(100)),
+                ),
+                (Some(Release::Retry(ms)), _) => releasing(None, Requeue::After(*ms)),
+                (Some(Release::Failed(message)), _) => releasing(
+                    Some(("DeleteFailed", message.clone())),
+                    Requeue::After(30_000),
+                ),
+                (None, PluginState::Ready) => MachineStep::ReleaseInstance {
+                    drain_skipped: drain_skipped.clone(),
+                },
+                (None, PluginState::Loading) => end(Outcome::Unchanged, Requeue::After(500)),
+                (None, PluginState::NotAllowed(reason) | PluginState::Unavailable(reason)) => {
+                    releasing(
+                        Some((
+                            "PluginNotReady",
+                            format!("cannot release the instance: {reason}"),
+                        )),
+                        Requeue::After(15_000),
+                    )
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn alive() -> MachineView {
+        MachineView {
+            has_finalizer: true,
+            ..Default::default()
+        }
+    }
+
+    fn instance(state: InstanceState, node: NodeSeen) -> Instance {
+        Instance {
+            provider_id: "sim://i-1".into(),
+            state,
+            message: None,
+            node,
+        }
+    }
+
+    fn requeue(step: MachineStep) -> Requeue {
+        match step {
+            MachineStep::End(e) => e.requeue,
+            other => panic!("not an end: {other:?}"),
+        }
+    }
+
+    fn outcome(step: MachineStep) -> Outcome {
+        match step {
+            MachineStep::End(e) => e.outcome,
+            other => panic!("not an end: {other:?}"),
+        }
+    }
+
+    /// Run the steps a fresh machine takes, answering each call as `answer`
+    /// says, until the pass ends; returns the steps taken and the end.
+    fn pass(
+        mut view: MachineView,
+        answer: impl Fn(&MachineStep, &mut MachineView),
+    ) -> (Vec<MachineStep>, End) {
+        let mut taken = Vec::new();
+        for _ in 0..20 {
+            let step = next_step(&view);
+            if let MachineStep::End(e) = step {
+                return (taken, e);
+            }
+            answer(&step, &mut view);
+            taken.push(step);
+        }
+        panic!("no end after 20 steps: {taken:?}");
+    }
+
+    fn healthy(step: &MachineStep, view: &mut MachineView) {
+        match step {
+            MachineStep::AddFinalizer => view.has_finalizer = true,
+            MachineStep::Validate => view.validated = true,
+            MachineStep::Create | MachineStep::Get => {
+                view.provider_id = Some("sim://i-1".into());
+                view.instance = Some(instance(
+                    InstanceState::Running,
+                    NodeSeen::Ready("n1".into()),
+                ));
+            }
+            MachineStep::AdvanceInPlace => view.in_place = Some(InPlace::Done),
+            MachineStep::DrainNode(_) => view.drain = Some(Drain::Complete),
+            MachineStep::ReleaseInstance { .. } => view.release = Some(Release::Done),
+            MachineStep::DeleteNode => view.node_deleted = true,
+            MachineStep::RemoveFinalizer => view.has_finalizer = false,
+            MachineStep::End(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_new_machine_gets_its_finalizer_is_validated_created_and_checked_on_its_cadence() {
+        let (steps, end) = pass(MachineView::default(), healthy);
+        assert_eq!(
+            steps,
+            [
+                MachineStep::AddFinalizer,
+                MachineStep::Validate,
+                MachineStep::Create
+            ]
+        );
+        assert_eq!(end.outcome, Outcome::Observed);
+        assert_eq!(end.requeue, Requeue::InstanceCheck);
+        // Next pass: validated this generation, the instance is known.
+        let view = MachineView {
+            validated: true,
+            provider_id: Some("sim://i-1".into()),
+            ..alive()
+        };
+        let (steps, _) = pass(view, healthy);
+        assert_eq!(steps, [MachineStep::Get]);
+    }
+
+    #[test]
+    fn a_plugin_that_does_not_allow_the_namespace_holds_before_the_finalizer() {
+        let view = MachineView {
+            plugin: PluginState::NotAllowed("not in allowedNamespaces".into()),
+            ..Default::default()
+        };
+        let (steps, end) = pass(view, healthy);
+        assert!(steps.is_empty(), "no finalizer, no call: {steps:?}");
+        assert_eq!(
+            end.outcome,
+            Outcome::Held {
+                reason: "PluginNotAllowed",
+                message: "not in allowedNamespaces".into()
+            }
+        );
+        // Loading writes nothing and looks again soon; unavailable holds.
+        let loading = MachineView {
+            plugin: PluginState::Loading,
+            ..alive()
+        };
+        assert_eq!(
+            next_step(&loading),
+            end_of(Outcome::Unchanged, Requeue::After(500))
+        );
+        let broken = MachineView {
+            plugin: PluginState::Unavailable("failed to load".into()),
+            ..alive()
+        };
+        assert!(matches!(
+            outcome(next_step(&broken)),
+            Outcome::Held {
+                reason: "PluginNotReady",
+                ..
+            }
+        ));
+    }
+
+    fn end_of(outcome: Outcome, requeue: Requeue) -> MachineStep {
+        end(outcome, requeue)
+    }
+
+    #[test]
+    fn a_failure_waits_for_a_new_generation_and_a_changed_provider_is_not_applied() {
+        let failed = MachineView {
+            failed: true,
+            ..alive()
+        };
+        assert_eq!(
+            next_step(&failed),
+            end_of(Outcome::Unchanged, Requeue::Resync)
+        );
+        let moved = MachineView {
+            provider_changed: Some("spec.provider.plugin changed".into()),
+            ..alive()
+        };
+        assert!(matches!(
+            outcome(next_step(&moved)),
+            Outcome::ProviderChanged(_)
+        ));
+    }
+
+    #[test]
+    fn call_errors_fail_or_retry_as_their_kind_says() {
+        let with = |call, error| MachineView {
+            call_error: Some((call, error)),
+            provider_id: Some("sim://i-1".into()),
+            ..alive()
+        };
+        let reason = |step| match outcome(step) {
+            Outcome::Failed { reason, .. } | Outcome::Retrying { reason, .. } => reason,
+            other => panic!("{other:?}"),
+        };
+        let m = || "m".to_string();
+        for (call, error, expected) in [
+            (
+                Call::Validate,
+                CallError::InvalidConfig(m()),
+                "InvalidConfiguration",
+            ),
+            (
+                Call::Create,
+                CallError::InvalidConfig(m()),
+                "InvalidConfiguration",
+            ),
+            (Call::Create, CallError::Terminal(m()), "CreateError"),
+            (Call::Get, CallError::NotFound(m()), "InstanceNotFound"),
+            (Call::Get, CallError::Terminal(m()), "InstanceError"),
+            (Call::Validate, CallError::NotFound(m()), "ProviderError"),
+            (
+                Call::Get,
+                CallError::Retry {
+                    reason: "ProviderRetrying".into(),
+                    message: m(),
+                    after_ms: 1500,
+                },
+                "ProviderRetrying",
+            ),
+        ] {
+            assert_eq!(reason(next_step(&with(call, error.clone()))), expected);
+        }
+        let retry = with(
+            Call::Get,
+            CallError::Retry {
+                reason: "ProviderRetrying".into(),
+                message: m(),
+                after_ms: 1500,
+            },
+        );
+        assert_eq!(requeue(next_step(&retry)), Requeue::After(1500));
+        let Outcome::Failed { message, .. } =
+            outcome(next_step(&with(Call::Get, CallError::NotFound(m()))))
+        else {
+            unreachable!()
+        };
+        assert!(message.contains("sim://i-1"), "{message}");
+    }
+
+    #[test]
+    fn an_instance_gone_outside_capstan_fails_unless_an_update_stopped_it() {
+        let seen = |state, updating| MachineView {
+            validated: true,
+            provider_id: Some("sim://i-1".into()),
+            instance: Some(instance(state, NodeSeen::Missing)),
+            updating_in_place: updating,
+            ..alive()
+        };
+        assert!(matches!(
+            outcome(next_step(&seen(InstanceState::Terminated, true))),
+            Outcome::Failed { reason, .. } if reason == "InstanceTerminated"
+        ));
+        assert!(matches!(
+            outcome(next_step(&seen(InstanceState::Stopped, false))),
+            Outcome::Failed { reason, .. } if reason == "InstanceStopped"
+        ));
+        assert_eq!(
+            next_step(&seen(InstanceState::Stopped, true)),
+            MachineStep::AdvanceInPlace
+        );
+        // Booting instances are polled; a running one without a Ready Node
+        // is looked at every 10 s.
+        assert_eq!(
+            requeue(next_step(&seen(InstanceState::Pending, false))),
+            Requeue::Poll
+        );
+        assert_eq!(
+            requeue(next_step(&seen(InstanceState::Running, false))),
+            Requeue::After(10_000)
+        );
+    }
+
+    #[test]
+    fn in_place_steps_end_the_pass_where_the_update_is() {
+        let mut view = MachineView {
+            validated: true,
+            provider_id: Some("sim://i-1".into()),
+            instance: Some(instance(
+                InstanceState::Updating,
+                NodeSeen::Ready("n1".into()),
+            )),
+            updating_in_place: true,
+            ..alive()
+        };
+        assert_eq!(next_step(&view), MachineStep::AdvanceInPlace);
+        for (state, expected) in [
+            (InPlace::Wait(2000), Requeue::After(2000)),
+            (InPlace::Failed, Requeue::Resync),
+            (InPlace::Done, Requeue::After(10)),
+        ] {
+            view.in_place = Some(state);
+            assert_eq!(next_step(&view), end_of(Outcome::Observed, expected));
+        }
+    }
+
+    fn deleting_view() -> MachineView {
+        MachineView {
+            deleting: true,
+            has_finalizer: true,
+            deletion: DeletionView {
+                node: Some("n1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn deletion_drains_releases_deletes_the_node_and_lets_go() {
+        let (steps, end) = pass(deleting_view(), healthy);
+        assert_eq!(
+            steps,
+            [
+                MachineStep::DrainNode("n1".into()),
+                MachineStep::ReleaseInstance {
+                    drain_skipped: None
+                },
+                MachineStep::DeleteNode,
+                MachineStep::RemoveFinalizer,
+            ]
+        );
+        assert_eq!(
+            end,
+            End {
+                outcome: Outcome::Unchanged,
+                requeue: Requeue::AwaitChange
+            }
+        );
+        // Without the finalizer nothing more happens.
+        let gone = MachineView {
+            has_finalizer: false,
+            ..deleting_view()
+        };
+        assert_eq!(requeue(next_step(&gone)), Requeue::AwaitChange);
+    }
+
+    #[test]
+    fn a_pending_drain_holds_and_the_drain_state_comes_from_status_not_a_reason() {
+        let mut view = deleting_view();
+        view.drain = Some(Drain::Pending {
+            message: "evicting 2 pods".into(),
+            blocked: true,
+        });
+        let step = next_step(&view);
+        assert_eq!(requeue(step.clone()), Requeue::After(5_000));
+        assert!(matches!(
+            outcome(step),
+            Outcome::Deleting {
+                reason: "DrainingNode",
+                drain_ended: false,
+                ..
+            }
+        ));
+        // A drain recorded as ended is not run again.
+        let mut view = deleting_view();
+        view.deletion.drain_complete = true;
+        assert_eq!(
+            next_step(&view),
+            MachineStep::ReleaseInstance {
+                drain_skipped: None
+            }
+        );
+    }
+
+    #[test]
+    fn releasing_reports_what_the_provider_and_the_plugin_say() {
+        let mut view = deleting_view();
+        view.deletion.node = None;
+        view.plugin = PluginState::Loading;
+        assert_eq!(
+            next_step(&view),
+            end_of(Outcome::Unchanged, Requeue::After(500))
+        );
+        view.plugin = PluginState::Unavailable("gone".into());
+        assert!(matches!(
+            outcome(next_step(&view)),
+            Outcome::Deleting {
+                instance: Some(("PluginNotReady", _)),
+                drain_ended: true,
+                ..
+            }
+        ));
+        view.plugin = PluginState::Ready;
+        for (release, expected) in [
+            (Release::InProgress(20), Requeue::After(100)),
+            (Release::Retry(3000), Requeue::After(3000)),
+            (Release::Failed("boom".into()), Requeue::After(30_000)),
+        ] {
+            view.release = Some(release);
+            assert_eq!(requeue(next_step(&view)), expected);
+        }
+    }
+
+    fn arbitrary_view() -> impl Strategy<Value = MachineView> {
+        let plugin = prop_oneof![
+            Just(PluginState::Ready),
+            Just(PluginState::Loading),
+            Just(PluginState::NotAllowed("no".into())),
+            Just(PluginState::Unavailable("down".into())),
+        ];
+        let state = prop_oneof![
+            Just(InstanceState::Pending),
+            Just(InstanceState::Running),
+            Just(InstanceState::Stopped),
+            Just(InstanceState::Terminated),
+            Just(InstanceState::Updating),
+        ];
+        (
+            (any::<bool>(), any::<bool>(), plugin, any::<bool>()),
+            (any::<bool>(), any::<bool>(), proptest::option::of(state)),
+            (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+        )
+            .prop_map(
+                |(
+                    (deleting, has_finalizer, plugin, failed),
+                    (validated, has_id, state),
+                    (updating, hooks, node, excluded),
+                )| MachineView {
+                    deleting,
+                    has_finalizer,
+                    plugin,
+                    failed,
+                    validated,
+                    provider_id: has_id.then(|| "sim://i-1".into()),
+                    instance: state.map(|s| instance(s, NodeSeen::Missing)),
+                    updating_in_place: updating,
+                    deletion: DeletionView {
+                        pre_drain_hooks: if hooks { vec!["h".into()] } else { vec![] },
+                        node: node.then(|| "n1".into()),
+                        exclude_draining: excluded,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+    }
+
+    proptest! {
+        /// Whatever the view, the executor answering every step reaches an
+        /// end within a bounded number of steps, never calls a provider for
+        /// a machine whose plugin does not allow it (alive) and never adds
+        /// a finalizer to a deleting machine.
+        #[test]
+        fn every_pass_ends_and_respects_the_plugin_and_the_finalizer(view in arbitrary_view()) {
+            let not_allowed = matches!(view.plugin, PluginState::NotAllowed(_));
+            let (steps, _) = pass(view.clone(), healthy);
+            prop_assert!(steps.len() <= 6, "{steps:?}");
+            for step in &steps {
+                if view.deleting {
+                    prop_assert_ne!(step, &MachineStep::AddFinalizer);
+                    prop_assert!(!matches!(step, MachineStep::Create | MachineStep::Validate | MachineStep::Get));
+                } else {
+                    let deletion_step = matches!(step, MachineStep::ReleaseInstance { .. } | MachineStep::RemoveFinalizer | MachineStep::DeleteNode | MachineStep::DrainNode(_));
+                    prop_assert!(!deletion_step, "{:?}", step);
+                    if not_allowed {
+                        prop_assert!(!matches!(step, MachineStep::Create | MachineStep::Validate | MachineStep::Get | MachineStep::AddFinalizer));
+                    }
+                }
+            }
+            // A deleting machine lets go only after its instance is released
+            // and its Node deleted.
+            if let Some(i) = steps.iter().position(|s| *s == MachineStep::RemoveFinalizer) {
+                let released = steps[..i].iter().any(|s| matches!(s, MachineStep::ReleaseInstance { .. }));
+                prop_assert!(released, "{:?}", steps);
+                prop_assert!(steps[..i].contains(&MachineStep::DeleteNode));
+            }
+        }
+    }
+}
