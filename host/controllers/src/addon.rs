@@ -24,6 +24,7 @@
 //! labelled object into a reconcile of its Addon, which puts back what was
 //! applied.
 
+use crate::registry::RegisteredAddon;
 use crate::{Context, Error, apply_status, counted, drain, instrumented, now, record_event};
 use capstan_addons::ownership::{self, Ownership};
 use capstan_addons::{AddonError, AddonGrants, Object};
@@ -43,7 +44,7 @@ use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const CONTROLLER: &str = "addon";
@@ -59,41 +60,6 @@ pub const UP_TO_DATE: &str = "UpToDate";
 /// How soon an addon that is not healthy yet (or failed) is looked at again,
 /// besides the watches on what it applied.
 const RECHECK: Duration = Duration::from_secs(5);
-
-/// An addon plugin and what it may render.
-#[derive(Debug)]
-pub struct RegisteredAddon {
-    /// The sandboxed plugin.
-    pub plugin: capstan_runtime::AddonPlugin,
-    /// What the Plugin's `spec.grants` allows its Addons.
-    pub grants: AddonGrants,
-}
-
-/// Addon plugins by Plugin name; the Plugin controller fills it.
-#[derive(Debug, Clone, Default)]
-pub struct Addons {
-    inner: Arc<RwLock<HashMap<String, Arc<RegisteredAddon>>>>,
-}
-
-impl Addons {
-    /// Register (or replace) the addon plugin of a Plugin.
-    pub fn insert(&self, name: &str, addon: RegisteredAddon) {
-        self.inner
-            .write()
-            .expect("addons lock")
-            .insert(name.to_string(), Arc::new(addon));
-    }
-
-    /// Stop serving a Plugin (its grants were revoked).
-    pub fn remove(&self, name: &str) {
-        self.inner.write().expect("addons lock").remove(name);
-    }
-
-    /// The addon plugin of a Plugin.
-    pub fn get(&self, name: &str) -> Option<Arc<RegisteredAddon>> {
-        self.inner.read().expect("addons lock").get(name).cloned()
-    }
-}
 
 /// A cluster objects are applied to.
 #[derive(Clone)]
@@ -572,7 +538,7 @@ fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failu
     let object = ctx.stores.plugins.get(&key);
     let namespace = addon.namespace().unwrap_or_default();
     if let Some(p) = &object
-        && !crate::plugin::allowed_in(ctx, p, &namespace)
+        && !crate::registry::allowed_in(ctx, p, &namespace)
     {
         return Err(fail(
             APPLIED,

@@ -181,7 +181,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     ) {
         (Some(message), _) => Err(("NameTooLong", message)),
         (None, Some(message)) => Err(("InvalidSpec", message)),
-        (None, None) => match crate::plugin::not_allowed(&ctx, plugin, &namespace) {
+        (None, None) => match crate::registry::not_allowed(&ctx, plugin, &namespace) {
             Some(message) => Err(("PluginNotAllowed", message)),
             None => strategy_of(&md).map_err(|m| ("InvalidSpec", m)),
         },
@@ -342,7 +342,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         ),
     };
 
-    let deletion = in_place_deletion(&md.spec.template.spec);
+    let deletion = crate::machineset::in_place_deletion(&md.spec.template.spec);
     // Old sets first: a set told to hand machines over must be seen doing
     // so before the new set (raised for them in this same step) looks.
     // Under OnDelete, old sets keep the slot of a machine a user deletes.
@@ -809,16 +809,6 @@ struct Totals {
 
 /// Patch a set's replicas, `minReadySeconds` and annotations (`None`
 /// removes one) to these values, writing only what differs.
-/// The deletion settings of a machine spec, with "nothing set" as `None`,
-/// so an empty `deletion: {}` and no `deletion` compare equal.
-pub(crate) fn in_place_deletion(
-    spec: &capstan_api::MachineSpec,
-) -> Option<&capstan_api::MachineDeletionSpec> {
-    spec.deletion
-        .as_ref()
-        .filter(|d| **d != capstan_api::MachineDeletionSpec::default())
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn sync_set(
     api: &Api<MachineSet>,
@@ -858,7 +848,7 @@ async fn sync_set(
             policy.map(|p| json!(p)),
         );
     }
-    if in_place_deletion(&set.spec.template.spec) != deletion {
+    if crate::machineset::in_place_deletion(&set.spec.template.spec) != deletion {
         put(
             &mut ops,
             "/spec/template/spec/deletion",

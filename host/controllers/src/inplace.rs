@@ -22,82 +22,27 @@
 //!    after a restart, and finally removes the annotation. A failure stops
 //!    there with `Updating=False` / `UpdateFailed`; nothing is rolled back.
 
+use crate::Context;
+use crate::provider::to_plugin_machine;
 use crate::provider::{ProviderError, timed};
-use crate::{Context, machine::to_plugin_machine};
+use crate::registry::RegisteredUpdater;
 use capstan_api::machine_conditions::{UP_TO_DATE, UPDATING};
 use capstan_api::{
     ANNOTATION_IN_PLACE_FROM, InPlaceStep, InPlaceStrategy, InPlaceUpdateStatus, Machine,
     MachineSpec, MachineStatus, Plugin, Time, UpdateRecord, set_condition, status as cond,
 };
-use capstan_manifest::FieldPattern;
 use capstan_planner::inplace::{self, MachinePlan, Planner, Updater};
-use capstan_runtime::UpdaterPlugin;
 use capstan_runtime::types::UpdateProgress;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Provenance entries kept per machine.
 const MAX_UPDATE_RECORDS: usize = 20;
 /// Plans cached for the deployment controller's previews.
 const MAX_CACHED_PLANS: usize = 20_000;
-
-/// One active updater.
-#[derive(Debug, Clone)]
-pub struct RegisteredUpdater {
-    /// The loaded plugin.
-    pub plugin: UpdaterPlugin,
-    /// The fields its manifest declares.
-    pub fields: Vec<FieldPattern>,
-    /// Its Plugin's `spec.updateOrder`.
-    pub order: Option<i32>,
-}
-
-impl RegisteredUpdater {
-    /// `sha256:…` of the component.
-    pub fn digest(&self) -> &str {
-        self.plugin.plugin().digest()
-    }
-}
-
-/// Updaters by Plugin name. The Plugin controller fills it; the
-/// deployment, set and machine controllers read it.
-#[derive(Debug, Clone, Default)]
-pub struct Updaters {
-    inner: Arc<RwLock<HashMap<String, Arc<RegisteredUpdater>>>>,
-}
-
-impl Updaters {
-    /// Register (or replace) the updater of a Plugin.
-    pub fn insert(&self, name: &str, updater: RegisteredUpdater) {
-        self.inner
-            .write()
-            .expect("updaters lock")
-            .insert(name.to_string(), Arc::new(updater));
-    }
-
-    /// Stop serving a Plugin (its grants were revoked).
-    pub fn remove(&self, name: &str) {
-        self.inner.write().expect("updaters lock").remove(name);
-    }
-
-    /// The updater of a Plugin.
-    pub fn get(&self, name: &str) -> Option<Arc<RegisteredUpdater>> {
-        self.inner.read().expect("updaters lock").get(name).cloned()
-    }
-
-    /// Every registered updater.
-    pub fn all(&self) -> Vec<(String, Arc<RegisteredUpdater>)> {
-        self.inner
-            .read()
-            .expect("updaters lock")
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    }
-}
 
 /// Plans the deployment controller computed, so a reconcile every few
 /// seconds does not ask every updater about every machine again.
@@ -130,7 +75,7 @@ pub(crate) fn eligible(
                 .get(&ObjectRef::<Plugin>::new(name))
                 .is_some_and(|p| {
                     p.metadata.deletion_timestamp.is_none()
-                        && crate::plugin::allowed_in(ctx, &p, namespace)
+                        && crate::registry::allowed_in(ctx, &p, namespace)
                 })
         })
         .map(|(name, registered)| {
@@ -391,7 +336,7 @@ pub(crate) async fn advance(
         // Checked again at every step: the namespace may have been taken
         // off the Plugin since the plan was made.
         let namespace = machine.namespace().unwrap_or_default();
-        if let Some(message) = crate::plugin::not_allowed(ctx, &step.updater, &namespace) {
+        if let Some(message) = crate::registry::not_allowed(ctx, &step.updater, &namespace) {
             set_progress(status, generation, t, message);
             return Advance::Wait(Duration::from_secs(15));
         }

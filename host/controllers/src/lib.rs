@@ -34,6 +34,7 @@ mod nodedrain;
 pub mod plugin;
 pub mod provider;
 pub mod rbac;
+pub mod registry;
 pub mod serve;
 
 pub use metrics::Metrics;
@@ -213,14 +214,14 @@ pub struct Context {
     /// Providers by plugin name.
     pub providers: Providers,
     /// In-place updaters by plugin name.
-    pub updaters: inplace::Updaters,
+    pub updaters: registry::Updaters,
     /// Activating an updater checks its fields against the others and
     /// registers it as one step.
     pub(crate) updater_activation: tokio::sync::Mutex<()>,
     /// Per-machine in-place plans the deployment controller computed.
     pub(crate) plans: inplace::PlanCache,
     /// Addon plugins by plugin name.
-    pub addons: addon::Addons,
+    pub addons: registry::Addons,
     /// Drift watches, workload-cluster clients and discovery of the addon
     /// controller.
     pub(crate) addon_state: addon::AddonState,
@@ -739,10 +740,10 @@ pub async fn run(
         eviction_version: std::sync::OnceLock::new(),
         runtime,
         providers,
-        updaters: inplace::Updaters::default(),
+        updaters: registry::Updaters::default(),
         updater_activation: tokio::sync::Mutex::default(),
         plans: inplace::PlanCache::default(),
-        addons: addon::Addons::default(),
+        addons: registry::Addons::default(),
         addon_state: addon::AddonState::default(),
         metrics: metrics.clone(),
         stores: stores.clone(),

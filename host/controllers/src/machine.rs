@@ -15,8 +15,9 @@
 //! done, the Node object, then the finalizer.
 
 use crate::inplace::Advance;
-use crate::plugin::Availability;
+use crate::provider::to_plugin_machine;
 use crate::provider::{ProviderError, timed};
+use crate::registry::Availability;
 use crate::{
     Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, machines_of_node,
     now, record_event, retry_soon,
@@ -34,9 +35,7 @@ use capstan_planner::machine::{
     Call, CallError, Drain, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
     MachineStep, MachineView, NodeSeen, Outcome, PluginState, Release, Requeue, next_step,
 };
-use capstan_runtime::types::{
-    AddressKind, Deletion, InstanceState, Machine as PluginMachine, MachineStatus as PluginStatus,
-};
+use capstan_runtime::types::{AddressKind, Deletion, InstanceState, MachineStatus as PluginStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -106,26 +105,6 @@ fn machines_where(
         .collect()
 }
 
-/// The machine as the plugin contract describes it.
-pub fn to_plugin_machine(machine: &Machine) -> PluginMachine {
-    PluginMachine {
-        name: machine.name_any(),
-        namespace: machine.namespace().unwrap_or_default(),
-        uid: machine.uid().unwrap_or_default(),
-        cluster_name: machine.spec.cluster_name.clone(),
-        labels: machine
-            .labels()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        version: machine.spec.version.clone(),
-        failure_domain: machine.spec.failure_domain.clone(),
-        provider_config: machine.spec.provider.config.to_string(),
-        infrastructure_config: None,
-        provider_id: machine.status.as_ref().and_then(|s| s.provider_id.clone()),
-    }
-}
-
 /// One pass over a Machine: observe it, run the planner's steps
 /// ([`capstan_planner::machine::next_step`]) until the planner ends the
 /// pass, then derive the status once and write it at most once.
@@ -175,7 +154,7 @@ impl<'a> Pass<'a> {
         } else {
             machine.spec.provider.plugin.as_str()
         };
-        let (plugin, provider) = match crate::plugin::availability(ctx, plugin_name, &namespace) {
+        let (plugin, provider) = match crate::registry::availability(ctx, plugin_name, &namespace) {
             Availability::Ready => match ctx.providers.get(plugin_name) {
                 Some(registered) => (PluginState::Ready, Some(registered.provider)),
                 None => (PluginState::Loading, None),

@@ -199,7 +199,7 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     })
     .or_else(|| {
         let plugin = &set.spec.template.spec.provider.plugin;
-        crate::plugin::not_allowed(&ctx, plugin, &namespace).map(|m| ("PluginNotAllowed", m))
+        crate::registry::not_allowed(&ctx, plugin, &namespace).map(|m| ("PluginNotAllowed", m))
     });
     if let Some((reason, message)) = problem {
         let problem = Some((reason, message.as_str()));
@@ -236,10 +236,9 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
 
     // Deletion settings change in place (they are not part of the template
     // hash): carry them to the machines.
-    let deletion = crate::deployment::in_place_deletion(&set.spec.template.spec);
+    let deletion = in_place_deletion(&set.spec.template.spec);
     for m in mine.iter().filter(|m| {
-        m.metadata.deletion_timestamp.is_none()
-            && crate::deployment::in_place_deletion(&m.spec) != deletion
+        m.metadata.deletion_timestamp.is_none() && in_place_deletion(&m.spec) != deletion
     }) {
         let patch = serde_json::json!({ "spec": { "deletion": deletion } });
         match machines_api
@@ -650,4 +649,14 @@ async fn create_machines(
         ))(e));
     }
     Ok(names)
+}
+
+/// The deletion settings of a machine spec, with "nothing set" as `None`,
+/// so an empty `deletion: {}` and no `deletion` compare equal.
+pub(crate) fn in_place_deletion(
+    spec: &capstan_api::MachineSpec,
+) -> Option<&capstan_api::MachineDeletionSpec> {
+    spec.deletion
+        .as_ref()
+        .filter(|d| **d != capstan_api::MachineDeletionSpec::default())
 }

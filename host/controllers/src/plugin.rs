@@ -646,7 +646,7 @@ async fn load(
         check_field_ownership(plugin, &update_fields, ctx)?;
         ctx.updaters.insert(
             name,
-            crate::inplace::RegisteredUpdater {
+            crate::registry::RegisteredUpdater {
                 plugin: updater,
                 fields: update_fields.clone(),
                 order: plugin.spec.update_order,
@@ -657,7 +657,7 @@ async fn load(
         let addon = loaded.addon().map_err(|e| ("LoadFailed", e.to_string()))?;
         ctx.addons.insert(
             name,
-            crate::addon::RegisteredAddon {
+            crate::registry::RegisteredAddon {
                 plugin: addon,
                 grants: addon_grants,
             },
@@ -934,75 +934,4 @@ fn check_field_ownership(
             conflicts.join("; ")
         ),
     ))
-}
-
-/// Whether objects in `namespace` may use `plugin`: its
-/// `spec.allowedNamespaces` against the namespace's labels (unset: only
-/// Capstan's own namespace).
-pub fn allowed_in(ctx: &Context, plugin: &Plugin, namespace: &str) -> bool {
-    let labels = ctx
-        .stores
-        .namespaces
-        .get(&ObjectRef::new(namespace))
-        .and_then(|n| n.metadata.labels.clone())
-        .unwrap_or_default();
-    plugin.allows_namespace(namespace, &labels, ctx.options.secrets_namespace.as_deref())
-}
-
-/// Why objects in `namespace` may not use the Plugin named `name`, if they
-/// may not (a Plugin that does not exist is another matter, reported where
-/// it is used).
-pub(crate) fn not_allowed(ctx: &Context, name: &str, namespace: &str) -> Option<String> {
-    let plugin = ctx.stores.plugins.get(&ObjectRef::new(name))?;
-    (!allowed_in(ctx, &plugin, namespace))
-        .then(|| plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()))
-}
-
-/// Whether machines can use a plugin right now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Availability {
-    /// Registered and usable.
-    Ready,
-    /// The plugin exists but objects in this namespace may not use it: what
-    /// to tell the user (reason `PluginNotAllowed`).
-    NotAllowed(String),
-    /// This host has not loaded it yet (for example right after a restart);
-    /// machines wait quietly instead of reporting a problem.
-    Loading,
-    /// Missing or failed to load: what to tell the user.
-    Unavailable(String),
-}
-
-/// Whether machines in `namespace` naming `name` can use it.
-pub fn availability(ctx: &Context, name: &str, namespace: &str) -> Availability {
-    let registered = ctx.providers.get(name);
-    let key = ObjectRef::<Plugin>::new(name);
-    let Some(plugin) = ctx.stores.plugins.get(&key) else {
-        return match registered {
-            // Built-in providers (the benchmark's native one) have no object.
-            Some(r) if r.generation.is_none() => Availability::Ready,
-            _ => Availability::Unavailable(format!(
-                "plugin {name:?} does not exist; create a Plugin named {name:?} (kubectl get plugins lists the installed ones)"
-            )),
-        };
-    };
-    if !allowed_in(ctx, &plugin, namespace) {
-        return Availability::NotAllowed(
-            plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()),
-        );
-    }
-    if registered.is_some() {
-        return Availability::Ready;
-    }
-    let condition = plugin
-        .status
-        .as_ref()
-        .and_then(|s| capstan_api::condition(&s.conditions, READY).cloned());
-    match condition {
-        Some(c) if c.status == status::FALSE => Availability::Unavailable(format!(
-            "plugin {name:?} is not ready: {}: {}",
-            c.reason, c.message
-        )),
-        _ => Availability::Loading,
-    }
 }

@@ -9,6 +9,7 @@ use crate::metrics::Metrics;
 use capstan_runtime::types::{Deletion, Machine as PluginMachine, MachineStatus, PluginError};
 use capstan_runtime::{Error as RuntimeError, ProviderPlugin};
 use futures::future::BoxFuture;
+use kube::ResourceExt as _;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -205,6 +206,26 @@ pub async fn timed<T>(
     };
     metrics.plugin_call(plugin, function, outcome, started.elapsed());
     result
+}
+
+/// The machine as the plugin contract describes it.
+pub fn to_plugin_machine(machine: &capstan_api::Machine) -> PluginMachine {
+    PluginMachine {
+        name: machine.name_any(),
+        namespace: machine.namespace().unwrap_or_default(),
+        uid: machine.uid().unwrap_or_default(),
+        cluster_name: machine.spec.cluster_name.clone(),
+        labels: machine
+            .labels()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        version: machine.spec.version.clone(),
+        failure_domain: machine.spec.failure_domain.clone(),
+        provider_config: machine.spec.provider.config.to_string(),
+        infrastructure_config: None,
+        provider_id: machine.status.as_ref().and_then(|s| s.provider_id.clone()),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,177 @@
+//! The plugin registry: what the Plugin controller loaded, by Plugin name
+//! (providers live in [`crate::provider::Providers`], updaters and addon
+//! plugins here), and whether objects in a namespace may use a Plugin right
+//! now. The Plugin controller fills it; the Machine, in-place and Addon
+//! code read it. It imports none of them, so none of them import each
+//! other through it.
+
+use crate::Context;
+use capstan_addons::AddonGrants;
+use capstan_api::machine_conditions::READY;
+use capstan_api::{Plugin, status};
+use capstan_manifest::FieldPattern;
+use capstan_runtime::UpdaterPlugin;
+use kube::runtime::reflector::ObjectRef;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// One active updater.
+#[derive(Debug, Clone)]
+pub struct RegisteredUpdater {
+    /// The loaded plugin.
+    pub plugin: UpdaterPlugin,
+    /// The fields its manifest declares.
+    pub fields: Vec<FieldPattern>,
+    /// Its Plugin's `spec.updateOrder`.
+    pub order: Option<i32>,
+}
+
+impl RegisteredUpdater {
+    /// `sha256:…` of the component.
+    pub fn digest(&self) -> &str {
+        self.plugin.plugin().digest()
+    }
+}
+
+/// Updaters by Plugin name. The Plugin controller fills it; the
+/// deployment, set and machine controllers read it.
+#[derive(Debug, Clone, Default)]
+pub struct Updaters {
+    inner: Arc<RwLock<HashMap<String, Arc<RegisteredUpdater>>>>,
+}
+
+impl Updaters {
+    /// Register (or replace) the updater of a Plugin.
+    pub fn insert(&self, name: &str, updater: RegisteredUpdater) {
+        self.inner
+            .write()
+            .expect("updaters lock")
+            .insert(name.to_string(), Arc::new(updater));
+    }
+
+    /// Stop serving a Plugin (its grants were revoked).
+    pub fn remove(&self, name: &str) {
+        self.inner.write().expect("updaters lock").remove(name);
+    }
+
+    /// The updater of a Plugin.
+    pub fn get(&self, name: &str) -> Option<Arc<RegisteredUpdater>> {
+        self.inner.read().expect("updaters lock").get(name).cloned()
+    }
+
+    /// Every registered updater.
+    pub fn all(&self) -> Vec<(String, Arc<RegisteredUpdater>)> {
+        self.inner
+            .read()
+            .expect("updaters lock")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
+
+/// An addon plugin and what it may render.
+#[derive(Debug)]
+pub struct RegisteredAddon {
+    /// The sandboxed plugin.
+    pub plugin: capstan_runtime::AddonPlugin,
+    /// What the Plugin's `spec.grants` allows its Addons.
+    pub grants: AddonGrants,
+}
+
+/// Addon plugins by Plugin name; the Plugin controller fills it.
+#[derive(Debug, Clone, Default)]
+pub struct Addons {
+    inner: Arc<RwLock<HashMap<String, Arc<RegisteredAddon>>>>,
+}
+
+impl Addons {
+    /// Register (or replace) the addon plugin of a Plugin.
+    pub fn insert(&self, name: &str, addon: RegisteredAddon) {
+        self.inner
+            .write()
+            .expect("addons lock")
+            .insert(name.to_string(), Arc::new(addon));
+    }
+
+    /// Stop serving a Plugin (its grants were revoked).
+    pub fn remove(&self, name: &str) {
+        self.inner.write().expect("addons lock").remove(name);
+    }
+
+    /// The addon plugin of a Plugin.
+    pub fn get(&self, name: &str) -> Option<Arc<RegisteredAddon>> {
+        self.inner.read().expect("addons lock").get(name).cloned()
+    }
+}
+
+/// Whether objects in `namespace` may use `plugin`: its
+/// `spec.allowedNamespaces` against the namespace's labels (unset: only
+/// Capstan's own namespace).
+pub fn allowed_in(ctx: &Context, plugin: &Plugin, namespace: &str) -> bool {
+    let labels = ctx
+        .stores
+        .namespaces
+        .get(&ObjectRef::new(namespace))
+        .and_then(|n| n.metadata.labels.clone())
+        .unwrap_or_default();
+    plugin.allows_namespace(namespace, &labels, ctx.options.secrets_namespace.as_deref())
+}
+
+/// Why objects in `namespace` may not use the Plugin named `name`, if they
+/// may not (a Plugin that does not exist is another matter, reported where
+/// it is used).
+pub(crate) fn not_allowed(ctx: &Context, name: &str, namespace: &str) -> Option<String> {
+    let plugin = ctx.stores.plugins.get(&ObjectRef::new(name))?;
+    (!allowed_in(ctx, &plugin, namespace))
+        .then(|| plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()))
+}
+
+/// Whether machines can use a plugin right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// Registered and usable.
+    Ready,
+    /// The plugin exists but objects in this namespace may not use it: what
+    /// to tell the user (reason `PluginNotAllowed`).
+    NotAllowed(String),
+    /// This host has not loaded it yet (for example right after a restart);
+    /// machines wait quietly instead of reporting a problem.
+    Loading,
+    /// Missing or failed to load: what to tell the user.
+    Unavailable(String),
+}
+
+/// Whether machines in `namespace` naming `name` can use it.
+pub fn availability(ctx: &Context, name: &str, namespace: &str) -> Availability {
+    let registered = ctx.providers.get(name);
+    let key = ObjectRef::<Plugin>::new(name);
+    let Some(plugin) = ctx.stores.plugins.get(&key) else {
+        return match registered {
+            // Built-in providers (the benchmark's native one) have no object.
+            Some(r) if r.generation.is_none() => Availability::Ready,
+            _ => Availability::Unavailable(format!(
+                "plugin {name:?} does not exist; create a Plugin named {name:?} (kubectl get plugins lists the installed ones)"
+            )),
+        };
+    };
+    if !allowed_in(ctx, &plugin, namespace) {
+        return Availability::NotAllowed(
+            plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()),
+        );
+    }
+    if registered.is_some() {
+        return Availability::Ready;
+    }
+    let condition = plugin
+        .status
+        .as_ref()
+        .and_then(|s| capstan_api::condition(&s.conditions, READY).cloned());
+    match condition {
+        Some(c) if c.status == status::FALSE => Availability::Unavailable(format!(
+            "plugin {name:?} is not ready: {}: {}",
+            c.reason, c.message
+        )),
+        _ => Availability::Loading,
+    }
+}
