@@ -56,6 +56,10 @@ struct Args {
     /// Milliseconds from a pod being bound to a Node to it running.
     #[arg(long, default_value_t = KubeletConfig::default().pod_start_delay_ms)]
     pod_start_delay_ms: u64,
+    /// Milliseconds a pod's containers take to exit once it is deleted
+    /// gracefully (its grace period is the upper bound).
+    #[arg(long, default_value_t = KubeletConfig::default().pod_stop_delay_ms)]
+    pod_stop_delay_ms: u64,
 }
 
 #[tokio::main]
@@ -97,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
             heartbeat_interval_ms: args.heartbeat_interval_ms,
             status_report_interval_ms: args.status_report_interval_ms,
             pod_start_delay_ms: args.pod_start_delay_ms,
+            pod_stop_delay_ms: args.pod_stop_delay_ms,
         },
     })
     .await

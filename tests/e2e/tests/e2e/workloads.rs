@@ -7,7 +7,7 @@
 use crate::logs;
 use capstan_api::MachineDeployment;
 use capstan_controllers::{Options, Providers};
-use capstan_e2e::env::{Env, SIM_PLUGIN, node_of, sample_deployment};
+use capstan_e2e::env::{Env, EnvOptions, SIM_PLUGIN, node_of, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
 use capstan_e2e::workloads;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -148,9 +148,11 @@ async fn deployments_and_daemonsets_run_on_machines_nodes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn evictions_respect_disruption_budgets_and_grace_periods() {
     logs();
-    let env = Env::start(Faults::default())
-        .await
-        .expect("environment starts");
+    // Containers that ignore SIGTERM: each pod holds its whole grace
+    // period, the upper bound (by default they exit after a second).
+    let mut options = EnvOptions::new(Faults::default());
+    options.kubelet.pod_stop_delay_ms = u64::MAX;
+    let env = Env::start_with(options).await.expect("environment starts");
     env.add_nodes(2).await.expect("nodes");
     let client = env.client.clone();
     // Pods take 5 s to terminate, so a graceful deletion is observable.

@@ -14,7 +14,9 @@
 //!   [`KubeletConfig::status_report_interval_ms`] like a kubelet;
 //! - runs the pods bound to it: `Running` with an IP, conditions and
 //!   container statuses after [`KubeletConfig::pod_start_delay_ms`], and
-//!   removes a pod under graceful deletion once its grace period is over, so
+//!   removes a pod under graceful deletion once its containers exited:
+//!   [`KubeletConfig::pod_stop_delay_ms`] after the deletion, as processes
+//!   do on SIGTERM, or when the grace period ends if that comes first, so
 //!   evictions complete.
 //!
 //! Fault switches ([`Kubelet::set_heartbeats`], [`Kubelet::set_condition`],
@@ -80,6 +82,10 @@ pub struct KubeletConfig {
     pub status_report_interval_ms: u64,
     /// Time from a pod being bound to the Node to it running.
     pub pod_start_delay_ms: u64,
+    /// Time a pod's containers take to exit once told to stop (a graceful
+    /// deletion); the grace period is the upper bound. `u64::MAX`: every
+    /// pod holds its whole grace period.
+    pub pod_stop_delay_ms: u64,
 }
 
 impl Default for KubeletConfig {
@@ -88,6 +94,7 @@ impl Default for KubeletConfig {
             heartbeat_interval_ms: 10_000,
             status_report_interval_ms: 300_000,
             pod_start_delay_ms: 500,
+            pod_stop_delay_ms: 1_000,
         }
     }
 }
@@ -580,7 +587,8 @@ impl Inner {
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
         let unready = lock(&self.unready_pods).contains(&key);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let step = match pod::next_step(pod, up, unready, Timestamp::now()) {
+        let stop = Duration::from_millis(self.config.pod_stop_delay_ms);
+        let step = match pod::next_step(pod, up, unready, stop, Timestamp::now()) {
             PodStep::Wait => return,
             PodStep::Start if lock(&self.started).contains(&uid) => return,
             step => step,

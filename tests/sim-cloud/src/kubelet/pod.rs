@@ -1,7 +1,8 @@
 //! What a simulated kubelet does with a pod bound to one of its Nodes:
 //! start it (Running, an IP, conditions and container statuses), flip its
-//! readiness on request, and remove it once a graceful deletion's grace
-//! period is over. Pure: the decision and the status patches, no I/O.
+//! readiness on request, and remove it once its containers exited after a
+//! graceful deletion (a stop delay, at most the grace period). Pure: the
+//! decision and the status patches, no I/O.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -18,20 +19,40 @@ pub enum PodStep {
     Start,
     /// Set its `Ready`/`ContainersReady` conditions to this.
     SetReady(bool),
-    /// Delete it for good (grace 0) after this long: the rest of its grace period.
+    /// Delete it for good (grace 0) after this long: until its containers
+    /// exited (the stop delay, at most the grace period).
     Remove { after: Duration },
 }
 
 /// What the kubelet of a pod's Node does next. `kubelet_up` is false while
 /// the Node's kubelet is stopped (heartbeats off): then nothing happens to
-/// its pods, as with a kubelet that died.
-pub fn next_step(pod: &Pod, kubelet_up: bool, fail_readiness: bool, now: Timestamp) -> PodStep {
+/// its pods, as with a kubelet that died. `stop` is how long containers
+/// take to exit once told to.
+pub fn next_step(
+    pod: &Pod,
+    kubelet_up: bool,
+    fail_readiness: bool,
+    stop: Duration,
+    now: Timestamp,
+) -> PodStep {
     if !kubelet_up {
         return PodStep::Wait;
     }
-    if let Some(deleted) = &pod.metadata.deletion_timestamp {
-        let left = deleted.0.duration_since(now);
-        let after = Duration::try_from(left).unwrap_or(Duration::ZERO);
+    if let Some(deadline) = &pod.metadata.deletion_timestamp {
+        // The deletion timestamp is when the grace period ends; it began
+        // `deletionGracePeriodSeconds` earlier.
+        let grace = pod
+            .metadata
+            .deletion_grace_period_seconds
+            .map(|s| Duration::from_secs(s.max(0) as u64));
+        let to_deadline = Duration::try_from(deadline.0.duration_since(now)).unwrap_or_default();
+        let after = match grace {
+            Some(grace) if stop < grace => {
+                let exited = grace - stop;
+                to_deadline.saturating_sub(exited)
+            }
+            _ => to_deadline,
+        };
         return PodStep::Remove { after };
     }
     let status = pod.status.as_ref();
@@ -182,19 +203,25 @@ mod tests {
     fn bound_pods_start_and_settle() {
         let now = Timestamp::now();
         assert_eq!(
-            next_step(&pod(None, None), true, false, now),
+            next_step(&pod(None, None), true, false, FULL_GRACE, now),
             PodStep::Start
         );
         assert_eq!(
-            next_step(&pod(Some("Pending"), None), true, false, now),
+            next_step(&pod(Some("Pending"), None), true, false, FULL_GRACE, now),
             PodStep::Start
         );
         assert_eq!(
-            next_step(&pod(Some("Running"), Some(true)), true, false, now),
+            next_step(
+                &pod(Some("Running"), Some(true)),
+                true,
+                false,
+                FULL_GRACE,
+                now
+            ),
             PodStep::Wait
         );
         assert_eq!(
-            next_step(&pod(Some("Succeeded"), None), true, false, now),
+            next_step(&pod(Some("Succeeded"), None), true, false, FULL_GRACE, now),
             PodStep::Wait
         );
     }
@@ -203,15 +230,33 @@ mod tests {
     fn readiness_follows_the_fault_switch() {
         let now = Timestamp::now();
         assert_eq!(
-            next_step(&pod(Some("Running"), Some(true)), true, true, now),
+            next_step(
+                &pod(Some("Running"), Some(true)),
+                true,
+                true,
+                FULL_GRACE,
+                now
+            ),
             PodStep::SetReady(false)
         );
         assert_eq!(
-            next_step(&pod(Some("Running"), Some(false)), true, false, now),
+            next_step(
+                &pod(Some("Running"), Some(false)),
+                true,
+                false,
+                FULL_GRACE,
+                now
+            ),
             PodStep::SetReady(true)
         );
         assert_eq!(
-            next_step(&pod(Some("Running"), Some(false)), true, true, now),
+            next_step(
+                &pod(Some("Running"), Some(false)),
+                true,
+                true,
+                FULL_GRACE,
+                now
+            ),
             PodStep::Wait
         );
     }
@@ -222,8 +267,38 @@ mod tests {
         let mut deleting = pod(Some("Running"), Some(true));
         deleting.metadata.deletion_timestamp = Some(Time(now));
         for p in [pod(None, None), pod(Some("Running"), Some(false)), deleting] {
-            assert_eq!(next_step(&p, false, false, now), PodStep::Wait);
+            assert_eq!(next_step(&p, false, false, FULL_GRACE, now), PodStep::Wait);
         }
+    }
+
+    /// Containers that hold their whole grace period.
+    const FULL_GRACE: Duration = Duration::MAX;
+
+    #[test]
+    fn containers_exit_after_the_stop_delay_within_the_grace_period() {
+        let start = 1_700_000_000;
+        let mut p = pod(Some("Running"), Some(true));
+        p.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(start + 30).unwrap()));
+        p.metadata.deletion_grace_period_seconds = Some(30);
+        let at = |s| Timestamp::from_second(start + s).unwrap();
+        let one_second = Duration::from_secs(1);
+        assert_eq!(
+            next_step(&p, true, false, one_second, at(0)),
+            PodStep::Remove { after: one_second }
+        );
+        assert_eq!(
+            next_step(&p, true, false, one_second, at(5)),
+            PodStep::Remove {
+                after: Duration::ZERO
+            }
+        );
+        // A stop delay past the grace period is cut at the grace period.
+        assert_eq!(
+            next_step(&p, true, false, Duration::from_secs(60), at(0)),
+            PodStep::Remove {
+                after: Duration::from_secs(30)
+            }
+        );
     }
 
     #[test]
@@ -232,7 +307,7 @@ mod tests {
         let mut p = pod(Some("Running"), Some(true));
         p.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(1_700_000_030).unwrap()));
         assert_eq!(
-            next_step(&p, true, false, now),
+            next_step(&p, true, false, FULL_GRACE, now),
             PodStep::Remove {
                 after: Duration::from_secs(30)
             }
@@ -240,7 +315,7 @@ mod tests {
         // Past its deletion time (or never started): remove at once.
         let late = Timestamp::from_second(1_700_000_031).unwrap();
         assert_eq!(
-            next_step(&p, true, false, late),
+            next_step(&p, true, false, FULL_GRACE, late),
             PodStep::Remove {
                 after: Duration::ZERO
             }
