@@ -121,6 +121,16 @@ pub struct Args {
     /// its Machine within this bound; no API write unless something changed.
     #[arg(long, env = "CAPSTAN_INSTANCE_CHECK_INTERVAL", default_value = "1m", value_parser = crate::options::parse_duration)]
     pub instance_check_interval: Duration,
+    /// Client-side limit on the controllers' Kubernetes API requests per
+    /// second, as controller-runtime's `--kube-api-qps` (0: unlimited; the
+    /// API server's priority and fairness still applies). Leader election's
+    /// renewals are never limited.
+    #[arg(long, env = "CAPSTAN_KUBE_API_QPS", default_value_t = 0.0)]
+    pub kube_api_qps: f64,
+    /// Requests allowed at once above `--kube-api-qps` (the token bucket's
+    /// size), as controller-runtime's `--kube-api-burst`.
+    #[arg(long, env = "CAPSTAN_KUBE_API_BURST", default_value_t = 100)]
+    pub kube_api_burst: u32,
     /// How often an idle object is re-checked (it makes no writes unless something changed).
     #[arg(long, env = "CAPSTAN_RESYNC", default_value = "10m", value_parser = crate::options::parse_duration)]
     pub resync: Duration,
@@ -170,6 +180,11 @@ impl Args {
     /// mirror configuration and registry credentials now, so a bad file
     /// fails at startup); credential Secrets are read only from `namespace`.
     pub fn options(&self, namespace: &str) -> anyhow::Result<Options> {
+        anyhow::ensure!(
+            self.kube_api_qps.is_finite() && self.kube_api_qps >= 0.0,
+            "--kube-api-qps {} must be a number of requests per second, 0 or more (0: unlimited)",
+            self.kube_api_qps
+        );
         let policy = match &self.trust_policy {
             Some(path) => Some(capstan_registry::policy::TrustPolicy::load(path)?),
             None => None,
@@ -205,6 +220,8 @@ impl Args {
             unsigned_plugin_dirs,
             // Set by `serve` when there is an election.
             write_fence: None,
+            kube_api_rate: (self.kube_api_qps > 0.0)
+                .then_some((self.kube_api_qps, self.kube_api_burst.max(1))),
         })
     }
 }

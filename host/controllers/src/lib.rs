@@ -33,6 +33,7 @@ pub mod metrics;
 mod nodedrain;
 pub mod plugin;
 pub mod provider;
+pub mod ratelimit;
 pub mod rbac;
 pub mod registry;
 pub mod serve;
@@ -128,6 +129,10 @@ pub struct Options {
     /// Leader election's write fence: every write of the controllers
     /// passes through it (`None`: no election, writes always leave).
     pub write_fence: Option<Arc<leader::Fence>>,
+    /// Client-side limit on the controllers' API requests: `(qps, burst)`
+    /// (`--kube-api-qps`, `--kube-api-burst`; `None`: unlimited, the
+    /// server's priority and fairness alone).
+    pub kube_api_rate: Option<(f64, u32)>,
 }
 
 impl Default for Options {
@@ -142,6 +147,7 @@ impl Default for Options {
             image_rewrites: Vec::new(),
             unsigned_plugin_dirs: Vec::new(),
             write_fence: None,
+            kube_api_rate: None,
         }
     }
 }
@@ -665,8 +671,12 @@ pub async fn run(
 ) -> Result<(), Error> {
     let mut no_retries = config.clone();
     no_retries.default_retry = false;
-    let eviction_client = fenced_client(no_retries, options.write_fence.as_ref())?;
-    let client = fenced_client(config, options.write_fence.as_ref())?;
+    // One bucket for both clients: the limit is the process's.
+    let rate = options
+        .kube_api_rate
+        .map(|(qps, burst)| ratelimit::RateLimit::new(qps, burst));
+    let eviction_client = fenced_client(no_retries, options.write_fence.as_ref(), rate.as_ref())?;
+    let client = fenced_client(config, options.write_fence.as_ref(), rate.as_ref())?;
     let mut plugins = Shared::new(Api::<Plugin>::all(client.clone()));
     let mut machines = Shared::new(Api::<Machine>::all(client.clone()));
     let mut sets = Shared::new(Api::<MachineSet>::all(client.clone()));
@@ -829,20 +839,25 @@ pub async fn run(
     Ok(())
 }
 
-/// A client for `config`, its writes behind `fence` when there is one.
+/// A client for `config`, its writes behind `fence` when there is one and
+/// every request paced by `rate` when there is one (inside the fence, so
+/// time spent waiting for a token counts against the leadership left).
 fn fenced_client(
     config: kube::Config,
     fence: Option<&Arc<leader::Fence>>,
+    rate: Option<&Arc<ratelimit::RateLimit>>,
 ) -> Result<Client, Error> {
     let builder = kube::client::ClientBuilder::try_from(config).map_err(|source| Error::Kube {
         what: "cannot build a Kubernetes client".into(),
         source,
     })?;
-    Ok(match fence {
-        Some(fence) => builder
-            .with_layer(&leader::FenceLayer(fence.clone()))
-            .build(),
-        None => builder.build(),
+    let fence = fence.map(|f| leader::FenceLayer(f.clone()));
+    let rate = rate.map(|r| ratelimit::RateLimitLayer(r.clone()));
+    Ok(match (fence, rate) {
+        (Some(fence), Some(rate)) => builder.with_layer(&rate).with_layer(&fence).build(),
+        (Some(fence), None) => builder.with_layer(&fence).build(),
+        (None, Some(rate)) => builder.with_layer(&rate).build(),
+        (None, None) => builder.build(),
     })
 }
 

@@ -548,3 +548,41 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
     );
     standby.stop();
 }
+
+/// `--kube-api-qps` / `--kube-api-burst` as controller-runtime has them:
+/// under a low limit the controllers still do their work (the pacing
+/// itself is tested on virtual time in `ratelimit.rs`), and a limit that
+/// is not a rate is refused with the flag's name.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rate_limited_controller_rolls_out_and_a_bad_limit_is_refused() {
+    let env = start(200).await;
+    let kubeconfig = env.control_plane.kubeconfig();
+    let err = cli::fails(&[
+        "controller",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--kube-api-qps=-1",
+    ]);
+    assert!(
+        err.contains("--kube-api-qps -1 must be a number of requests per second"),
+        "{err}"
+    );
+    let mut controller = ControllerProcess::start(
+        &env,
+        &[
+            "--kube-api-qps=5",
+            "--kube-api-burst=10",
+            "--poll-interval=250ms",
+        ],
+        &[],
+    )
+    .unwrap();
+    controller.wait_ready(LONG).unwrap();
+    let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0");
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    assert!(controller.metric_sum("capstan_api_writes_total").unwrap() > 0.0);
+}
