@@ -543,17 +543,7 @@ fn settle(
         return None;
     }
     let generation = machine.metadata.generation;
-    let set = |status: &mut MachineStatus, kind, value, reason: &str, message: String| {
-        set_condition(
-            &mut status.conditions,
-            kind,
-            value,
-            reason,
-            message,
-            generation.or(Some(0)),
-            t,
-        )
-    };
+    let set = condition_setter(generation, t);
     if let Outcome::Deleting {
         reason,
         message,
@@ -657,6 +647,25 @@ fn settle(
     Some(status)
 }
 
+/// Sets one of the Machine controller's conditions, at this generation and
+/// time.
+fn condition_setter(
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) -> impl Fn(&mut MachineStatus, &str, &str, &str, String) + '_ {
+    move |status, kind, value, reason, message| {
+        set_condition(
+            &mut status.conditions,
+            kind,
+            value,
+            reason,
+            message,
+            generation.or(Some(0)),
+            t,
+        )
+    }
+}
+
 /// The status of a pass that observed its instance: addresses, version,
 /// Node, `InstanceProvisioned`, `Ready` and the phase (an in-place update's
 /// when one is under way).
@@ -669,17 +678,7 @@ fn settle_observed(
     generation: Option<i64>,
     t: &capstan_api::Time,
 ) {
-    let set = |status: &mut MachineStatus, kind, value, reason: &str, message: String| {
-        set_condition(
-            &mut status.conditions,
-            kind,
-            value,
-            reason,
-            message,
-            generation.or(Some(0)),
-            t,
-        )
-    };
+    let set = condition_setter(generation, t);
     status.addresses = observed
         .addresses
         .iter()

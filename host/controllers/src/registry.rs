@@ -35,35 +35,54 @@ impl RegisteredUpdater {
 
 /// Updaters by Plugin name. The Plugin controller fills it; the
 /// deployment, set and machine controllers read it.
-#[derive(Debug, Clone, Default)]
-pub struct Updaters {
-    inner: Arc<RwLock<HashMap<String, Arc<RegisteredUpdater>>>>,
+pub type Updaters = ByPlugin<RegisteredUpdater>;
+
+/// What the Plugin controller loaded of one kind, by Plugin name.
+#[derive(Debug)]
+pub struct ByPlugin<T> {
+    inner: Arc<RwLock<HashMap<String, Arc<T>>>>,
 }
 
-impl Updaters {
-    /// Register (or replace) the updater of a Plugin.
-    pub fn insert(&self, name: &str, updater: RegisteredUpdater) {
+impl<T> Default for ByPlugin<T> {
+    fn default() -> Self {
+        ByPlugin {
+            inner: Arc::default(),
+        }
+    }
+}
+
+impl<T> Clone for ByPlugin<T> {
+    fn clone(&self) -> Self {
+        ByPlugin {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T> ByPlugin<T> {
+    /// Register (or replace) what a Plugin serves.
+    pub fn insert(&self, name: &str, loaded: T) {
         self.inner
             .write()
-            .expect("updaters lock")
-            .insert(name.to_string(), Arc::new(updater));
+            .expect("registry lock")
+            .insert(name.to_string(), Arc::new(loaded));
     }
 
     /// Stop serving a Plugin (its grants were revoked).
     pub fn remove(&self, name: &str) {
-        self.inner.write().expect("updaters lock").remove(name);
+        self.inner.write().expect("registry lock").remove(name);
     }
 
-    /// The updater of a Plugin.
-    pub fn get(&self, name: &str) -> Option<Arc<RegisteredUpdater>> {
-        self.inner.read().expect("updaters lock").get(name).cloned()
+    /// What a Plugin serves.
+    pub fn get(&self, name: &str) -> Option<Arc<T>> {
+        self.inner.read().expect("registry lock").get(name).cloned()
     }
 
-    /// Every registered updater.
-    pub fn all(&self) -> Vec<(String, Arc<RegisteredUpdater>)> {
+    /// Everything registered.
+    pub fn all(&self) -> Vec<(String, Arc<T>)> {
         self.inner
             .read()
-            .expect("updaters lock")
+            .expect("registry lock")
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
@@ -80,30 +99,7 @@ pub struct RegisteredAddon {
 }
 
 /// Addon plugins by Plugin name; the Plugin controller fills it.
-#[derive(Debug, Clone, Default)]
-pub struct Addons {
-    inner: Arc<RwLock<HashMap<String, Arc<RegisteredAddon>>>>,
-}
-
-impl Addons {
-    /// Register (or replace) the addon plugin of a Plugin.
-    pub fn insert(&self, name: &str, addon: RegisteredAddon) {
-        self.inner
-            .write()
-            .expect("addons lock")
-            .insert(name.to_string(), Arc::new(addon));
-    }
-
-    /// Stop serving a Plugin (its grants were revoked).
-    pub fn remove(&self, name: &str) {
-        self.inner.write().expect("addons lock").remove(name);
-    }
-
-    /// The addon plugin of a Plugin.
-    pub fn get(&self, name: &str) -> Option<Arc<RegisteredAddon>> {
-        self.inner.read().expect("addons lock").get(name).cloned()
-    }
-}
+pub type Addons = ByPlugin<RegisteredAddon>;
 
 /// Whether objects in `namespace` may use `plugin`: its
 /// `spec.allowedNamespaces` against the namespace's labels (unset: only
