@@ -16,6 +16,14 @@
 # `capstan install --image REF@sha256:…`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Called from a test, the environment carries cargo's variables for that
+# test's crate (CARGO_MANIFEST_DIR, CARGO_PKG_*…); some build scripts (ring's)
+# watch them, so they would make cargo rebuild the whole release binary.
+for var in $(compgen -e); do
+    case "$var" in
+        CARGO_MANIFEST_* | CARGO_PKG_* | CARGO_CRATE_* | CARGO_BIN_* | CARGO_PRIMARY_PACKAGE | CARGO_TARGET_TMPDIR | OUT_DIR) unset "$var" ;;
+    esac
+done
 
 out="${CARGO_TARGET_DIR:-target}/image/capstan"
 build=1

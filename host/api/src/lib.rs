@@ -73,6 +73,18 @@ pub const ANNOTATION_REPLACE_DELETED: &str = "capstan.dev/replace-deleted";
 /// first, even while updating in place (Cluster API's key, so runbooks and
 /// tools that use it work unchanged).
 pub const ANNOTATION_DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
+/// Annotation on a Machine, MachineSet, MachineDeployment or
+/// MachineHealthCheck (any value): its controller leaves it alone until the
+/// annotation goes (a paused Machine is neither provisioned, checked nor
+/// deleted, and is no health check's target). Cluster API's key.
+pub const ANNOTATION_PAUSED: &str = "cluster.x-k8s.io/paused";
+/// Annotation on a Machine (any value): no MachineHealthCheck considers it,
+/// so it is neither judged, counted nor remediated. Cluster API's key.
+pub const ANNOTATION_SKIP_REMEDIATION: &str = "cluster.x-k8s.io/skip-remediation";
+/// Annotation on a Machine (any value): a MachineHealthCheck selecting it
+/// marks it unhealthy at once (reason `HasRemediateAnnotation`), so its
+/// owner replaces it, within the short-circuit. Cluster API's key.
+pub const ANNOTATION_REMEDIATE_MACHINE: &str = "cluster.x-k8s.io/remediate-machine";
 /// On an old MachineSet: the deployment's new set, to which the machines
 /// it sheds are handed over for an in-place update instead of deleted.
 pub const ANNOTATION_IN_PLACE_TO: &str = "capstan.dev/in-place-to";

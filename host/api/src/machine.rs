@@ -357,14 +357,18 @@ pub mod machine_conditions {
     /// Written by a MachineHealthCheck: `False` while the machine waits for
     /// (or undergoes) remediation by its owner.
     pub const OWNER_REMEDIATED: &str = "OwnerRemediated";
+    /// `True` (reason `Paused`) while the `cluster.x-k8s.io/paused`
+    /// annotation holds the machine; `False` once it is gone.
+    pub const PAUSED: &str = "Paused";
     /// The condition types the Machine controller owns (the others on a
     /// Machine belong to other controllers and are left alone).
-    pub const OWNED_BY_MACHINE_CONTROLLER: [&str; 6] = [
+    pub const OWNED_BY_MACHINE_CONTROLLER: [&str; 7] = [
         READY,
         INSTANCE_PROVISIONED,
         CONFIG_VALID,
         DELETING,
         UP_TO_DATE,
         UPDATING,
+        PAUSED,
     ];
 }

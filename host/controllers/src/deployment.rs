@@ -156,7 +156,8 @@ fn revision_of(set: &MachineSet) -> i64 {
 }
 
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if md.metadata.deletion_timestamp.is_some() {
+    // A paused deployment is left as it is until the annotation goes.
+    if md.metadata.deletion_timestamp.is_some() || crate::paused(md.as_ref()) {
         return Ok(Action::await_change());
     }
     let namespace = md.namespace().unwrap_or_default();

@@ -17,7 +17,8 @@ use crate::{
 use capstan_api::health_check_conditions::REMEDIATION_ALLOWED;
 use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED};
 use capstan_api::{
-    Condition, DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS, IntOrString, Machine, MachineHealthCheck,
+    ANNOTATION_REMEDIATE_MACHINE, ANNOTATION_SKIP_REMEDIATION, Condition,
+    DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS, IntOrString, Machine, MachineHealthCheck,
     selector_matches, set_condition, status as cond,
 };
 use capstan_planner::Bound;
@@ -209,7 +210,7 @@ fn has_owner(machine: &Machine) -> bool {
 }
 
 async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if check.metadata.deletion_timestamp.is_some() {
+    if check.metadata.deletion_timestamp.is_some() || crate::paused(check.as_ref()) {
         return Ok(Action::await_change());
     }
     let generation = check.metadata.generation;
@@ -235,6 +236,11 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
         .state()
         .into_iter()
         .filter(|m| selects(&check, m))
+        // As in Cluster API: a paused machine, or one that asks to be
+        // skipped, is no target: not judged, not counted, not remediated.
+        .filter(|m| {
+            !crate::paused(m.as_ref()) && !m.annotations().contains_key(ANNOTATION_SKIP_REMEDIATION)
+        })
         .collect();
     machines.sort_by_key(|m| m.name_any());
     let requested = |m: &Machine| {
@@ -267,6 +273,7 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
             node: node.as_deref().map(node_conditions),
             machine_conditions: observed(&machine_status.conditions),
             failure: machine_status.failure_reason.clone(),
+            remediation_requested: m.annotations().contains_key(ANNOTATION_REMEDIATE_MACHINE),
         };
         let verdict = plan::judge(&target, &checks, now_s);
         if plan::counts_healthy(&verdict, target.node.is_some(), false) {

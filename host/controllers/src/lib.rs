@@ -915,6 +915,15 @@ pub(crate) fn merge_patch(from: &serde_json::Value, to: &serde_json::Value) -> s
     }
 }
 
+/// Whether `obj` carries Cluster API's `cluster.x-k8s.io/paused`
+/// annotation: its controller leaves it alone until the annotation goes.
+pub(crate) fn paused<K: Resource>(obj: &K) -> bool {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(capstan_api::ANNOTATION_PAUSED))
+}
+
 pub(crate) fn key_of<K: Resource>(obj: &K) -> String {
     format!(
         "{}/{}",

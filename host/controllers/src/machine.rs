@@ -23,12 +23,13 @@ use crate::{
     now, record_event, retry_soon,
 };
 use capstan_api::machine_conditions::{
-    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, OWNED_BY_MACHINE_CONTROLLER, READY, UPDATING,
+    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, OWNED_BY_MACHINE_CONTROLLER, PAUSED, READY,
+    UPDATING,
 };
 use capstan_api::{
-    ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_IN_PLACE_FROM, MACHINE_FINALIZER, Machine,
-    MachineAddress, MachinePhase, MachineStatus, NodeRef, PRE_DRAIN_HOOK_PREFIX,
-    PRE_TERMINATE_HOOK_PREFIX, Plugin, set_condition, status as cond,
+    ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_IN_PLACE_FROM, ANNOTATION_PAUSED,
+    MACHINE_FINALIZER, Machine, MachineAddress, MachinePhase, MachineStatus, NodeRef,
+    PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin, set_condition, status as cond,
 };
 use capstan_planner::deletion::DeletionView;
 use capstan_planner::machine::{
@@ -200,6 +201,7 @@ impl<'a> Pass<'a> {
             DeletionView::default()
         };
         let view = MachineView {
+            paused: machine.annotations().contains_key(ANNOTATION_PAUSED),
             deleting,
             has_finalizer: machine.finalizers().iter().any(|f| f == MACHINE_FINALIZER),
             plugin,
@@ -544,6 +546,14 @@ fn settle(
     }
     let generation = machine.metadata.generation;
     let set = condition_setter(generation, t);
+    if *outcome == Outcome::Paused {
+        let message = format!("the {ANNOTATION_PAUSED} annotation holds the machine");
+        set(&mut status, PAUSED, cond::TRUE, "Paused", message);
+        return Some(status);
+    }
+    if capstan_api::condition(&status.conditions, PAUSED).is_some() {
+        set(&mut status, PAUSED, cond::FALSE, "NotPaused", String::new());
+    }
     if let Outcome::Deleting {
         reason,
         message,
@@ -600,7 +610,7 @@ fn settle(
         _ => {}
     }
     match outcome {
-        Outcome::Unchanged | Outcome::Deleting { .. } => {}
+        Outcome::Unchanged | Outcome::Deleting { .. } | Outcome::Paused => {}
         Outcome::Held { reason, message } => {
             set(
                 &mut status,

@@ -171,8 +171,9 @@ pub(crate) fn owner_reference<K: Resource<DynamicType = ()>>(owner: &K) -> Owner
 }
 
 async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if set.metadata.deletion_timestamp.is_some() {
-        // Owner references hand the machines to the garbage collector.
+    if set.metadata.deletion_timestamp.is_some() || crate::paused(set.as_ref()) {
+        // Owner references hand the machines to the garbage collector; a
+        // paused set is left as it is until the annotation goes.
         return Ok(Action::await_change());
     }
     let namespace = set.namespace().unwrap_or_default();

@@ -58,6 +58,9 @@ pub struct Target {
     /// terminated or stopped out of band, a terminal create error) is
     /// unhealthy at once, as in Cluster API.
     pub failure: Option<String>,
+    /// The `cluster.x-k8s.io/remediate-machine` annotation asks for the
+    /// machine to be remediated: unhealthy at once, as in Cluster API.
+    pub remediation_requested: bool,
 }
 
 /// The verdict on one machine.
@@ -87,6 +90,13 @@ impl Verdict {
 
 /// Judge one machine at `now`.
 pub fn judge(target: &Target, checks: &Checks, now: i64) -> Verdict {
+    if target.remediation_requested {
+        return Verdict::Unhealthy {
+            reason: "HasRemediateAnnotation",
+            message: "marked for remediation via the cluster.x-k8s.io/remediate-machine annotation"
+                .into(),
+        };
+    }
     if let Some(reason) = &target.failure {
         return Verdict::Unhealthy {
             reason: "MachineFailed",
@@ -316,6 +326,7 @@ mod tests {
             node,
             machine_conditions: vec![],
             failure: None,
+            remediation_requested: false,
         }
     }
 
@@ -415,6 +426,18 @@ mod tests {
             judge(&t, &off, 999_999),
             Verdict::Healthy { recheck_in: None }
         );
+        // Asked for by annotation: unhealthy whatever the conditions say.
+        let asked = Target {
+            remediation_requested: true,
+            ..target(None)
+        };
+        assert!(matches!(
+            judge(&asked, &checks(), 0),
+            Verdict::Unhealthy {
+                reason: "HasRemediateAnnotation",
+                ..
+            }
+        ));
         let deleted = Target {
             node_ref: Some("gone".into()),
             ..target(None)

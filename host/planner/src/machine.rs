@@ -150,6 +150,8 @@ pub enum Release {
 /// the start of the pass, and what the steps it ran so far found.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MachineView {
+    /// The `cluster.x-k8s.io/paused` annotation is on the machine.
+    pub paused: bool,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
     /// Capstan's finalizer is on the machine.
@@ -283,6 +285,8 @@ pub enum Outcome {
     /// The instance as observed: conditions and phase from
     /// [`MachineView::instance`] and [`MachineView::in_place`].
     Observed,
+    /// Paused: `Paused=True`, nothing else changes.
+    Paused,
     /// Deleting, held at a step: `Deleting=True` with this reason.
     Deleting {
         /// The condition reason, e.g. `DrainingNode`.
@@ -305,6 +309,10 @@ fn end(outcome: Outcome, requeue: Requeue) -> MachineStep {
 
 /// The step a Machine takes next.
 pub fn next_step(view: &MachineView) -> MachineStep {
+    // As in Cluster API, a pause holds everything, deletion included.
+    if view.paused {
+        return end(Outcome::Paused, Requeue::AwaitChange);
+    }
     if view.deleting {
         if !view.has_finalizer {
             return end(Outcome::Unchanged, Requeue::AwaitChange);
@@ -643,6 +651,21 @@ mod tests {
         };
         let (steps, _) = pass(view, healthy);
         assert_eq!(steps, [MachineStep::Get]);
+    }
+
+    #[test]
+    fn a_paused_machine_takes_no_step_alive_or_deleting() {
+        for deleting in [false, true] {
+            let view = MachineView {
+                paused: true,
+                deleting,
+                ..Default::default()
+            };
+            assert_eq!(
+                next_step(&view),
+                end_of(Outcome::Paused, Requeue::AwaitChange)
+            );
+        }
     }
 
     #[test]

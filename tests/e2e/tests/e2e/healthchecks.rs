@@ -4,8 +4,11 @@
 //! them — within the short-circuit and `maxInFlight`.
 
 use crate::logs;
-use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED};
-use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, condition};
+use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED, PAUSED};
+use capstan_api::{
+    ANNOTATION_PAUSED, ANNOTATION_REMEDIATE_MACHINE, ANNOTATION_SKIP_REMEDIATION, Machine,
+    MachineDeployment, MachineHealthCheck, condition,
+};
 use capstan_e2e::env::{Env, node_of};
 use capstan_e2e::sim_cloud::Faults;
 use capstan_e2e::workloads;
@@ -516,4 +519,58 @@ async fn a_node_registered_under_a_reused_name_is_never_drained_for_the_old_mach
         Some(true),
         "the new Node was not cordoned"
     );
+}
+
+/// Cluster API's well-known keys on Machines: `remediate-machine` has a
+/// healthy machine replaced, `skip-remediation` keeps one out of the check
+/// (not judged, counted or remediated, even when it asks to be), and
+/// `paused` holds a machine, even its deletion, until the annotation goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_api_keys_request_skip_and_pause_remediation() {
+    let env = start(3).await;
+    let machines = wait_pool_healthy(&env, 3).await;
+    create_check(&env, json!({}), 600).await;
+    let [a, b, c] = [0, 1, 2].map(|i| machines[i].name_any());
+    annotate(&env, &b, ANNOTATION_SKIP_REMEDIATION, Some("")).await;
+    env.eventually("b out of the check", LONG, async || {
+        let status = check(&env).await.status?;
+        (status.expected_machines == 2 && !status.targets.contains(&b)).then_some(())
+    })
+    .await;
+    annotate(&env, &b, ANNOTATION_REMEDIATE_MACHINE, Some("")).await;
+    annotate(&env, &a, ANNOTATION_REMEDIATE_MACHINE, Some("")).await;
+    env.eventually("a replaced", LONG, async || {
+        machine(&env, &a).await.is_none().then_some(())
+    })
+    .await;
+    wait_pool_healthy(&env, 3).await;
+    let kept = machine(&env, &b).await.expect("b skips remediation");
+    assert!(
+        machine_condition(&kept, HEALTH_CHECK_SUCCEEDED).is_none_or(|c| c.0 != "False"),
+        "{:?}",
+        kept.status
+    );
+
+    // Paused, then deleted: nothing happens to it, not even its deletion.
+    annotate(&env, &c, ANNOTATION_PAUSED, Some("")).await;
+    env.eventually("c says it is paused", LONG, async || {
+        let m = machine(&env, &c).await?;
+        (machine_condition(&m, PAUSED)?.0 == "True").then_some(())
+    })
+    .await;
+    let instance = provider_id(&machine(&env, &c).await.unwrap());
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .delete(&c, &Default::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = machine(&env, &c).await.expect("held while paused");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(env.instance_exists(&instance).await, "its instance is kept");
+    annotate(&env, &c, ANNOTATION_PAUSED, None).await;
+    env.eventually("c deleted once unpaused", LONG, async || {
+        machine(&env, &c).await.is_none().then_some(())
+    })
+    .await;
+    assert!(!env.instance_exists(&instance).await);
 }
