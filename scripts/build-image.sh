@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build Capstan's controller image without a container engine: a statically
 # linked release `capstan` (x86_64 musl) in a minimal root filesystem, written
-# as an OCI image layout. Reproducible: the same commit gives the same digest.
+# as an OCI image layout. Reproducible from the binary: rebuilding a checkout
+# gives the same digest.
 #
 #   build-image.sh [--out DIR] [--no-build] [--push REGISTRY/REPOSITORY[:TAG]] [--insecure]
 #
@@ -57,7 +58,7 @@ if [ "$build" = 1 ]; then
     # musl-gcc compiles the C parts (ring, zstd); debug info is stripped, the
     # symbols stay so a panic's backtrace still names functions. Paths are
     # remapped so the checkout's and cargo's own directories do not end up
-    # in the binary: two checkouts of one commit build the same bytes.
+    # in the binary (two separate checkouts still differ in a few rlibs).
     cargo_home="${CARGO_HOME:-$HOME/.cargo}"
     RUSTFLAGS="${RUSTFLAGS:-} --remap-path-prefix=$PWD=/capstan --remap-path-prefix=$cargo_home=/cargo" \
         CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=debuginfo \
