@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
         --no-build) build=0; shift ;;
         --push) push="$2"; shift 2 ;;
         --insecure) tls_verify=false; shift ;;
-        -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
