@@ -125,6 +125,9 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, E
 struct Pass<'a> {
     machine: &'a Machine,
     ctx: &'a Context,
+    /// The Plugin this pass acts through: the spec's while alive, the one
+    /// that created the instance while deleting.
+    plugin_name: &'a str,
     view: MachineView,
     /// The status as this pass found it; the in-place step and the drain
     /// record their progress here.
@@ -136,8 +139,8 @@ struct Pass<'a> {
     /// The machine's Node: found by provider ID while alive, the one it
     /// recorded (same uid and instance) while deleting.
     node: Option<Arc<Node>>,
-    /// A skipped drain was reported (once per machine: only until the
-    /// drain's end is recorded, and once per pass).
+    /// A skipped drain was reported (once per machine: a recorded drain end
+    /// was reported when it was recorded, and once per pass).
     skip_reported: bool,
     t: capstan_api::Time,
 }
@@ -223,16 +226,13 @@ impl<'a> Pass<'a> {
         Pass {
             machine,
             ctx,
+            plugin_name,
+            skip_reported: view.deletion.drain_complete,
             view,
             draft: status,
             provider,
             observed: None,
             node,
-            skip_reported: machine
-                .status
-                .as_ref()
-                .and_then(|s| s.deletion.as_ref())
-                .is_some_and(|d| d.node_drain_end_time.is_some()),
             t,
         }
     }
@@ -267,11 +267,7 @@ impl<'a> Pass<'a> {
     /// Run one step and record what it found in the view.
     async fn run(&mut self, step: MachineStep) -> Result<(), Error> {
         let (ctx, machine) = (self.ctx, self.machine);
-        let plugin_name = if self.view.deleting {
-            machine.instance_plugin().to_string()
-        } else {
-            machine.spec.provider.plugin.clone()
-        };
+        let plugin_name = self.plugin_name;
         match step {
             MachineStep::AddFinalizer => {
                 crate::set_finalizers(ctx, CONTROLLER, machine, with_finalizer(machine)).await?;
@@ -284,7 +280,7 @@ impl<'a> Pass<'a> {
                 let config = machine.spec.provider.config.to_string();
                 match timed(
                     &ctx.metrics,
-                    &plugin_name,
+                    plugin_name,
                     "validate",
                     provider.validate(&config),
                 )
@@ -294,8 +290,8 @@ impl<'a> Pass<'a> {
                     Err(e) => self.view.call_error = Some((Call::Validate, call_error(e))),
                 }
             }
-            MachineStep::Create => self.instance(Call::Create, &plugin_name).await,
-            MachineStep::Get => self.instance(Call::Get, &plugin_name).await,
+            MachineStep::Create => self.instance(Call::Create, plugin_name).await,
+            MachineStep::Get => self.instance(Call::Get, plugin_name).await,
             MachineStep::AdvanceInPlace => {
                 let advance = crate::inplace::advance(ctx, machine, &mut self.draft, &self.t).await;
                 self.view.in_place = Some(match advance {
@@ -307,7 +303,7 @@ impl<'a> Pass<'a> {
             MachineStep::DrainNode(_) => self.drain().await?,
             MachineStep::ReleaseInstance { drain_skipped } => {
                 self.report_skipped_drain(drain_skipped.as_ref()).await;
-                self.release(&plugin_name).await;
+                self.release(plugin_name).await;
             }
             MachineStep::DeleteNode => {
                 if let Some(node) = &self.node {
