@@ -1,9 +1,12 @@
-//! The addon lifecycle's decisions, with no I/O: given what an addon plugin
-//! rendered and what the `Addon` asks for, what exactly is applied, in
-//! which order, what is pruned, and whether a live object drifted.
+//! The addon lifecycle, in one crate: the engine that runs it ([`engine`]:
+//! the Addon controller, rendering, targets, apply and prune, drift,
+//! finalize) and the decisions it takes, which do no I/O: given what an
+//! addon plugin rendered and what the `Addon` asks for, what exactly is
+//! applied, in which order, what is pruned, and whether a live object
+//! drifted.
 //!
-//! The addon controller (`capstan-controllers::addon`) runs these steps on
-//! every reconcile, in this order, and applies nothing unless all succeed:
+//! The engine runs these steps on every reconcile, in this order, and
+//! applies nothing unless all succeed:
 //!
 //! 1. [`resolve_version`]: `spec.version` wins, else the channel's version;
 //! 2. [`Object::parse`] each rendered text (valid objects, no duplicates);
@@ -26,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod engine;
 pub mod floor;
 pub mod ownership;
 pub mod target;

@@ -9,11 +9,6 @@
 //! ([`FIELD_MANAGER`]) so the Machine controller's status writes, which
 //! carry only its own condition types, never erase them.
 
-use crate::machineset::owner_reference_kind;
-use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, machines_of_node,
-    now, record_event, retry_soon, set_valid_spec,
-};
 use capstan_api::health_check_conditions::REMEDIATION_ALLOWED;
 use capstan_api::machine_conditions::{HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED};
 use capstan_api::{
@@ -21,6 +16,11 @@ use capstan_api::{
     DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS, IntOrString, Machine, MachineHealthCheck,
     selector_matches, set_condition, status as cond,
 };
+use capstan_kit::controller::Spec;
+use capstan_kit::objects::machines_of_node;
+use capstan_kit::owners::owner_reference_kind;
+use capstan_kit::write::{apply_status, record_event};
+use capstan_kit::{Conditions, Error, Kube, key_of, kube_err, now};
 use capstan_planner::Bound;
 use capstan_planner::healthcheck::{
     self as plan, Checks, ObservedCondition, Rule, Target, Trigger, Unhealthy, Verdict,
@@ -28,7 +28,7 @@ use capstan_planner::healthcheck::{
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Resource, ResourceExt};
@@ -39,22 +39,22 @@ const CONTROLLER: &str = "machinehealthcheck";
 /// Field manager of the conditions this controller writes on Machines.
 pub const FIELD_MANAGER: &str = "capstan-healthcheck";
 
+/// The health-check controller needs nothing of its own: its context is
+/// the shared [`Kube`].
+type Context = Kube;
+
 pub(crate) async fn controller(
     checks: ReflectHandle<MachineHealthCheck>,
     machines: ReflectHandle<Machine>,
     nodes: ReflectHandle<Node>,
     deleted: impl futures::Stream<Item = crate::Deleted> + Send + 'static,
-    ctx: &Arc<Context>,
+    ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let trigger = counted(CONTROLLER, &ctx.metrics, checks, |c| Some(key_of(c)));
-    let by_machine = ctx.stores.health_checks.clone();
-    let by_node = ctx.stores.health_checks.clone();
+    let store = ctx.stores.health_checks.clone();
+    let (by_machine, by_node, checks_of_deleted) = (store.clone(), store.clone(), store.clone());
     let machine_store = ctx.stores.machines.clone();
-    let (checks_of_deleted, machines_of_deleted) = (
-        ctx.stores.health_checks.clone(),
-        ctx.stores.machines.clone(),
-    );
+    let machines_of_deleted = machine_store.clone();
     // Deletions reach the checks at once: a machine whose Node is gone,
     // or one fewer machine to count.
     let deletions = deleted.flat_map(move |gone| {
@@ -67,25 +67,21 @@ pub(crate) async fn controller(
         };
         futures::stream::iter(refs)
     });
-    let stream = Controller::for_shared_stream(trigger, ctx.stores.health_checks.clone())
-        .watches_shared_stream(machines, move |machine: Arc<Machine>| {
-            checks_selecting(&by_machine, &machine)
-        })
-        .watches_shared_stream(nodes, move |node: Arc<Node>| {
-            machines_of_node(&machine_store, &node)
-                .iter()
-                .flat_map(|m| checks_selecting(&by_node, m))
-                .collect::<Vec<_>>()
-        })
-        .reconcile_on(deletions)
-        .with_config(Config::default().concurrency(2))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
-            retry_soon,
-            ctx.clone(),
-        );
-    drain(CONTROLLER, stream).await;
+    let watches = move |controller: Controller<MachineHealthCheck>| {
+        controller
+            .watches_shared_stream(machines, move |machine: Arc<Machine>| {
+                checks_selecting(&by_machine, &machine)
+            })
+            .watches_shared_stream(nodes, move |node: Arc<Node>| {
+                machines_of_node(&machine_store, &node)
+                    .iter()
+                    .flat_map(|m| checks_selecting(&by_node, m))
+                    .collect::<Vec<_>>()
+            })
+            .reconcile_on(deletions)
+    };
+    let spec = Spec::new(CONTROLLER, checks, store, 2);
+    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
 }
 
 fn checks_selecting(
@@ -209,8 +205,11 @@ fn has_owner(machine: &Machine) -> bool {
     owner_reference_kind(machine) == Some("MachineSet")
 }
 
+/// One pass over a MachineHealthCheck: resolve its spec, judge the machines
+/// it targets, decide which to hand to their owners (within the
+/// short-circuit and `maxInFlight`), mark them, then write its status once.
 async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if check.metadata.deletion_timestamp.is_some() || crate::paused(check.as_ref()) {
+    if check.metadata.deletion_timestamp.is_some() || capstan_kit::paused(check.as_ref()) {
         return Ok(Action::await_change());
     }
     let generation = check.metadata.generation;
@@ -222,143 +221,72 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
         Ok(resolved) => resolved,
         Err(message) => {
             let problem = Some(("InvalidSpec", message.as_str()));
-            set_valid_spec(&mut status.conditions, problem, generation, &t);
+            Conditions::new(&mut status.conditions, generation, &t).valid_spec(problem);
             apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
             return Ok(Action::await_change());
         }
     };
-    set_valid_spec(&mut status.conditions, None, generation, &t);
+    Conditions::new(&mut status.conditions, generation, &t).valid_spec(None);
 
     let now_s = t.0.as_second();
-    let mut machines: Vec<Arc<Machine>> = ctx
-        .stores
-        .machines
-        .state()
-        .into_iter()
-        .filter(|m| selects(&check, m))
-        // As in Cluster API: a paused machine, or one that asks to be
-        // skipped, is no target: not judged, not counted, not remediated.
-        .filter(|m| {
-            !crate::paused(m.as_ref()) && !m.annotations().contains_key(ANNOTATION_SKIP_REMEDIATION)
-        })
-        .collect();
-    machines.sort_by_key(|m| m.name_any());
-    let requested = |m: &Machine| {
-        m.status
-            .as_ref()
-            .and_then(|s| capstan_api::condition(&s.conditions, OWNER_REMEDIATED))
-            .is_some_and(|c| c.status == cond::FALSE)
-    };
-    let in_flight = machines
-        .iter()
-        .filter(|m| has_owner(m) && requested(m))
-        .count();
+    let machines = targets(&check, &ctx);
     let live: Vec<&Arc<Machine>> = machines
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none())
         .collect();
-    let mut verdicts = Vec::with_capacity(live.len());
-    let mut healthy_count = 0usize;
-    let mut recheck: Option<i64> = None;
-    for m in &live {
-        let machine_status = m.status.clone().unwrap_or_default();
-        let node = machine_status
-            .provider_id
-            .as_deref()
-            .and_then(|id| crate::machine::find_node(&ctx.stores.nodes, id));
-        let target = Target {
-            name: m.name_any(),
-            created: m.creation_timestamp().map_or(now_s, |c| c.0.as_second()),
-            node_ref: machine_status.node_ref.as_ref().map(|n| n.name.clone()),
-            node: node.as_deref().map(node_conditions),
-            machine_conditions: observed(&machine_status.conditions),
-            failure: machine_status.failure_reason.clone(),
-            remediation_requested: m.annotations().contains_key(ANNOTATION_REMEDIATE_MACHINE),
-        };
-        let verdict = plan::judge(&target, &checks, now_s);
-        if plan::counts_healthy(&verdict, target.node.is_some(), false) {
-            healthy_count += 1;
-        }
-        if let Verdict::Healthy {
-            recheck_in: Some(wait),
-        } = verdict
-        {
-            recheck = Some(recheck.map_or(wait, |r| r.min(wait)));
-        }
-        verdicts.push(verdict);
-    }
+    let judged = judge_all(&ctx, &live, &checks, now_s);
     // As in Cluster API: every selected machine is expected, deleting ones
     // included, and whatever is not healthy (being remediated, booting, a
     // timeout still running) counts against the short-circuit.
     let expected = i32::try_from(machines.len()).unwrap_or(i32::MAX);
-    let healthy_i32 = i32::try_from(healthy_count).unwrap_or(i32::MAX);
-    let allowed = plan::remediations_allowed(expected, expected - healthy_i32, &trigger);
+    let healthy = i32::try_from(judged.healthy).unwrap_or(i32::MAX);
+    let allowed = plan::remediations_allowed(expected, expected - healthy, &trigger);
     let unhealthy: Vec<Unhealthy> = live
         .iter()
-        .zip(&verdicts)
+        .zip(&judged.verdicts)
         .filter(|(m, v)| v.is_unhealthy() && has_owner(m))
         .map(|(m, _)| Unhealthy {
             name: m.name_any(),
             since: unhealthy_since(m, now_s),
-            requested: requested(m),
+            requested: remediation_requested(m),
         })
         .collect();
+    let in_flight = machines
+        .iter()
+        .filter(|m| has_owner(m) && remediation_requested(m))
+        .count();
     let max_in_flight =
         max_in_flight.map(|b| usize::try_from(b.resolve(expected, true)).unwrap_or(0));
     let chosen = plan::to_remediate(&unhealthy, in_flight, max_in_flight, allowed.is_ok());
 
-    for (m, verdict) in live.iter().zip(&verdicts) {
+    for (m, verdict) in live.iter().zip(&judged.verdicts) {
         let remediate = chosen.contains(&m.name_any());
         mark(&ctx, m, verdict, remediate, &t).await?;
     }
 
     status.expected_machines = expected;
-    status.current_healthy = healthy_i32;
+    status.current_healthy = healthy;
     status.remediations_allowed = *allowed.as_ref().unwrap_or(&0);
     status.targets = machines.iter().map(|m| m.name_any()).collect();
-    let blocked = match &allowed {
-        Ok(_) => {
-            set_condition(
-                &mut status.conditions,
-                REMEDIATION_ALLOWED,
-                cond::TRUE,
-                "RemediationAllowed",
-                "",
-                generation,
-                &t,
-            );
-            None
-        }
-        Err(message) => {
-            set_condition(
-                &mut status.conditions,
-                REMEDIATION_ALLOWED,
-                cond::FALSE,
-                "TooManyUnhealthy",
-                message.clone(),
-                generation,
-                &t,
-            );
-            Some(message.clone())
-        }
+    let mut conditions = Conditions::new(&mut status.conditions, generation, &t);
+    match &allowed {
+        Ok(_) => conditions.set(REMEDIATION_ALLOWED, cond::TRUE, "RemediationAllowed", ""),
+        Err(message) => conditions.set(
+            REMEDIATION_ALLOWED,
+            cond::FALSE,
+            "TooManyUnhealthy",
+            message.clone(),
+        ),
     };
     let changed = apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
-    if changed
-        && let Some(message) = blocked
-        && current
-            .as_ref()
-            .and_then(|s| capstan_api::condition(&s.conditions, REMEDIATION_ALLOWED))
-            .is_none_or(|c| c.status != cond::FALSE)
-    {
-        record_event(
-            &ctx,
-            CONTROLLER,
-            &check.object_ref(&()),
-            EventType::Warning,
-            "RemediationRestricted",
-            message,
-        )
-        .await;
+    let was_blocked = current
+        .as_ref()
+        .and_then(|s| capstan_api::condition(&s.conditions, REMEDIATION_ALLOWED))
+        .is_some_and(|c| c.status == cond::FALSE);
+    if let (true, false, Err(message)) = (changed, was_blocked, &allowed) {
+        let object = check.object_ref(&());
+        let (warning, reason) = (EventType::Warning, "RemediationRestricted");
+        record_event(&ctx, CONTROLLER, &object, warning, reason, message.clone()).await;
     }
     // Unhealthy machines left waiting are looked at again soon: the
     // removal of a machine in remediation frees a maxInFlight slot, and a
@@ -366,7 +294,7 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
     let waiting = unhealthy
         .iter()
         .any(|u| !u.requested && !chosen.contains(&u.name));
-    let mut next = recheck.map_or(ctx.options.resync, |wait| {
+    let mut next = judged.recheck.map_or(ctx.resync, |wait| {
         Duration::from_secs(wait.max(0) as u64 + 1)
     });
     if waiting {
@@ -377,6 +305,78 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
         });
     }
     Ok(Action::requeue(next))
+}
+
+/// The machines a check targets, by name: those it selects, except (as in
+/// Cluster API) a paused machine or one that asks to be skipped — not
+/// judged, not counted, not remediated.
+fn targets(check: &MachineHealthCheck, kube: &Kube) -> Vec<Arc<Machine>> {
+    let mut machines: Vec<Arc<Machine>> = kube
+        .stores
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| selects(check, m))
+        .filter(|m| {
+            !capstan_kit::paused(m.as_ref())
+                && !m.annotations().contains_key(ANNOTATION_SKIP_REMEDIATION)
+        })
+        .collect();
+    machines.sort_by_key(|m| m.name_any());
+    machines
+}
+
+/// Whether the check already handed this machine to its owner
+/// (`OwnerRemediated=False`).
+fn remediation_requested(m: &Machine) -> bool {
+    m.status
+        .as_ref()
+        .and_then(|s| capstan_api::condition(&s.conditions, OWNER_REMEDIATED))
+        .is_some_and(|c| c.status == cond::FALSE)
+}
+
+/// The verdicts on the live targets.
+#[derive(Debug, Default)]
+struct Judged {
+    /// One per live target, in order.
+    verdicts: Vec<Verdict>,
+    /// How many count as healthy.
+    healthy: usize,
+    /// The soonest a healthy machine's timeout may run out (seconds).
+    recheck: Option<i64>,
+}
+
+/// Judge each live target against the checks.
+fn judge_all(kube: &Kube, live: &[&Arc<Machine>], checks: &Checks, now_s: i64) -> Judged {
+    let mut judged = Judged::default();
+    for m in live {
+        let machine_status = m.status.clone().unwrap_or_default();
+        let node = machine_status
+            .provider_id
+            .as_deref()
+            .and_then(|id| crate::machine::find_node(&kube.stores.nodes, id));
+        let target = Target {
+            name: m.name_any(),
+            created: m.creation_timestamp().map_or(now_s, |c| c.0.as_second()),
+            node_ref: machine_status.node_ref.as_ref().map(|n| n.name.clone()),
+            node: node.as_deref().map(node_conditions),
+            machine_conditions: observed(&machine_status.conditions),
+            failure: machine_status.failure_reason.clone(),
+            remediation_requested: m.annotations().contains_key(ANNOTATION_REMEDIATE_MACHINE),
+        };
+        let verdict = plan::judge(&target, checks, now_s);
+        if plan::counts_healthy(&verdict, target.node.is_some(), false) {
+            judged.healthy += 1;
+        }
+        if let Verdict::Healthy {
+            recheck_in: Some(wait),
+        } = verdict
+        {
+            judged.recheck = Some(judged.recheck.map_or(wait, |r| r.min(wait)));
+        }
+        judged.verdicts.push(verdict);
+    }
+    judged
 }
 
 /// Since when a machine has been unhealthy: its `HealthCheckSucceeded=False`

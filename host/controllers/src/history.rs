@@ -4,9 +4,9 @@
 //! deployment, and the controller rolls it out like any template change.
 
 use crate::deployment::{deployment_template_of, set_revision, template_hash};
-use crate::machineset::controlled_by;
-use crate::{Error, kube_err};
 use capstan_api::{ANNOTATION_CHANGE_CAUSE, MachineDeployment, MachineSet};
+use capstan_kit::owners::controlled_by;
+use capstan_kit::{Error, kube_err};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;

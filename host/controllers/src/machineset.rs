@@ -2,26 +2,26 @@
 //! template, adopting matching orphans, deleting per `deletePolicy` (failed
 //! and not-ready machines first), and reporting counts.
 //!
-//! Creates and deletes are remembered in [`crate::Expectations`] until the
+//! Creates and deletes are remembered in [`capstan_kit::Expectations`] until the
 //! cache shows them, so a reconcile never acts on a cache that has not
 //! caught up (which would create duplicate machines).
 
-use crate::{
-    Context, Error, Seen, apply_status, counted, drain, instrumented, key_of, kube_err, now,
-    record_event, retry_soon, set_valid_spec,
-};
 use capstan_api::set_conditions::AVAILABLE;
 use capstan_api::{
     ANNOTATION_IN_PLACE_FROM, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED, DeletePolicy,
-    LABEL_SET_NAME, Machine, MachineSet, machine_conditions, selector_matches, selector_mismatch,
-    selector_string, set_condition, status as cond,
+    LABEL_SET_NAME, Machine, MachineSet, MachineSetStatus, machine_conditions, selector_matches,
+    selector_mismatch, selector_string, status as cond,
 };
+use capstan_kit::controller::Spec;
+use capstan_kit::owners::{claim, controlled_by, owner_reference};
+use capstan_kit::write::{apply_status, record_event};
+use capstan_kit::{Conditions, Error, Expectations, Kube, Seen, key_of, kube_err, now};
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Resource, ResourceExt};
@@ -30,34 +30,41 @@ use std::time::Duration;
 
 const CONTROLLER: &str = "machineset";
 
+/// What the MachineSet controller works with.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) kube: Kube,
+    /// Machines a set created or deleted that its cache has not shown yet.
+    pub(crate) expectations: Expectations,
+}
+
+impl AsRef<Kube> for Context {
+    fn as_ref(&self) -> &Kube {
+        &self.kube
+    }
+}
+
 pub(crate) async fn controller(
     sets: ReflectHandle<MachineSet>,
     machines: ReflectHandle<Machine>,
-    ctx: &Arc<Context>,
+    ctx: Arc<Context>,
+    concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let trigger = counted(CONTROLLER, &ctx.metrics, sets, |s| Some(key_of(s)));
-    let set_store = ctx.stores.machine_sets.clone();
-    let metrics = ctx.metrics.clone();
-    let stream = Controller::for_shared_stream(trigger, ctx.stores.machine_sets.clone())
-        .watches_shared_stream(machines, move |machine: Arc<Machine>| {
-            let owners = owning_sets(&set_store, &machine);
-            for o in &owners {
-                metrics.enqueued(
-                    CONTROLLER,
-                    format!("{}/{}", o.namespace.as_deref().unwrap_or(""), o.name),
-                );
-            }
-            owners
+    let store = ctx.kube.stores.machine_sets.clone();
+    let set_store = store.clone();
+    let metrics = ctx.kube.metrics.clone();
+    let watches = move |controller: Controller<MachineSet>| {
+        controller.watches_shared_stream(machines, move |machine: Arc<Machine>| {
+            capstan_kit::controller::enqueue(
+                &metrics,
+                CONTROLLER,
+                owning_sets(&set_store, &machine),
+            )
         })
-        .with_config(Config::default().concurrency(ctx.options.concurrency.machine_sets))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
-            retry_soon,
-            ctx.clone(),
-        );
-    drain(CONTROLLER, stream).await;
+    };
+    let spec = Spec::new(CONTROLLER, sets, store, concurrency);
+    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
 }
 
 /// The set that controls a machine, or (for an orphan) the sets that could
@@ -113,16 +120,6 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
     }
 }
 
-/// The kind of the object that controls `obj`, if any.
-pub(crate) fn owner_reference_kind(obj: &impl Resource) -> Option<&str> {
-    obj.meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .map(|o| o.kind.as_str())
-}
-
 /// Whether this machine goes first when the set shrinks: annotated
 /// `cluster.x-k8s.io/delete-machine`, or found unhealthy by a health check
 /// (as in Cluster API's deletion priority).
@@ -148,30 +145,12 @@ fn remediation_requested(machine: &Machine) -> bool {
         .is_some_and(|c| c.status == cond::FALSE)
 }
 
-/// Whether a machine is controlled by the object with this uid.
-pub fn controlled_by(machine: &impl Resource, uid: &str) -> bool {
-    machine
-        .meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid)
-}
-
-/// The controller owner reference for objects `owner` creates or adopts.
-pub(crate) fn owner_reference<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
-    OwnerReference {
-        api_version: K::api_version(&()).to_string(),
-        kind: K::kind(&()).to_string(),
-        name: owner.meta().name.clone().unwrap_or_default(),
-        uid: owner.meta().uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
+/// One pass over a MachineSet: validate, claim its machines, carry the
+/// deletion settings to them, wait for the cache to show what the last
+/// pass did, delete machines handed over for remediation, scale (hand
+/// over, create, delete), then derive the status and write it once.
 async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if set.metadata.deletion_timestamp.is_some() || crate::paused(set.as_ref()) {
+    if set.metadata.deletion_timestamp.is_some() || capstan_kit::paused(set.as_ref()) {
         // Owner references hand the machines to the garbage collector; a
         // paused set is left as it is until the annotation goes.
         return Ok(Action::await_change());
@@ -187,7 +166,82 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
 
     // Refused before the first write: no machine is created for a plugin
     // this namespace may not use.
-    let problem = capstan_api::name_too_long(
+    if let Some((reason, message)) = validate(&set, &ctx.kube) {
+        Conditions::new(&mut status.conditions, generation, &t)
+            .valid_spec(Some((reason, message.as_str())));
+        apply_status(
+            &ctx.kube,
+            CONTROLLER,
+            set.as_ref(),
+            current.as_ref(),
+            &status,
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+    Conditions::new(&mut status.conditions, generation, &t).valid_spec(None);
+
+    let machines_api: Api<Machine> = Api::namespaced(ctx.kube.client.clone(), &namespace);
+    let all = ctx.kube.stores.machines.state();
+    let selector = &set.spec.selector;
+    let claimed = claim(
+        &machines_api,
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        selector,
+        all.clone(),
+    );
+    let Some(mine) = claimed.await? else {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    };
+    carry_deletion_settings(&ctx, &machines_api, &set, &mine).await?;
+
+    let seen = |name: &str| match mine.iter().find(|m| m.name_any() == name) {
+        None => Seen::Absent,
+        Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
+        Some(_) => Seen::Present,
+    };
+    if !ctx.expectations.satisfied(&uid, seen) {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+
+    let mut deleted = remediate(&ctx, &machines_api, &set, &mine).await?;
+    let (views, mut next_available) = machine_views(&set, &mine, &deleted, t.0.as_second());
+    let scaled = scale(&ctx, &machines_api, &set, &mine, &all, &views).await?;
+    deleted.extend(scaled.deleted);
+    next_available = match (next_available, scaled.retry) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let created = scaled.created;
+    if !created.is_empty() || !deleted.is_empty() {
+        tracing::info!(set = %key_of(set.as_ref()), created = created.len(), deleted = deleted.len(), "scaled");
+        ctx.expectations.expect(&uid, created, deleted);
+    }
+    if let Some(error) = scaled.error {
+        return Err(error);
+    }
+
+    derive_status(&mut status, &set, &views, &t);
+    apply_status(
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        current.as_ref(),
+        &status,
+    )
+    .await?;
+    Ok(match next_available {
+        Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
+        None => Action::requeue(ctx.kube.resync),
+    })
+}
+
+/// Why the set's spec cannot be acted on (reason, message), if it cannot.
+fn validate(set: &MachineSet, kube: &Kube) -> Option<(&'static str, String)> {
+    let namespace = set.namespace().unwrap_or_default();
+    capstan_api::name_too_long(
         "MachineSet",
         &set.name_any(),
         capstan_api::MAX_SET_NAME,
@@ -200,57 +254,30 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     })
     .or_else(|| {
         let plugin = &set.spec.template.spec.provider.plugin;
-        crate::registry::not_allowed(&ctx, plugin, &namespace).map(|m| ("PluginNotAllowed", m))
-    });
-    if let Some((reason, message)) = problem {
-        let problem = Some((reason, message.as_str()));
-        set_valid_spec(&mut status.conditions, problem, generation, &t);
-        apply_status(&ctx, CONTROLLER, set.as_ref(), current.as_ref(), &status).await?;
-        return Ok(Action::await_change());
-    }
-    set_valid_spec(&mut status.conditions, None, generation, &t);
+        capstan_kit::registry::not_allowed(kube, plugin, &namespace)
+            .map(|m| ("PluginNotAllowed", m))
+    })
+}
 
-    let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
-    let all = ctx.stores.machines.state();
-    let mut mine: Vec<Arc<Machine>> = vec![];
-    for m in all
-        .iter()
-        .filter(|m| m.namespace().as_deref() == Some(namespace.as_str()))
-    {
-        if controlled_by(m.as_ref(), &uid) {
-            mine.push(m.clone());
-        } else if m
-            .owner_references()
-            .iter()
-            .all(|o| o.controller != Some(true))
-            && m.metadata.deletion_timestamp.is_none()
-            && selector_matches(&set.spec.selector, m.labels())
-        {
-            // Not adopted (it changed meanwhile): plan again with a fresh
-            // view rather than count without it and create a duplicate.
-            if !adopt(&machines_api, &ctx, CONTROLLER, set.as_ref(), m.as_ref()).await? {
-                return Ok(Action::requeue(Duration::from_millis(500)));
-            }
-            mine.push(m.clone());
-        }
-    }
-
-    // Deletion settings change in place (they are not part of the template
-    // hash): carry them to the machines.
+/// Deletion settings change in place (they are not part of the template
+/// hash): carry them to the machines.
+async fn carry_deletion_settings(
+    ctx: &Context,
+    machines_api: &Api<Machine>,
+    set: &MachineSet,
+    mine: &[Arc<Machine>],
+) -> Result<(), Error> {
     let deletion = in_place_deletion(&set.spec.template.spec);
     for m in mine.iter().filter(|m| {
         m.metadata.deletion_timestamp.is_none() && in_place_deletion(&m.spec) != deletion
     }) {
         let patch = serde_json::json!({ "spec": { "deletion": deletion } });
+        let params = PatchParams::default();
         match machines_api
-            .patch(
-                &m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch(&m.name_any(), &params, &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => ctx.metrics.wrote(CONTROLLER, "patch"),
+            Ok(_) => ctx.kube.metrics.wrote(CONTROLLER, "patch"),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => {
                 return Err(kube_err(format!(
@@ -260,19 +287,18 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
             }
         }
     }
+    Ok(())
+}
 
-    let seen = |name: &str| match mine.iter().find(|m| m.name_any() == name) {
-        None => Seen::Absent,
-        Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
-        Some(_) => Seen::Present,
-    };
-    if !ctx.expectations.satisfied(&uid, seen) {
-        return Ok(Action::requeue(Duration::from_millis(500)));
-    }
-
-    // Remediation: a machine a health check handed over is deleted now (its
-    // Node drained first by the Machine controller) and, being gone from
-    // the set's count, replaced below.
+/// Remediation: a machine a health check handed over is deleted now (its
+/// Node drained first by the Machine controller) and, being gone from the
+/// set's count, replaced. Returns the names deleted.
+async fn remediate(
+    ctx: &Context,
+    machines_api: &Api<Machine>,
+    set: &MachineSet,
+    mine: &[Arc<Machine>],
+) -> Result<Vec<String>, Error> {
     let mut deleted = vec![];
     for m in mine
         .iter()
@@ -284,7 +310,7 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
             .await
         {
             Ok(_) => {
-                ctx.metrics.wrote(CONTROLLER, "delete");
+                ctx.kube.metrics.wrote(CONTROLLER, "delete");
                 deleted.push(name.clone());
                 let why = m
                     .status
@@ -297,9 +323,9 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
                     })
                     .map(|c| c.message.clone())
                     .unwrap_or_default();
-                tracing::info!(set = %key_of(set.as_ref()), machine = %name, %why, "remediating");
+                tracing::info!(set = %key_of(set), machine = %name, %why, "remediating");
                 record_event(
-                    &ctx,
+                    &ctx.kube,
                     CONTROLLER,
                     &set.object_ref(&()),
                     EventType::Normal,
@@ -311,15 +337,25 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => {
                 return Err(kube_err(format!(
-                    "cannot delete unhealthy machine {namespace}/{name}"
+                    "cannot delete unhealthy machine {}/{name}",
+                    set.namespace().unwrap_or_default()
                 ))(e));
             }
         }
     }
+    Ok(deleted)
+}
 
-    let now_s = t.0.as_second();
+/// The set's machines as the scale planner sees them (`deleted`: names
+/// this pass already deleted), and how soon one becomes available.
+fn machine_views(
+    set: &MachineSet,
+    mine: &[Arc<Machine>],
+    deleted: &[String],
+    now_s: i64,
+) -> (Vec<MachineView>, Option<Duration>) {
     let mut next_available: Option<Duration> = None;
-    let views: Vec<MachineView> = mine
+    let views = mine
         .iter()
         .map(|m| {
             let (health, wait) = health(m, set.spec.min_ready_seconds, now_s);
@@ -337,6 +373,33 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
             }
         })
         .collect();
+    (views, next_available)
+}
+
+/// What scaling did.
+#[derive(Debug, Default)]
+struct Scaled {
+    /// Machines created (even when some creations failed).
+    created: Vec<String>,
+    /// Machines deleted or handed over.
+    deleted: Vec<String>,
+    /// Look again this soon (a hand-over waits for the new set).
+    retry: Option<Duration>,
+    /// The first failure, returned after the expectations are recorded.
+    error: Option<Error>,
+}
+
+/// Scale the set to its replicas: hand machines over to the deployment's
+/// new set (in-place rollouts), create, and delete per `deletePolicy`.
+async fn scale(
+    ctx: &Context,
+    machines_api: &Api<Machine>,
+    set: &MachineSet,
+    mine: &[Arc<Machine>],
+    all: &[Arc<Machine>],
+    views: &[MachineView],
+) -> Result<Scaled, Error> {
+    let namespace = set.namespace().unwrap_or_default();
     let replicas = usize::try_from(set.spec.replicas).unwrap_or(0);
     let policy = match set.spec.delete_policy {
         DeletePolicy::Random => plan::DeletePolicy::Random,
@@ -347,12 +410,13 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     // set (once it exists), and machines on their way to this set are not
     // created again.
     let hand_over_to = set.annotations().get(ANNOTATION_IN_PLACE_TO).map(|target| {
-        ctx.stores
+        ctx.kube
+            .stores
             .machine_sets
             .get(&ObjectRef::new(target).within(&namespace))
     });
-    let incoming = incoming_machines(&ctx, set.as_ref(), &all);
-    let mut scale = plan::plan_scale(replicas, &views, policy, hand_over_to.is_some(), incoming);
+    let incoming = incoming_machines(ctx, set, all);
+    let mut scale = plan::plan_scale(replicas, views, policy, hand_over_to.is_some(), incoming);
     // Under an OnDelete rollout, old sets do not replace machines users
     // delete: a machine being deleted keeps its slot for scale-up until the
     // deployment lowers the set's replicas.
@@ -365,7 +429,7 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         let deleting = views.iter().filter(|v| v.deleting).count();
         scale.create = scale.create.saturating_sub(deleting);
     }
-
+    let mut scaled = Scaled::default();
     match hand_over_to {
         Some(Some(target)) => {
             // Hand over only what the new set's replicas already count:
@@ -380,91 +444,81 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
                         && m.metadata.deletion_timestamp.is_none()
                 })
                 .count();
-            let others =
-                incoming_machines(&ctx, &target, &all).saturating_sub(scale.hand_over.len());
+            let others = incoming_machines(ctx, &target, all).saturating_sub(scale.hand_over.len());
             let room = usize::try_from(target.spec.replicas)
                 .unwrap_or(0)
                 .saturating_sub(target_live + others);
             if room < scale.hand_over.len() {
-                next_available = Some(Duration::from_millis(200));
+                scaled.retry = Some(Duration::from_millis(200));
             }
             for name in scale.hand_over.iter().take(room) {
                 let Some(m) = mine.iter().find(|m| m.name_any() == *name) else {
                     continue;
                 };
-                if hand_over(&machines_api, &ctx, set.as_ref(), &target, m).await? {
-                    deleted.push(name.clone());
+                if hand_over(machines_api, ctx, set, &target, m).await? {
+                    scaled.deleted.push(name.clone());
                 }
             }
         }
         // The new set is not in the cache yet: hand over on a later pass.
         Some(None) if !scale.hand_over.is_empty() => {
-            next_available = Some(Duration::from_millis(500));
+            scaled.retry = Some(Duration::from_millis(500));
         }
         _ => {}
     }
-    let created = create_machines(&machines_api, &ctx, set.as_ref(), scale.create).await;
+    let created = create_machines(machines_api, ctx, set, scale.create).await;
     for name in &scale.delete {
         match machines_api.delete(name, &DeleteParams::background()).await {
             Ok(_) => {
-                ctx.metrics.wrote(CONTROLLER, "delete");
-                deleted.push(name.clone());
+                ctx.kube.metrics.wrote(CONTROLLER, "delete");
+                scaled.deleted.push(name.clone());
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => {
-                return Err(kube_err(format!(
+                scaled.error = Some(kube_err(format!(
                     "cannot delete machine {namespace}/{name}"
                 ))(e));
+                break;
             }
         }
     }
-    let created = created?;
-    if !created.is_empty() || !deleted.is_empty() {
-        tracing::info!(set = %key_of(set.as_ref()), created = created.len(), deleted = deleted.len(), "scaled");
-        ctx.expectations.expect(&uid, created, deleted);
+    match created {
+        Ok(names) => scaled.created = names,
+        Err(error) => scaled.error = scaled.error.or(Some(error)),
     }
+    Ok(scaled)
+}
 
-    let counts = plan::counts(&views);
+/// The set's status counts and `Available` from its machines.
+fn derive_status(
+    status: &mut MachineSetStatus,
+    set: &MachineSet,
+    views: &[MachineView],
+    t: &capstan_api::Time,
+) {
+    let counts = plan::counts(views);
     status.replicas = counts.replicas;
     status.ready_replicas = counts.ready;
     status.available_replicas = counts.available;
     status.failed_replicas = counts.failed;
+    let mut conditions = Conditions::new(&mut status.conditions, set.metadata.generation, t);
     if counts.available >= set.spec.replicas {
-        set_condition(
-            &mut status.conditions,
-            AVAILABLE,
-            cond::TRUE,
-            "AllAvailable",
-            "",
-            generation,
-            &t,
-        );
+        conditions.set(AVAILABLE, cond::TRUE, "AllAvailable", "");
     } else {
-        set_condition(
-            &mut status.conditions,
-            AVAILABLE,
-            cond::FALSE,
-            "WaitingForMachines",
-            format!(
-                "{} of {} machines available",
-                counts.available, set.spec.replicas
-            ),
-            generation,
-            &t,
+        let message = format!(
+            "{} of {} machines available",
+            counts.available, set.spec.replicas
         );
+        conditions.set(AVAILABLE, cond::FALSE, "WaitingForMachines", message);
     }
-    apply_status(&ctx, CONTROLLER, set.as_ref(), current.as_ref(), &status).await?;
-    Ok(match next_available {
-        Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
-        None => Action::requeue(ctx.options.resync),
-    })
 }
 
 /// Machines that sibling sets are handing over to `set` and have not yet.
 fn incoming_machines(ctx: &Context, set: &MachineSet, all: &[Arc<Machine>]) -> usize {
     let name = set.name_any();
     let namespace = set.namespace();
-    ctx.stores
+    ctx.kube
+        .stores
         .machine_sets
         .state()
         .iter()
@@ -516,7 +570,7 @@ async fn hand_over(
     }
     let previous = serde_json::to_string(&machine.spec).expect("a machine spec serializes");
     annotations.insert(ANNOTATION_IN_PLACE_FROM.into(), previous.into());
-    let spec_patch = crate::merge_patch(
+    let spec_patch = capstan_kit::merge_patch(
         &serde_json::to_value(&machine.spec).expect("a machine spec serializes"),
         &serde_json::to_value(&target.spec.template.spec).expect("a machine spec serializes"),
     );
@@ -535,7 +589,7 @@ async fn hand_over(
         .await
     {
         Ok(_) => {
-            ctx.metrics.wrote(CONTROLLER, "hand-over");
+            ctx.kube.metrics.wrote(CONTROLLER, "hand-over");
             tracing::info!(set = %key_of(set), machine = %name, to = %target.name_any(), "handed over for an in-place update");
             Ok(true)
         }
@@ -545,49 +599,6 @@ async fn hand_over(
             key_of(machine),
             target.name_any()
         ))(e)),
-    }
-}
-
-/// Make `owner` the controller of `orphan` (an object no controller owns
-/// whose labels the owner's selector matches), only as the cache saw it:
-/// `false` when it changed or went meanwhile (the next pass looks again).
-pub(crate) async fn adopt<K, O>(
-    api: &Api<K>,
-    ctx: &Context,
-    controller: &'static str,
-    owner: &O,
-    orphan: &K,
-) -> Result<bool, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    O: Resource<DynamicType = ()>,
-{
-    let mut owners = orphan.owner_references().to_vec();
-    owners.push(owner_reference(owner));
-    let patch = serde_json::json!({
-        "metadata": {
-            "ownerReferences": owners,
-            "resourceVersion": orphan.resource_version(),
-        }
-    });
-    let kind = K::kind(&());
-    match api
-        .patch(
-            &orphan.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => {
-            ctx.metrics.wrote(controller, "adopt");
-            tracing::info!(owner = %key_of(owner), %kind, orphan = %orphan.name_any(), "adopted an orphan");
-            Ok(true)
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(false),
-        Err(e) => Err(kube_err(format!("cannot adopt {kind} {}", key_of(orphan)))(
-            e,
-        )),
     }
 }
 
@@ -632,7 +643,7 @@ async fn create_machines(
     for result in results {
         match result {
             Ok(name) => {
-                ctx.metrics.wrote(CONTROLLER, "create");
+                ctx.kube.metrics.wrote(CONTROLLER, "create");
                 names.push(name);
             }
             Err(e) => {

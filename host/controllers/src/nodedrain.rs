@@ -3,17 +3,43 @@
 //! respected, and wait for the evicted pods to be gone. Which pods to evict
 //! and which to wait for is decided by `capstan_planner::deletion`.
 //!
-//! Evictions go through [`crate::Context::eviction_client`], a client that
+//! Evictions go through [`Evictions`], a client of their own that
 //! does not retry 429s: kube-rs's default client retries a refused
 //! eviction for minutes, which would stall the whole reconcile; here a
 //! refusal is reported on the Machine and retried on the next round.
 
-use crate::{Context, Error, kube_err};
+use capstan_kit::{Error, Kube, kube_err};
 use capstan_planner::deletion::{PodView, plan_drain};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+
+/// The Eviction API as the drain uses it: a client without kube-rs's
+/// retries of 429 (a PodDisruptionBudget's refusal must come back at once)
+/// and the Eviction version the server takes, once known.
+pub(crate) struct Evictions {
+    client: kube::Client,
+    version: std::sync::OnceLock<&'static str>,
+}
+
+impl std::fmt::Debug for Evictions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Evictions")
+            .field("version", &self.version.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Evictions {
+    /// Evictions through `client` (one that does not retry 429s).
+    pub(crate) fn new(client: kube::Client) -> Self {
+        Evictions {
+            client,
+            version: std::sync::OnceLock::new(),
+        }
+    }
+}
 
 /// The outcome of one drain round.
 #[derive(Debug)]
@@ -31,10 +57,14 @@ pub(crate) enum Round {
 }
 
 /// One round: cordon, list the Node's pods, evict what the plan says.
-pub(crate) async fn drain_round(ctx: &Context, node: &Node) -> Result<Round, Error> {
+pub(crate) async fn drain_round(
+    kube: &Kube,
+    evictions: &Evictions,
+    node: &Node,
+) -> Result<Round, Error> {
     let name = node.name_any();
-    cordon(ctx, node).await?;
-    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    cordon(kube, node).await?;
+    let pods: Api<Pod> = Api::all(kube.client.clone());
     let list = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
         .await
@@ -65,10 +95,10 @@ pub(crate) async fn drain_round(ctx: &Context, node: &Node) -> Result<Round, Err
     let mut refused = vec![];
     let mut evicted = 0;
     for (namespace, pod) in &plan.evict {
-        match evict(ctx, namespace, pod).await {
+        match evict(kube, evictions, namespace, pod).await {
             Ok(()) => {
                 evicted += 1;
-                ctx.metrics.wrote("machine", "evict");
+                kube.metrics.wrote("machine", "evict");
             }
             Err(why) => refused.push(format!("{namespace}/{pod}: {why}")),
         }
@@ -114,11 +144,11 @@ fn unreachable(node: &Node) -> bool {
         .any(|c| c.type_ == "Ready" && c.status == "Unknown")
 }
 
-async fn cordon(ctx: &Context, node: &Node) -> Result<(), Error> {
+async fn cordon(kube: &Kube, node: &Node) -> Result<(), Error> {
     if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
         return Ok(());
     }
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let api: Api<Node> = Api::all(kube.client.clone());
     let patch = serde_json::json!({ "spec": { "unschedulable": true } });
     match api
         .patch(
@@ -129,7 +159,7 @@ async fn cordon(ctx: &Context, node: &Node) -> Result<(), Error> {
         .await
     {
         Ok(_) => {
-            ctx.metrics.wrote("machine", "cordon");
+            kube.metrics.wrote("machine", "cordon");
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
@@ -141,8 +171,13 @@ async fn cordon(ctx: &Context, node: &Node) -> Result<(), Error> {
 
 /// Evict one pod; the error is the API server's reason, with the causes it
 /// gives (for a PodDisruptionBudget: which budget, how many pods it needs).
-async fn evict(ctx: &Context, namespace: &str, pod: &str) -> Result<(), String> {
-    let version = eviction_version(ctx).await;
+async fn evict(
+    kube: &Kube,
+    evictions: &Evictions,
+    namespace: &str,
+    pod: &str,
+) -> Result<(), String> {
+    let version = eviction_version(kube, evictions).await;
     let body = serde_json::json!({
         "apiVersion": version,
         "kind": "Eviction",
@@ -154,8 +189,8 @@ async fn evict(ctx: &Context, namespace: &str, pod: &str) -> Result<(), String> 
     .header(http::header::CONTENT_TYPE, "application/json")
     .body(body.to_string().into_bytes())
     .map_err(|e| e.to_string())?;
-    let response = ctx
-        .eviction_client
+    let response = evictions
+        .client
         .send(request.map(kube::client::Body::from))
         .await
         .map_err(|e| e.to_string())?;
@@ -188,11 +223,11 @@ async fn evict(ctx: &Context, namespace: &str, pod: &str) -> Result<(), String> 
 /// The Eviction version the API server takes, from the `pods/eviction`
 /// subresource it lists (`policy/v1` since Kubernetes 1.22,
 /// `policy/v1beta1` before); asked once.
-async fn eviction_version(ctx: &Context) -> &'static str {
-    if let Some(v) = ctx.eviction_version.get() {
+async fn eviction_version(kube: &Kube, evictions: &Evictions) -> &'static str {
+    if let Some(v) = evictions.version.get() {
         return v;
     }
-    let v1 = ctx
+    let v1 = kube
         .client
         .list_core_api_resources("v1")
         .await
@@ -202,6 +237,6 @@ async fn eviction_version(ctx: &Context) -> &'static str {
                 .any(|r| r.name == "pods/eviction" && r.version.as_deref() == Some("v1"))
         });
     let version = if v1 { "policy/v1" } else { "policy/v1beta1" };
-    let _ = ctx.eviction_version.set(version);
+    let _ = evictions.version.set(version);
     version
 }

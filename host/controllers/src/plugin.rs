@@ -17,12 +17,13 @@
 //! stops serving (`Ready=False`) in the same reconcile — never left serving
 //! with what it was granted before.
 
-use crate::provider::{Registered, WasmProvider};
-use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now,
-    record_event, retry_soon,
-};
-use capstan_api::{CredentialType, Plugin, set_condition, status};
+use capstan_addons::engine::{Addons, RegisteredAddon};
+use capstan_api::{CredentialType, Plugin, PluginStatus, status};
+use capstan_kit::controller::Spec;
+use capstan_kit::provider::{Providers, Registered, WasmProvider};
+use capstan_kit::registry::{RegisteredUpdater, Updaters};
+use capstan_kit::write::{apply_status, record_event};
+use capstan_kit::{Conditions, Error, Kube, kube_err, now};
 use capstan_registry::keys::PublicKey;
 use capstan_registry::policy::TrustPolicy;
 use capstan_registry::verify::Puller;
@@ -30,7 +31,7 @@ use capstan_registry::{Reference, Source};
 use capstan_runtime::{Credential, Grants, Limits, PluginManifest, World};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::{Resource, ResourceExt};
@@ -59,26 +60,84 @@ pub(crate) type Revision = String;
 
 type Failure = (&'static str, String);
 
+/// What the Plugin controller works with: the sandbox, the registries it
+/// fills, and how it fetches and trusts plugins.
+pub(crate) struct Context {
+    kube: Kube,
+    /// The sandbox plugins load into (`None` runs only built-in providers).
+    runtime: Option<capstan_runtime::Runtime>,
+    providers: Providers,
+    updaters: Updaters,
+    addons: Addons,
+    /// Activating an updater checks its fields against the others and
+    /// registers it as one step.
+    updater_activation: tokio::sync::Mutex<()>,
+    /// Plugins loaded so far: name → (generation, revision), so an idle
+    /// reconcile does not reload.
+    loaded: std::sync::Mutex<std::collections::HashMap<String, (i64, Revision)>>,
+    /// Registry access and trust for `oci://` sources.
+    supply: Option<Arc<Supply>>,
+    /// `file://` directories whose plugins load unsigned.
+    unsigned_plugin_dirs: Vec<capstan_registry::Scope>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("plugin::Context").finish_non_exhaustive()
+    }
+}
+
+impl AsRef<Kube> for Context {
+    fn as_ref(&self) -> &Kube {
+        &self.kube
+    }
+}
+
+impl Context {
+    /// The Plugin controller's context: it registers what it loads in
+    /// `providers`, `updaters` and `addons`.
+    pub(crate) fn new(
+        kube: Kube,
+        runtime: Option<capstan_runtime::Runtime>,
+        providers: Providers,
+        updaters: Updaters,
+        addons: Addons,
+        options: &crate::Options,
+    ) -> Self {
+        Context {
+            kube,
+            runtime,
+            providers,
+            updaters,
+            addons,
+            updater_activation: tokio::sync::Mutex::default(),
+            loaded: std::sync::Mutex::default(),
+            supply: options.supply.clone(),
+            unsigned_plugin_dirs: options.unsigned_plugin_dirs.clone(),
+        }
+    }
+}
+
 pub(crate) async fn controller(
     plugins: ReflectHandle<Plugin>,
-    ctx: &Arc<Context>,
+    ctx: Arc<Context>,
+    concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let trigger = counted(CONTROLLER, &ctx.metrics, plugins, |p| Some(key_of(p)));
-    let secrets: Api<Secret> = match &ctx.options.secrets_namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
+    let secrets: Api<Secret> = match &ctx.kube.secrets_namespace {
+        Some(ns) => Api::namespaced(ctx.kube.client.clone(), ns),
+        None => Api::all(ctx.kube.client.clone()),
     };
-    let store = ctx.stores.plugins.clone();
-    let stream = Controller::for_shared_stream(trigger, ctx.stores.plugins.clone())
-        .with_config(Config::default().concurrency(ctx.options.concurrency.plugins))
-        // A credential Secret changed or deleted: its Plugins at once.
-        .watches(
+    let store = ctx.kube.stores.plugins.clone();
+    let by_secret = store.clone();
+    // A credential Secret changed or deleted: its Plugins at once.
+    let watches = move |controller: Controller<Plugin>| {
+        controller.watches(
             secrets,
             kube::runtime::watcher::Config::default(),
             move |secret: Secret| {
                 let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
-                store
+                by_secret
                     .state()
                     .into_iter()
                     .filter(|p| {
@@ -92,15 +151,14 @@ pub(crate) async fn controller(
                     .collect::<Vec<_>>()
             },
         )
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
-            retry_soon,
-            ctx.clone(),
-        );
-    drain(CONTROLLER, stream).await;
+    };
+    let spec = Spec::new(CONTROLLER, plugins, store, concurrency);
+    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
 }
 
+/// One pass over a Plugin: its grants first (what an admin narrowed is
+/// taken away now), then load the revision the spec names if it changed,
+/// revoke what may no longer serve, and write the status once.
 async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = plugin.name_any();
     let generation = plugin.metadata.generation.unwrap_or(0);
@@ -126,124 +184,127 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     if outcome.is_err() && serving_fingerprint(&ctx, &name) != fingerprint {
         revoke(&ctx, &name);
     }
-    let t = now();
-    let mut settled = true;
+    let at = (Some(generation), now());
     // What `kubectl describe plugin` should tell, if this reconcile changes
     // the status: a revision activated, or one refused.
-    let mut event = None;
-    match outcome {
-        Ok(Some(loaded)) => {
-            let serving = loaded
-                .resolved_source
-                .clone()
-                .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, loaded.digest));
-            let signed = if loaded.signers.is_empty() {
-                String::new()
-            } else {
-                format!(", signed by {}", loaded.signers.join(", "))
-            };
-            event = Some((
-                EventType::Normal,
-                "Activated",
-                format!(
-                    "now serving {serving} (version {}){signed}; {}",
-                    loaded.version, loaded.message
-                ),
-            ));
-            if status.resolved_source != loaded.resolved_source
-                || status.digest.as_ref() != Some(&loaded.digest)
-            {
-                status.previous_source = status
-                    .resolved_source
-                    .clone()
-                    .or_else(|| {
-                        status
-                            .digest
-                            .as_ref()
-                            .map(|d| format!("{} ({d})", plugin.spec.source))
-                    })
-                    .filter(|_| status.digest.is_some());
-            }
-            status.digest = Some(loaded.digest);
-            status.resolved_source = loaded.resolved_source;
-            status.fetched_from = loaded.fetched_from;
-            status.signers = loaded.signers;
-            status.world = Some(loaded.world);
-            status.version = Some(loaded.version);
-            status.contract = Some(loaded.contract);
-            status.declared_http = loaded.declared_http;
-            status.update_fields = loaded.update_fields;
-            status.declared_objects = loaded.declared_objects;
-            set_condition(
-                &mut status.conditions,
-                READY,
-                status::TRUE,
-                "Loaded",
-                loaded.message,
-                Some(generation),
-                &t,
-            );
-        }
+    let (settled, event) = match outcome {
+        Ok(Some(loaded)) => (true, Some(activated(&mut status, &plugin, loaded, &at))),
         // Unchanged: the serving revision is still the spec's.
-        Ok(None) => {}
+        Ok(None) => (true, None),
         Err((reason, message)) => {
-            settled = false;
             let serving = serving_fingerprint(&ctx, &name).is_some();
             tracing::warn!(plugin = %name, reason, %message, serving, "plugin revision not activated");
-            let message = if serving {
-                let still = status
-                    .resolved_source
-                    .clone()
-                    .or(status.digest.clone())
-                    .unwrap_or_default();
-                format!("{message}; still serving {still}")
-            } else {
-                // Nothing serves: the plugin itself is not ready.
-                set_condition(
-                    &mut status.conditions,
-                    READY,
-                    status::FALSE,
-                    reason,
-                    message.clone(),
-                    Some(generation),
-                    &t,
-                );
-                message
-            };
-            event = Some((EventType::Warning, reason, message.clone()));
-            set_condition(
-                &mut status.conditions,
-                UP_TO_DATE,
-                status::FALSE,
-                reason,
-                message,
-                Some(generation),
-                &t,
-            );
+            let event = refused(&mut status, reason, message, serving, &at);
+            (false, Some(event))
         }
-    }
+    };
     if settled {
-        set_condition(
-            &mut status.conditions,
+        Conditions::new(&mut status.conditions, at.0, &at.1).set(
             UP_TO_DATE,
             status::TRUE,
             "Active",
-            "the revision the spec names is serving".to_string(),
-            Some(generation),
-            &t,
+            "the revision the spec names is serving",
         );
     }
-    let changed =
-        apply_status(&ctx, CONTROLLER, plugin.as_ref(), current.as_ref(), &status).await?;
+    let changed = apply_status(
+        &ctx.kube,
+        CONTROLLER,
+        plugin.as_ref(),
+        current.as_ref(),
+        &status,
+    )
+    .await?;
     if let Some((type_, reason, note)) = event.filter(|_| changed) {
         let object = plugin.object_ref(&());
-        record_event(&ctx, CONTROLLER, &object, type_, reason, note).await;
+        record_event(&ctx.kube, CONTROLLER, &object, type_, reason, note).await;
     }
     Ok(Action::requeue(if settled {
-        ctx.options.resync
+        ctx.kube.resync
     } else {
         Duration::from_secs(30)
     }))
+}
+
+/// An Event to record if the status changed: type, reason, note.
+type Note = (EventType, &'static str, String);
+
+/// Record a newly activated revision in the status; the Event that says so.
+fn activated(
+    status: &mut PluginStatus,
+    plugin: &Plugin,
+    loaded: Loaded,
+    (generation, t): &(Option<i64>, capstan_api::Time),
+) -> Note {
+    let serving = loaded
+        .resolved_source
+        .clone()
+        .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, loaded.digest));
+    let signed = if loaded.signers.is_empty() {
+        String::new()
+    } else {
+        format!(", signed by {}", loaded.signers.join(", "))
+    };
+    let note = format!(
+        "now serving {serving} (version {}){signed}; {}",
+        loaded.version, loaded.message
+    );
+    if status.resolved_source != loaded.resolved_source
+        || status.digest.as_ref() != Some(&loaded.digest)
+    {
+        status.previous_source = status
+            .resolved_source
+            .clone()
+            .or_else(|| {
+                status
+                    .digest
+                    .as_ref()
+                    .map(|d| format!("{} ({d})", plugin.spec.source))
+            })
+            .filter(|_| status.digest.is_some());
+    }
+    status.digest = Some(loaded.digest);
+    status.resolved_source = loaded.resolved_source;
+    status.fetched_from = loaded.fetched_from;
+    status.signers = loaded.signers;
+    status.world = Some(loaded.world);
+    status.version = Some(loaded.version);
+    status.contract = Some(loaded.contract);
+    status.declared_http = loaded.declared_http;
+    status.update_fields = loaded.update_fields;
+    status.declared_objects = loaded.declared_objects;
+    Conditions::new(&mut status.conditions, *generation, t).set(
+        READY,
+        status::TRUE,
+        "Loaded",
+        loaded.message,
+    );
+    (EventType::Normal, "Activated", note)
+}
+
+/// Record a refused revision in the status (`UpToDate=False`, and
+/// `Ready=False` too when nothing serves); the Event that says so.
+fn refused(
+    status: &mut PluginStatus,
+    reason: &'static str,
+    message: String,
+    serving: bool,
+    (generation, t): &(Option<i64>, capstan_api::Time),
+) -> Note {
+    let still = status
+        .resolved_source
+        .clone()
+        .or(status.digest.clone())
+        .unwrap_or_default();
+    let mut conditions = Conditions::new(&mut status.conditions, *generation, t);
+    let message = if serving {
+        format!("{message}; still serving {still}")
+    } else {
+        // Nothing serves: the plugin itself is not ready.
+        conditions.set(READY, status::FALSE, reason, message.clone());
+        message
+    };
+    conditions.set(UP_TO_DATE, status::FALSE, reason, message.clone());
+    (EventType::Warning, reason, message)
 }
 
 struct Loaded {
@@ -330,11 +391,11 @@ async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
     let described = blocking(move || supply.puller.describe(&r)).await?;
     let described = match described {
         Ok(d) => {
-            ctx.metrics.artifact_step("resolve", "ok");
+            ctx.kube.metrics.artifact_step("resolve", "ok");
             d
         }
         Err(e) => {
-            ctx.metrics.artifact_step("resolve", "failed");
+            ctx.kube.metrics.artifact_step("resolve", "failed");
             return Err(("ResolveFailed", e.to_string()));
         }
     };
@@ -349,7 +410,7 @@ async fn find(plugin: &Plugin, ctx: &Context) -> Result<Found, Failure> {
 }
 
 fn supply(ctx: &Context) -> Result<Arc<Supply>, Failure> {
-    ctx.options.supply.clone().ok_or_else(|| {
+    ctx.supply.clone().ok_or_else(|| {
         (
             "UnsupportedSource",
             "this host has no registry configuration for oci:// sources".to_string(),
@@ -400,15 +461,10 @@ fn file_policies(
     ctx: &Context,
     source: &Source,
 ) -> Result<Option<Vec<TrustPolicy>>, Failure> {
-    if ctx
-        .options
-        .unsigned_plugin_dirs
-        .iter()
-        .any(|d| d.covers(source))
-    {
+    if ctx.unsigned_plugin_dirs.iter().any(|d| d.covers(source)) {
         return Ok(None);
     }
-    let host = ctx.options.supply.as_ref().and_then(|s| s.policy.as_ref());
+    let host = ctx.supply.as_ref().and_then(|s| s.policy.as_ref());
     policies(plugin, host, source).map(Some).map_err(|(reason, message)| {
         (reason, format!("{message}, or sign it and add a file:///DIR/ rule (or, for development only, start the host with --allow-unsigned-dir DIR)"))
     })
@@ -442,11 +498,11 @@ async fn check_file(
         .await?;
         match verified {
             Ok(found) => {
-                ctx.metrics.artifact_step("verify", "ok");
+                ctx.kube.metrics.artifact_step("verify", "ok");
                 add_signers(&mut signers, found);
             }
             Err(e) => {
-                ctx.metrics.artifact_step("verify", "failed");
+                ctx.kube.metrics.artifact_step("verify", "failed");
                 return Err(("VerificationFailed", e.to_string()));
             }
         }
@@ -559,12 +615,13 @@ async fn load(
                 let verified = blocking(move || s.puller.verify(&r, &d, &policy, &[])).await?;
                 let verified = match verified {
                     Ok(v) => {
-                        ctx.metrics
+                        ctx.kube
+                            .metrics
                             .artifact_step("verify", if v.cached { "cached" } else { "ok" });
                         v
                     }
                     Err(e) => {
-                        ctx.metrics.artifact_step("verify", "failed");
+                        ctx.kube.metrics.artifact_step("verify", "failed");
                         return Err(("VerificationFailed", e.to_string()));
                     }
                 };
@@ -588,12 +645,13 @@ async fn load(
             .await?;
             match fetched {
                 Ok((bytes, cached)) => {
-                    ctx.metrics
+                    ctx.kube
+                        .metrics
                         .artifact_step("fetch", if cached { "cached" } else { "ok" });
                     bytes
                 }
                 Err(e) => {
-                    ctx.metrics.artifact_step("fetch", "failed");
+                    ctx.kube.metrics.artifact_step("fetch", "failed");
                     return Err(("PullFailed", e.to_string()));
                 }
             }
@@ -623,7 +681,7 @@ async fn load(
         capstan_runtime::LoadPath::Compiled => ("compiled and loaded".to_string(), "ok"),
         capstan_runtime::LoadPath::Cached => ("loaded from the code cache".to_string(), "cached"),
     };
-    ctx.metrics.artifact_step("compile", compiled);
+    ctx.kube.metrics.artifact_step("compile", compiled);
     if manifest.world == World::Provider {
         let provider = loaded
             .provider()
@@ -646,7 +704,7 @@ async fn load(
         check_field_ownership(plugin, &update_fields, ctx)?;
         ctx.updaters.insert(
             name,
-            crate::registry::RegisteredUpdater {
+            RegisteredUpdater {
                 plugin: updater,
                 fields: update_fields.clone(),
                 order: plugin.spec.update_order,
@@ -657,7 +715,7 @@ async fn load(
         let addon = loaded.addon().map_err(|e| ("LoadFailed", e.to_string()))?;
         ctx.addons.insert(
             name,
-            crate::registry::RegisteredAddon {
+            RegisteredAddon {
                 plugin: addon,
                 grants: addon_grants,
             },
@@ -789,7 +847,7 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<(Grants, String), Fail
         grants.http.push(pattern);
     }
     for (i, grant) in plugin.spec.grants.credentials.iter().enumerate() {
-        if let Some(own) = &ctx.options.secrets_namespace
+        if let Some(own) = &ctx.kube.secrets_namespace
             && grant.secret_ref.namespace != *own
         {
             return Err((
@@ -801,7 +859,8 @@ async fn grants(plugin: &Plugin, ctx: &Context) -> Result<(Grants, String), Fail
                 ),
             ));
         }
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &grant.secret_ref.namespace);
+        let secrets: Api<Secret> =
+            Api::namespaced(ctx.kube.client.clone(), &grant.secret_ref.namespace);
         let secret = secrets
             .get_opt(&grant.secret_ref.name)
             .await
@@ -886,7 +945,7 @@ fn check_field_ownership(
     let name = plugin.name_any();
     let mine = plugin.spec.update_order;
     let mut conflicts = vec![];
-    for other in ctx.stores.plugins.state() {
+    for other in ctx.kube.stores.plugins.state() {
         let other_name = other.name_any();
         if other_name == name || other.metadata.deletion_timestamp.is_some() {
             continue;

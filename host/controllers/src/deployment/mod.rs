@@ -7,47 +7,67 @@
 //! Rollback (`capstan rollout undo`) copies an old set's template back into
 //! the deployment; that set then becomes the newest revision.
 
-use crate::machineset::{controlled_by, health, owner_reference};
-use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, now, owner_key,
-    retry_soon, set_valid_spec,
-};
+use crate::machineset::health;
 use capstan_api::set_conditions::{AVAILABLE, IN_PLACE_UPDATABLE, PROGRESSING};
 use capstan_api::{
     ANNOTATION_CHANGE_CAUSE, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED,
-    ANNOTATION_REVISION, DeploymentPhase, InPlaceFallback, InPlaceStrategy, IntOrString,
-    LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, LabelSelector, MachineDeployment,
-    MachineDeploymentStatus, MachinePlanView, MachineSet, MachineSetSpec, MachineTemplateSpec,
-    PlannedStep, RolloutPlan, StrategyType, selector_mismatch, selector_string, set_condition,
-    status as cond,
+    ANNOTATION_REVISION, DeploymentPhase, InPlaceStrategy, IntOrString, LABEL_DEPLOYMENT_NAME,
+    LABEL_TEMPLATE_HASH, LabelSelector, Machine, MachineDeployment, MachineDeploymentStatus,
+    MachineSet, MachineSetSpec, MachineTemplateSpec, StrategyType, selector_mismatch,
+    selector_string, status as cond,
 };
+use capstan_kit::controller::Spec;
+use capstan_kit::owners::{claim, controlled_by, owner_reference};
+use capstan_kit::write::apply_status;
+use capstan_kit::{Conditions, Error, Kube, key_of, kube_err, now, owner_key};
 use capstan_planner::rollout::{self, SetView, Strategy};
 use capstan_planner::{Bound, Bounds, Health};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod in_place;
+
+use in_place::{Decision, Kind, decide};
+
 const CONTROLLER: &str = "machinedeployment";
 /// Default `revisionHistoryLimit`.
 pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
 
+/// What the MachineDeployment controller works with.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) kube: Kube,
+    /// Updaters by Plugin name, to decide which machines update in place.
+    pub(crate) updaters: capstan_kit::registry::Updaters,
+    /// What the updaters would claim of each machine, cached.
+    pub(crate) plans: in_place::PlanCache,
+}
+
+impl AsRef<Kube> for Context {
+    fn as_ref(&self) -> &Kube {
+        &self.kube
+    }
+}
+
 pub(crate) async fn controller(
     deployments: ReflectHandle<MachineDeployment>,
     sets: ReflectHandle<MachineSet>,
-    ctx: &Arc<Context>,
+    ctx: Arc<Context>,
+    concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let trigger = counted(CONTROLLER, &ctx.metrics, deployments, |d| Some(key_of(d)));
-    let metrics = ctx.metrics.clone();
-    let deployments_store = ctx.stores.deployments.clone();
-    let stream = Controller::for_shared_stream(trigger, ctx.stores.deployments.clone())
-        .watches_shared_stream(sets, move |set: Arc<MachineSet>| {
+    let store = ctx.kube.stores.deployments.clone();
+    let deployments_store = store.clone();
+    let metrics = ctx.kube.metrics.clone();
+    let watches = move |controller: Controller<MachineDeployment>| {
+        controller.watches_shared_stream(sets, move |set: Arc<MachineSet>| {
             let namespace = set.namespace().unwrap_or_default();
             let Some(key) = owner_key(set.as_ref(), "MachineDeployment") else {
                 // An orphan: the deployments that would adopt it.
@@ -77,14 +97,9 @@ pub(crate) async fn controller(
                 .unwrap_or_default();
             vec![ObjectRef::new(&owner).within(&namespace)]
         })
-        .with_config(Config::default().concurrency(ctx.options.concurrency.deployments))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
-            retry_soon,
-            ctx.clone(),
-        );
-    drain(CONTROLLER, stream).await;
+    };
+    let spec = Spec::new(CONTROLLER, deployments, store, concurrency);
+    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
 }
 
 /// A stable hash of a machine template (keys sorted, so the same template
@@ -155,13 +170,15 @@ fn revision_of(set: &MachineSet) -> i64 {
         .unwrap_or(0)
 }
 
+/// One pass over a MachineDeployment, in Cluster API's manner: validate,
+/// gather (and adopt) its sets, observe them, decide the rollout, write
+/// the sets, prune history, then derive the status and write it once.
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     // A paused deployment is left as it is until the annotation goes.
-    if md.metadata.deletion_timestamp.is_some() || crate::paused(md.as_ref()) {
+    if md.metadata.deletion_timestamp.is_some() || capstan_kit::paused(md.as_ref()) {
         return Ok(Action::await_change());
     }
     let namespace = md.namespace().unwrap_or_default();
-    let uid = md.uid().unwrap_or_default();
     let generation = md.metadata.generation;
     let current = md.status.clone();
     let mut status = current.clone().unwrap_or_default();
@@ -169,6 +186,109 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     status.selector = Some(selector_string(&md.spec.selector));
     let t = now();
 
+    let strategy = match validate(&md, &ctx.kube) {
+        Ok(strategy) => strategy,
+        Err((reason, message)) => {
+            Conditions::new(&mut status.conditions, generation, &t)
+                .valid_spec(Some((reason, message.as_str())));
+            status.phase = Some(DeploymentPhase::Failed);
+            apply_status(
+                &ctx.kube,
+                CONTROLLER,
+                md.as_ref(),
+                current.as_ref(),
+                &status,
+            )
+            .await?;
+            return Ok(Action::await_change());
+        }
+    };
+    Conditions::new(&mut status.conditions, generation, &t).valid_spec(None);
+
+    let sets_api: Api<MachineSet> = Api::namespaced(ctx.kube.client.clone(), &namespace);
+    // As a Deployment adopts ReplicaSets: sets orphaned by
+    // `--cascade=orphan`, or made by hand.
+    let candidates = ctx.kube.stores.machine_sets.state();
+    let selector = &md.spec.selector;
+    let claimed = claim(
+        &sets_api,
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        selector,
+        candidates,
+    );
+    let Some(sets) = claimed.await? else {
+        // An orphan changed while it was adopted: plan again with a fresh view.
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    };
+    let hash = template_hash(&md.spec.template);
+    let machines = ctx.kube.stores.machines.state();
+    let observed = observe(&md, &hash, &sets, &machines, t.0.as_second());
+    let revision = rollout::next_revision(observed.new_view.as_ref(), &observed.old_views);
+    let decision = match in_place_policy(&md, strategy) {
+        Some(policy) => {
+            let owned: Vec<&Arc<MachineSet>> = sets.iter().collect();
+            let new_set = observed.new_set.as_deref();
+            Some(decide(&ctx, &md, policy, &hash, revision, &owned, new_set).await)
+        }
+        None => None,
+    };
+    let plan = plan_rollout(&md, strategy, decision.as_ref(), &observed);
+    let written = write_sets(
+        &ctx,
+        &sets_api,
+        &md,
+        strategy,
+        decision.as_ref(),
+        &plan,
+        &observed,
+        &hash,
+        revision,
+    )
+    .await?;
+    if written.stale {
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
+    prune(&ctx, &sets_api, &md, &observed.old_views).await?;
+
+    let complete = rollout::complete(
+        md.spec.replicas,
+        observed.new_view.as_ref(),
+        &observed.old_views,
+    );
+    let rollout = RolloutState {
+        strategy,
+        observed: &observed,
+        decision: decision.as_ref(),
+        conflict: written.conflict.as_deref(),
+        revision,
+        complete,
+    };
+    derive_status(&mut status, &md, &rollout, &t);
+    apply_status(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        current.as_ref(),
+        &status,
+    )
+    .await?;
+    Ok(if written.conflict.is_some() {
+        Action::requeue(Duration::from_secs(30))
+    } else if complete {
+        Action::requeue(ctx.kube.resync)
+    } else {
+        // Set and machine changes trigger us; this only covers minReadySeconds.
+        Action::requeue(Duration::from_secs(5))
+    })
+}
+
+/// The rollout strategy, or why the spec cannot be acted on (reason,
+/// message): a name too long for its sets, a selector that does not match
+/// the template, a Plugin the namespace may not use, a bad strategy.
+fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static str, String)> {
+    let namespace = md.namespace().unwrap_or_default();
     let plugin = &md.spec.template.spec.provider.plugin;
     let too_long = capstan_api::name_too_long(
         "MachineDeployment",
@@ -176,188 +296,174 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         capstan_api::MAX_DEPLOYMENT_NAME,
         "its MachineSets are named NAME-<10-character hash>, a label value of at most 63",
     );
-    let strategy = match (
-        too_long,
-        selector_mismatch(&md.spec.selector, &md.spec.template, "deployment"),
-    ) {
-        (Some(message), _) => Err(("NameTooLong", message)),
-        (None, Some(message)) => Err(("InvalidSpec", message)),
-        (None, None) => match crate::registry::not_allowed(&ctx, plugin, &namespace) {
-            Some(message) => Err(("PluginNotAllowed", message)),
-            None => strategy_of(&md).map_err(|m| ("InvalidSpec", m)),
-        },
-    };
-    let strategy = match strategy {
-        Ok(s) => s,
-        Err((reason, message)) => {
-            let problem = Some((reason, message.as_str()));
-            set_valid_spec(&mut status.conditions, problem, generation, &t);
-            status.phase = Some(DeploymentPhase::Failed);
-            apply_status(&ctx, CONTROLLER, md.as_ref(), current.as_ref(), &status).await?;
-            return Ok(Action::await_change());
-        }
-    };
-    set_valid_spec(&mut status.conditions, None, generation, &t);
+    if let Some(message) = too_long {
+        return Err(("NameTooLong", message));
+    }
+    if let Some(message) = selector_mismatch(&md.spec.selector, &md.spec.template, "deployment") {
+        return Err(("InvalidSpec", message));
+    }
+    if let Some(message) = capstan_kit::registry::not_allowed(kube, plugin, &namespace) {
+        return Err(("PluginNotAllowed", message));
+    }
+    strategy_of(md).map_err(|m| ("InvalidSpec", m))
+}
 
-    let sets_api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
-    let hash = template_hash(&md.spec.template);
-    let mut sets: Vec<Arc<MachineSet>> = Vec::new();
-    for s in ctx.stores.machine_sets.state() {
-        if s.namespace().as_deref() != Some(namespace.as_str()) {
-            continue;
-        }
-        if controlled_by(s.as_ref(), &uid) {
-            sets.push(s);
-        } else if s
-            .owner_references()
-            .iter()
-            .all(|o| o.controller != Some(true))
-            && s.metadata.deletion_timestamp.is_none()
-            && capstan_api::selector_matches(&md.spec.selector, s.labels())
-        {
-            // As a Deployment adopts ReplicaSets: sets orphaned by
-            // `--cascade=orphan`, or made by hand.
-            // Not adopted (it changed meanwhile): plan again with a fresh view.
-            if !crate::machineset::adopt(&sets_api, &ctx, CONTROLLER, md.as_ref(), s.as_ref())
-                .await?
-            {
-                return Ok(Action::requeue(Duration::from_millis(500)));
-            }
-            sets.push(s);
+/// What a pass observed of the deployment's sets and their machines.
+#[derive(Debug, Default)]
+struct Observed {
+    /// The set of the current template, if it exists.
+    new_set: Option<Arc<MachineSet>>,
+    new_view: Option<SetView>,
+    /// Sets of earlier templates.
+    old_sets: Vec<Arc<MachineSet>>,
+    old_views: Vec<SetView>,
+    /// Machine counts across all sets.
+    totals: Totals,
+}
+
+/// The sets as the rollout planner sees them, and the machine counts.
+fn observe(
+    md: &MachineDeployment,
+    hash: &str,
+    sets: &[Arc<MachineSet>],
+    machines: &[Arc<Machine>],
+    now_s: i64,
+) -> Observed {
+    let mut observed = Observed::default();
+    for set in sets {
+        let is_new = set.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) == Some(hash);
+        let view = set_view(md, set, is_new, machines, now_s, &mut observed.totals);
+        if is_new {
+            observed.new_set = Some(set.clone());
+            observed.new_view = Some(view);
+        } else {
+            observed.old_sets.push(set.clone());
+            observed.old_views.push(view);
         }
     }
-    let machines = ctx.stores.machines.state();
-    let now_s = t.0.as_second();
-    let mut totals = Totals::default();
-    let mut view = |set: &MachineSet, is_new: bool| {
-        let set_uid = set.uid().unwrap_or_default();
-        let mut v = SetView {
-            name: set.name_any(),
-            revision: revision_of(set),
-            replicas: set.spec.replicas,
-            machines: 0,
-            deleting: 0,
-            available: 0,
-            updating: 0,
-            handing_over: set.annotations().contains_key(ANNOTATION_IN_PLACE_TO),
-        };
-        for m in machines
-            .iter()
-            .filter(|m| controlled_by(m.as_ref(), &set_uid))
-        {
-            v.machines += 1;
-            if m.metadata.deletion_timestamp.is_some() {
-                v.deleting += 1;
-                continue;
-            }
-            totals.replicas += 1;
-            let updating = crate::inplace::updating_in_place(m);
-            if updating {
-                v.updating += 1;
-            } else if is_new {
-                totals.updated += 1;
-            }
-            match health(m, md.spec.min_ready_seconds, now_s).0 {
-                Health::Available => {
-                    v.available += 1;
-                    totals.ready += 1;
-                    totals.available += 1;
-                }
-                Health::Ready => totals.ready += 1,
-                Health::Failed => totals.failed += 1,
-                Health::NotReady => {}
-            }
-        }
-        // Machines above the set's target are about to go (the set
-        // deletes unavailable ones first); counting them would let two
-        // reconciles in a row spend the same availability twice.
-        v.available = v.available.min(set.spec.replicas);
-        v
-    };
-    let new_set = sets
-        .iter()
-        .find(|s| s.labels().get(LABEL_TEMPLATE_HASH) == Some(&hash))
-        .cloned();
-    let new_view = new_set.as_ref().map(|s| view(s, true));
-    let old_sets: Vec<&Arc<MachineSet>> = sets
-        .iter()
-        .filter(|s| s.labels().get(LABEL_TEMPLATE_HASH) != Some(&hash))
-        .collect();
-    let old_views: Vec<SetView> = old_sets.iter().map(|s| view(s, false)).collect();
+    observed
+}
 
-    let revision = rollout::next_revision(new_view.as_ref(), &old_views);
-    let new_name = format!("{}-{hash}", md.name_any());
-    // In place: only rolling updates (OnDelete never updates in place).
-    let policy = match strategy {
+/// One set as the rollout planner sees it; its machines are added to
+/// `totals`.
+fn set_view(
+    md: &MachineDeployment,
+    set: &MachineSet,
+    is_new: bool,
+    machines: &[Arc<Machine>],
+    now_s: i64,
+    totals: &mut Totals,
+) -> SetView {
+    let set_uid = set.uid().unwrap_or_default();
+    let mut v = SetView {
+        name: set.name_any(),
+        revision: revision_of(set),
+        replicas: set.spec.replicas,
+        machines: 0,
+        deleting: 0,
+        available: 0,
+        updating: 0,
+        handing_over: set.annotations().contains_key(ANNOTATION_IN_PLACE_TO),
+    };
+    for m in machines
+        .iter()
+        .filter(|m| controlled_by(m.as_ref(), &set_uid))
+    {
+        v.machines += 1;
+        if m.metadata.deletion_timestamp.is_some() {
+            v.deleting += 1;
+            continue;
+        }
+        totals.replicas += 1;
+        if crate::inplace::updating_in_place(m) {
+            v.updating += 1;
+        } else if is_new {
+            totals.updated += 1;
+        }
+        match health(m, md.spec.min_ready_seconds, now_s).0 {
+            Health::Available => {
+                v.available += 1;
+                totals.ready += 1;
+                totals.available += 1;
+            }
+            Health::Ready => totals.ready += 1,
+            Health::Failed => totals.failed += 1,
+            Health::NotReady => {}
+        }
+    }
+    // Machines above the set's target are about to go (the set deletes
+    // unavailable ones first); counting them would let two reconciles in a
+    // row spend the same availability twice.
+    v.available = v.available.min(set.spec.replicas);
+    v
+}
+
+/// The in-place policy that applies: only rolling updates update in place
+/// (OnDelete never does).
+fn in_place_policy(md: &MachineDeployment, strategy: Strategy) -> Option<&InPlaceStrategy> {
+    match strategy {
         Strategy::RollingUpdate(_) => md.spec.strategy.in_place.as_ref(),
         Strategy::OnDelete => None,
-    };
-    let decision = match policy {
-        Some(policy) => {
-            let owned: Vec<&Arc<MachineSet>> = sets.iter().collect();
-            Some(
-                decide(
-                    &ctx,
-                    &md,
-                    policy,
-                    &hash,
-                    revision,
-                    &owned,
-                    new_set.as_deref(),
-                )
-                .await,
-            )
-        }
-        None => None,
-    };
-    let blocked = matches!(
-        decision,
-        Some(Decision {
-            kind: Kind::Blocked { .. },
-            ..
-        })
-    );
-    let plan = match (&decision, strategy) {
-        _ if md.spec.paused => rollout::plan(
-            md.spec.replicas,
-            strategy,
-            true,
-            new_view.as_ref(),
-            &old_views,
-        ),
+    }
+}
+
+/// The replica targets (and hand-overs) of this pass.
+fn plan_rollout(
+    md: &MachineDeployment,
+    strategy: Strategy,
+    decision: Option<&Decision>,
+    observed: &Observed,
+) -> rollout::Plan {
+    let (new_view, old_views) = (observed.new_view.as_ref(), &observed.old_views);
+    match (decision, strategy) {
+        _ if md.spec.paused => rollout::plan(md.spec.replicas, strategy, true, new_view, old_views),
         (Some(d), Strategy::RollingUpdate(bounds)) if d.kind == Kind::InPlace => {
-            rollout::plan_in_place(md.spec.replicas, bounds, new_view.as_ref(), &old_views)
+            rollout::plan_in_place(md.spec.replicas, bounds, new_view, old_views)
         }
         // Nothing moves until the user (or a human looking at a failed
         // update) decides.
         (Some(d), _) if matches!(d.kind, Kind::Blocked { .. }) => rollout::Plan {
-            new_replicas: new_view.as_ref().map_or(0, |v| v.replicas),
+            new_replicas: new_view.map_or(0, |v| v.replicas),
             ..rollout::Plan::default()
         },
-        _ => rollout::plan(
-            md.spec.replicas,
-            strategy,
-            false,
-            new_view.as_ref(),
-            &old_views,
-        ),
-    };
+        _ => rollout::plan(md.spec.replicas, strategy, false, new_view, old_views),
+    }
+}
 
+/// What writing the sets found.
+#[derive(Debug, Default)]
+struct SetsWritten {
+    /// A set changed since the cache saw it: plan again soon.
+    stale: bool,
+    /// A set of the new set's name exists and is not ours (for Progressing).
+    conflict: Option<String>,
+}
+
+/// Write the plan to the sets: old sets first (a set told to hand machines
+/// over must be seen doing so before the new set, raised for them in this
+/// same step, looks), then the new set, created if it does not exist.
+#[allow(clippy::too_many_arguments)]
+async fn write_sets(
+    ctx: &Context,
+    sets_api: &Api<MachineSet>,
+    md: &MachineDeployment,
+    strategy: Strategy,
+    decision: Option<&Decision>,
+    plan: &rollout::Plan,
+    observed: &Observed,
+    hash: &str,
+    revision: i64,
+) -> Result<SetsWritten, Error> {
     let deletion = crate::machineset::in_place_deletion(&md.spec.template.spec);
-    // Old sets first: a set told to hand machines over must be seen doing
-    // so before the new set (raised for them in this same step) looks.
+    let new_name = format!("{}-{hash}", md.name_any());
     // Under OnDelete, old sets keep the slot of a machine a user deletes.
     let keep_slots = (strategy == Strategy::OnDelete && !md.spec.paused).then_some("false");
-    let keep_handing = matches!(
-        decision,
-        Some(Decision {
-            kind: Kind::InPlace | Kind::Blocked { .. },
-            ..
-        })
-    );
-    let mut stale = false;
+    let keep_handing =
+        decision.is_some_and(|d| matches!(d.kind, Kind::InPlace | Kind::Blocked { .. }));
+    let blocked = decision.is_some_and(|d| matches!(d.kind, Kind::Blocked { .. }));
+    let mut written = SetsWritten::default();
     let mut new_replicas = plan.new_replicas;
-    for set in &old_sets {
+    for set in &observed.old_sets {
         let name = set.name_any();
         let change = plan.old_replicas.iter().find(|(n, _)| *n == name);
         let replicas = change.map_or(set.spec.replicas, |(_, r)| *r);
@@ -372,434 +478,216 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         } else {
             None
         };
-        let written = sync_set(
-            &sets_api,
-            &ctx,
+        let annotations = [
+            (ANNOTATION_REPLACE_DELETED, keep_slots),
+            (ANNOTATION_IN_PLACE_TO, hand_over_to),
+        ];
+        let min_ready = set.spec.min_ready_seconds;
+        let result = sync_set(
+            sets_api,
+            ctx,
             set,
             replicas,
-            set.spec.min_ready_seconds,
+            min_ready,
             deletion,
             None,
-            &[
-                (ANNOTATION_REPLACE_DELETED, keep_slots),
-                (ANNOTATION_IN_PLACE_TO, hand_over_to),
-            ],
+            &annotations,
         )
         .await?;
-        if written == Written::Stale {
+        if result == Written::Stale {
             // Decided on an old view: this set hands nothing over now, so
             // the new set does not wait for it; plan again soon.
-            stale = true;
+            written.stale = true;
             if plan.hand_over.contains(&name) {
                 new_replicas -= set.spec.replicas - replicas;
             }
         }
     }
-    // A set of the new set's name that is not ours: said in Progressing.
-    let mut conflict = None;
-    match &new_set {
+    match &observed.new_set {
         None if !md.spec.paused && !blocked => {
-            match create_set(&sets_api, &ctx, &md, &hash, new_replicas, revision).await {
+            match create_set(sets_api, ctx, md, hash, new_replicas, revision).await {
                 Ok(()) => {}
-                Err(Error::Conflict(message)) => conflict = Some(message),
+                Err(Error::Conflict(message)) => written.conflict = Some(message),
                 Err(e) => return Err(e),
             }
         }
         None => {}
         Some(set) => {
             let revision = revision.to_string();
-            stale |= sync_set(
-                &sets_api,
-                &ctx,
+            let annotations = [
+                (ANNOTATION_REVISION, Some(revision.as_str())),
+                (ANNOTATION_REPLACE_DELETED, None),
+                (ANNOTATION_IN_PLACE_TO, None),
+            ];
+            let in_place = Some(md.spec.strategy.in_place.as_ref());
+            let min_ready = md.spec.min_ready_seconds;
+            let result = sync_set(
+                sets_api,
+                ctx,
                 set,
                 new_replicas,
-                md.spec.min_ready_seconds,
+                min_ready,
                 deletion,
-                Some(md.spec.strategy.in_place.as_ref()),
-                &[
-                    (ANNOTATION_REVISION, Some(revision.as_str())),
-                    (ANNOTATION_REPLACE_DELETED, None),
-                    (ANNOTATION_IN_PLACE_TO, None),
-                ],
+                in_place,
+                &annotations,
             )
-            .await?
-                == Written::Stale;
+            .await?;
+            written.stale |= result == Written::Stale;
         }
     }
-    if stale {
-        return Ok(Action::requeue(Duration::from_millis(200)));
-    }
+    Ok(written)
+}
+
+/// Delete old sets beyond `revisionHistoryLimit`.
+async fn prune(
+    ctx: &Context,
+    sets_api: &Api<MachineSet>,
+    md: &MachineDeployment,
+    old_views: &[SetView],
+) -> Result<(), Error> {
     let limit = md
         .spec
         .revision_history_limit
         .unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT)
         .max(0) as usize;
-    for name in rollout::sets_to_prune(&old_views, limit) {
+    for name in rollout::sets_to_prune(old_views, limit) {
         match sets_api.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => ctx.metrics.wrote(CONTROLLER, "delete"),
+            Ok(_) => ctx.kube.metrics.wrote(CONTROLLER, "delete"),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => {
+                let namespace = md.namespace().unwrap_or_default();
                 return Err(kube_err(format!(
                     "cannot prune old MachineSet {namespace}/{name}"
                 ))(e));
             }
         }
     }
+    Ok(())
+}
 
-    // Status.
-    let complete = rollout::complete(md.spec.replicas, new_view.as_ref(), &old_views);
-    let bounds = match strategy {
-        Strategy::RollingUpdate(b) => b,
-        Strategy::OnDelete => Bounds {
-            max_surge: 0,
-            max_unavailable: 0,
-        },
+/// Where the rollout stands after this pass, for its status.
+#[derive(Debug)]
+struct RolloutState<'a> {
+    strategy: Strategy,
+    observed: &'a Observed,
+    decision: Option<&'a Decision>,
+    conflict: Option<&'a str>,
+    revision: i64,
+    complete: bool,
+}
+
+/// The deployment's status from what this pass observed and did: counts,
+/// phase, `Available`, `InPlaceUpdatable` and `Progressing`.
+fn derive_status(
+    status: &mut MachineDeploymentStatus,
+    md: &MachineDeployment,
+    rollout: &RolloutState<'_>,
+    t: &capstan_api::Time,
+) {
+    let RolloutState {
+        strategy,
+        observed,
+        decision,
+        conflict,
+        revision,
+        complete,
+    } = *rollout;
+    let totals = &observed.totals;
+    let replicas = md.spec.replicas;
+    let paused = md.spec.paused;
+    let blocked = decision.is_some_and(|d| matches!(d.kind, Kind::Blocked { .. }));
+    let max_unavailable = match strategy {
+        Strategy::RollingUpdate(b) => b.max_unavailable,
+        Strategy::OnDelete => 0,
     };
     status.replicas = totals.replicas;
     status.updated_replicas = totals.updated;
     status.ready_replicas = totals.ready;
     status.available_replicas = totals.available;
-    status.unavailable_replicas = (md.spec.replicas - totals.available).max(0);
+    status.unavailable_replicas = (replicas - totals.available).max(0);
     status.revision = Some(revision);
-    let old_machines: i32 = old_views.iter().map(|v| v.machines).sum();
-    let updating: i32 = new_view.iter().chain(&old_views).map(|v| v.updating).sum();
+    let old_machines: i32 = observed.old_views.iter().map(|v| v.machines).sum();
+    let updating: i32 = observed
+        .new_view
+        .iter()
+        .chain(&observed.old_views)
+        .map(|v| v.updating)
+        .sum();
     status.phase = Some(if totals.failed > 0 {
         DeploymentPhase::Failed
-    } else if blocked && !md.spec.paused && !complete {
+    } else if blocked && !paused && !complete {
         DeploymentPhase::Blocked
-    } else if md.spec.paused && !complete {
+    } else if paused && !complete {
         DeploymentPhase::Paused
     } else if (old_machines > 0 || updating > 0) && strategy != Strategy::OnDelete {
         DeploymentPhase::RollingOut
-    } else if totals.replicas < md.spec.replicas {
+    } else if totals.replicas < replicas {
         DeploymentPhase::ScalingUp
-    } else if totals.replicas > md.spec.replicas {
+    } else if totals.replicas > replicas {
         DeploymentPhase::ScalingDown
-    } else if totals.available >= md.spec.replicas {
+    } else if totals.available >= replicas {
         DeploymentPhase::Running
     } else {
         DeploymentPhase::ScalingUp
     });
-    if totals.available >= md.spec.replicas - bounds.max_unavailable {
-        set_condition(
-            &mut status.conditions,
-            AVAILABLE,
-            cond::TRUE,
-            "MinimumMachinesAvailable",
-            "",
-            generation,
-            &t,
-        );
+    status.in_place_plan = decision
+        .map(|d| d.plan.clone())
+        .filter(|p| !p.machines.is_empty());
+    if decision.is_none() {
+        status.conditions.retain(|c| c.type_ != IN_PLACE_UPDATABLE);
+    }
+    let mut conditions = Conditions::new(&mut status.conditions, md.metadata.generation, t);
+    if totals.available >= replicas - max_unavailable {
+        conditions.set(AVAILABLE, cond::TRUE, "MinimumMachinesAvailable", "");
     } else {
-        set_condition(
-            &mut status.conditions,
+        let message = format!(
+            "{} of at least {} machines available",
+            totals.available,
+            replicas - max_unavailable
+        );
+        conditions.set(
             AVAILABLE,
             cond::FALSE,
             "MinimumMachinesUnavailable",
-            format!(
-                "{} of at least {} machines available",
-                totals.available,
-                md.spec.replicas - bounds.max_unavailable
-            ),
-            generation,
-            &t,
+            message,
         );
     }
-    match &decision {
-        None => status.conditions.retain(|c| c.type_ != IN_PLACE_UPDATABLE),
-        Some(d) => {
-            let (state, reason, message) = match &d.kind {
-                Kind::InPlace => (cond::TRUE, "InPlace", d.summary.clone()),
-                Kind::Replace => (cond::FALSE, "FallbackReplace", d.summary.clone()),
-                Kind::Blocked { reason, message } => (cond::FALSE, *reason, message.clone()),
-            };
-            set_condition(
-                &mut status.conditions,
-                IN_PLACE_UPDATABLE,
-                state,
-                reason,
-                message,
-                generation,
-                &t,
-            );
+    if let Some(d) = decision {
+        let (state, reason, message) = match &d.kind {
+            Kind::InPlace => (cond::TRUE, "InPlace", d.summary.clone()),
+            Kind::Replace => (cond::FALSE, "FallbackReplace", d.summary.clone()),
+            Kind::Blocked { reason, message } => (cond::FALSE, *reason, message.clone()),
+        };
+        conditions.set(IN_PLACE_UPDATABLE, state, reason, message);
+    }
+    let (state, reason, message) = match (conflict, decision.map(|d| &d.kind)) {
+        (Some(message), _) => (cond::FALSE, "MachineSetConflict", message.to_string()),
+        (None, Some(Kind::Blocked { reason, message })) if !(paused || complete) => {
+            (cond::FALSE, *reason, message.clone())
         }
-    }
-    status.in_place_plan = decision
-        .as_ref()
-        .map(|d| d.plan.clone())
-        .filter(|p| !p.machines.is_empty());
-    if let Some(message) = &conflict {
-        set_condition(
-            &mut status.conditions,
-            PROGRESSING,
-            cond::FALSE,
-            "MachineSetConflict",
-            message.clone(),
-            generation,
-            &t,
-        );
-    } else if let (
-        Some(Decision {
-            kind: Kind::Blocked { reason, message },
-            ..
-        }),
-        false,
-    ) = (&decision, md.spec.paused || complete)
-    {
-        set_condition(
-            &mut status.conditions,
-            PROGRESSING,
-            cond::FALSE,
-            reason,
-            message.clone(),
-            generation,
-            &t,
-        );
-    } else if md.spec.paused {
-        set_condition(
-            &mut status.conditions,
-            PROGRESSING,
+        _ if paused => (
             cond::UNKNOWN,
             "DeploymentPaused",
-            "the rollout is paused; set spec.paused=false to resume",
-            generation,
-            &t,
-        );
-    } else if complete {
-        set_condition(
-            &mut status.conditions,
-            PROGRESSING,
+            "the rollout is paused; set spec.paused=false to resume".to_string(),
+        ),
+        _ if complete => (
             cond::TRUE,
             "NewMachineSetAvailable",
             format!("revision {revision} is rolled out"),
-            generation,
-            &t,
-        );
-    } else {
-        set_condition(
-            &mut status.conditions,
-            PROGRESSING,
+        ),
+        _ => (
             cond::TRUE,
             "MachineSetUpdated",
             format!(
-                "rolling out revision {revision}: {} of {} machines updated",
-                totals.updated, md.spec.replicas
+                "rolling out revision {revision}: {} of {replicas} machines updated",
+                totals.updated
             ),
-            generation,
-            &t,
-        );
-    }
-    apply_status(&ctx, CONTROLLER, md.as_ref(), current.as_ref(), &status).await?;
-    Ok(if conflict.is_some() {
-        Action::requeue(Duration::from_secs(30))
-    } else if complete {
-        Action::requeue(ctx.options.resync)
-    } else {
-        // Set and machine changes trigger us; this only covers minReadySeconds.
-        Action::requeue(Duration::from_secs(5))
-    })
-}
-
-/// What an in-place rollout does now.
-#[derive(Debug, Clone, PartialEq)]
-enum Kind {
-    /// Every machine's changes are claimed: hand machines over.
-    InPlace,
-    /// Some are not, and the fallback is `Replace`: roll by replacement.
-    Replace,
-    /// Nothing moves: unclaimed changes without a fallback, a failed
-    /// update, or a plan that cannot be made now.
-    Blocked {
-        reason: &'static str,
-        message: String,
-    },
-}
-
-#[derive(Debug, Clone)]
-struct Decision {
-    kind: Kind,
-    summary: String,
-    plan: RolloutPlan,
-}
-
-/// Decide how the deployment's old machines reach the current template,
-/// from each one's plan (asked before any of them moves, and cached), and
-/// describe it for `capstan rollout plan`.
-async fn decide(
-    ctx: &Context,
-    md: &MachineDeployment,
-    policy: &InPlaceStrategy,
-    hash: &str,
-    revision: i64,
-    sets: &[&Arc<MachineSet>],
-    new_set: Option<&MachineSet>,
-) -> Decision {
-    let new_uid = new_set.and_then(|s| s.uid());
-    let mut views = vec![];
-    let mut failed = vec![];
-    let mut unknown = vec![];
-    let mut unclaimed: Vec<String> = vec![];
-    let mut unclaimed_machines = vec![];
-    let mut pending = 0;
-    let all = ctx.stores.machines.state();
-    // Asked once per reconcile, not per machine.
-    let updaters = crate::inplace::eligible(ctx, policy, &md.namespace().unwrap_or_default());
-    let fingerprint = crate::inplace::fingerprint(&updaters);
-    for set in sets {
-        let uid = set.uid().unwrap_or_default();
-        let is_new = new_uid.as_deref() == Some(uid.as_str());
-        for m in all
-            .iter()
-            .filter(|m| controlled_by(m.as_ref(), &uid) && m.metadata.deletion_timestamp.is_none())
-        {
-            let name = m.name_any();
-            if crate::inplace::updating_in_place(m) {
-                let steps = m
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.in_place_update.as_ref())
-                    .map(|u| {
-                        u.steps
-                            .iter()
-                            .map(|s| PlannedStep {
-                                updater: s.updater.clone(),
-                                fields: s.fields.clone(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let action = match crate::inplace::update_failed(m) {
-                    Some(message) => {
-                        failed.push(format!("{name}: {message}"));
-                        "UpdateFailed"
-                    }
-                    None => "Updating",
-                };
-                views.push(MachinePlanView {
-                    machine: name,
-                    action: action.into(),
-                    steps,
-                    unclaimed: vec![],
-                });
-                continue;
-            }
-            if is_new {
-                continue;
-            }
-            pending += 1;
-            match crate::inplace::cached_plan(
-                ctx,
-                m,
-                &md.spec.template.spec,
-                hash,
-                &updaters,
-                &fingerprint,
-            )
-            .await
-            {
-                Ok(plan) => {
-                    let action = if plan.in_place() {
-                        "InPlace"
-                    } else if policy.fallback == InPlaceFallback::Replace {
-                        "Replace"
-                    } else {
-                        "Blocked"
-                    };
-                    if !plan.in_place() {
-                        unclaimed_machines.push(name.clone());
-                        for f in &plan.unclaimed {
-                            if !unclaimed.contains(f) {
-                                unclaimed.push(f.clone());
-                            }
-                        }
-                    }
-                    views.push(MachinePlanView {
-                        machine: name,
-                        action: action.into(),
-                        steps: plan
-                            .steps
-                            .iter()
-                            .map(|s| PlannedStep {
-                                updater: s.updater.clone(),
-                                fields: s.fields.clone(),
-                            })
-                            .collect(),
-                        unclaimed: plan.unclaimed,
-                    });
-                }
-                Err(message) => {
-                    unknown.push(format!("{name}: {message}"));
-                    views.push(MachinePlanView {
-                        machine: name,
-                        action: "Blocked".into(),
-                        ..Default::default()
-                    });
-                }
-            }
-        }
-    }
-    views.sort_by(|a, b| a.machine.cmp(&b.machine));
-    unclaimed.sort();
-    let few = |items: &[String]| {
-        let mut text = items.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
-        if items.len() > 3 {
-            text.push_str(&format!("; and {} more", items.len() - 3));
-        }
-        text
-    };
-    let kind = if !failed.is_empty() {
-        Kind::Blocked {
-            reason: "UpdateFailed",
-            message: format!(
-                "the in-place update failed on {}; the rollout stops (nothing is rolled back): delete the machine to replace it on the new template",
-                few(&failed)
-            ),
-        }
-    } else if !unknown.is_empty() {
-        Kind::Blocked {
-            reason: "PlanUnavailable",
-            message: format!("cannot plan in-place updates: {}", few(&unknown)),
-        }
-    } else if unclaimed.is_empty() {
-        Kind::InPlace
-    } else if policy.fallback == InPlaceFallback::Replace {
-        Kind::Replace
-    } else {
-        Kind::Blocked {
-            reason: "UnclaimedChanges",
-            message: format!(
-                "no active updater claims {} (machines {}); nothing changes: change the spec, activate an updater that claims them, or set spec.strategy.inPlace.fallback: Replace",
-                unclaimed.join(", "),
-                few(&unclaimed_machines)
-            ),
-        }
-    };
-    let summary = match &kind {
-        Kind::InPlace if pending == 0 => "no machine waits for an update".to_string(),
-        Kind::InPlace => format!("{pending} machines are updated in place"),
-        Kind::Replace => format!(
-            "no active updater claims {}; those machines are replaced (fallback Replace)",
-            unclaimed.join(", ")
         ),
-        Kind::Blocked { message, .. } => message.clone(),
     };
-    let decision = match &kind {
-        Kind::InPlace => "InPlace",
-        Kind::Replace => "Replace",
-        Kind::Blocked { .. } => "Blocked",
-    };
-    Decision {
-        kind,
-        summary,
-        plan: RolloutPlan {
-            revision,
-            decision: decision.into(),
-            machines: views,
-        },
-    }
+    conditions.set(PROGRESSING, state, reason, message);
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Totals {
     replicas: i32,
     updated: i32,
@@ -894,7 +782,7 @@ async fn sync_set(
         .await
     {
         Ok(_) => {
-            ctx.metrics.wrote(CONTROLLER, "patch");
+            ctx.kube.metrics.wrote(CONTROLLER, "patch");
             Ok(Written::Current)
         }
         // The test failed: the set's replicas changed since the cache saw them.
@@ -965,7 +853,7 @@ async fn create_set(
     };
     match api.create(&PostParams::default(), &set).await {
         Ok(_) => {
-            ctx.metrics.wrote(CONTROLLER, "create");
+            ctx.kube.metrics.wrote(CONTROLLER, "create");
             tracing::info!(deployment = %key_of(md), set = %name, revision, "created MachineSet");
             Ok(())
         }

@@ -14,53 +14,77 @@
 //! `status.deletion`), pre-terminate hooks, `delete` until the provider says
 //! done, the Node object, then the finalizer.
 
-use crate::inplace::Advance;
-use crate::provider::to_plugin_machine;
-use crate::provider::{ProviderError, timed};
-use crate::registry::Availability;
-use crate::{
-    Context, Error, apply_status, counted, drain, instrumented, key_of, kube_err, machines_of_node,
-    now, record_event, retry_soon,
-};
-use capstan_api::machine_conditions::{
-    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, OWNED_BY_MACHINE_CONTROLLER, PAUSED, READY,
-    UPDATING,
-};
+mod status;
+mod update;
+
+use status::settle;
+
+use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
 use capstan_api::{
     ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_IN_PLACE_FROM, ANNOTATION_PAUSED,
-    MACHINE_FINALIZER, Machine, MachineAddress, MachinePhase, MachineStatus, NodeRef,
-    PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin, set_condition, status as cond,
+    MACHINE_FINALIZER, Machine, MachineStatus, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX,
+    Plugin, status as cond,
 };
+use capstan_kit::controller::Spec;
+use capstan_kit::objects::machines_of_node;
+use capstan_kit::provider::{MachineProvider, ProviderError, Providers, timed, to_plugin_machine};
+use capstan_kit::registry::Availability;
+use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
+use capstan_kit::{Error, Kube, key_of, kube_err, now};
 use capstan_planner::deletion::DeletionView;
 use capstan_planner::machine::{
     Call, CallError, Drain, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
     MachineStep, MachineView, NodeSeen, Outcome, PluginState, Release, Requeue, next_step,
 };
-use capstan_runtime::types::{AddressKind, Deletion, InstanceState, MachineStatus as PluginStatus};
+use capstan_runtime::types::{Deletion, InstanceState, MachineStatus as PluginStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
+use update::Advance;
 
 const CONTROLLER: &str = "machine";
+
+/// What the Machine controller works with.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) kube: Kube,
+    /// Providers by Plugin name (the Plugin controller fills it).
+    pub(crate) providers: Providers,
+    /// Updaters by Plugin name, for machines updated in place.
+    pub(crate) updaters: capstan_kit::registry::Updaters,
+    /// The Eviction API, for drains.
+    pub(crate) evictions: crate::nodedrain::Evictions,
+    /// How often a machine whose instance is still booting (or deleting) is
+    /// polled through its provider.
+    pub(crate) poll: Duration,
+    /// How often a Running machine's instance is looked at through its
+    /// provider's `get` (jittered by a tenth).
+    pub(crate) instance_check: Duration,
+}
+
+impl AsRef<Kube> for Context {
+    fn as_ref(&self) -> &Kube {
+        &self.kube
+    }
+}
 
 pub(crate) async fn controller(
     machines: ReflectHandle<Machine>,
     plugins: ReflectHandle<Plugin>,
     nodes: ReflectHandle<Node>,
     deleted_nodes: impl futures::Stream<Item = Arc<Node>> + Send + 'static,
-    ctx: &Arc<Context>,
+    ctx: Arc<Context>,
+    concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let trigger = counted(CONTROLLER, &ctx.metrics, machines, |m| Some(key_of(m)));
-    let by_plugin = ctx.stores.machines.clone();
-    let by_node = ctx.stores.machines.clone();
-    let by_deleted_node = ctx.stores.machines.clone();
+    let store = ctx.kube.stores.machines.clone();
+    let (by_plugin, by_node, by_deleted_node) = (store.clone(), store.clone(), store.clone());
     // A deleted Node reaches its machine at once: its instance may be gone.
     let node_deletions = deleted_nodes.flat_map(move |node| {
         futures::stream::iter(
@@ -70,28 +94,24 @@ pub(crate) async fn controller(
                 .collect::<Vec<_>>(),
         )
     });
-    let stream = Controller::for_shared_stream(trigger, ctx.stores.machines.clone())
-        .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
-            let name = plugin.name_any();
-            machines_where(&by_plugin, |m| {
-                m.spec.provider.plugin == name || m.instance_plugin() == name
+    let watches = move |controller: Controller<Machine>| {
+        controller
+            .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
+                let name = plugin.name_any();
+                machines_where(&by_plugin, |m| {
+                    m.spec.provider.plugin == name || m.instance_plugin() == name
+                })
             })
-        })
-        .watches_shared_stream(nodes, move |node: Arc<Node>| {
-            machines_of_node(&by_node, &node)
-                .iter()
-                .map(|m| ObjectRef::from_obj(m.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .reconcile_on(node_deletions)
-        .with_config(Config::default().concurrency(ctx.options.concurrency.machines))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |obj, ctx| instrumented(CONTROLLER, obj, ctx, reconcile),
-            retry_soon,
-            ctx.clone(),
-        );
-    drain(CONTROLLER, stream).await;
+            .watches_shared_stream(nodes, move |node: Arc<Node>| {
+                machines_of_node(&by_node, &node)
+                    .iter()
+                    .map(|m| ObjectRef::from_obj(m.as_ref()))
+                    .collect::<Vec<_>>()
+            })
+            .reconcile_on(node_deletions)
+    };
+    let spec = Spec::new(CONTROLLER, machines, store, concurrency);
+    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
 }
 
 fn machines_where(
@@ -133,7 +153,7 @@ struct Pass<'a> {
     /// record their progress here.
     draft: MachineStatus,
     /// The provider of the Plugin this pass needs, when it is ready.
-    provider: Option<Arc<dyn crate::provider::MachineProvider>>,
+    provider: Option<Arc<dyn MachineProvider>>,
     /// What `create` or `get` reported.
     observed: Option<PluginStatus>,
     /// The machine's Node: found by provider ID while alive, the one it
@@ -158,7 +178,12 @@ impl<'a> Pass<'a> {
         } else {
             machine.spec.provider.plugin.as_str()
         };
-        let (plugin, provider) = match crate::registry::availability(ctx, plugin_name, &namespace) {
+        let (plugin, provider) = match capstan_kit::registry::availability(
+            &ctx.kube,
+            &ctx.providers,
+            plugin_name,
+            &namespace,
+        ) {
             Availability::Ready => match ctx.providers.get(plugin_name) {
                 Some(registered) => (PluginState::Ready, Some(registered.provider)),
                 None => (PluginState::Loading, None),
@@ -169,7 +194,7 @@ impl<'a> Pass<'a> {
         };
         let t = now();
         let node = if deleting {
-            own_node(&ctx.stores.nodes, &status)
+            own_node(&ctx.kube.stores.nodes, &status)
         } else {
             None
         };
@@ -244,7 +269,7 @@ impl<'a> Pass<'a> {
             return;
         }
         record_event(
-            self.ctx,
+            &self.ctx.kube,
             CONTROLLER,
             &self.machine.object_ref(&()),
             EventType::Warning,
@@ -257,7 +282,7 @@ impl<'a> Pass<'a> {
     /// The provider for a call. The planner asks for calls only when the
     /// plugin is ready, which is when this pass found its provider; were it
     /// missing, the plugin counts as still loading.
-    fn provider(&mut self) -> Option<Arc<dyn crate::provider::MachineProvider>> {
+    fn provider(&mut self) -> Option<Arc<dyn MachineProvider>> {
         if self.provider.is_none() {
             self.view.plugin = PluginState::Loading;
         }
@@ -270,7 +295,7 @@ impl<'a> Pass<'a> {
         let plugin_name = self.plugin_name;
         match step {
             MachineStep::AddFinalizer => {
-                crate::set_finalizers(ctx, CONTROLLER, machine, with_finalizer(machine)).await?;
+                add_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
                 self.view.has_finalizer = true;
             }
             MachineStep::Validate => {
@@ -279,7 +304,7 @@ impl<'a> Pass<'a> {
                 };
                 let config = machine.spec.provider.config.to_string();
                 match timed(
-                    &ctx.metrics,
+                    &ctx.kube.metrics,
                     plugin_name,
                     "validate",
                     provider.validate(&config),
@@ -293,7 +318,9 @@ impl<'a> Pass<'a> {
             MachineStep::Create => self.instance(Call::Create, plugin_name).await,
             MachineStep::Get => self.instance(Call::Get, plugin_name).await,
             MachineStep::AdvanceInPlace => {
-                let advance = crate::inplace::advance(ctx, machine, &mut self.draft, &self.t).await;
+                let advance =
+                    update::advance(&ctx.kube, &ctx.updaters, machine, &mut self.draft, &self.t)
+                        .await;
                 self.view.in_place = Some(match advance {
                     Advance::Wait(wait) => InPlace::Wait(wait.as_millis() as u64),
                     Advance::Failed => InPlace::Failed,
@@ -312,13 +339,7 @@ impl<'a> Pass<'a> {
                 self.view.node_deleted = true;
             }
             MachineStep::RemoveFinalizer => {
-                let remaining: Vec<String> = machine
-                    .finalizers()
-                    .iter()
-                    .filter(|f| *f != MACHINE_FINALIZER)
-                    .cloned()
-                    .collect();
-                crate::set_finalizers(ctx, CONTROLLER, machine, remaining).await?;
+                remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
                 self.view.has_finalizer = false;
             }
             MachineStep::End(_) => {}
@@ -336,11 +357,11 @@ impl<'a> Pass<'a> {
         let result = match call {
             Call::Create => {
                 let creating = provider.create(&plugin_machine);
-                timed(&ctx.metrics, plugin_name, "create", creating).await
+                timed(&ctx.kube.metrics, plugin_name, "create", creating).await
             }
             _ => {
                 timed(
-                    &ctx.metrics,
+                    &ctx.kube.metrics,
                     plugin_name,
                     "get",
                     provider.get(&plugin_machine),
@@ -357,7 +378,7 @@ impl<'a> Pass<'a> {
                     self.draft.provider_plugin = Some(plugin_name.to_string());
                 }
                 self.draft.plugin_digest = Some(provider.digest().to_string());
-                self.node = find_node(&ctx.stores.nodes, &observed.provider_id);
+                self.node = find_node(&ctx.kube.stores.nodes, &observed.provider_id);
                 self.view.provider_id = Some(observed.provider_id.clone());
                 self.view.instance = Some(Instance {
                     provider_id: observed.provider_id.clone(),
@@ -387,23 +408,25 @@ impl<'a> Pass<'a> {
             .get_or_insert_with(Default::default)
             .node_drain_start_time
             .get_or_insert_with(|| self.t.clone());
-        self.view.drain = Some(match crate::nodedrain::drain_round(ctx, &node).await? {
-            crate::nodedrain::Round::Complete => {
-                record_event(
-                    ctx,
-                    CONTROLLER,
-                    &machine.object_ref(&()),
-                    EventType::Normal,
-                    "NodeDrained",
-                    format!("drained Node {}", node.name_any()),
-                )
-                .await;
-                Drain::Complete
-            }
-            crate::nodedrain::Round::Pending { message, blocked } => {
-                Drain::Pending { message, blocked }
-            }
-        });
+        self.view.drain = Some(
+            match crate::nodedrain::drain_round(&ctx.kube, &ctx.evictions, &node).await? {
+                crate::nodedrain::Round::Complete => {
+                    record_event(
+                        &ctx.kube,
+                        CONTROLLER,
+                        &machine.object_ref(&()),
+                        EventType::Normal,
+                        "NodeDrained",
+                        format!("drained Node {}", node.name_any()),
+                    )
+                    .await;
+                    Drain::Complete
+                }
+                crate::nodedrain::Round::Pending { message, blocked } => {
+                    Drain::Pending { message, blocked }
+                }
+            },
+        );
         Ok(())
     }
 
@@ -415,7 +438,7 @@ impl<'a> Pass<'a> {
         };
         let plugin_machine = to_plugin_machine(machine);
         let outcome = timed(
-            &ctx.metrics,
+            &ctx.kube.metrics,
             plugin_name,
             "delete",
             provider.delete(&plugin_machine),
@@ -475,7 +498,7 @@ impl<'a> Pass<'a> {
         match &end.outcome {
             Outcome::Failed { reason, message } if changed => {
                 record_event(
-                    ctx,
+                    &ctx.kube,
                     CONTROLLER,
                     &machine.object_ref(&()),
                     EventType::Warning,
@@ -494,7 +517,7 @@ impl<'a> Pass<'a> {
                         .map(|c| c.message.clone())
                         .unwrap_or_default();
                     record_event(
-                        ctx,
+                        &ctx.kube,
                         CONTROLLER,
                         &machine.object_ref(&()),
                         EventType::Warning,
@@ -510,249 +533,19 @@ impl<'a> Pass<'a> {
             },
             _ => {}
         }
-        let options = &ctx.options;
         Ok(match end.requeue {
             Requeue::AwaitChange => Action::await_change(),
-            Requeue::Resync => Action::requeue(options.resync),
-            Requeue::Poll => Action::requeue(options.poll),
+            Requeue::Resync => Action::requeue(ctx.kube.resync),
+            Requeue::Poll => Action::requeue(ctx.poll),
             // A running instance is looked at again on its own cadence, so
             // one that vanished is seen within that bound even without a
             // Node event.
             Requeue::InstanceCheck => {
-                Action::requeue(jittered(options.instance_check).min(options.resync))
+                Action::requeue(jittered(ctx.instance_check).min(ctx.kube.resync))
             }
             Requeue::After(ms) => Action::requeue(Duration::from_millis(ms)),
         })
     }
-}
-
-/// The status a pass ends with, derived once from what it observed and how
-/// the planner ended it (`None`: nothing to write). Pure.
-fn settle(
-    machine: &Machine,
-    mut status: MachineStatus,
-    view: &MachineView,
-    observed: Option<&PluginStatus>,
-    node: Option<&Node>,
-    outcome: &Outcome,
-    t: &capstan_api::Time,
-) -> Option<MachineStatus> {
-    if *outcome == Outcome::Unchanged {
-        return None;
-    }
-    let generation = machine.metadata.generation;
-    let set = condition_setter(generation, t);
-    if *outcome == Outcome::Paused {
-        let message = format!("the {ANNOTATION_PAUSED} annotation holds the machine");
-        set(&mut status, PAUSED, cond::TRUE, "Paused", message);
-        return Some(status);
-    }
-    if capstan_api::condition(&status.conditions, PAUSED).is_some() {
-        set(&mut status, PAUSED, cond::FALSE, "NotPaused", String::new());
-    }
-    if let Outcome::Deleting {
-        reason,
-        message,
-        instance,
-        drain_ended,
-        ..
-    } = outcome
-    {
-        status.phase = Some(MachinePhase::Deleting);
-        set(&mut status, DELETING, cond::TRUE, reason, message.clone());
-        if let Some((reason, message)) = instance {
-            set(
-                &mut status,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                reason,
-                message.clone(),
-            );
-        }
-        if *drain_ended {
-            status
-                .deletion
-                .get_or_insert_with(Default::default)
-                .node_drain_end_time
-                .get_or_insert_with(|| t.clone());
-        }
-        return Some(status);
-    }
-
-    // Alive: the status describes this generation from now on.
-    status.observed_generation = Some(generation.unwrap_or(0));
-    status.failure_reason = None;
-    status.failure_message = None;
-    // Machines that got their instance before the creating Plugin was
-    // recorded: the spec's is the one (it could not change unnoticed since).
-    if status.provider_id.is_some() && status.provider_plugin.is_none() {
-        status.provider_plugin = Some(machine.spec.provider.plugin.clone());
-    }
-    match &view.call_error {
-        Some((Call::Validate, CallError::InvalidConfig(message))) => set(
-            &mut status,
-            CONFIG_VALID,
-            cond::FALSE,
-            "InvalidConfig",
-            message.clone(),
-        ),
-        _ if view.validated => set(
-            &mut status,
-            CONFIG_VALID,
-            cond::TRUE,
-            "Valid",
-            String::new(),
-        ),
-        _ => {}
-    }
-    match outcome {
-        Outcome::Unchanged | Outcome::Deleting { .. } | Outcome::Paused => {}
-        Outcome::Held { reason, message } => {
-            set(
-                &mut status,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                reason,
-                message.clone(),
-            );
-            status.phase.get_or_insert(MachinePhase::Pending);
-        }
-        Outcome::ProviderChanged(message) => set(
-            &mut status,
-            CONFIG_VALID,
-            cond::FALSE,
-            "ProviderChanged",
-            message.clone(),
-        ),
-        Outcome::Failed { reason, message } => {
-            status.failure_reason = Some(reason.clone());
-            status.failure_message = Some(message.clone());
-            status.phase = Some(MachinePhase::Failed);
-            set(&mut status, READY, cond::FALSE, reason, message.clone());
-        }
-        Outcome::Retrying { reason, message } => {
-            set(
-                &mut status,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                reason,
-                message.clone(),
-            );
-            if matches!(view.call_error, Some((Call::Create, _))) {
-                status.phase = Some(MachinePhase::Provisioning);
-            } else {
-                status.phase.get_or_insert(MachinePhase::Pending);
-            }
-        }
-        Outcome::Observed => {
-            if let (Some(observed), Some(instance)) = (observed, &view.instance) {
-                settle_observed(&mut status, view, observed, instance, node, generation, t);
-            }
-        }
-    }
-    Some(status)
-}
-
-/// Sets one of the Machine controller's conditions, at this generation and
-/// time.
-fn condition_setter(
-    generation: Option<i64>,
-    t: &capstan_api::Time,
-) -> impl Fn(&mut MachineStatus, &str, &str, &str, String) + '_ {
-    move |status, kind, value, reason, message| {
-        set_condition(
-            &mut status.conditions,
-            kind,
-            value,
-            reason,
-            message,
-            generation.or(Some(0)),
-            t,
-        )
-    }
-}
-
-/// The status of a pass that observed its instance: addresses, version,
-/// Node, `InstanceProvisioned`, `Ready` and the phase (an in-place update's
-/// when one is under way).
-fn settle_observed(
-    status: &mut MachineStatus,
-    view: &MachineView,
-    observed: &PluginStatus,
-    instance: &Instance,
-    node: Option<&Node>,
-    generation: Option<i64>,
-    t: &capstan_api::Time,
-) {
-    let set = condition_setter(generation, t);
-    status.addresses = observed
-        .addresses
-        .iter()
-        .map(|a| MachineAddress {
-            type_: address_type(&a.kind).to_string(),
-            address: a.address.clone(),
-        })
-        .collect();
-    if observed.version.is_some() {
-        status.version = observed.version.clone();
-    }
-    if let Some(n) = node {
-        status.node_ref = Some(NodeRef {
-            name: n.name_any(),
-            uid: n.uid(),
-        });
-    }
-    let running = instance.state == PlannedState::Running;
-    if running {
-        set(
-            status,
-            INSTANCE_PROVISIONED,
-            cond::TRUE,
-            "Running",
-            String::new(),
-        );
-    } else {
-        set(
-            status,
-            INSTANCE_PROVISIONED,
-            cond::FALSE,
-            state_reason(&observed.state),
-            observed.message.clone().unwrap_or_default(),
-        );
-    }
-    let node_ready = matches!(instance.node, NodeSeen::Ready(_));
-    let (reason, message) = match (&instance.node, running) {
-        (_, false) => (
-            "InstanceNotRunning",
-            "waiting for the instance to run".to_string(),
-        ),
-        (NodeSeen::Deleted(name), true) => (
-            "NodeDeleted",
-            format!(
-                "Node {name} was deleted; waiting for a Node with spec.providerID {}",
-                instance.provider_id
-            ),
-        ),
-        (NodeSeen::Missing, true) => (
-            "WaitingForNode",
-            format!("no Node with spec.providerID {} yet", instance.provider_id),
-        ),
-        (NodeSeen::NotReady(name), true) => ("NodeNotReady", format!("Node {name} is not Ready")),
-        (NodeSeen::Ready(_), true) => ("NodeReady", String::new()),
-    };
-    let ready = if node_ready && running {
-        cond::TRUE
-    } else {
-        cond::FALSE
-    };
-    set(status, READY, ready, reason, message);
-    status.phase = Some(match view.in_place {
-        Some(InPlace::Wait(_)) => MachinePhase::Updating,
-        Some(InPlace::Failed) => MachinePhase::UpdateFailed,
-        _ if node_ready && running => MachinePhase::Running,
-        _ if running => MachinePhase::Provisioned,
-        _ => MachinePhase::Provisioning,
-    });
 }
 
 /// A provider error as the planner weighs it.
@@ -811,7 +604,7 @@ fn hooks(machine: &Machine, prefix: &str) -> Vec<String> {
 /// Delete the machine's Node object once its instance is gone (a cloud's
 /// node controller may have done it already).
 async fn delete_node(ctx: &Context, node: &Node) -> Result<(), Error> {
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let api: Api<Node> = Api::all(ctx.kube.client.clone());
     let params = kube::api::DeleteParams {
         preconditions: node.uid().map(|uid| kube::api::Preconditions {
             uid: Some(uid),
@@ -821,7 +614,7 @@ async fn delete_node(ctx: &Context, node: &Node) -> Result<(), Error> {
     };
     match api.delete(&node.name_any(), &params).await {
         Ok(_) => {
-            ctx.metrics.wrote(CONTROLLER, "delete_node");
+            ctx.kube.metrics.wrote(CONTROLLER, "delete_node");
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
@@ -848,7 +641,14 @@ async fn apply_machine_status(
         s
     };
     let current = current.map(own);
-    apply_status(ctx, controller, machine, current.as_ref(), &own(status)).await
+    apply_status(
+        &ctx.kube,
+        controller,
+        machine,
+        current.as_ref(),
+        &own(status),
+    )
+    .await
 }
 
 /// Remove the in-place annotation once every updater is done.
@@ -859,8 +659,10 @@ async fn finish_in_place(machine: &Machine, ctx: &Context) -> Result<(), Error> 
             "annotations": { ANNOTATION_IN_PLACE_FROM: null },
         }
     });
-    let api: Api<Machine> =
-        Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+    let api: Api<Machine> = Api::namespaced(
+        ctx.kube.client.clone(),
+        &machine.namespace().unwrap_or_default(),
+    );
     match api
         .patch(
             &machine.name_any(),
@@ -870,7 +672,7 @@ async fn finish_in_place(machine: &Machine, ctx: &Context) -> Result<(), Error> 
         .await
     {
         Ok(_) => {
-            ctx.metrics.wrote(CONTROLLER, "patch");
+            ctx.kube.metrics.wrote(CONTROLLER, "patch");
             let updaters: Vec<String> = machine
                 .status
                 .as_ref()
@@ -879,7 +681,7 @@ async fn finish_in_place(machine: &Machine, ctx: &Context) -> Result<(), Error> 
                 .unwrap_or_default();
             tracing::info!(machine = %key_of(machine), ?updaters, "updated in place");
             record_event(
-                ctx,
+                &ctx.kube,
                 CONTROLLER,
                 &machine.object_ref(&()),
                 EventType::Normal,
@@ -896,12 +698,6 @@ async fn finish_in_place(machine: &Machine, ctx: &Context) -> Result<(), Error> 
             key_of(machine)
         ))(e)),
     }
-}
-
-fn with_finalizer(machine: &Machine) -> Vec<String> {
-    let mut finalizers = machine.finalizers().to_vec();
-    finalizers.push(MACHINE_FINALIZER.to_string());
-    finalizers
 }
 
 /// The Node this machine recorded, if it is still that Node: same name,
@@ -927,242 +723,4 @@ fn node_is_ready(node: &Node) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn address_type(kind: &AddressKind) -> &'static str {
-    match kind {
-        AddressKind::InternalIp => "InternalIP",
-        AddressKind::ExternalIp => "ExternalIP",
-        AddressKind::InternalDns => "InternalDNS",
-        AddressKind::ExternalDns => "ExternalDNS",
-        AddressKind::Hostname => "Hostname",
-    }
-}
-
-fn state_reason(state: &InstanceState) -> &'static str {
-    match state {
-        InstanceState::Pending => "InstancePending",
-        InstanceState::Running => "Running",
-        InstanceState::Updating => "InstanceUpdating",
-        InstanceState::Stopping => "InstanceStopping",
-        InstanceState::Stopped => "InstanceStopped",
-        InstanceState::Terminated => "InstanceTerminated",
-        InstanceState::Unknown => "InstanceStateUnknown",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use capstan_runtime::types::{InstanceState as Wit, MachineAddress as WitAddress};
-
-    fn machine(generation: i64) -> Machine {
-        let mut m = Machine::new("m1", Default::default());
-        m.spec.provider.plugin = "sim".into();
-        m.metadata.generation = Some(generation);
-        m
-    }
-
-    fn running(node: NodeSeen) -> (PluginStatus, Instance) {
-        let observed = PluginStatus {
-            provider_id: "sim://i-1".into(),
-            state: Wit::Running,
-            addresses: vec![WitAddress {
-                kind: AddressKind::InternalIp,
-                address: "10.0.0.1".into(),
-            }],
-            failure_domain: None,
-            version: Some("v1.30.0".into()),
-            message: None,
-        };
-        let instance = Instance {
-            provider_id: "sim://i-1".into(),
-            state: PlannedState::Running,
-            message: None,
-            node,
-        };
-        (observed, instance)
-    }
-
-    fn condition<'s>(s: &'s MachineStatus, kind: &str) -> (&'s str, &'s str) {
-        let c = capstan_api::condition(&s.conditions, kind).expect(kind);
-        (c.status.as_str(), c.reason.as_str())
-    }
-
-    #[test]
-    fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
-        let (observed, instance) = running(NodeSeen::Ready("n1".into()));
-        let view = MachineView {
-            validated: true,
-            instance: Some(instance),
-            ..Default::default()
-        };
-        let t = now();
-        let s = settle(
-            &machine(3),
-            MachineStatus::default(),
-            &view,
-            Some(&observed),
-            None,
-            &Outcome::Observed,
-            &t,
-        )
-        .unwrap();
-        assert_eq!(s.phase, Some(MachinePhase::Running));
-        assert_eq!(s.observed_generation, Some(3));
-        assert_eq!(condition(&s, READY), ("True", "NodeReady"));
-        assert_eq!(condition(&s, INSTANCE_PROVISIONED), ("True", "Running"));
-        assert_eq!(condition(&s, CONFIG_VALID), ("True", "Valid"));
-        assert_eq!(s.addresses[0].type_, "InternalIP");
-        assert_eq!(s.version.as_deref(), Some("v1.30.0"));
-        // The same pass again changes nothing: no second write.
-        let again = settle(
-            &machine(3),
-            s.clone(),
-            &view,
-            Some(&observed),
-            None,
-            &Outcome::Observed,
-            &t,
-        )
-        .unwrap();
-        assert_eq!(again, s);
-    }
-
-    #[test]
-    fn a_deleted_node_stays_referenced_and_an_update_shows_in_the_phase() {
-        let (observed, instance) = running(NodeSeen::Deleted("n1".into()));
-        let mut view = MachineView {
-            validated: true,
-            instance: Some(instance),
-            ..Default::default()
-        };
-        let s = settle(
-            &machine(1),
-            MachineStatus::default(),
-            &view,
-            Some(&observed),
-            None,
-            &Outcome::Observed,
-            &now(),
-        )
-        .unwrap();
-        assert_eq!(condition(&s, READY), ("False", "NodeDeleted"));
-        assert_eq!(s.phase, Some(MachinePhase::Provisioned));
-        view.in_place = Some(InPlace::Wait(1000));
-        let s = settle(
-            &machine(1),
-            s,
-            &view,
-            Some(&observed),
-            None,
-            &Outcome::Observed,
-            &now(),
-        )
-        .unwrap();
-        assert_eq!(s.phase, Some(MachinePhase::Updating));
-    }
-
-    #[test]
-    fn failures_are_recorded_and_cleared_by_the_next_generation() {
-        let view = MachineView {
-            call_error: Some((Call::Validate, CallError::InvalidConfig("size".into()))),
-            ..Default::default()
-        };
-        let failed = Outcome::Failed {
-            reason: "InvalidConfiguration".into(),
-            message: "spec.provider.config: size".into(),
-        };
-        let s = settle(
-            &machine(1),
-            MachineStatus::default(),
-            &view,
-            None,
-            None,
-            &failed,
-            &now(),
-        )
-        .unwrap();
-        assert_eq!(s.failure_reason.as_deref(), Some("InvalidConfiguration"));
-        assert_eq!(s.phase, Some(MachinePhase::Failed));
-        assert_eq!(condition(&s, CONFIG_VALID), ("False", "InvalidConfig"));
-        // Generation 2 validates: the failure is gone.
-        let view = MachineView {
-            validated: true,
-            ..Default::default()
-        };
-        let retrying = Outcome::Retrying {
-            reason: "ProviderRetrying".into(),
-            message: "busy".into(),
-        };
-        let s = settle(&machine(2), s, &view, None, None, &retrying, &now()).unwrap();
-        assert_eq!(
-            (s.failure_reason.as_deref(), s.observed_generation),
-            (None, Some(2))
-        );
-        assert_eq!(condition(&s, CONFIG_VALID), ("True", "Valid"));
-        assert_eq!(
-            condition(&s, INSTANCE_PROVISIONED),
-            ("False", "ProviderRetrying")
-        );
-    }
-
-    #[test]
-    fn deletion_records_where_the_drain_is_and_nothing_is_written_for_an_unchanged_pass() {
-        let holding = Outcome::Deleting {
-            reason: "DrainingNode",
-            message: "evicting 1 pod".into(),
-            instance: None,
-            drain_ended: false,
-            drain_skipped: None,
-        };
-        let view = MachineView {
-            deleting: true,
-            ..Default::default()
-        };
-        let s = settle(
-            &machine(1),
-            MachineStatus::default(),
-            &view,
-            None,
-            None,
-            &holding,
-            &now(),
-        )
-        .unwrap();
-        assert_eq!(s.phase, Some(MachinePhase::Deleting));
-        assert_eq!(condition(&s, DELETING), ("True", "DrainingNode"));
-        assert!(s.deletion.is_none_or(|d| d.node_drain_end_time.is_none()));
-        let past = Outcome::Deleting {
-            reason: "WaitingForInfrastructureDeletion",
-            message: "deleting the instance".into(),
-            instance: Some(("Deleting", "the provider is deleting the instance".into())),
-            drain_ended: true,
-            drain_skipped: None,
-        };
-        let s = settle(
-            &machine(1),
-            MachineStatus::default(),
-            &view,
-            None,
-            None,
-            &past,
-            &now(),
-        )
-        .unwrap();
-        assert!(s.deletion.unwrap().node_drain_end_time.is_some());
-        assert_eq!(condition_of_none(&view), None);
-    }
-
-    fn condition_of_none(view: &MachineView) -> Option<MachineStatus> {
-        settle(
-            &machine(1),
-            MachineStatus::default(),
-            view,
-            None,
-            None,
-            &Outcome::Unchanged,
-            &now(),
-        )
-    }
 }

@@ -1,12 +1,11 @@
 //! The plugin registry: what the Plugin controller loaded, by Plugin name
-//! (providers live in [`crate::provider::Providers`], updaters and addon
-//! plugins here), and whether objects in a namespace may use a Plugin right
-//! now. The Plugin controller fills it; the Machine, in-place and Addon
-//! code read it. It imports none of them, so none of them import each
-//! other through it.
+//! (providers live in [`crate::provider::Providers`], updaters here, addon
+//! plugins in `capstan-addons` as a [`ByPlugin`] of their own), and whether
+//! objects in a namespace may use a Plugin right now. The Plugin controller
+//! fills it; the Machine, in-place and Addon code read it. It imports none
+//! of them, so none of them import each other through it.
 
-use crate::Context;
-use capstan_addons::AddonGrants;
+use crate::{Kube, Providers};
 use capstan_api::machine_conditions::READY;
 use capstan_api::{Plugin, status};
 use capstan_manifest::FieldPattern;
@@ -89,38 +88,26 @@ impl<T> ByPlugin<T> {
     }
 }
 
-/// An addon plugin and what it may render.
-#[derive(Debug)]
-pub struct RegisteredAddon {
-    /// The sandboxed plugin.
-    pub plugin: capstan_runtime::AddonPlugin,
-    /// What the Plugin's `spec.grants` allows its Addons.
-    pub grants: AddonGrants,
-}
-
-/// Addon plugins by Plugin name; the Plugin controller fills it.
-pub type Addons = ByPlugin<RegisteredAddon>;
-
 /// Whether objects in `namespace` may use `plugin`: its
 /// `spec.allowedNamespaces` against the namespace's labels (unset: only
 /// Capstan's own namespace).
-pub fn allowed_in(ctx: &Context, plugin: &Plugin, namespace: &str) -> bool {
-    let labels = ctx
+pub fn allowed_in(kube: &Kube, plugin: &Plugin, namespace: &str) -> bool {
+    let labels = kube
         .stores
         .namespaces
         .get(&ObjectRef::new(namespace))
         .and_then(|n| n.metadata.labels.clone())
         .unwrap_or_default();
-    plugin.allows_namespace(namespace, &labels, ctx.options.secrets_namespace.as_deref())
+    plugin.allows_namespace(namespace, &labels, kube.secrets_namespace.as_deref())
 }
 
 /// Why objects in `namespace` may not use the Plugin named `name`, if they
 /// may not (a Plugin that does not exist is another matter, reported where
 /// it is used).
-pub(crate) fn not_allowed(ctx: &Context, name: &str, namespace: &str) -> Option<String> {
-    let plugin = ctx.stores.plugins.get(&ObjectRef::new(name))?;
-    (!allowed_in(ctx, &plugin, namespace))
-        .then(|| plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()))
+pub fn not_allowed(kube: &Kube, name: &str, namespace: &str) -> Option<String> {
+    let plugin = kube.stores.plugins.get(&ObjectRef::new(name))?;
+    (!allowed_in(kube, &plugin, namespace))
+        .then(|| plugin.not_allowed_message(namespace, kube.secrets_namespace.as_deref()))
 }
 
 /// Whether machines can use a plugin right now.
@@ -139,10 +126,15 @@ pub enum Availability {
 }
 
 /// Whether machines in `namespace` naming `name` can use it.
-pub fn availability(ctx: &Context, name: &str, namespace: &str) -> Availability {
-    let registered = ctx.providers.get(name);
+pub fn availability(
+    kube: &Kube,
+    providers: &Providers,
+    name: &str,
+    namespace: &str,
+) -> Availability {
+    let registered = providers.get(name);
     let key = ObjectRef::<Plugin>::new(name);
-    let Some(plugin) = ctx.stores.plugins.get(&key) else {
+    let Some(plugin) = kube.stores.plugins.get(&key) else {
         return match registered {
             // Built-in providers (the benchmark's native one) have no object.
             Some(r) if r.generation.is_none() => Availability::Ready,
@@ -151,9 +143,9 @@ pub fn availability(ctx: &Context, name: &str, namespace: &str) -> Availability 
             )),
         };
     };
-    if !allowed_in(ctx, &plugin, namespace) {
+    if !allowed_in(kube, &plugin, namespace) {
         return Availability::NotAllowed(
-            plugin.not_allowed_message(namespace, ctx.options.secrets_namespace.as_deref()),
+            plugin.not_allowed_message(namespace, kube.secrets_namespace.as_deref()),
         );
     }
     if registered.is_some() {

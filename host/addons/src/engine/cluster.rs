@@ -1,0 +1,281 @@
+//! The cluster an Addon's objects go to ([`Target`]: this one, or a
+//! workload cluster from a kubeconfig Secret with inline credentials only),
+//! and the object-level writes there: discovery, read, apply when drifted,
+//! delete by uid.
+
+use super::{APPLIED, CONTROLLER, Context, Failure, fail};
+use crate::Object;
+use crate::ownership;
+use capstan_api::{Addon, InventoryEntry};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+};
+use kube::{Client, ResourceExt};
+
+/// A cluster objects are applied to.
+#[derive(Clone)]
+pub(super) struct Target {
+    pub(super) client: Client,
+    /// Identifies the cluster and credentials (watches and discovery are
+    /// kept per key).
+    pub(super) key: String,
+    /// For status: `in-cluster` or the Secret's name.
+    pub(super) shown: String,
+}
+
+/// This cluster, or the workload cluster of the Addon's kubeconfig Secret.
+pub(super) async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failure> {
+    let Some(t) = &addon.spec.target else {
+        return Ok(Target {
+            client: ctx.kube.client.clone(),
+            key: "in-cluster".into(),
+            shown: "in-cluster".into(),
+        });
+    };
+    let ns = addon.namespace().unwrap_or_default();
+    let secret_ref = &t.kubeconfig_secret_ref;
+    let key_name = secret_ref.key.as_deref().unwrap_or("value");
+    let unavailable = |m: String| fail(APPLIED, "TargetUnavailable", m);
+    if let Some(own) = &ctx.kube.secrets_namespace
+        && *own != ns
+    {
+        return Err(unavailable(format!(
+            "spec.target: Capstan reads Secrets only from its own namespace {own:?}; create this Addon and its kubeconfig Secret there"
+        )));
+    }
+    let secret = Api::<Secret>::namespaced(ctx.kube.client.clone(), &ns)
+        .get_opt(&secret_ref.name)
+        .await
+        .map_err(|e| unavailable(format!("cannot read Secret {ns}/{}: {e}", secret_ref.name)))?
+        .ok_or_else(|| {
+            unavailable(format!(
+                "spec.target.kubeconfigSecretRef: Secret {ns}/{} does not exist",
+                secret_ref.name
+            ))
+        })?;
+    let version = secret.metadata.resource_version.clone().unwrap_or_default();
+    let key = format!("{ns}/{}", secret_ref.name);
+    let shown = format!("kubeconfig Secret {}", secret_ref.name);
+    if let Some((v, client)) = ctx.state.clients.lock().expect("clients lock").get(&key)
+        && *v == version
+    {
+        return Ok(Target {
+            client: client.clone(),
+            key: format!("{key}@{version}"),
+            shown,
+        });
+    }
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key_name))
+        .ok_or_else(|| {
+            unavailable(format!(
+                "spec.target.kubeconfigSecretRef: Secret {ns}/{} has no key {key_name:?}",
+                secret_ref.name
+            ))
+        })?;
+    let text = String::from_utf8_lossy(&bytes.0);
+    let bad = |e: String| {
+        unavailable(format!(
+            "Secret {ns}/{} key {key_name:?} is not a usable kubeconfig: {e}",
+            secret_ref.name
+        ))
+    };
+    // Before the loader sees it: no command runs, no file is read.
+    crate::target::check_kubeconfig(&text).map_err(bad)?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).map_err(|e| bad(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    let client = Client::try_from(config).map_err(|e| bad(e.to_string()))?;
+    ctx.state
+        .clients
+        .lock()
+        .expect("clients lock")
+        .insert(key.clone(), (version.clone(), client.clone()));
+    Ok(Target {
+        client,
+        key: format!("{key}@{version}"),
+        shown,
+    })
+}
+
+/// The API resource of a kind in a target cluster and whether it is
+/// namespaced (discovery, remembered per cluster).
+pub(super) async fn kind_of(
+    ctx: &Context,
+    target: &Target,
+    api_version: &str,
+    kind: &str,
+) -> Result<(ApiResource, bool), String> {
+    let cache_key = (target.key.clone(), format!("{api_version}/{kind}"));
+    if let Some(found) = ctx.state.kinds.lock().expect("kinds lock").get(&cache_key) {
+        return Ok(found.clone());
+    }
+    let (group, version) = match api_version.rsplit_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = kube::discovery::pinned_kind(&target.client, &gvk)
+        .await
+        .map_err(|e| {
+            format!(
+                "{target} does not serve {kind} {api_version}: {e}",
+                target = target.shown
+            )
+        })?;
+    let found = (resource, caps.scope == kube::discovery::Scope::Namespaced);
+    ctx.state
+        .kinds
+        .lock()
+        .expect("kinds lock")
+        .insert(cache_key, found.clone());
+    Ok(found)
+}
+
+pub(super) fn api_for(
+    target: &Target,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(target.client.clone(), ns, resource),
+        None => Api::all_with(target.client.clone(), resource),
+    }
+}
+
+pub(super) fn apply_failed(
+    target: &Target,
+    object: &Object,
+    what: &str,
+    e: kube::Error,
+) -> Failure {
+    fail(
+        APPLIED,
+        "ApplyFailed",
+        format!("cannot {what} {} ({}): {e}", object.entry(), target.shown),
+    )
+}
+
+/// The live object a rendered one would be applied over, if it exists.
+pub(super) async fn read_live(
+    target: &Target,
+    resource: &ApiResource,
+    object: &Object,
+) -> Result<Option<serde_json::Value>, Failure> {
+    Ok(api_for(target, resource, object.namespace.as_deref())
+        .get_opt(&object.name)
+        .await
+        .map_err(|e| apply_failed(target, object, "read", e))?
+        .map(|o| serde_json::to_value(o).unwrap_or_default()))
+}
+
+/// Server-side apply the rendered object (under this Addon's own field
+/// manager) only when the live one is missing or no longer carries it.
+/// Returns the live object.
+pub(super) async fn apply_if_drifted(
+    ctx: &Context,
+    target: &Target,
+    resource: &ApiResource,
+    object: &Object,
+    live: Option<serde_json::Value>,
+    manager: &str,
+    key: (String, String),
+) -> Result<serde_json::Value, Failure> {
+    let api = api_for(target, resource, object.namespace.as_deref());
+    if let Some(live) = &live {
+        let expected = ctx
+            .state
+            .expected
+            .lock()
+            .expect("expected lock")
+            .get(&key)
+            .cloned();
+        let desired = match &expected {
+            Some((rendered, applied)) if *rendered == object.value => applied,
+            _ => &object.value,
+        };
+        if crate::conforms(desired, live) {
+            return Ok(live.clone());
+        }
+    }
+    // Forced only over fields of an object this Addon owns (the ownership
+    // check ran first): hand edits of what it renders are put back.
+    let applied = api
+        .patch(
+            &object.name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&object.value),
+        )
+        .await
+        .map_err(|e| apply_failed(target, object, "apply", e))?;
+    let applied = serde_json::to_value(applied).unwrap_or_default();
+    ctx.state.expected.lock().expect("expected lock").insert(
+        key,
+        (
+            object.value.clone(),
+            crate::project(&object.value, &applied),
+        ),
+    );
+    ctx.kube.metrics.wrote(CONTROLLER, "apply");
+    tracing::info!(object = %object.entry(), target = %target.shown, created = live.is_none(), "applied addon object");
+    Ok(applied)
+}
+
+/// Delete one inventory object if it is still there and still ours.
+pub(super) async fn delete_entry(
+    ctx: &Context,
+    target: &Target,
+    entry: &InventoryEntry,
+    addon: &Addon,
+) -> Result<Deleted, String> {
+    let (resource, _) = match kind_of(ctx, target, &entry.api_version, &entry.kind).await {
+        Ok(k) => k,
+        // The kind itself is gone (its CRD was removed): so is the object.
+        Err(_) => return Ok(Deleted::Gone),
+    };
+    let api = api_for(target, &resource, entry.namespace.as_deref());
+    let live = api
+        .get_opt(&entry.name)
+        .await
+        .map_err(|e| format!("cannot read {entry}: {e}"))?;
+    let Some(live) = live else {
+        return Ok(Deleted::Gone);
+    };
+    let ns = addon.namespace().unwrap_or_default();
+    let value = serde_json::to_value(&live).unwrap_or_default();
+    if !ownership::may_delete(entry, &value, (&ns, &addon.name_any())) {
+        tracing::info!(object = %entry, adopted = entry.adopted, "leaving an inventory object this Addon did not create (or that was replaced)");
+        return Ok(Deleted::Gone);
+    }
+    if live.metadata.deletion_timestamp.is_some() {
+        return Ok(Deleted::Going);
+    }
+    // Only the very object recorded: a uid precondition, so an object
+    // recreated under the same name in between is left alone.
+    let mut params = DeleteParams::background();
+    if let Some(uid) = &entry.uid {
+        params = params.preconditions(kube::api::Preconditions {
+            uid: Some(uid.clone()),
+            resource_version: None,
+        });
+    }
+    match api.delete(&entry.name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Deleted::Gone),
+        Err(e) => return Err(format!("cannot delete {entry}: {e}")),
+    }
+    ctx.kube.metrics.wrote(CONTROLLER, "delete");
+    tracing::info!(object = %entry, target = %target.shown, "deleted addon object");
+    Ok(Deleted::Going)
+}
+
+/// Where an inventory object is after [`delete_entry`].
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Deleted {
+    Gone,
+    Going,
+}

@@ -1,0 +1,655 @@
+//! The addon engine (the Addon controller): one host runs every addon's
+//! lifecycle with the pure steps of this crate; each addon
+//! plugin only renders objects and judges health, inside the sandbox, and
+//! never touches the API itself.
+//!
+//! A reconcile ([`reconcile`]): the Plugin must allow the Addon's namespace
+//! (`PluginNotAllowed` otherwise, before any plugin call) → pick the target
+//! cluster (this one, or a workload cluster from a kubeconfig Secret with
+//! inline credentials only) → resolve the version through the plugin's
+//! `versions()` → `render` ([`render`], shared with `capstan addon render`)
+//! → the pure steps of this crate (parse,
+//! label, patch within the patch grants, rewrite images, check the object
+//! grants and the host's floor, order) → read every object and decide
+//! whose it is ([`crate::ownership`]): nothing is written unless
+//! every step passed and every existing object is this Addon's own → for
+//! each object, server-side apply under the Addon's own field manager only
+//! when the live one no longer carries what was applied (so an idle resync
+//! writes nothing) → prune what the previous inventory had and the render
+//! no longer does, by uid → `assess` what was rendered of the live objects
+//! → status. Deleting an Addon deletes what it created (by uid, never what
+//! it adopted) in reverse apply order, waits until it is gone, then drops
+//! the finalizer.
+//!
+//! Drift: every applied object carries the Addon's labels; a watch per
+//! (target cluster, kind, namespace) turns any change or deletion of a
+//! labelled object into a reconcile of its Addon, which puts back what was
+//! applied.
+
+use crate::ownership::{self, Ownership};
+use crate::{AddonError, AddonGrants, ImageRewrite, Object};
+use capstan_api::{
+    ADDON_FINALIZER, Addon, AddonStatus, InventoryEntry, Plugin, set_condition, status,
+};
+use capstan_kit::controller::Spec;
+use capstan_kit::registry::ByPlugin;
+use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
+use capstan_kit::{Conditions, Error, Kube, now};
+use kube::api::ApiResource;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+mod cluster;
+mod drift;
+mod render;
+
+pub use render::{RenderError, Rendered, render};
+
+use cluster::{Deleted, Target, apply_if_drifted, delete_entry, kind_of, read_live, target};
+use drift::{AddonState, WatchKey, need_watches, receiver_stream, watch_kind};
+use render::counted_call;
+
+const CONTROLLER: &str = "addon";
+/// Prefix of the field manager each Addon applies under
+/// (`capstan-addon/NAMESPACE/NAME`): two Addons never share ownership.
+pub const ADDON_FIELD_MANAGER: &str = "capstan-addon";
+/// Condition: the rendered objects are applied.
+pub const APPLIED: &str = "Applied";
+/// Condition: the plugin judges the applied objects healthy.
+pub const HEALTHY: &str = "Healthy";
+/// Condition: what is applied is the version and config the spec asks for.
+pub const UP_TO_DATE: &str = "UpToDate";
+/// How soon an addon that is not healthy yet (or failed) is looked at again,
+/// besides the watches on what it applied.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// An addon plugin and what it may render.
+#[derive(Debug)]
+pub struct RegisteredAddon {
+    /// The sandboxed plugin.
+    pub plugin: capstan_runtime::AddonPlugin,
+    /// What the Plugin's `spec.grants` allows its Addons.
+    pub grants: AddonGrants,
+}
+
+/// Addon plugins by Plugin name; the Plugin controller fills it.
+pub type Addons = ByPlugin<RegisteredAddon>;
+
+/// What the addon engine works with.
+#[derive(Debug)]
+pub struct Context {
+    kube: Kube,
+    /// Addon plugins by Plugin name (the Plugin controller fills it).
+    addons: Addons,
+    /// Drift watches, workload-cluster clients and discovery.
+    state: AddonState,
+    /// The host's image rewrite rules (`--image-rewrite`).
+    image_rewrites: Vec<ImageRewrite>,
+}
+
+impl AsRef<Kube> for Context {
+    fn as_ref(&self) -> &Kube {
+        &self.kube
+    }
+}
+
+impl Context {
+    /// The engine's context: it renders through the plugins in `addons`
+    /// and rewrites images by `image_rewrites`.
+    pub fn new(kube: Kube, addons: Addons, image_rewrites: Vec<ImageRewrite>) -> Self {
+        Context {
+            kube,
+            addons,
+            state: AddonState::default(),
+            image_rewrites,
+        }
+    }
+}
+
+/// Run the Addon controller until `shutdown` resolves (once per context).
+pub async fn controller(
+    addons: ReflectHandle<Addon>,
+    plugins: ReflectHandle<Plugin>,
+    ctx: Arc<Context>,
+    concurrency: u16,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let drift = ctx
+        .state
+        .receiver
+        .lock()
+        .expect("receiver lock")
+        .take()
+        .expect("the addon controller runs once per context");
+    let drift = receiver_stream(drift);
+    let store = ctx.kube.stores.addons.clone();
+    let by_plugin = store.clone();
+    let watches = move |controller: Controller<Addon>| {
+        controller
+            // An Addon waiting for its plugin goes on as soon as it is loaded.
+            .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
+                let name = plugin.name_any();
+                by_plugin
+                    .state()
+                    .into_iter()
+                    .filter(|a| a.spec.plugin == name)
+                    .map(|a| ObjectRef::from_obj(a.as_ref()))
+                    .collect::<Vec<_>>()
+            })
+            .reconcile_on(drift)
+    };
+    let spec = Spec::new(CONTROLLER, addons, store, concurrency);
+    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
+}
+
+/// A failed step: the condition it sets, its reason and what to do.
+struct Failure {
+    condition: &'static str,
+    reason: &'static str,
+    message: String,
+    /// Waiting for something else (its plugin to load), not failed: the
+    /// phase says `Pending`.
+    waiting: bool,
+}
+
+fn fail(condition: &'static str, reason: &'static str, message: impl Into<String>) -> Failure {
+    Failure {
+        condition,
+        reason,
+        message: message.into(),
+        waiting: false,
+    }
+}
+
+fn addon_failure(e: AddonError) -> Failure {
+    let reason = match &e {
+        AddonError::NoVersion { .. } | AddonError::UnknownVersion { .. } => "UnknownVersion",
+        AddonError::UnknownChannel { .. } => "UnknownChannel",
+        AddonError::InvalidObject { .. } | AddonError::Duplicate(_) => "InvalidRender",
+        AddonError::PatchTargetMissing { .. } => "PatchTargetMissing",
+        AddonError::InvalidPatch { .. } => "InvalidPatch",
+        AddonError::PatchNotGranted { .. } => "PatchNotGranted",
+        AddonError::Refused(_) => "ObjectsNotGranted",
+        AddonError::Floor(_) => "BelowHostFloor",
+    };
+    let condition = match &e {
+        AddonError::NoVersion { .. }
+        | AddonError::UnknownVersion { .. }
+        | AddonError::UnknownChannel { .. } => UP_TO_DATE,
+        _ => APPLIED,
+    };
+    fail(condition, reason, e.to_string())
+}
+
+async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if addon.meta().deletion_timestamp.is_some() {
+        return finalize(&addon, &ctx).await;
+    }
+    if add_finalizer(&ctx.kube, CONTROLLER, addon.as_ref(), ADDON_FINALIZER).await? {
+        // The update comes back through the watch.
+        return Ok(Action::await_change());
+    }
+    let current = addon.status.clone();
+    let mut status = current.clone().unwrap_or_default();
+    let generation = addon.metadata.generation.unwrap_or(0);
+    status.observed_generation = Some(generation);
+    let t = now();
+    let outcome = converge(&addon, &ctx, &mut status).await;
+    let (requeue, event) = match outcome {
+        Ok(None) => {
+            status.phase = Some("Paused".into());
+            (ctx.kube.resync, None)
+        }
+        Ok(Some(healthy)) => {
+            status.phase = Some(if healthy { "Ready" } else { "Unhealthy" }.into());
+            let event =
+                (current.as_ref().map(|s| &s.inventory) != Some(&status.inventory)).then(|| {
+                    (
+                        EventType::Normal,
+                        "Applied",
+                        format!(
+                            "applied {} objects of version {}",
+                            status.inventory.len(),
+                            status.version.as_deref().unwrap_or("?")
+                        ),
+                    )
+                });
+            (if healthy { ctx.kube.resync } else { RECHECK }, event)
+        }
+        Err(f) => {
+            status.phase = Some(if f.waiting { "Pending" } else { "Failed" }.into());
+            set_condition(
+                &mut status.conditions,
+                f.condition,
+                status::FALSE,
+                f.reason,
+                f.message.clone(),
+                Some(generation),
+                &t,
+            );
+            (RECHECK, Some((EventType::Warning, f.reason, f.message)))
+        }
+    };
+    let changed = apply_status(
+        &ctx.kube,
+        CONTROLLER,
+        addon.as_ref(),
+        current.as_ref(),
+        &status,
+    )
+    .await?;
+    if let Some((type_, reason, note)) = event.filter(|_| changed) {
+        record_event(
+            &ctx.kube,
+            CONTROLLER,
+            &addon.object_ref(&()),
+            type_,
+            reason,
+            note,
+        )
+        .await;
+    }
+    Ok(Action::requeue(requeue))
+}
+
+/// Everything up to the status: `Ok(None)` when paused, `Ok(Some(healthy))`
+/// when applied.
+/// One convergence of an Addon: render (within its grants), discover every
+/// kind, decide whose each object is, apply what drifted, prune what is no
+/// longer rendered, then ask the plugin whether it is healthy. Nothing is
+/// written unless discovery and ownership pass for every object.
+async fn converge(
+    addon: &Addon,
+    ctx: &Context,
+    status: &mut AddonStatus,
+) -> Result<Option<bool>, Failure> {
+    let generation = addon.metadata.generation.unwrap_or(0);
+    let t = now();
+    let registered = plugin_of(addon, ctx)?;
+    let tenant = is_tenant(ctx, addon);
+    let rendered = render(
+        &registered.plugin,
+        addon,
+        &registered.grants,
+        tenant,
+        &ctx.image_rewrites,
+        Some(&ctx.kube.metrics),
+    )
+    .await
+    .map_err(|e| match e {
+        RenderError::Plugin {
+            call: "render",
+            error,
+        } => fail(APPLIED, "RenderFailed", plugin_text(&error)),
+        RenderError::Plugin { error, .. } => fail(UP_TO_DATE, "PluginFailed", plugin_text(&error)),
+        RenderError::Addon(e) => addon_failure(e),
+    })?;
+    let Rendered {
+        resolved,
+        spec,
+        objects,
+        rewrites,
+    } = rendered;
+    if addon.spec.paused {
+        return Ok(None);
+    }
+    let target = target(addon, ctx).await?;
+    status.target = Some(target.shown.clone());
+
+    let kinds = discover(ctx, &target, &objects).await?;
+    let decisions = ownership_of(addon, &registered, status, &target, &objects, &kinds).await?;
+    let applied = apply_all(ctx, addon, status, &target, &objects, &kinds, decisions).await?;
+    let previous = std::mem::take(&mut status.inventory);
+    for entry in crate::pruned(&previous, &objects) {
+        if let Err(message) = delete_entry(ctx, &target, &entry, addon).await {
+            status.inventory = previous;
+            return Err(fail(APPLIED, "PruneFailed", message));
+        }
+    }
+    status.inventory = applied.inventory;
+    need_watches(ctx, addon, applied.watching);
+    status.image_rewrites = rewrites;
+    status.version = Some(resolved.version.clone());
+    status.plugin_digest = Some(registered.plugin.plugin().digest().to_string());
+    let applied_message = format!("{} objects applied to {}", objects.len(), target.shown);
+    let current_message = match &resolved.channel {
+        Some(c) => format!("version {} (channel {c}) is applied", resolved.version),
+        None => format!("version {} is applied", resolved.version),
+    };
+    Conditions::new(&mut status.conditions, Some(generation), &t)
+        .set(APPLIED, status::TRUE, "Applied", applied_message)
+        .set(UP_TO_DATE, status::TRUE, "Current", current_message);
+
+    let health = counted_call(
+        Some(&ctx.kube.metrics),
+        addon,
+        "assess",
+        registered.plugin.assess(&spec, &applied.observed),
+    )
+    .await
+    .map_err(|e| fail(HEALTHY, "AssessFailed", plugin_text(&e)))?;
+    record_health(status, &health, generation, &t);
+    Ok(Some(health.healthy))
+}
+
+/// Discovery for every object before anything is written, so a kind the
+/// cluster does not serve (or a namespaced object without a namespace)
+/// stops the whole render.
+async fn discover(
+    ctx: &Context,
+    target: &Target,
+    objects: &[Object],
+) -> Result<Vec<ApiResource>, Failure> {
+    let mut kinds = Vec::with_capacity(objects.len());
+    for object in objects {
+        let (resource, namespaced) = kind_of(ctx, target, &object.api_version, &object.kind)
+            .await
+            .map_err(|m| fail(APPLIED, "UnknownKind", m))?;
+        if namespaced != object.namespace.is_some() {
+            return Err(fail(
+                APPLIED,
+                "InvalidRender",
+                format!(
+                    "{} is {} but rendered {} a namespace; the plugin must set metadata.namespace exactly on namespaced objects",
+                    object.entry(),
+                    if namespaced {
+                        "namespaced"
+                    } else {
+                        "cluster-scoped"
+                    },
+                    if namespaced { "without" } else { "with" }
+                ),
+            ));
+        }
+        kinds.push(resource);
+    }
+    Ok(kinds)
+}
+
+/// A live object (if any) and whose it is.
+type Decided = (Option<serde_json::Value>, Ownership);
+
+/// Whose is each object? Read them all and refuse before the first write:
+/// an object this Addon did not create is never applied over.
+async fn ownership_of(
+    addon: &Addon,
+    registered: &RegisteredAddon,
+    status: &AddonStatus,
+    target: &Target,
+    objects: &[Object],
+    kinds: &[ApiResource],
+) -> Result<Vec<Decided>, Failure> {
+    let me = (addon.namespace().unwrap_or_default(), addon.name_any());
+    let mut decisions = Vec::with_capacity(objects.len());
+    let mut refused = Vec::new();
+    for (object, resource) in objects.iter().zip(kinds) {
+        let live = read_live(target, resource, object).await?;
+        let decision = ownership::decide(
+            object,
+            live.as_ref(),
+            &status.inventory,
+            (&me.0, &me.1),
+            &registered.grants.adopt,
+        );
+        if let Ownership::Refuse(message) = &decision {
+            refused.push(message.clone());
+        }
+        decisions.push((live, decision));
+    }
+    if !refused.is_empty() {
+        return Err(fail(
+            APPLIED,
+            "ObjectExists",
+            format!(
+                "refused the whole render, nothing was applied: {}",
+                refused.join("; ")
+            ),
+        ));
+    }
+    Ok(decisions)
+}
+
+/// What [`apply_all`] applied.
+#[derive(Debug)]
+struct Applied {
+    /// The new inventory.
+    inventory: Vec<InventoryEntry>,
+    /// What of each live object `assess` may see.
+    observed: Vec<String>,
+    /// The drift watches the applied objects need.
+    watching: std::collections::HashSet<WatchKey>,
+}
+
+/// Apply each object that drifted, noting the drift watch its kind needs.
+/// On a failure,
+/// what this attempt did apply stays in the inventory, so a later render
+/// that drops it still prunes it.
+async fn apply_all(
+    ctx: &Context,
+    addon: &Addon,
+    status: &mut AddonStatus,
+    target: &Target,
+    objects: &[Object],
+    kinds: &[ApiResource],
+    decisions: Vec<Decided>,
+) -> Result<Applied, Failure> {
+    let manager = field_manager(addon);
+    let mut watching = std::collections::HashSet::new();
+    let mut applied: Vec<InventoryEntry> = Vec::with_capacity(objects.len());
+    let mut observed = Vec::with_capacity(objects.len());
+    for ((object, resource), (live, decision)) in objects.iter().zip(kinds).zip(decisions) {
+        let (uid, adopted) = match &decision {
+            Ownership::Owned { uid, adopted } => (Some(uid.clone()), *adopted),
+            Ownership::Adopt { uid } => (Some(uid.clone()), true),
+            Ownership::Create | Ownership::Refuse(_) => (None, false),
+        };
+        let key = (
+            addon.metadata.uid.clone().unwrap_or_default(),
+            format!("{}@{}", object.entry(), target.key),
+        );
+        match apply_if_drifted(ctx, target, resource, object, live, &manager, key).await {
+            Ok(live) => {
+                let uid = uid.or_else(|| {
+                    live.pointer("/metadata/uid")
+                        .and_then(serde_json::Value::as_str)
+                        .map(String::from)
+                });
+                applied.push(InventoryEntry {
+                    uid,
+                    adopted,
+                    ..object.entry()
+                });
+                observed.push(crate::assess_view(&object.value, &live).to_string());
+            }
+            Err(f) => {
+                for done in applied {
+                    status.inventory.retain(|e| !crate::same_object(e, &done));
+                    status.inventory.push(done);
+                }
+                return Err(f);
+            }
+        }
+        let namespace = object.namespace.as_deref();
+        watching.insert(watch_kind(ctx, addon, target, resource, namespace));
+    }
+    Ok(Applied {
+        inventory: applied,
+        observed,
+        watching,
+    })
+}
+
+/// Record the plugin's health verdict: `healthy`, its details (bounded as
+/// a whole: plugin text reaches a status tenants read) and `Healthy`.
+fn record_health(
+    status: &mut AddonStatus,
+    health: &capstan_runtime::types::Health,
+    generation: i64,
+    t: &capstan_api::Time,
+) {
+    status.healthy = Some(health.healthy);
+    let mut budget = capstan_api::MAX_PLUGIN_TEXT;
+    status.health_details = health
+        .details
+        .iter()
+        .map(|(k, v)| capstan_api::bounded(&format!("{k}={v}"), 256))
+        .take_while(|d| {
+            let fits = d.len() <= budget;
+            budget = budget.saturating_sub(d.len());
+            fits
+        })
+        .collect();
+    let (state, reason) = if health.healthy {
+        (status::TRUE, "Healthy")
+    } else {
+        (status::FALSE, "Unhealthy")
+    };
+    let message = capstan_api::bounded(
+        health.message.as_deref().unwrap_or_default(),
+        capstan_api::MAX_PLUGIN_TEXT,
+    );
+    Conditions::new(&mut status.conditions, Some(generation), t)
+        .set(HEALTHY, state, reason, message);
+}
+
+/// A plugin call's error as a status may show it: bounded.
+fn plugin_text(error: &capstan_runtime::Error) -> String {
+    capstan_api::bounded(&error.to_string(), capstan_api::MAX_PLUGIN_TEXT)
+}
+
+/// Whether an Addon is a tenant's: outside Capstan's own namespace.
+fn is_tenant(ctx: &Context, addon: &Addon) -> bool {
+    ctx.kube
+        .secrets_namespace
+        .as_ref()
+        .is_some_and(|own| addon.namespace().as_ref() != Some(own))
+}
+
+/// The field manager an Addon applies under: its own, so that no two
+/// Addons share the ownership of a field.
+fn field_manager(addon: &Addon) -> String {
+    let named = format!(
+        "{ADDON_FIELD_MANAGER}/{}/{}",
+        addon.namespace().unwrap_or_default(),
+        addon.name_any()
+    );
+    // Field managers are at most 128 characters; a uid always fits.
+    if named.len() <= 128 {
+        named
+    } else {
+        format!(
+            "{ADDON_FIELD_MANAGER}/{}",
+            addon.metadata.uid.as_deref().unwrap_or_default()
+        )
+    }
+}
+
+/// The registered addon plugin the Addon names, or why there is none.
+fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failure> {
+    let name = &addon.spec.plugin;
+    let key = ObjectRef::<Plugin>::new(name);
+    let object = ctx.kube.stores.plugins.get(&key);
+    let namespace = addon.namespace().unwrap_or_default();
+    if let Some(p) = &object
+        && !capstan_kit::registry::allowed_in(&ctx.kube, p, &namespace)
+    {
+        return Err(fail(
+            APPLIED,
+            "PluginNotAllowed",
+            p.not_allowed_message(&namespace, ctx.kube.secrets_namespace.as_deref()),
+        ));
+    }
+    // A deleted Plugin's component stays registered; it serves no Addon.
+    if let Some(r) = ctx.addons.get(name).filter(|_| object.is_some()) {
+        return Ok(r);
+    }
+    let (message, waiting) = match object {
+        None => (
+            format!(
+                "plugin {name:?} does not exist; create an addon Plugin named {name:?} (kubectl get plugins lists the installed ones)"
+            ),
+            false,
+        ),
+        Some(p) => match p.status.as_ref().and_then(|s| s.world.clone()) {
+            Some(world) if world != "addon-plugin" => (
+                format!("plugin {name:?} is a {world}, not an addon plugin"),
+                false,
+            ),
+            _ => (
+                format!("plugin {name:?} is not loaded yet (kubectl describe plugin {name})"),
+                true,
+            ),
+        },
+    };
+    Err(Failure {
+        waiting,
+        ..fail(APPLIED, "PluginUnavailable", message)
+    })
+}
+
+/// Delete the inventory in reverse apply order; drop the finalizer once all
+/// of it is gone.
+async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
+    if !addon.finalizers().iter().any(|f| f == ADDON_FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let current = addon.status.clone();
+    let mut status = current.clone().unwrap_or_default();
+    status.phase = Some("Deleting".into());
+    let inventory = status.inventory.clone();
+    let mut remaining = 0;
+    let mut problem = None;
+    match target(addon, ctx).await {
+        Err(f) => {
+            problem = Some(format!(
+                "{}; the Addon keeps its finalizer until what it applied can be deleted (fix the target, or remove finalizer {ADDON_FINALIZER} to leave the objects behind)",
+                f.message
+            ))
+        }
+        Ok(target) => {
+            for entry in inventory.iter().rev() {
+                match delete_entry(ctx, &target, entry, addon).await {
+                    Ok(Deleted::Gone) => {}
+                    // A Namespace ends only when the namespace controller
+                    // has emptied it, which can take long; its deletion
+                    // is under way and nothing of the addon is left in it.
+                    Ok(Deleted::Going) if entry.kind == "Namespace" => {}
+                    Ok(Deleted::Going) => remaining += 1,
+                    Err(m) => {
+                        remaining += 1;
+                        problem = Some(m);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(message) = &problem {
+        set_condition(
+            &mut status.conditions,
+            APPLIED,
+            status::FALSE,
+            "DeleteFailed",
+            message.clone(),
+            addon.metadata.generation,
+            &now(),
+        );
+    }
+    if remaining > 0 || problem.is_some() {
+        apply_status(&ctx.kube, CONTROLLER, addon, current.as_ref(), &status).await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    remove_finalizer(&ctx.kube, CONTROLLER, addon, ADDON_FINALIZER).await?;
+    need_watches(ctx, addon, Default::default());
+    let uid = addon.metadata.uid.clone().unwrap_or_default();
+    ctx.state
+        .expected
+        .lock()
+        .expect("expected lock")
+        .retain(|(of, _), _| *of != uid);
+    tracing::info!(addon = %capstan_kit::key_of(addon), objects = inventory.len(), "addon removed with everything it applied");
+    Ok(Action::await_change())
+}

@@ -1,0 +1,122 @@
+//! Rendering an Addon: resolve its version through the plugin, call
+//! `render`, and run this crate's pure steps over the result (parse, label,
+//! patch within the grants, rewrite images, check the grants and the
+//! host's floor, order). `capstan addon render` shares [`render`].
+
+use crate::{AddonError, AddonGrants, ImageRewrite, Object};
+use capstan_api::Addon;
+use capstan_kit::Metrics;
+use capstan_runtime::types::AddonSpec as WitSpec;
+use kube::ResourceExt;
+
+/// What an Addon renders to, ready to apply.
+#[derive(Debug)]
+pub struct Rendered {
+    /// The version and how it was chosen.
+    pub resolved: crate::Resolved,
+    /// What the plugin was asked (also what `assess` is given).
+    pub spec: WitSpec,
+    /// The objects: labelled, patched, rewritten, granted, in apply order.
+    pub objects: Vec<Object>,
+    /// The image rewrites made.
+    pub rewrites: Vec<capstan_api::ImageRewriteRecord>,
+}
+
+/// Why an Addon could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// A plugin call failed.
+    #[error("{error}")]
+    Plugin {
+        /// `versions` or `render`.
+        call: &'static str,
+        /// What happened.
+        error: capstan_runtime::Error,
+    },
+    /// The Addon asks for something the render cannot give.
+    #[error(transparent)]
+    Addon(#[from] AddonError),
+}
+
+/// Resolve the version with the plugin, render, and run the pure steps
+/// (label, patch within the patch grants — only those granted to tenants
+/// when `tenant` —, rewrite images, check the objects against the kinds the
+/// plugin's manifest declares, the grants and the host's floor, order). The controller
+/// applies what this returns; `capstan addon render` prints it.
+pub async fn render(
+    plugin: &capstan_runtime::AddonPlugin,
+    addon: &Addon,
+    grants: &AddonGrants,
+    tenant: bool,
+    rewrites: &[ImageRewrite],
+    metrics: Option<&Metrics>,
+) -> Result<Rendered, RenderError> {
+    let known: Vec<(String, Vec<String>)> =
+        counted_call(metrics, addon, "versions", plugin.versions())
+            .await
+            .map_err(|error| RenderError::Plugin {
+                call: "versions",
+                error,
+            })?
+            .into_iter()
+            .map(|v| (v.version, v.channels))
+            .collect();
+    let resolved = crate::resolve_version(
+        addon.spec.version.as_deref(),
+        addon.spec.channel.as_deref(),
+        &known,
+    )?;
+    let spec = WitSpec {
+        name: addon.name_any(),
+        namespace: addon.namespace().unwrap_or_default(),
+        version: Some(resolved.version.clone()),
+        channel: addon.spec.channel.clone(),
+        config: addon
+            .spec
+            .config
+            .as_ref()
+            .map_or_else(|| "{}".to_string(), ToString::to_string),
+    };
+    let texts = counted_call(metrics, addon, "render", plugin.render(&spec))
+        .await
+        .map_err(|error| RenderError::Plugin {
+            call: "render",
+            error,
+        })?;
+    let mut objects = crate::parse_render(&texts)?;
+    crate::label(&mut objects, &spec.namespace, &spec.name);
+    crate::apply_patches(
+        &mut objects,
+        &addon.spec.patches,
+        &grants.patch_rules(tenant),
+        tenant,
+    )?;
+    let rewrites = crate::rewrite_images(&mut objects, rewrites);
+    let declared = &plugin.plugin().manifest().capabilities.objects;
+    // On the objects as they will be applied: patched and rewritten.
+    crate::check_grants(&objects, declared, &grants.objects, grants.pod_security)?;
+    crate::apply_order(&mut objects);
+    Ok(Rendered {
+        resolved,
+        spec,
+        objects,
+        rewrites,
+    })
+}
+
+/// Run one call of an Addon's plugin, counting it in `metrics` (when
+/// given) under the Plugin's name, as provider calls are.
+pub(super) async fn counted_call<T>(
+    metrics: Option<&Metrics>,
+    addon: &Addon,
+    function: &'static str,
+    call: impl Future<Output = Result<T, capstan_runtime::Error>>,
+) -> Result<T, capstan_runtime::Error> {
+    let started = std::time::Instant::now();
+    let result = call.await;
+    if let Some(metrics) = metrics {
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics.plugin_call(&addon.spec.plugin, function, outcome, started.elapsed());
+    }
+    result
+}

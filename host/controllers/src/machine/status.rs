@@ -1,0 +1,487 @@
+//! The Machine's status, derived once per pass from what the pass
+//! observed and how the planner ended it ([`settle`]): phase, conditions,
+//! addresses, the Node reference, failures and deletion progress. Pure, and
+//! tested here without a cluster.
+
+use capstan_api::machine_conditions::{
+    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, PAUSED, READY,
+};
+use capstan_api::{
+    ANNOTATION_PAUSED, Machine, MachineAddress, MachinePhase, MachineStatus, NodeRef,
+    set_condition, status as cond,
+};
+use capstan_planner::machine::{
+    Call, CallError, InPlace, Instance, InstanceState as PlannedState, MachineView, NodeSeen,
+    Outcome,
+};
+use capstan_runtime::types::{AddressKind, InstanceState, MachineStatus as PluginStatus};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+/// The status a pass ends with, derived once from what it observed and how
+/// the planner ended it (`None`: nothing to write). Pure.
+pub(super) fn settle(
+    machine: &Machine,
+    mut status: MachineStatus,
+    view: &MachineView,
+    observed: Option<&PluginStatus>,
+    node: Option<&Node>,
+    outcome: &Outcome,
+    t: &capstan_api::Time,
+) -> Option<MachineStatus> {
+    if *outcome == Outcome::Unchanged {
+        return None;
+    }
+    let generation = machine.metadata.generation;
+    let set = condition_setter(generation, t);
+    if *outcome == Outcome::Paused {
+        let message = format!("the {ANNOTATION_PAUSED} annotation holds the machine");
+        set(&mut status, PAUSED, cond::TRUE, "Paused", message);
+        return Some(status);
+    }
+    if capstan_api::condition(&status.conditions, PAUSED).is_some() {
+        set(&mut status, PAUSED, cond::FALSE, "NotPaused", String::new());
+    }
+    if let Outcome::Deleting {
+        reason,
+        message,
+        instance,
+        drain_ended,
+        ..
+    } = outcome
+    {
+        status.phase = Some(MachinePhase::Deleting);
+        set(&mut status, DELETING, cond::TRUE, reason, message.clone());
+        if let Some((reason, message)) = instance {
+            set(
+                &mut status,
+                INSTANCE_PROVISIONED,
+                cond::FALSE,
+                reason,
+                message.clone(),
+            );
+        }
+        if *drain_ended {
+            status
+                .deletion
+                .get_or_insert_with(Default::default)
+                .node_drain_end_time
+                .get_or_insert_with(|| t.clone());
+        }
+        return Some(status);
+    }
+
+    // Alive: the status describes this generation from now on.
+    status.observed_generation = Some(generation.unwrap_or(0));
+    status.failure_reason = None;
+    status.failure_message = None;
+    // Machines that got their instance before the creating Plugin was
+    // recorded: the spec's is the one (it could not change unnoticed since).
+    if status.provider_id.is_some() && status.provider_plugin.is_none() {
+        status.provider_plugin = Some(machine.spec.provider.plugin.clone());
+    }
+    match &view.call_error {
+        Some((Call::Validate, CallError::InvalidConfig(message))) => set(
+            &mut status,
+            CONFIG_VALID,
+            cond::FALSE,
+            "InvalidConfig",
+            message.clone(),
+        ),
+        _ if view.validated => set(
+            &mut status,
+            CONFIG_VALID,
+            cond::TRUE,
+            "Valid",
+            String::new(),
+        ),
+        _ => {}
+    }
+    match outcome {
+        Outcome::Unchanged | Outcome::Deleting { .. } | Outcome::Paused => {}
+        Outcome::Held { reason, message } => {
+            set(
+                &mut status,
+                INSTANCE_PROVISIONED,
+                cond::FALSE,
+                reason,
+                message.clone(),
+            );
+            status.phase.get_or_insert(MachinePhase::Pending);
+        }
+        Outcome::ProviderChanged(message) => set(
+            &mut status,
+            CONFIG_VALID,
+            cond::FALSE,
+            "ProviderChanged",
+            message.clone(),
+        ),
+        Outcome::Failed { reason, message } => {
+            status.failure_reason = Some(reason.clone());
+            status.failure_message = Some(message.clone());
+            status.phase = Some(MachinePhase::Failed);
+            set(&mut status, READY, cond::FALSE, reason, message.clone());
+        }
+        Outcome::Retrying { reason, message } => {
+            set(
+                &mut status,
+                INSTANCE_PROVISIONED,
+                cond::FALSE,
+                reason,
+                message.clone(),
+            );
+            if matches!(view.call_error, Some((Call::Create, _))) {
+                status.phase = Some(MachinePhase::Provisioning);
+            } else {
+                status.phase.get_or_insert(MachinePhase::Pending);
+            }
+        }
+        Outcome::Observed => {
+            if let (Some(observed), Some(instance)) = (observed, &view.instance) {
+                settle_observed(&mut status, view, observed, instance, node, generation, t);
+            }
+        }
+    }
+    Some(status)
+}
+
+/// Sets one of the Machine controller's conditions, at this generation and
+/// time.
+fn condition_setter(
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) -> impl Fn(&mut MachineStatus, &str, &str, &str, String) + '_ {
+    move |status, kind, value, reason, message| {
+        set_condition(
+            &mut status.conditions,
+            kind,
+            value,
+            reason,
+            message,
+            generation.or(Some(0)),
+            t,
+        )
+    }
+}
+
+/// The status of a pass that observed its instance: addresses, version,
+/// Node, `InstanceProvisioned`, `Ready` and the phase (an in-place update's
+/// when one is under way).
+fn settle_observed(
+    status: &mut MachineStatus,
+    view: &MachineView,
+    observed: &PluginStatus,
+    instance: &Instance,
+    node: Option<&Node>,
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) {
+    let set = condition_setter(generation, t);
+    status.addresses = observed
+        .addresses
+        .iter()
+        .map(|a| MachineAddress {
+            type_: address_type(&a.kind).to_string(),
+            address: a.address.clone(),
+        })
+        .collect();
+    if observed.version.is_some() {
+        status.version = observed.version.clone();
+    }
+    if let Some(n) = node {
+        status.node_ref = Some(NodeRef {
+            name: n.name_any(),
+            uid: n.uid(),
+        });
+    }
+    let running = instance.state == PlannedState::Running;
+    if running {
+        set(
+            status,
+            INSTANCE_PROVISIONED,
+            cond::TRUE,
+            "Running",
+            String::new(),
+        );
+    } else {
+        set(
+            status,
+            INSTANCE_PROVISIONED,
+            cond::FALSE,
+            state_reason(&observed.state),
+            observed.message.clone().unwrap_or_default(),
+        );
+    }
+    let node_ready = matches!(instance.node, NodeSeen::Ready(_));
+    let (reason, message) = match (&instance.node, running) {
+        (_, false) => (
+            "InstanceNotRunning",
+            "waiting for the instance to run".to_string(),
+        ),
+        (NodeSeen::Deleted(name), true) => (
+            "NodeDeleted",
+            format!(
+                "Node {name} was deleted; waiting for a Node with spec.providerID {}",
+                instance.provider_id
+            ),
+        ),
+        (NodeSeen::Missing, true) => (
+            "WaitingForNode",
+            format!("no Node with spec.providerID {} yet", instance.provider_id),
+        ),
+        (NodeSeen::NotReady(name), true) => ("NodeNotReady", format!("Node {name} is not Ready")),
+        (NodeSeen::Ready(_), true) => ("NodeReady", String::new()),
+    };
+    let ready = if node_ready && running {
+        cond::TRUE
+    } else {
+        cond::FALSE
+    };
+    set(status, READY, ready, reason, message);
+    status.phase = Some(match view.in_place {
+        Some(InPlace::Wait(_)) => MachinePhase::Updating,
+        Some(InPlace::Failed) => MachinePhase::UpdateFailed,
+        _ if node_ready && running => MachinePhase::Running,
+        _ if running => MachinePhase::Provisioned,
+        _ => MachinePhase::Provisioning,
+    });
+}
+
+fn address_type(kind: &AddressKind) -> &'static str {
+    match kind {
+        AddressKind::InternalIp => "InternalIP",
+        AddressKind::ExternalIp => "ExternalIP",
+        AddressKind::InternalDns => "InternalDNS",
+        AddressKind::ExternalDns => "ExternalDNS",
+        AddressKind::Hostname => "Hostname",
+    }
+}
+
+fn state_reason(state: &InstanceState) -> &'static str {
+    match state {
+        InstanceState::Pending => "InstancePending",
+        InstanceState::Running => "Running",
+        InstanceState::Updating => "InstanceUpdating",
+        InstanceState::Stopping => "InstanceStopping",
+        InstanceState::Stopped => "InstanceStopped",
+        InstanceState::Terminated => "InstanceTerminated",
+        InstanceState::Unknown => "InstanceStateUnknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capstan_kit::now;
+    use capstan_runtime::types::{InstanceState as Wit, MachineAddress as WitAddress};
+
+    fn machine(generation: i64) -> Machine {
+        let mut m = Machine::new("m1", Default::default());
+        m.spec.provider.plugin = "sim".into();
+        m.metadata.generation = Some(generation);
+        m
+    }
+
+    fn running(node: NodeSeen) -> (PluginStatus, Instance) {
+        let observed = PluginStatus {
+            provider_id: "sim://i-1".into(),
+            state: Wit::Running,
+            addresses: vec![WitAddress {
+                kind: AddressKind::InternalIp,
+                address: "10.0.0.1".into(),
+            }],
+            failure_domain: None,
+            version: Some("v1.30.0".into()),
+            message: None,
+        };
+        let instance = Instance {
+            provider_id: "sim://i-1".into(),
+            state: PlannedState::Running,
+            message: None,
+            node,
+        };
+        (observed, instance)
+    }
+
+    fn condition<'s>(s: &'s MachineStatus, kind: &str) -> (&'s str, &'s str) {
+        let c = capstan_api::condition(&s.conditions, kind).expect(kind);
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    #[test]
+    fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
+        let (observed, instance) = running(NodeSeen::Ready("n1".into()));
+        let view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let t = now();
+        let s = settle(
+            &machine(3),
+            MachineStatus::default(),
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(s.phase, Some(MachinePhase::Running));
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(condition(&s, READY), ("True", "NodeReady"));
+        assert_eq!(condition(&s, INSTANCE_PROVISIONED), ("True", "Running"));
+        assert_eq!(condition(&s, CONFIG_VALID), ("True", "Valid"));
+        assert_eq!(s.addresses[0].type_, "InternalIP");
+        assert_eq!(s.version.as_deref(), Some("v1.30.0"));
+        // The same pass again changes nothing: no second write.
+        let again = settle(
+            &machine(3),
+            s.clone(),
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(again, s);
+    }
+
+    #[test]
+    fn a_deleted_node_stays_referenced_and_an_update_shows_in_the_phase() {
+        let (observed, instance) = running(NodeSeen::Deleted("n1".into()));
+        let mut view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(condition(&s, READY), ("False", "NodeDeleted"));
+        assert_eq!(s.phase, Some(MachinePhase::Provisioned));
+        view.in_place = Some(InPlace::Wait(1000));
+        let s = settle(
+            &machine(1),
+            s,
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(s.phase, Some(MachinePhase::Updating));
+    }
+
+    #[test]
+    fn failures_are_recorded_and_cleared_by_the_next_generation() {
+        let view = MachineView {
+            call_error: Some((Call::Validate, CallError::InvalidConfig("size".into()))),
+            ..Default::default()
+        };
+        let failed = Outcome::Failed {
+            reason: "InvalidConfiguration".into(),
+            message: "spec.provider.config: size".into(),
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            None,
+            None,
+            &failed,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(s.failure_reason.as_deref(), Some("InvalidConfiguration"));
+        assert_eq!(s.phase, Some(MachinePhase::Failed));
+        assert_eq!(condition(&s, CONFIG_VALID), ("False", "InvalidConfig"));
+        // Generation 2 validates: the failure is gone.
+        let view = MachineView {
+            validated: true,
+            ..Default::default()
+        };
+        let retrying = Outcome::Retrying {
+            reason: "ProviderRetrying".into(),
+            message: "busy".into(),
+        };
+        let s = settle(&machine(2), s, &view, None, None, &retrying, &now()).unwrap();
+        assert_eq!(
+            (s.failure_reason.as_deref(), s.observed_generation),
+            (None, Some(2))
+        );
+        assert_eq!(condition(&s, CONFIG_VALID), ("True", "Valid"));
+        assert_eq!(
+            condition(&s, INSTANCE_PROVISIONED),
+            ("False", "ProviderRetrying")
+        );
+    }
+
+    #[test]
+    fn deletion_records_where_the_drain_is_and_nothing_is_written_for_an_unchanged_pass() {
+        let holding = Outcome::Deleting {
+            reason: "DrainingNode",
+            message: "evicting 1 pod".into(),
+            instance: None,
+            drain_ended: false,
+            drain_skipped: None,
+        };
+        let view = MachineView {
+            deleting: true,
+            ..Default::default()
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            None,
+            None,
+            &holding,
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(s.phase, Some(MachinePhase::Deleting));
+        assert_eq!(condition(&s, DELETING), ("True", "DrainingNode"));
+        assert!(s.deletion.is_none_or(|d| d.node_drain_end_time.is_none()));
+        let past = Outcome::Deleting {
+            reason: "WaitingForInfrastructureDeletion",
+            message: "deleting the instance".into(),
+            instance: Some(("Deleting", "the provider is deleting the instance".into())),
+            drain_ended: true,
+            drain_skipped: None,
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            None,
+            None,
+            &past,
+            &now(),
+        )
+        .unwrap();
+        assert!(s.deletion.unwrap().node_drain_end_time.is_some());
+        assert_eq!(condition_of_none(&view), None);
+    }
+
+    fn condition_of_none(view: &MachineView) -> Option<MachineStatus> {
+        settle(
+            &machine(1),
+            MachineStatus::default(),
+            view,
+            None,
+            None,
+            &Outcome::Unchanged,
+            &now(),
+        )
+    }
+}

@@ -1,0 +1,315 @@
+//! The Machine's in-place update step: record the plan in its status
+//! before the first `update` call, call each updater until it reports done
+//! (honouring `retry-after`), resume from the recorded steps after a
+//! restart. A failure stops there with `Updating=False` / `UpdateFailed`;
+//! nothing is rolled back. Start with [`advance`]; the end-to-end flow is
+//! in `crate::inplace`.
+
+use crate::inplace::{eligible, machines, plan_machine};
+use capstan_api::machine_conditions::{UP_TO_DATE, UPDATING};
+use capstan_api::{
+    ANNOTATION_IN_PLACE_FROM, InPlaceStep, InPlaceStrategy, InPlaceUpdateStatus, Machine,
+    MachineSpec, MachineStatus, Time, UpdateRecord, set_condition, status as cond,
+};
+use capstan_kit::Kube;
+use capstan_kit::provider::{ProviderError, timed};
+use capstan_kit::registry::Updaters;
+use capstan_runtime::types::UpdateProgress;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use std::time::Duration;
+
+/// Provenance entries kept per machine.
+const MAX_UPDATE_RECORDS: usize = 20;
+
+/// What [`advance`] left the machine at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Advance {
+    /// Call again after this long.
+    Wait(Duration),
+    /// Every step is done: the annotation may go.
+    Done,
+    /// The update failed; nothing more happens until the machine is deleted.
+    Failed,
+}
+
+/// One pass of a machine's in-place update: plan it (recorded before any
+/// `update` call), or run the first step not done yet.
+pub(crate) async fn advance(
+    kube: &Kube,
+    updaters: &Updaters,
+    machine: &Machine,
+    status: &mut MachineStatus,
+    t: &Time,
+) -> Advance {
+    let generation = machine.metadata.generation.unwrap_or(0);
+    let previous: MachineSpec = match machine
+        .annotations()
+        .get(ANNOTATION_IN_PLACE_FROM)
+        .map(|text| serde_json::from_str(text))
+    {
+        Some(Ok(spec)) => spec,
+        Some(Err(e)) => {
+            return fail(
+                status,
+                generation,
+                t,
+                format!("annotation {ANNOTATION_IN_PLACE_FROM} is not a machine spec: {e}"),
+            );
+        }
+        None => return Advance::Done,
+    };
+    let planned = status
+        .in_place_update
+        .as_ref()
+        .is_some_and(|u| u.generation == generation);
+    if !planned {
+        let namespace = machine.namespace().unwrap_or_default();
+        let updaters = eligible(kube, updaters, &owner_policy(kube, machine), &namespace);
+        let plan = match plan_machine(kube, machine, &previous, &machine.spec, &updaters).await {
+            Ok(plan) => plan,
+            Err(message) => {
+                set_progress(status, generation, t, format!("planning: {message}"));
+                return Advance::Wait(Duration::from_secs(5));
+            }
+        };
+        status.in_place_update = Some(InPlaceUpdateStatus {
+            generation,
+            start_time: Some(t.clone()),
+            steps: plan
+                .steps
+                .iter()
+                .map(|s| InPlaceStep {
+                    updater: s.updater.clone(),
+                    fields: s.fields.clone(),
+                    state: "Pending".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            unclaimed: plan.unclaimed.clone(),
+        });
+        if !plan.unclaimed.is_empty() {
+            return fail(
+                status,
+                generation,
+                t,
+                format!(
+                    "no active updater claims {}; delete the machine to replace it",
+                    plan.unclaimed.join(", ")
+                ),
+            );
+        }
+        let summary: Vec<String> = plan
+            .steps
+            .iter()
+            .map(|s| format!("{} ({})", s.updater, s.fields.join(", ")))
+            .collect();
+        set_progress(
+            status,
+            generation,
+            t,
+            format!("planned: {}", summary.join(", then ")),
+        );
+        // The plan is written before any updater runs.
+        return Advance::Wait(Duration::from_millis(1));
+    }
+    if update_failed_in(status) {
+        return Advance::Failed;
+    }
+    let (before, after) = machines(machine, &previous, &machine.spec);
+    let total = status.in_place_update.as_ref().map_or(0, |u| u.steps.len());
+    loop {
+        let update = status.in_place_update.as_mut().expect("planned above");
+        let Some(index) = update.steps.iter().position(|s| s.state != "Done") else {
+            set_condition(
+                &mut status.conditions,
+                UPDATING,
+                cond::FALSE,
+                "InPlaceUpdated",
+                "",
+                Some(generation),
+                t,
+            );
+            set_condition(
+                &mut status.conditions,
+                UP_TO_DATE,
+                cond::TRUE,
+                "UpToDate",
+                "",
+                Some(generation),
+                t,
+            );
+            return Advance::Done;
+        };
+        let step = update.steps[index].clone();
+        // Checked again at every step: the namespace may have been taken
+        // off the Plugin since the plan was made.
+        let namespace = machine.namespace().unwrap_or_default();
+        if let Some(message) = capstan_kit::registry::not_allowed(kube, &step.updater, &namespace) {
+            set_progress(status, generation, t, message);
+            return Advance::Wait(Duration::from_secs(15));
+        }
+        let Some(registered) = updaters.get(&step.updater) else {
+            let message = format!("waiting for updater {} to be active", step.updater);
+            set_progress(status, generation, t, message);
+            return Advance::Wait(Duration::from_secs(5));
+        };
+        let result = timed(&kube.metrics, &step.updater, "update", async {
+            Ok(registered
+                .plugin
+                .update(&before, &after, &step.fields)
+                .await?)
+        })
+        .await;
+        let step_mut = &mut update.steps[index];
+        step_mut.digest = Some(registered.digest().to_string());
+        let label = format!(
+            "step {} of {total}, {} ({})",
+            index + 1,
+            step.updater,
+            step.fields.join(", ")
+        );
+        // The updater's words go into conditions and events: bounded.
+        let bound = |m: &str| capstan_api::bounded(m, capstan_api::MAX_PLUGIN_TEXT);
+        let result = result.map(|progress| match progress {
+            UpdateProgress::InProgress(mut p) => {
+                p.message = p.message.as_deref().map(bound);
+                UpdateProgress::InProgress(p)
+            }
+            UpdateProgress::Failed(message) => UpdateProgress::Failed(bound(&message)),
+            done => done,
+        });
+        match result {
+            Ok(UpdateProgress::Done) => {
+                step_mut.state = "Done".into();
+                step_mut.percent = Some(100);
+                step_mut.message = None;
+                status.updated_by.push(UpdateRecord {
+                    updater: step.updater.clone(),
+                    digest: registered.digest().to_string(),
+                    fields: step.fields.clone(),
+                    generation,
+                    time: Some(t.clone()),
+                });
+                let excess = status.updated_by.len().saturating_sub(MAX_UPDATE_RECORDS);
+                status.updated_by.drain(..excess);
+            }
+            Ok(UpdateProgress::InProgress(progress)) => {
+                step_mut.state = "Updating".into();
+                step_mut.percent = progress.percent.map(|p| p.min(100));
+                step_mut.message = progress.message.clone();
+                let percent = progress
+                    .percent
+                    .map(|p| format!("{}% ", p.min(100)))
+                    .unwrap_or_default();
+                let detail = progress.message.unwrap_or_default();
+                set_progress(status, generation, t, format!("{label}: {percent}{detail}"));
+                let wait = Duration::from_millis(progress.retry_after_ms.clamp(100, 60_000));
+                return Advance::Wait(wait);
+            }
+            Ok(UpdateProgress::Failed(message)) => {
+                step_mut.state = "Failed".into();
+                step_mut.message = Some(message.clone());
+                return fail(status, generation, t, format!("{label}: {message}"));
+            }
+            Err(ProviderError::Transient {
+                message,
+                retry_after,
+            }) => {
+                step_mut.message = Some(message.clone());
+                set_progress(
+                    status,
+                    generation,
+                    t,
+                    format!("{label}: {message} (retrying)"),
+                );
+                return Advance::Wait(
+                    retry_after.clamp(Duration::from_millis(100), Duration::from_secs(60)),
+                );
+            }
+            Err(ProviderError::Unauthorized(message)) => {
+                // An admin can fix credentials without touching the machine.
+                step_mut.message = Some(format!("unauthorized: {message}"));
+                set_progress(
+                    status,
+                    generation,
+                    t,
+                    format!("{label}: unauthorized: {message}; fix the Plugin's credential grant"),
+                );
+                return Advance::Wait(Duration::from_secs(30));
+            }
+            Err(error) => {
+                step_mut.state = "Failed".into();
+                step_mut.message = Some(error.to_string());
+                return fail(status, generation, t, format!("{label}: {error}"));
+            }
+        }
+    }
+}
+
+fn update_failed_in(status: &MachineStatus) -> bool {
+    status
+        .in_place_update
+        .as_ref()
+        .is_some_and(|u| !u.unclaimed.is_empty() || u.steps.iter().any(|s| s.state == "Failed"))
+}
+
+/// The in-place policy of the set that owns the machine (every active
+/// updater when it has none).
+fn owner_policy(kube: &Kube, machine: &Machine) -> InPlaceStrategy {
+    let namespace = machine.namespace().unwrap_or_default();
+    machine
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "MachineSet")
+        .and_then(|o| {
+            kube.stores
+                .machine_sets
+                .get(&ObjectRef::new(&o.name).within(&namespace))
+        })
+        .and_then(|set| set.spec.in_place.clone())
+        .unwrap_or_default()
+}
+
+fn set_progress(status: &mut MachineStatus, generation: i64, t: &Time, message: String) {
+    set_condition(
+        &mut status.conditions,
+        UPDATING,
+        cond::TRUE,
+        "InPlaceUpdating",
+        message,
+        Some(generation),
+        t,
+    );
+    set_condition(
+        &mut status.conditions,
+        UP_TO_DATE,
+        cond::FALSE,
+        "InPlaceUpdating",
+        "",
+        Some(generation),
+        t,
+    );
+}
+
+fn fail(status: &mut MachineStatus, generation: i64, t: &Time, message: String) -> Advance {
+    set_condition(
+        &mut status.conditions,
+        UPDATING,
+        cond::FALSE,
+        "UpdateFailed",
+        message.clone(),
+        Some(generation),
+        t,
+    );
+    set_condition(
+        &mut status.conditions,
+        UP_TO_DATE,
+        cond::FALSE,
+        "UpdateFailed",
+        message,
+        Some(generation),
+        t,
+    );
+    Advance::Failed
+}

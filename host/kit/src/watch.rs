@@ -1,0 +1,258 @@
+//! The shared watches every controller reads from: one reflected watch per
+//! kind ([`Shared`]), all of them together in [`Watches`], which checks the
+//! CRDs are there, hands out [`Stores`] and subscriptions, and marks the
+//! controllers ready once every watch has listed.
+
+use crate::{Error, Metrics, Stores};
+use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use std::sync::Arc;
+
+/// A shared, reflected watch of one kind: the store and a way to subscribe.
+pub struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    writer: Option<reflector::store::Writer<K>>,
+    api: Api<K>,
+    /// Objects that left the cache. kube-runtime's shared streams pass
+    /// applied objects on but not deleted ones, and a relist drops vanished
+    /// objects silently; both reach subscribers of [`Shared::deletions`].
+    deleted: tokio::sync::broadcast::Sender<Arc<K>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> std::fmt::Debug for Shared<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("kind", &K::kind(&()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    fn new(api: Api<K>) -> Self {
+        let (store, writer) = reflector::store_shared(1024);
+        let (deleted, _) = tokio::sync::broadcast::channel(1024);
+        Shared {
+            store,
+            writer: Some(writer),
+            api,
+            deleted,
+        }
+    }
+
+    /// The cache.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Every object deleted from now on (by a watch event, or found gone
+    /// when the watch relisted). A subscriber that falls more than 1,024
+    /// deletions behind skips the oldest; the periodic resync covers those.
+    pub fn deletions(&self) -> impl Stream<Item = Arc<K>> + Send + use<K> {
+        futures::stream::unfold(self.deleted.subscribe(), |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(object) => return Some((object, rx)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(skipped)) => {
+                        tracing::warn!(skipped, "deletion subscriber fell behind");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
+
+    /// Every change from now on (until the watches start).
+    pub fn subscribe(&self) -> ReflectHandle<K> {
+        self.writer
+            .as_ref()
+            .and_then(|w| w.subscribe())
+            .expect("a shared store can be subscribed to until it starts")
+    }
+
+    /// The reflector task's stream; must be polled for subscribers to see
+    /// events. `listed` counts watches that completed their first list.
+    fn start(
+        &mut self,
+        name: &'static str,
+        listed: Arc<Listed>,
+    ) -> impl Stream<Item = ()> + Send + use<K> {
+        let writer = self.writer.take().expect("started once");
+        let mut first = true;
+        let deleted = self.deleted.clone();
+        let store = self.store.clone();
+        // What the cache held when a relist began: whatever of it the
+        // relist does not bring back was deleted while the watch was down.
+        let mut before_relist: Vec<Arc<K>> = Vec::new();
+        watcher(self.api.clone(), watcher::Config::default().any_semantic())
+            .default_backoff()
+            .reflect_shared(writer)
+            .filter_map(move |event| {
+                match event {
+                    Err(error) => tracing::warn!(watch = name, %error, "watch error; retrying"),
+                    Ok(watcher::Event::Delete(object)) => {
+                        let _ = deleted.send(Arc::new(object));
+                    }
+                    Ok(watcher::Event::Init) if !first => before_relist = store.state(),
+                    Ok(watcher::Event::InitDone) if first => {
+                        first = false;
+                        tracing::debug!(watch = name, "listed");
+                        listed.one_more();
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        for object in std::mem::take(&mut before_relist) {
+                            let gone = store
+                                .get(&ObjectRef::from_obj(object.as_ref()))
+                                .is_none_or(|now| now.meta().uid != object.meta().uid);
+                            if gone {
+                                let _ = deleted.send(object);
+                            }
+                        }
+                    }
+                    Ok(_) => {}
+                }
+                futures::future::ready(None)
+            })
+    }
+
+    /// Fail early and clearly when the kind's CRD is missing or not
+    /// readable.
+    async fn check(&self, crd: &str) -> Result<(), Error> {
+        match self.api.list_metadata(&Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                tracing::error!(%error, "cannot list {crd}");
+                Err(Error::Watch(crd.to_string()))
+            }
+        }
+    }
+}
+
+/// Counts watches that completed their first list and marks the
+/// controllers ready when all have.
+struct Listed {
+    remaining: std::sync::atomic::AtomicUsize,
+    metrics: Metrics,
+}
+
+impl Listed {
+    fn one_more(&self) {
+        if self
+            .remaining
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.metrics.set_ready(true);
+            tracing::info!("caches synced; controllers ready");
+        }
+    }
+}
+
+/// Every watch the controllers share. Subscribe first, then [`start`].
+///
+/// [`start`]: Watches::start
+#[derive(Debug)]
+pub struct Watches {
+    /// Plugins.
+    pub plugins: Shared<Plugin>,
+    /// Machines.
+    pub machines: Shared<Machine>,
+    /// MachineSets.
+    pub machine_sets: Shared<MachineSet>,
+    /// MachineDeployments.
+    pub deployments: Shared<MachineDeployment>,
+    /// Nodes.
+    pub nodes: Shared<Node>,
+    /// MachineHealthChecks.
+    pub health_checks: Shared<MachineHealthCheck>,
+    /// Addons.
+    pub addons: Shared<Addon>,
+    /// Namespaces.
+    pub namespaces: Shared<Namespace>,
+}
+
+impl Watches {
+    /// The watches, after checking that Capstan's CRDs can be listed (an
+    /// error names the first that cannot).
+    pub async fn new(client: &Client) -> Result<Self, Error> {
+        let watches = Watches {
+            plugins: Shared::new(Api::all(client.clone())),
+            machines: Shared::new(Api::all(client.clone())),
+            machine_sets: Shared::new(Api::all(client.clone())),
+            deployments: Shared::new(Api::all(client.clone())),
+            nodes: Shared::new(Api::all(client.clone())),
+            health_checks: Shared::new(Api::all(client.clone())),
+            addons: Shared::new(Api::all(client.clone())),
+            namespaces: Shared::new(Api::all(client.clone())),
+        };
+        watches.plugins.check("plugins.capstan.dev").await?;
+        watches.machines.check("machines.capstan.dev").await?;
+        watches
+            .machine_sets
+            .check("machinesets.capstan.dev")
+            .await?;
+        watches
+            .deployments
+            .check("machinedeployments.capstan.dev")
+            .await?;
+        watches
+            .health_checks
+            .check("machinehealthchecks.capstan.dev")
+            .await?;
+        watches.addons.check("addons.capstan.dev").await?;
+        Ok(watches)
+    }
+
+    /// The caches.
+    pub fn stores(&self) -> Stores {
+        Stores {
+            plugins: self.plugins.store(),
+            machines: self.machines.store(),
+            machine_sets: self.machine_sets.store(),
+            deployments: self.deployments.store(),
+            nodes: self.nodes.store(),
+            health_checks: self.health_checks.store(),
+            addons: self.addons.store(),
+            namespaces: self.namespaces.store(),
+        }
+    }
+
+    /// Start every watch on a task; `metrics` is marked ready once all have
+    /// listed. Abort the task to stop them.
+    pub fn start(&mut self, metrics: &Metrics) -> tokio::task::JoinHandle<()> {
+        let listed = Arc::new(Listed {
+            remaining: std::sync::atomic::AtomicUsize::new(8),
+            metrics: metrics.clone(),
+        });
+        let reflectors = futures::stream::select_all([
+            self.plugins.start("plugins", listed.clone()).boxed(),
+            self.machines.start("machines", listed.clone()).boxed(),
+            self.machine_sets
+                .start("machinesets", listed.clone())
+                .boxed(),
+            self.deployments
+                .start("machinedeployments", listed.clone())
+                .boxed(),
+            self.nodes.start("nodes", listed.clone()).boxed(),
+            self.health_checks
+                .start("machinehealthchecks", listed.clone())
+                .boxed(),
+            self.addons.start("addons", listed.clone()).boxed(),
+            self.namespaces.start("namespaces", listed).boxed(),
+        ]);
+        tokio::spawn(reflectors.for_each(|_| async {}))
+    }
+}
