@@ -104,20 +104,13 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
     if grants.objects.is_empty() {
         grants.objects = plugin.plugin().manifest().capabilities.objects.clone();
     }
-    let capstan_controllers::addon::Rendered {
+    let capstan_addons::engine::Rendered {
         resolved,
         objects,
         rewrites,
         ..
-    } = capstan_controllers::addon::render(
-        &plugin,
-        &addon,
-        &grants,
-        false,
-        &args.image_rewrites,
-        None,
-    )
-    .await?;
+    } = capstan_addons::engine::render(&plugin, &addon, &grants, false, &args.image_rewrites, None)
+        .await?;
     let channel = resolved
         .channel
         .map(|c| format!(" (channel {c})"))

@@ -34,10 +34,9 @@ pub mod plugin;
 pub mod rbac;
 pub mod serve;
 
-// The shared plumbing lives in `capstan-kit` and the addon engine in
-// `capstan-addons`; these names stay reachable here for the binaries and
+// The shared plumbing lives in `capstan-kit` (the addon engine in
+// `capstan-addons`); these names stay reachable here for the binaries and
 // tests that start the controllers.
-pub use capstan_addons::engine as addon;
 pub use capstan_kit::{
     Error, FIELD_MANAGER, MachineProvider, Metrics, ProviderError, Providers, Registered, ScopeApi,
     Stores, WasmProvider, leader, metrics, provider, ratelimit, registry,

@@ -77,6 +77,29 @@ impl std::fmt::Debug for Stores {
     }
 }
 
+/// A kind Capstan reads and writes: a typed object of either scope.
+pub trait Kind:
+    Resource<DynamicType = (), Scope: ScopeApi>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Kind for K where
+    K: Resource<DynamicType = (), Scope: ScopeApi>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Build an `Api` for namespaced or cluster-scoped kinds alike.
 pub trait ScopeApi {
     /// The API handle for an object of this scope.

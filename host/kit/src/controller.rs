@@ -4,7 +4,7 @@
 //! error metrics, no decision from a half-listed cache, a retry after a
 //! failure, graceful shutdown and logging.
 
-use crate::{Kube, Metrics, key_of};
+use crate::{Kind, Kube, Metrics, key_of};
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::Controller;
@@ -66,13 +66,7 @@ pub async fn run<K, C, E, Fut, R>(
     watches: impl FnOnce(Controller<K>) -> Controller<K>,
     reconcile: R,
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Kind,
     C: AsRef<Kube> + Send + Sync + 'static,
     E: std::error::Error + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,

@@ -35,7 +35,7 @@ pub mod watch;
 pub mod write;
 
 pub use conditions::Conditions;
-pub use context::{Kube, ScopeApi, Stores};
+pub use context::{Kind, Kube, ScopeApi, Stores};
 pub use expectations::{Expectations, Seen};
 pub use metrics::Metrics;
 pub use objects::{key_of, merge_patch, now, paused};

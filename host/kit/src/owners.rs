@@ -2,7 +2,7 @@
 //! a controller puts on what it creates, and adopting an orphan (only as
 //! the cache saw it, so a concurrent change is never overwritten).
 
-use crate::{Error, Kube, key_of, kube_err};
+use crate::{Error, Kind, Kube, key_of, kube_err};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -66,7 +66,7 @@ pub async fn adopt<K, O>(
     orphan: &K,
 ) -> Result<bool, Error>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Kind,
     O: Resource<DynamicType = ()>,
 {
     let mut owners = orphan.owner_references().to_vec();
@@ -112,7 +112,7 @@ pub async fn claim<K, O>(
     candidates: impl IntoIterator<Item = std::sync::Arc<K>>,
 ) -> Result<Option<Vec<std::sync::Arc<K>>>, Error>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Kind,
     O: Resource<DynamicType = ()>,
 {
     let namespace = owner.meta().namespace.clone();

@@ -3,7 +3,7 @@
 //! CRDs are there, hands out [`Stores`] and subscriptions, and marks the
 //! controllers ready once every watch has listed.
 
-use crate::{Error, Metrics, Stores};
+use crate::{Error, Kind, Metrics, Stores};
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -34,13 +34,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> std::fmt::Debug for Shared
 
 impl<K> Shared<K>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Kind,
 {
     fn new(api: Api<K>) -> Self {
         let (store, writer) = reflector::store_shared(1024);

@@ -4,9 +4,9 @@
 //! resourceVersion read) and Events. Each write is counted in
 //! `capstan_api_writes_total{controller,verb}`.
 
-use crate::{Error, FIELD_MANAGER, Kube, REPORTING_CONTROLLER, ScopeApi, key_of, kube_err};
+use crate::{Error, FIELD_MANAGER, Kind, Kube, REPORTING_CONTROLLER, ScopeApi, key_of, kube_err};
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
 /// Apply `status` to an object's status subresource with server-side apply,
@@ -20,8 +20,7 @@ pub async fn apply_status<K, S>(
     status: &S,
 ) -> Result<bool, Error>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    K::Scope: ScopeApi,
+    K: Kind,
     S: Serialize + PartialEq,
 {
     if current == Some(status) {
@@ -56,8 +55,7 @@ pub async fn add_finalizer<K>(
     finalizer: &str,
 ) -> Result<bool, Error>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    K::Scope: ScopeApi,
+    K: Kind,
 {
     if obj.finalizers().iter().any(|f| f == finalizer) {
         return Ok(false);
@@ -77,8 +75,7 @@ pub async fn remove_finalizer<K>(
     finalizer: &str,
 ) -> Result<bool, Error>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    K::Scope: ScopeApi,
+    K: Kind,
 {
     if !obj.finalizers().iter().any(|f| f == finalizer) {
         return Ok(false);
@@ -103,8 +100,7 @@ async fn set_finalizers<K>(
     finalizers: Vec<String>,
 ) -> Result<(), Error>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    K::Scope: ScopeApi,
+    K: Kind,
 {
     let api: Api<K> = K::Scope::api(kube.client.clone(), obj.namespace().as_deref());
     let patch = serde_json::json!({

@@ -9,7 +9,7 @@
 //! `InsufficientCapacity`, a stock-out), and a required bearer token.
 //!
 //! Start with [`SimCloud::start`]; the HTTP API is described on `router`
-//! below (and in the README).
+//! below (and in the README's configuration reference).
 //! State is computed from timestamps when read. With a Kubernetes API
 //! configured ([`SimCloudConfig::kube`]), the [`kubelet`] module acts as the
 //! kubelet of a Node per instance: it registers the Node once the instance

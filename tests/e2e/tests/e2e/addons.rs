@@ -5,8 +5,8 @@
 //! as the target; and the air gap: the addon plugin from a signed bundle on
 //! a mirror registry, its images rewritten to a mirror.
 
+use capstan_addons::engine::{APPLIED, HEALTHY};
 use capstan_api::{Addon, AddonSpec, AddonStatus, Plugin, PluginGrants, PluginSpec, condition};
-use capstan_controllers::addon::{APPLIED, HEALTHY};
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
 use capstan_e2e::env::{Env, eventually};

@@ -1,14 +1,14 @@
 //! Who may make Capstan act, tried as an attacker would. The controllers
 //! run under the ServiceAccount `capstan install` generates (plus a
-//! ClusterRole for the kinds the addon Plugins are granted, as the README
+//! ClusterRole for the kinds the addon Plugins are granted, as docs/addons.md
 //! tells an admin to bind); the tenant `alice` has a Role in `team-a` only
 //! and acts through impersonation, so only her own RBAC applies. Each
 //! refusal is a condition with its reason, and the objects it would have
 //! touched keep their resourceVersions; plugin calls are counted.
 
 use crate::logs;
+use capstan_addons::engine::APPLIED;
 use capstan_api::{Addon, AddonStatus, Machine, Plugin, PluginSpec, condition};
-use capstan_controllers::addon::APPLIED;
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::env::{CAPSTAN_NAMESPACE, Env, SIM_PLUGIN, sample_deployment};
 use capstan_e2e::install::{client_as, controller_config, kubectl_apply, make_tenant};
@@ -63,7 +63,7 @@ fn coredns() -> PluginSpec {
     }))
 }
 
-/// What the README asks an admin to bind for the granted addon kinds: a
+/// What docs/addons.md asks an admin to bind for the granted addon kinds: a
 /// role over `rules`, cluster-wide (`namespace` None) or in one namespace.
 fn addon_rbac(namespace: Option<&str>, rules: Value) -> Vec<Value> {
     let (role, binding) = match namespace {

@@ -1,0 +1,563 @@
+//! The Plugin controller: fetch each plugin (a local file, or an OCI
+//! artifact resolved, verified and pulled through `capstan-registry`), check
+//! that its grants cover every capability it declares (HTTP destinations,
+//! credential slots, object kinds), load it into the sandbox, and register
+//! it as a provider, an in-place updater or an addon plugin.
+//!
+//! Order matters and never changes: resolve the manifest → check grants
+//! against the declared capabilities (read from the manifest, before any
+//! download) → verify signatures (cached by digest) → download the
+//! component (digest-checked, cached) → compile (cached) → swap. A revision
+//! that fails any step is not activated; the previous one keeps serving and
+//! `UpToDate=False` says exactly why.
+//!
+//! Revocation is immediate: credential Secrets are watched, and a serving
+//! revision whose grants were narrowed, or whose credential Secret was
+//! deleted, is either registered again with what is still granted or
+//! stops serving (`Ready=False`) in the same reconcile — never left serving
+//! with what it was granted before.
+
+use capstan_addons::engine::{Addons, RegisteredAddon};
+use capstan_api::{Plugin, PluginStatus, status};
+use capstan_kit::controller::Spec;
+use capstan_kit::provider::{Providers, Registered, WasmProvider};
+use capstan_kit::registry::{RegisteredUpdater, Updaters};
+use capstan_kit::write::{apply_status, record_event};
+use capstan_kit::{Conditions, Error, Kube, now};
+use capstan_registry::policy::TrustPolicy;
+use capstan_registry::verify::Puller;
+use capstan_runtime::{Grants, Limits, World};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+mod fetch;
+mod grants;
+
+use fetch::{Found, fetch_verified, find};
+use grants::{
+    check_field_ownership, granted_update_fields, grants, grants_fingerprint, revoke,
+    serving_fingerprint,
+};
+
+const CONTROLLER: &str = "plugin";
+/// The condition type on a Plugin: a revision is serving.
+pub const READY: &str = "Ready";
+/// The condition type on a Plugin: the serving revision is the one the spec names.
+pub const UP_TO_DATE: &str = "UpToDate";
+
+/// How `oci://` sources are fetched and whom they must be signed by.
+#[derive(Debug)]
+pub struct Supply {
+    /// Registry client, blob and verification cache, mirrors.
+    pub puller: Puller,
+    /// The host's trust policy (`--trust-policy`): every source needs a
+    /// rule in it (a Plugin's `spec.verification` only adds to that rule).
+    pub policy: Option<TrustPolicy>,
+}
+
+/// What identifies a loaded revision: the OCI manifest digest for `oci://`
+/// sources, the component digest for files.
+pub(crate) type Revision = String;
+
+pub(crate) type Failure = (&'static str, String);
+
+/// What the Plugin controller works with: the sandbox, the registries it
+/// fills, and how it fetches and trusts plugins.
+pub(crate) struct Context {
+    kube: Kube,
+    /// The sandbox plugins load into (`None` runs only built-in providers).
+    runtime: Option<capstan_runtime::Runtime>,
+    providers: Providers,
+    updaters: Updaters,
+    addons: Addons,
+    /// Activating an updater checks its fields against the others and
+    /// registers it as one step.
+    updater_activation: tokio::sync::Mutex<()>,
+    /// Plugins loaded so far: name → (generation, revision), so an idle
+    /// reconcile does not reload.
+    loaded: std::sync::Mutex<std::collections::HashMap<String, (i64, Revision)>>,
+    /// Registry access and trust for `oci://` sources.
+    supply: Option<Arc<Supply>>,
+    /// `file://` directories whose plugins load unsigned.
+    unsigned_plugin_dirs: Vec<capstan_registry::Scope>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("plugin::Context").finish_non_exhaustive()
+    }
+}
+
+impl AsRef<Kube> for Context {
+    fn as_ref(&self) -> &Kube {
+        &self.kube
+    }
+}
+
+impl Context {
+    /// The Plugin controller's context: it registers what it loads in
+    /// `providers`, `updaters` and `addons`.
+    pub(crate) fn new(
+        kube: Kube,
+        runtime: Option<capstan_runtime::Runtime>,
+        providers: Providers,
+        updaters: Updaters,
+        addons: Addons,
+        options: &crate::Options,
+    ) -> Self {
+        Context {
+            kube,
+            runtime,
+            providers,
+            updaters,
+            addons,
+            updater_activation: tokio::sync::Mutex::default(),
+            loaded: std::sync::Mutex::default(),
+            supply: options.supply.clone(),
+            unsigned_plugin_dirs: options.unsigned_plugin_dirs.clone(),
+        }
+    }
+}
+
+pub(crate) async fn controller(
+    plugins: ReflectHandle<Plugin>,
+    ctx: Arc<Context>,
+    concurrency: u16,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let secrets: Api<Secret> = match &ctx.kube.secrets_namespace {
+        Some(ns) => Api::namespaced(ctx.kube.client.clone(), ns),
+        None => Api::all(ctx.kube.client.clone()),
+    };
+    let store = ctx.kube.stores.plugins.clone();
+    let by_secret = store.clone();
+    // A credential Secret changed or deleted: its Plugins at once.
+    let watches = move |controller: Controller<Plugin>| {
+        controller.watches(
+            secrets,
+            kube::runtime::watcher::Config::default(),
+            move |secret: Secret| {
+                let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+                by_secret
+                    .state()
+                    .into_iter()
+                    .filter(|p| {
+                        p.spec
+                            .grants
+                            .credentials
+                            .iter()
+                            .any(|c| c.secret_ref.namespace == ns && c.secret_ref.name == name)
+                    })
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+    };
+    let spec = Spec::new(CONTROLLER, plugins, store, concurrency);
+    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
+}
+
+/// One pass over a Plugin: its grants first (what an admin narrowed is
+/// taken away now), then load the revision the spec names if it changed,
+/// revoke what may no longer serve, and write the status once.
+async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = plugin.name_any();
+    let generation = plugin.metadata.generation.unwrap_or(0);
+    let mut status = plugin.status.clone().unwrap_or_default();
+    let current = plugin.status.clone();
+    status.observed_generation = Some(generation);
+    // Grants first, every time: what an admin narrowed or deleted is
+    // taken away in this reconcile, whatever happens to the revision.
+    let granted = grants(&plugin, &ctx).await;
+    let fingerprint = match &granted {
+        Ok((_, secret_versions)) => Some(grants_fingerprint(&plugin, secret_versions)),
+        // A transient read error says nothing about what is granted.
+        Err((reason, _)) if *reason == "CredentialUnavailable" => serving_fingerprint(&ctx, &name),
+        Err(_) => None,
+    };
+    let outcome = match granted {
+        Ok((g, _)) => {
+            let fingerprint = fingerprint.clone().unwrap_or_default();
+            load(&plugin, &ctx, &name, generation, g, fingerprint).await
+        }
+        Err(f) => Err(f),
+    };
+    if outcome.is_err() && serving_fingerprint(&ctx, &name) != fingerprint {
+        revoke(&ctx, &name);
+    }
+    let at = (Some(generation), now());
+    // What `kubectl describe plugin` should tell, if this reconcile changes
+    // the status: a revision activated, or one refused.
+    let (settled, event) = match outcome {
+        Ok(Some(loaded)) => (true, Some(activated(&mut status, &plugin, loaded, &at))),
+        // Unchanged: the serving revision is still the spec's.
+        Ok(None) => (true, None),
+        Err((reason, message)) => {
+            let serving = serving_fingerprint(&ctx, &name).is_some();
+            tracing::warn!(plugin = %name, reason, %message, serving, "plugin revision not activated");
+            let event = refused(&mut status, reason, message, serving, &at);
+            (false, Some(event))
+        }
+    };
+    if settled {
+        Conditions::new(&mut status.conditions, at.0, &at.1).set(
+            UP_TO_DATE,
+            status::TRUE,
+            "Active",
+            "the revision the spec names is serving",
+        );
+    }
+    let changed = apply_status(
+        &ctx.kube,
+        CONTROLLER,
+        plugin.as_ref(),
+        current.as_ref(),
+        &status,
+    )
+    .await?;
+    if let Some((type_, reason, note)) = event.filter(|_| changed) {
+        let object = plugin.object_ref(&());
+        record_event(&ctx.kube, CONTROLLER, &object, type_, reason, note).await;
+    }
+    Ok(Action::requeue(if settled {
+        ctx.kube.resync
+    } else {
+        Duration::from_secs(30)
+    }))
+}
+
+/// An Event to record if the status changed: type, reason, note.
+type Note = (EventType, &'static str, String);
+
+/// Record a newly activated revision in the status; the Event that says so.
+fn activated(
+    status: &mut PluginStatus,
+    plugin: &Plugin,
+    loaded: Loaded,
+    (generation, t): &(Option<i64>, capstan_api::Time),
+) -> Note {
+    let serving = loaded
+        .resolved_source
+        .clone()
+        .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, loaded.digest));
+    let signed = if loaded.signers.is_empty() {
+        String::new()
+    } else {
+        format!(", signed by {}", loaded.signers.join(", "))
+    };
+    let note = format!(
+        "now serving {serving} (version {}){signed}; {}",
+        loaded.version, loaded.message
+    );
+    if status.resolved_source != loaded.resolved_source
+        || status.digest.as_ref() != Some(&loaded.digest)
+    {
+        status.previous_source = status
+            .resolved_source
+            .clone()
+            .or_else(|| {
+                status
+                    .digest
+                    .as_ref()
+                    .map(|d| format!("{} ({d})", plugin.spec.source))
+            })
+            .filter(|_| status.digest.is_some());
+    }
+    status.digest = Some(loaded.digest);
+    status.resolved_source = loaded.resolved_source;
+    status.fetched_from = loaded.fetched_from;
+    status.signers = loaded.signers;
+    status.world = Some(loaded.world);
+    status.version = Some(loaded.version);
+    status.contract = Some(loaded.contract);
+    status.declared_http = loaded.declared_http;
+    status.update_fields = loaded.update_fields;
+    status.declared_objects = loaded.declared_objects;
+    Conditions::new(&mut status.conditions, *generation, t).set(
+        READY,
+        status::TRUE,
+        "Loaded",
+        loaded.message,
+    );
+    (EventType::Normal, "Activated", note)
+}
+
+/// Record a refused revision in the status (`UpToDate=False`, and
+/// `Ready=False` too when nothing serves); the Event that says so.
+fn refused(
+    status: &mut PluginStatus,
+    reason: &'static str,
+    message: String,
+    serving: bool,
+    (generation, t): &(Option<i64>, capstan_api::Time),
+) -> Note {
+    let still = status
+        .resolved_source
+        .clone()
+        .or(status.digest.clone())
+        .unwrap_or_default();
+    let mut conditions = Conditions::new(&mut status.conditions, *generation, t);
+    let message = if serving {
+        format!("{message}; still serving {still}")
+    } else {
+        // Nothing serves: the plugin itself is not ready.
+        conditions.set(READY, status::FALSE, reason, message.clone());
+        message
+    };
+    conditions.set(UP_TO_DATE, status::FALSE, reason, message.clone());
+    (EventType::Warning, reason, message)
+}
+
+struct Loaded {
+    digest: String,
+    resolved_source: Option<String>,
+    fetched_from: Option<String>,
+    signers: Vec<String>,
+    world: String,
+    version: String,
+    contract: String,
+    declared_http: Vec<String>,
+    update_fields: Vec<String>,
+    declared_objects: Vec<String>,
+    message: String,
+}
+
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ("LoadFailed", format!("a background task failed: {e}")))
+}
+
+/// Load the plugin if its spec or revision changed. `Ok(None)` means
+/// nothing changed; `Err((reason, message))` is what the conditions show.
+/// In order: find the revision, check its declared capabilities against
+/// the grants (before anything is fetched), verify and fetch it, compile
+/// and load it, register it by world.
+async fn load(
+    plugin: &Plugin,
+    ctx: &Context,
+    name: &str,
+    generation: i64,
+    grants: Grants,
+    fingerprint: String,
+) -> Result<Option<Loaded>, Failure> {
+    let Some(runtime) = ctx.runtime.clone() else {
+        return Err((
+            "NoRuntime",
+            "this host runs without a plugin runtime".to_string(),
+        ));
+    };
+    let found = find(plugin, ctx).await?;
+    // What the revision declares is known from its manifest, so a revision
+    // asking for more than is granted is refused before anything is
+    // fetched. The key holds the grants and the credential Secrets'
+    // versions, so a rotated key or a narrowed grant loads the plugin again.
+    let loaded_key = format!("{}|{fingerprint}", found.revision);
+    let already = ctx.loaded.lock().expect("loaded lock").get(name).cloned();
+    let status_ready = plugin
+        .status
+        .as_ref()
+        .is_some_and(|s| capstan_api::is_true(&s.conditions, READY));
+    if already == Some((generation, loaded_key.clone()))
+        && (ctx.providers.get(name).is_some()
+            || ctx.updaters.get(name).is_some()
+            || ctx.addons.get(name).is_some())
+        && status_ready
+    {
+        return Ok(None);
+    }
+    let (addon_grants, update_fields) = check_declared(plugin, &found, &grants)?;
+    let revision = found.revision.clone();
+    let fetched = fetch_verified(ctx, plugin, found.origin).await?;
+
+    let limits = limits_of(plugin);
+    let source_name = plugin.spec.source.clone();
+    let bytes = fetched.bytes;
+    let loaded = blocking(move || runtime.load(&source_name, &bytes, limits, grants))
+        .await?
+        .map_err(|e| ("LoadFailed", e.to_string()))?;
+    let manifest = loaded.manifest().clone();
+    let digest = loaded.digest().to_string();
+    let (message, compiled) = match loaded.load_path() {
+        capstan_runtime::LoadPath::Compiled => ("compiled and loaded".to_string(), "ok"),
+        capstan_runtime::LoadPath::Cached => ("loaded from the code cache".to_string(), "cached"),
+    };
+    ctx.kube.metrics.artifact_step("compile", compiled);
+    register(
+        ctx,
+        plugin,
+        name,
+        generation,
+        &loaded,
+        &update_fields,
+        addon_grants,
+    )
+    .await?;
+    if manifest.name != name {
+        tracing::info!(plugin = %name, manifest_name = %manifest.name, "the Plugin object's name differs from the manifest's; machines refer to the object's name");
+    }
+    ctx.loaded
+        .lock()
+        .expect("loaded lock")
+        .insert(name.to_string(), (generation, loaded_key));
+    tracing::info!(plugin = %name, %revision, %digest, "plugin loaded");
+    Ok(Some(Loaded {
+        digest,
+        resolved_source: fetched.resolved_source,
+        fetched_from: fetched.fetched_from,
+        signers: fetched.signers,
+        world: format!("{}-plugin", manifest.world.as_str()),
+        version: manifest.version.clone(),
+        contract: manifest.contract.clone(),
+        declared_objects: manifest
+            .capabilities
+            .objects
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        update_fields: update_fields.iter().map(ToString::to_string).collect(),
+        declared_http: manifest.capabilities.http.iter().map(shown_http).collect(),
+        message,
+    }))
+}
+
+/// A declared destination as the status shows it.
+fn shown_http(c: &capstan_manifest::HttpCapability) -> String {
+    let mut shown = c.destination.to_string();
+    if let Some(slot) = &c.credential {
+        shown.push_str(&format!(" (credential {slot})"));
+    }
+    if c.optional {
+        shown.push_str(" (optional)");
+    }
+    shown
+}
+
+/// Whether the grants cover every capability the revision declares
+/// (destinations, object kinds, update fields): its addon grants and the
+/// update fields granted, or `GrantsMissing` naming what is not.
+fn check_declared(
+    plugin: &Plugin,
+    found: &Found,
+    grants: &Grants,
+) -> Result<
+    (
+        capstan_addons::AddonGrants,
+        Vec<capstan_manifest::FieldPattern>,
+    ),
+    Failure,
+> {
+    let addon_grants = capstan_addons::AddonGrants::from_spec(&plugin.spec.grants)
+        .map_err(|e| ("InvalidGrant", e))?;
+    let mut missing = grants.missing(&found.manifest.capabilities.http);
+    missing.extend(capstan_manifest::ungranted_kinds(
+        &found.manifest.capabilities.objects,
+        &addon_grants.objects,
+    ));
+    let update_fields = granted_update_fields(plugin, &found.manifest)?;
+    if !found.manifest.update_fields.is_empty() && update_fields.is_empty() {
+        missing.push(format!(
+            "updateFields {} (spec.grants.updateFields covers none of them)",
+            found
+                .manifest
+                .update_fields
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if !missing.is_empty() {
+        return Err((
+            "GrantsMissing",
+            format!(
+                "revision {} ({} {}) declares capabilities spec.grants does not grant: {}; grant them to activate it",
+                found.revision,
+                found.manifest.name,
+                found.manifest.version,
+                missing.join(", ")
+            ),
+        ));
+    }
+    Ok((addon_grants, update_fields))
+}
+
+/// The sandbox limits a Plugin's `spec.limits` ask for (defaults
+/// elsewhere).
+fn limits_of(plugin: &Plugin) -> Limits {
+    let mut limits = Limits::default();
+    if let Some(mib) = plugin.spec.limits.memory_mib {
+        limits.memory_bytes = mib as usize * 1024 * 1024;
+    }
+    if let Some(n) = plugin.spec.limits.max_requests_in_flight {
+        limits.max_requests_in_flight = n;
+    }
+    if let Some(n) = plugin.spec.limits.max_requests_per_call {
+        limits.max_requests_per_call = n;
+    }
+    if let Some(ms) = plugin.spec.limits.call_timeout_ms {
+        limits.call_timeout = Duration::from_millis(ms);
+    }
+    limits
+}
+
+/// Serve a loaded revision as what its world is: a provider, an updater
+/// (its fields checked against the other updaters' in the same step) or an
+/// addon plugin.
+async fn register(
+    ctx: &Context,
+    plugin: &Plugin,
+    name: &str,
+    generation: i64,
+    loaded: &capstan_runtime::Plugin,
+    update_fields: &[capstan_manifest::FieldPattern],
+    addon_grants: capstan_addons::AddonGrants,
+) -> Result<(), Failure> {
+    match loaded.manifest().world {
+        World::Provider => {
+            let provider = loaded
+                .provider()
+                .map_err(|e| ("LoadFailed", e.to_string()))?;
+            let registered = Registered {
+                provider: Arc::new(WasmProvider::new(provider)),
+                generation: Some(generation),
+            };
+            ctx.providers.insert(name, registered);
+        }
+        World::Updater => {
+            let updater = loaded
+                .updater()
+                .map_err(|e| ("LoadFailed", e.to_string()))?;
+            // Checking and registering is one step, so two overlapping
+            // updaters activated at once cannot both pass.
+            let _one_at_a_time = ctx.updater_activation.lock().await;
+            check_field_ownership(plugin, update_fields, ctx)?;
+            let registered = RegisteredUpdater {
+                plugin: updater,
+                fields: update_fields.to_vec(),
+                order: plugin.spec.update_order,
+            };
+            ctx.updaters.insert(name, registered);
+        }
+        World::Addon => {
+            let addon = loaded.addon().map_err(|e| ("LoadFailed", e.to_string()))?;
+            let grants = addon_grants;
+            ctx.addons.insert(
+                name,
+                RegisteredAddon {
+                    plugin: addon,
+                    grants,
+                },
+            );
+        }
+    }
+    Ok(())
+}
