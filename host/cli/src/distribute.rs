@@ -6,9 +6,8 @@ use crate::options::Output;
 use crate::supply::{Bars, RegistryArgs, TrustArgs, step};
 use anyhow::{Context, bail};
 use capstan_registry::keys::PrivateKey;
-use capstan_registry::policy::{Signer, TrustPolicy};
+use capstan_registry::policy::Signer;
 use capstan_registry::{Reference, artifact, signature};
-use serde::Serialize;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -84,7 +83,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-fn reference(text: &str) -> anyhow::Result<Reference> {
+pub(crate) fn reference(text: &str) -> anyhow::Result<Reference> {
     if !text.starts_with("oci://") {
         bail!("{text:?}: expected an oci://REGISTRY/REPOSITORY[:TAG][@sha256:…] reference");
     }
@@ -470,139 +469,4 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         ),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct SignatureReport {
-    origin: String,
-    /// The policy key that made it, if any.
-    signed_by: Option<String>,
-    /// Why it does not count, if it does not.
-    problem: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct RemoteInspection {
-    reference: String,
-    digest: String,
-    manifest: capstan_registry::oci::Manifest,
-    plugin: capstan_manifest::PluginManifest,
-    signatures: Vec<SignatureReport>,
-    /// `None` without --key/--policy.
-    policy: Option<Verdict>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Verdict {
-    satisfied: bool,
-    signers: Vec<Signer>,
-    /// What failed, when not satisfied.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
-}
-
-/// `capstan plugin inspect oci://…`: the manifest, capabilities and every
-/// signature, without downloading the component.
-pub fn inspect_remote(
-    text: &str,
-    trust: &TrustArgs,
-    registry: &RegistryArgs,
-    output: Output,
-) -> anyhow::Result<ExitCode> {
-    let source = reference(text)?;
-    let mut puller = registry.puller()?;
-    puller.cache = None;
-    let described = puller.describe(&source)?;
-    let candidates = puller.signatures(&source, &described, &[])?;
-    let policy = trust.policy()?;
-    let keys: Vec<(String, capstan_registry::keys::PublicKey)> = policy
-        .as_ref()
-        .map(|p: &TrustPolicy| p.keys().map(|(n, k)| (n.to_string(), k.clone())).collect())
-        .unwrap_or_default();
-    let signatures = candidates
-        .iter()
-        .map(|c| SignatureReport {
-            origin: c.origin.clone(),
-            signed_by: keys
-                .iter()
-                .find(|(_, k)| c.verified_by(k))
-                .map(|(n, _)| n.clone()),
-            problem: match &c.claim {
-                Err(reason) => Some(reason.clone()),
-                Ok(()) if policy.is_some() && !keys.iter().any(|(_, k)| c.verified_by(k)) => {
-                    Some("not made by any key of the policy".into())
-                }
-                Ok(()) => None,
-            },
-        })
-        .collect();
-    let verdict = policy.as_ref().map(|p| {
-        capstan_registry::verify::rule_for(p, &source)
-            .map_err(|e| e.to_string())
-            .and_then(|rule| capstan_registry::policy::evaluate(&rule, &candidates))
-    });
-    let inspection = RemoteInspection {
-        reference: source.pinned(&described.digest).to_string(),
-        digest: described.digest.to_string(),
-        manifest: described.manifest.clone(),
-        plugin: described.plugin.clone(),
-        signatures,
-        policy: verdict.map(|v| match v {
-            Ok(signers) => Verdict {
-                satisfied: true,
-                signers,
-                reason: None,
-            },
-            Err(reason) => Verdict {
-                satisfied: false,
-                signers: Vec::new(),
-                reason: Some(reason),
-            },
-        }),
-    };
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
-        Output::Text => print!("{}", render_remote(&inspection)),
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn render_remote(i: &RemoteInspection) -> String {
-    let m = &i.plugin;
-    let layer = &i.manifest.layers[0];
-    let mut out = format!(
-        "Plugin:     {} {}\nReference:  {}\nDigest:     {}\nComponent:  {} ({} bytes)\nWorld:      {}-plugin\nContract:   {}\n",
-        m.name, m.version, i.reference, i.digest, layer.digest, layer.size, m.world, m.contract
-    );
-    out.push_str(&crate::inspect::render_capabilities(m));
-    out.push_str("Signatures:\n");
-    if i.signatures.is_empty() {
-        out.push_str("  (none: unsigned)\n");
-    }
-    for s in &i.signatures {
-        let status = match (&s.signed_by, &s.problem) {
-            (Some(name), _) => format!("verifies with key {name}"),
-            (None, Some(problem)) => format!("does not count: {problem}"),
-            (None, None) => "not checked (no --key or --policy)".to_string(),
-        };
-        out.push_str(&format!("  {}: {status}\n", s.origin));
-    }
-    match &i.policy {
-        None => out.push_str("Policy:     none given (--key PUB or --policy FILE)\n"),
-        Some(v) if v.satisfied => {
-            let names: Vec<&str> = v.signers.iter().map(|s| s.name.as_str()).collect();
-            out.push_str(&format!(
-                "Policy:     satisfied (signed by {})\n",
-                names.join(", ")
-            ));
-        }
-        Some(v) => out.push_str(&format!(
-            "Policy:     NOT satisfied: {}\n",
-            v.reason.as_deref().unwrap_or_default()
-        )),
-    }
-    out
 }
