@@ -16,12 +16,14 @@
 #![allow(clippy::duplicated_attributes)]
 
 mod addon;
+mod drainrule;
 mod healthcheck;
 mod machine;
 mod plugin;
 mod sets;
 
 pub use addon::*;
+pub use drainrule::*;
 pub use healthcheck::*;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -98,6 +100,13 @@ pub const MACHINE_FINALIZER: &str = "capstan.dev/machine";
 /// Annotation on a Machine: present (any value) means its Node is not
 /// drained before the machine is deleted.
 pub const ANNOTATION_EXCLUDE_NODE_DRAINING: &str = "machine.capstan.dev/exclude-node-draining";
+/// Annotation on a Machine: present (any value) means its deletion does not
+/// wait for the Node's volumes to detach. Cluster API's key.
+pub const ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH: &str =
+    "machine.cluster.x-k8s.io/exclude-wait-for-node-volume-detach";
+/// Cluster API's key for [`ANNOTATION_EXCLUDE_NODE_DRAINING`], honoured too.
+pub const ANNOTATION_EXCLUDE_NODE_DRAINING_CAPI: &str =
+    "machine.cluster.x-k8s.io/exclude-node-draining";
 /// Prefix of pre-drain hook annotations
 /// (`pre-drain.delete.hook.machine.capstan.dev/<name>`): each one holds a
 /// deleting machine before its Node is drained, until it is removed.
@@ -125,6 +134,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         MachineSet::crd(),
         MachineDeployment::crd(),
         MachineHealthCheck::crd(),
+        MachineDrainRule::crd(),
         Addon::crd(),
     ]
 }

@@ -60,6 +60,18 @@ pub struct MachineDeletionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub node_drain_timeout_seconds: Option<i32>,
+    /// Most seconds spent waiting, after the drain, for the Node's volumes
+    /// to detach before the instance is deleted anyway. Unset or 0: wait
+    /// until they are detached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub node_volume_detach_timeout_seconds: Option<i32>,
+    /// Most seconds, counted from the deletion request, that deleting the
+    /// Node object is retried before the machine lets go without it. Unset:
+    /// 10 (Cluster API's default); 0: retry forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub node_deletion_timeout_seconds: Option<i32>,
 }
 
 /// Progress of a machine's deletion.
@@ -74,6 +86,14 @@ pub struct MachineDeletionStatus {
     /// Later passes go on from there instead of draining again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_drain_end_time: Option<crate::Time>,
+    /// When waiting for the Node's volumes to detach started (its timeout
+    /// counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_node_volume_detach_start_time: Option<crate::Time>,
+    /// When the wait for volumes ended: they were detached, or the wait was
+    /// skipped or cut short. Later passes go on from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_volume_detach_end_time: Option<crate::Time>,
 }
 
 /// A reference to a provider plugin plus the configuration it gets.

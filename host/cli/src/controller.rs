@@ -289,7 +289,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         election: args.election.config(&namespace)?,
     };
     match serve::serve(process, shutdown_signal()).await {
-        Ok(()) => Ok(ExitCode::SUCCESS),
+        Ok(()) => {
+            tracing::info!("stopped: exiting");
+            Ok(ExitCode::SUCCESS)
+        }
         Err(e @ capstan_controllers::Error::LeadershipLost(_)) => {
             // Plugin calls still running on blocking threads must not
             // finish their work: leave now, as controller-runtime does.

@@ -179,6 +179,11 @@ fn main() -> ExitCode {
             Command::Addon(addon::Command::Render(args)) => addon::render(args).await,
         }
     });
+    // Every command has awaited its own work by now. What is left are
+    // detached tasks (watches, pooled connections) and, at worst, a
+    // blocking thread stuck in a syscall: none of them may hold up the
+    // exit a supervisor waits for after SIGTERM.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(code) => code,
         Err(e) => {

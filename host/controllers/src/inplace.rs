@@ -191,6 +191,7 @@ mod tests {
         b.failure_domain = Some("zone-b".into());
         b.deletion = Some(capstan_api::MachineDeletionSpec {
             node_drain_timeout_seconds: Some(5),
+            ..Default::default()
         });
         assert_eq!(
             changed_fields(&a, &b),

@@ -1,19 +1,25 @@
 //! Draining a Node before its machine's instance goes: cordon it, then
 //! evict its pods through the Eviction API so PodDisruptionBudgets are
-//! respected, and wait for the evicted pods to be gone. Which pods to evict
-//! and which to wait for is decided by `capstan_planner::deletion`.
+//! respected, and wait for the evicted pods to be gone; then wait for the
+//! Node's volumes to detach. Which pods to evict, in which order, and which
+//! to wait for is decided by `capstan_planner::deletion` from the pods, the
+//! `cluster.x-k8s.io/drain` pod label and the machine's MachineDrainRules.
 //!
 //! Evictions go through [`Evictions`], a client of their own that
 //! does not retry 429s: kube-rs's default client retries a refused
 //! eviction for minutes, which would stall the whole reconcile; here a
 //! refusal is reported on the Machine and retried on the next round.
 
+use capstan_api::{DrainBehavior, LABEL_POD_DRAIN, Machine, MachineDrainRule};
 use capstan_kit::{Error, Kube, kube_err};
-use capstan_planner::deletion::{PodView, plan_drain};
+use capstan_planner::deletion::{PodView, RuleSays, plan_drain};
 use http_body_util::BodyExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use std::collections::BTreeMap;
 
 /// The Eviction API as the drain uses it: a client without kube-rs's
 /// retries of 429 (a PodDisruptionBudget's refusal must come back at once)
@@ -60,6 +66,7 @@ pub(crate) enum Round {
 pub(crate) async fn drain_round(
     kube: &Kube,
     evictions: &Evictions,
+    machine: &Machine,
     node: &Node,
 ) -> Result<Round, Error> {
     let name = node.name_any();
@@ -69,25 +76,41 @@ pub(crate) async fn drain_round(
         .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
         .await
         .map_err(kube_err(format!("cannot list the pods on Node {name}")))?;
+    let rules = if list.items.is_empty() {
+        vec![]
+    } else {
+        drain_rules(kube, machine).await?
+    };
+    // A rule that cannot be used holds the drain, saying what to fix:
+    // evicting a pod the rule meant to keep cannot be undone.
+    if let Some(why) = rules.iter().find_map(MachineDrainRule::invalid) {
+        return Ok(Round::Pending {
+            message: format!("draining Node {name}: {why}"),
+            blocked: true,
+        });
+    }
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let views: Vec<PodView> = list
-        .items
-        .iter()
-        .map(|p| PodView {
+    let mut views = Vec::with_capacity(list.items.len());
+    for p in &list.items {
+        views.push(PodView {
             namespace: p.namespace().unwrap_or_default(),
             name: p.name_any(),
-            daemon_set: p
-                .owner_references()
-                .iter()
-                .any(|o| o.controller == Some(true) && o.kind == "DaemonSet"),
+            daemon_set: daemon_set_alive(kube, p).await?,
             mirror: p.annotations().contains_key("kubernetes.io/config.mirror"),
             deleting_for: p
                 .metadata
                 .deletion_timestamp
                 .as_ref()
                 .map(|t| now - t.0.as_second()),
-        })
-        .collect();
+            finished: p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed"),
+            drain_label: p.labels().get(LABEL_POD_DRAIN).cloned(),
+            rule: rule_for(kube, &rules, p),
+        });
+    }
     let plan = plan_drain(&views, unreachable(node));
     if plan.complete() {
         return Ok(Round::Complete);
@@ -112,6 +135,20 @@ pub(crate) async fn drain_round(
         ));
     }
     let waiting = plan.wait_for.len() + evicted;
+    if !plan.wait_completed.is_empty() {
+        parts.push(format!(
+            "waiting for {} pod(s) to complete ({})",
+            plan.wait_completed.len(),
+            names(&plan.wait_completed)
+        ));
+    }
+    if !plan.later.is_empty() {
+        parts.push(format!(
+            "{} pod(s) of later drain orders ({})",
+            plan.later.len(),
+            names(&plan.later)
+        ));
+    }
     if waiting > 0 {
         let mut names: Vec<String> = plan
             .wait_for
@@ -132,6 +169,119 @@ pub(crate) async fn drain_round(
         message: format!("draining Node {name}: {}", parts.join("; ")),
         blocked: !refused.is_empty(),
     })
+}
+
+/// Up to five `namespace/name`s, for a message.
+fn names(pods: &[(String, String)]) -> String {
+    let mut shown: Vec<String> = pods
+        .iter()
+        .take(5)
+        .map(|(ns, n)| format!("{ns}/{n}"))
+        .collect();
+    if pods.len() > 5 {
+        shown.push("…".into());
+    }
+    shown.join(", ")
+}
+
+/// The MachineDrainRules of the machine's namespace that apply to it,
+/// sorted by name (the first applying one decides for a pod).
+async fn drain_rules(kube: &Kube, machine: &Machine) -> Result<Vec<MachineDrainRule>, Error> {
+    let namespace = machine.namespace().unwrap_or_default();
+    let api: Api<MachineDrainRule> = Api::namespaced(kube.client.clone(), &namespace);
+    let mut rules: Vec<MachineDrainRule> = api
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err(format!(
+            "cannot list the MachineDrainRules in namespace {namespace}"
+        )))?
+        .items
+        .into_iter()
+        .filter(|r| r.applies_to_machine(machine.labels()))
+        .collect();
+    rules.sort_by_key(ResourceExt::name_any);
+    Ok(rules)
+}
+
+/// What the first applying rule says about a pod.
+fn rule_for(kube: &Kube, rules: &[MachineDrainRule], pod: &Pod) -> Option<RuleSays> {
+    let namespace_labels = || {
+        kube.stores
+            .namespaces
+            .get(&kube::runtime::reflector::ObjectRef::new(
+                &pod.namespace().unwrap_or_default(),
+            ))
+            .map(|ns| ns.labels().clone())
+            .unwrap_or_default()
+    };
+    let empty = BTreeMap::new();
+    let rule = rules.iter().find(|r| {
+        if r.selects_namespaces() {
+            r.applies_to_pod(pod.labels(), &namespace_labels())
+        } else {
+            r.applies_to_pod(pod.labels(), &empty)
+        }
+    })?;
+    Some(match rule.spec.drain.behavior {
+        DrainBehavior::Drain => RuleSays::Drain(rule.spec.drain.order.unwrap_or(0)),
+        DrainBehavior::Skip => RuleSays::Skip,
+        DrainBehavior::WaitCompleted => RuleSays::WaitCompleted,
+    })
+}
+
+/// Whether the pod is controlled by a DaemonSet that still exists (an
+/// orphan would never be replaced, so it is drained like any pod).
+async fn daemon_set_alive(kube: &Kube, pod: &Pod) -> Result<bool, Error> {
+    let Some(owner) = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
+    else {
+        return Ok(false);
+    };
+    let namespace = pod.namespace().unwrap_or_default();
+    let api: Api<DaemonSet> = Api::namespaced(kube.client.clone(), &namespace);
+    api.get_opt(&owner.name)
+        .await
+        .map(|ds| ds.is_some())
+        .map_err(kube_err(format!(
+            "cannot read DaemonSet {namespace}/{}",
+            owner.name
+        )))
+}
+
+/// The volumes still attached to the Node (its `status.volumesAttached`
+/// and the VolumeAttachments attached to it), for the message of a wait.
+/// An unreachable Node's volumes are not waited for: no kubelet will
+/// unmount them (Cluster API's rule).
+pub(crate) async fn attached_volumes(kube: &Kube, node: &Node) -> Result<Vec<String>, Error> {
+    if unreachable(node) {
+        return Ok(vec![]);
+    }
+    let name = node.name_any();
+    let mut attached: Vec<String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.volumes_attached.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
+    let api: Api<VolumeAttachment> = Api::all(kube.client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("cannot list VolumeAttachments"))?;
+    for va in list.items {
+        let here = va.spec.node_name == name;
+        if here && va.status.as_ref().is_some_and(|s| s.attached) {
+            let source = va.spec.source.persistent_volume_name.clone();
+            attached.push(source.unwrap_or_else(|| va.name_any()));
+        }
+    }
+    attached.sort();
+    attached.dedup();
+    Ok(attached)
 }
 
 /// Whether the node-lifecycle controller lost contact with the Node.

@@ -99,6 +99,27 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
+        why: "machine (drain): the MachineDrainRules of a deleting machine's namespace",
+        group: "capstan.dev",
+        resources: &["machinedrainrules"],
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "machine (drain): whether a DaemonSet pod's DaemonSet still exists (orphans are drained)",
+        group: "apps",
+        resources: &["daemonsets"],
+        verbs: &["get"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "machine (deletion): volumes still attached to a Node",
+        group: "storage.k8s.io",
+        resources: &["volumeattachments"],
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+    Rule {
         why: "machine (drain): evict pods, honouring PodDisruptionBudgets",
         group: "",
         resources: &["pods/eviction"],

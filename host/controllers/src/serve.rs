@@ -127,6 +127,7 @@ async fn lead_and_run(
     eprintln!("capstan controller: leading");
     tokio::select! {
         result = controllers => {
+            tracing::info!("controllers stopped");
             elector.release().await;
             result
         }

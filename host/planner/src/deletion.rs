@@ -1,8 +1,9 @@
 //! Deleting a machine, step by step: pre-drain hooks, draining its Node,
-//! pre-terminate hooks, then the instance. [`next_step`] says which step a
-//! deleting machine is at; [`plan_drain`] says which pods to evict next and
-//! which to wait for. The Machine controller executes the step and asks
-//! again, so a restart resumes where the API says the machine is.
+//! waiting for its volumes to detach, pre-terminate hooks, then the
+//! instance. [`next_step`] says which step a deleting machine is at;
+//! [`plan_drain`] says which pods to evict next and which to wait for. The
+//! Machine controller executes the step and asks again, so a restart
+//! resumes where the API says the machine is.
 
 /// What the deletion steps depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -13,7 +14,7 @@ pub struct DeletionView {
     pub pre_terminate_hooks: Vec<String>,
     /// The Node to drain, if the machine has one that still exists.
     pub node: Option<String>,
-    /// `machine.capstan.dev/exclude-node-draining` is set.
+    /// An exclude-node-draining annotation is set.
     pub exclude_draining: bool,
     /// Seconds the drain has run so far (`None`: not started).
     pub drained_for: Option<i64>,
@@ -22,6 +23,15 @@ pub struct DeletionView {
     /// The drain is behind the machine: it found nothing left to evict or
     /// wait for, or an earlier pass already went past it.
     pub drain_complete: bool,
+    /// `machine.cluster.x-k8s.io/exclude-wait-for-node-volume-detach` is set.
+    pub exclude_volume_wait: bool,
+    /// Seconds spent waiting for volumes so far (`None`: not started).
+    pub volumes_waited_for: Option<i64>,
+    /// `deletion.nodeVolumeDetachTimeoutSeconds` (0: no limit).
+    pub volume_detach_timeout: i64,
+    /// The wait for volumes is behind the machine: none were attached, or
+    /// an earlier pass already went past it.
+    pub volumes_detached: bool,
 }
 
 /// The step a deleting machine is at.
@@ -31,16 +41,18 @@ pub enum DeletionStep {
     WaitForPreDrainHooks(Vec<String>),
     /// Cordon and drain this Node.
     DrainNode(String),
+    /// Wait until no volume is attached to this Node.
+    WaitForVolumeDetach(String),
     /// Held until these pre-terminate hook annotations are removed.
     WaitForPreTerminateHooks {
         /// The hooks still present.
         hooks: Vec<String>,
-        /// Why the drain was skipped or cut short, if it was.
+        /// Why the drain or the wait for volumes was skipped or cut short.
         drain_skipped: Option<String>,
     },
     /// Delete the instance (then the Node object, then the finalizer).
     DeleteInstance {
-        /// Why the drain was skipped or cut short, if it was.
+        /// Why the drain or the wait for volumes was skipped or cut short.
         drain_skipped: Option<String>,
     },
 }
@@ -50,12 +62,12 @@ pub fn next_step(view: &DeletionView) -> DeletionStep {
     if !view.pre_drain_hooks.is_empty() {
         return DeletionStep::WaitForPreDrainHooks(view.pre_drain_hooks.clone());
     }
-    let mut drain_skipped = None;
+    let mut skipped = vec![];
     match &view.node {
         None => {}
         Some(_) if view.drain_complete => {}
         Some(_) if view.exclude_draining => {
-            drain_skipped = Some("the machine has the exclude-node-draining annotation".into());
+            skipped.push("the machine has the exclude-node-draining annotation".to_string());
         }
         Some(node) => {
             let timed_out =
@@ -63,12 +75,29 @@ pub fn next_step(view: &DeletionView) -> DeletionStep {
             if !timed_out {
                 return DeletionStep::DrainNode(node.clone());
             }
-            drain_skipped = Some(format!(
+            skipped.push(format!(
                 "draining Node {node} did not finish within nodeDrainTimeoutSeconds ({}s)",
                 view.drain_timeout
             ));
         }
     }
+    match &view.node {
+        None => {}
+        Some(_) if view.volumes_detached => {}
+        Some(_) if view.exclude_volume_wait => skipped
+            .push("the machine has the exclude-wait-for-node-volume-detach annotation".to_string()),
+        Some(node) => {
+            let timeout = view.volume_detach_timeout;
+            let timed_out = timeout > 0 && view.volumes_waited_for.is_some_and(|d| d >= timeout);
+            if !timed_out {
+                return DeletionStep::WaitForVolumeDetach(node.clone());
+            }
+            skipped.push(format!(
+                "the volumes of Node {node} were not detached within nodeVolumeDetachTimeoutSeconds ({timeout}s)"
+            ));
+        }
+    }
+    let drain_skipped = (!skipped.is_empty()).then(|| skipped.join("; "));
     if !view.pre_terminate_hooks.is_empty() {
         return DeletionStep::WaitForPreTerminateHooks {
             hooks: view.pre_terminate_hooks.clone(),
@@ -78,28 +107,64 @@ pub fn next_step(view: &DeletionView) -> DeletionStep {
     DeletionStep::DeleteInstance { drain_skipped }
 }
 
+/// Cluster API's default `nodeDeletionTimeoutSeconds`.
+pub const DEFAULT_NODE_DELETION_TIMEOUT_SECONDS: i64 = 10;
+
+/// Whether a failed delete of the Node object is given up on, so the
+/// machine lets go without it: `nodeDeletionTimeoutSeconds` (unset: 10, 0:
+/// never) counted from the machine's deletion request.
+pub fn give_up_node_deletion(deleting_for: i64, timeout: Option<i64>) -> bool {
+    let timeout = timeout.unwrap_or(DEFAULT_NODE_DELETION_TIMEOUT_SECONDS);
+    timeout > 0 && deleting_for >= timeout
+}
+
+/// What a MachineDrainRule (the first, by name, that applies to the
+/// machine and the pod) says about a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleSays {
+    /// Evict it, in this order group.
+    Drain(i32),
+    /// Leave it.
+    Skip,
+    /// Never evict it; wait until it completes.
+    WaitCompleted,
+}
+
 /// A pod on the Node being drained.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodView {
     /// Namespace.
     pub namespace: String,
     /// Name.
     pub name: String,
-    /// Controlled by a DaemonSet (its controller would put it right back).
+    /// Controlled by a DaemonSet that still exists (its controller would
+    /// put it right back). An orphan is drained.
     pub daemon_set: bool,
     /// A static pod's mirror (the API cannot remove it).
     pub mirror: bool,
     /// Seconds since its deletion started (`None`: not being deleted).
     pub deleting_for: Option<i64>,
+    /// Its phase is `Succeeded` or `Failed`.
+    pub finished: bool,
+    /// The value of its `cluster.x-k8s.io/drain` label, if any.
+    pub drain_label: Option<String>,
+    /// The first applying MachineDrainRule's say, if any rule applies.
+    pub rule: Option<RuleSays>,
 }
+
+type PodKey = (String, String);
 
 /// What draining does next.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DrainPlan {
-    /// Pods to evict now (`namespace/name`).
-    pub evict: Vec<(String, String)>,
+    /// Pods to evict now (`namespace/name`): the lowest order group.
+    pub evict: Vec<PodKey>,
     /// Pods already evicted, whose removal is awaited.
-    pub wait_for: Vec<(String, String)>,
+    pub wait_for: Vec<PodKey>,
+    /// Pods never evicted whose completion is awaited (`WaitCompleted`).
+    pub wait_completed: Vec<PodKey>,
+    /// Pods of higher order groups, evicted once the lower ones are gone.
+    pub later: Vec<PodKey>,
     /// Pods left alone, and why.
     pub skipped: Vec<(String, String, &'static str)>,
 }
@@ -107,7 +172,10 @@ pub struct DrainPlan {
 impl DrainPlan {
     /// Nothing left to evict or wait for.
     pub fn complete(&self) -> bool {
-        self.evict.is_empty() && self.wait_for.is_empty()
+        self.evict.is_empty()
+            && self.wait_for.is_empty()
+            && self.wait_completed.is_empty()
+            && self.later.is_empty()
     }
 }
 
@@ -115,32 +183,86 @@ impl DrainPlan {
 /// longer waited for: no kubelet will ever remove it (Cluster API's rule).
 pub const UNREACHABLE_POD_GRACE: i64 = 1;
 
-/// Plan the next round of a drain: evict every pod that is not a DaemonSet
-/// pod or a mirror pod; wait for pods being deleted, except on an
-/// unreachable Node, where pods deleted more than
-/// [`UNREACHABLE_POD_GRACE`] seconds ago are skipped. Sorted, so the order
-/// is stable.
+/// How one pod is drained, in Cluster API's precedence: what kubectl drain
+/// leaves (pods long terminating on an unreachable Node, DaemonSet pods,
+/// mirror pods), then the pod's `cluster.x-k8s.io/drain` label, then the
+/// first applying MachineDrainRule, else evicted in group 0.
+fn judge(pod: &PodView, node_unreachable: bool) -> Result<RuleSays, &'static str> {
+    if let Some(for_s) = pod.deleting_for
+        && node_unreachable
+        && for_s > UNREACHABLE_POD_GRACE
+    {
+        return Err("terminating on an unreachable Node");
+    }
+    if pod.daemon_set && !pod.finished {
+        return Err("DaemonSet pod");
+    }
+    if pod.mirror {
+        return Err("mirror pod");
+    }
+    match pod.drain_label.as_deref().map(str::to_ascii_lowercase) {
+        Some(v) if v == "skip" => return Err("cluster.x-k8s.io/drain=skip"),
+        Some(v) if v.replacen('-', "", 1) == "waitcompleted" => {
+            return Ok(RuleSays::WaitCompleted);
+        }
+        _ => {}
+    }
+    match pod.rule {
+        Some(RuleSays::Skip) => Err("a MachineDrainRule says Skip"),
+        Some(says) => Ok(says),
+        None => Ok(RuleSays::Drain(0)),
+    }
+}
+
+/// Plan the next round of a drain. Pods are drained group by group in
+/// increasing order (a `WaitCompleted` pod belongs to group 0): the lowest
+/// group with a pod left is evicted and awaited before the next one starts.
+/// A `WaitCompleted` pod is never evicted and is done once it has finished
+/// (Succeeded or Failed). Lists are sorted, so the order is stable.
 pub fn plan_drain(pods: &[PodView], node_unreachable: bool) -> DrainPlan {
     let mut plan = DrainPlan::default();
-    for pod in pods {
+    let judged: Vec<(&PodView, Result<RuleSays, &'static str>)> = pods
+        .iter()
+        .map(|p| (p, judge(p, node_unreachable)))
+        .collect();
+    let order = |says: &RuleSays| match says {
+        RuleSays::Drain(order) => Some(*order),
+        RuleSays::WaitCompleted => Some(0),
+        RuleSays::Skip => None,
+    };
+    let active = |pod: &PodView, says: &RuleSays| {
+        !(matches!(says, RuleSays::WaitCompleted) && pod.finished && pod.deleting_for.is_none())
+    };
+    let lowest = judged
+        .iter()
+        .filter_map(|(p, says)| says.as_ref().ok().filter(|s| active(p, s)))
+        .filter_map(order)
+        .min();
+    for (pod, says) in judged {
         let key = (pod.namespace.clone(), pod.name.clone());
-        if pod.daemon_set {
-            plan.skipped.push((key.0, key.1, "DaemonSet pod"));
-        } else if pod.mirror {
-            plan.skipped.push((key.0, key.1, "mirror pod"));
-        } else if let Some(for_s) = pod.deleting_for {
-            if node_unreachable && for_s > UNREACHABLE_POD_GRACE {
-                plan.skipped
-                    .push((key.0, key.1, "terminating on an unreachable Node"));
-            } else {
-                plan.wait_for.push(key);
+        let says = match says {
+            Ok(says) => says,
+            Err(why) => {
+                plan.skipped.push((key.0, key.1, why));
+                continue;
             }
+        };
+        if !active(pod, &says) {
+            plan.skipped.push((key.0, key.1, "completed"));
+        } else if order(&says) != lowest {
+            plan.later.push(key);
+        } else if pod.deleting_for.is_some() {
+            plan.wait_for.push(key);
+        } else if says == RuleSays::WaitCompleted {
+            plan.wait_completed.push(key);
         } else {
             plan.evict.push(key);
         }
     }
     plan.evict.sort();
     plan.wait_for.sort();
+    plan.wait_completed.sort();
+    plan.later.sort();
     plan.skipped.sort();
     plan
 }
@@ -154,9 +276,7 @@ mod tests {
         PodView {
             namespace: "default".into(),
             name: name.into(),
-            daemon_set: false,
-            mirror: false,
-            deleting_for: None,
+            ..Default::default()
         }
     }
 
@@ -175,6 +295,11 @@ mod tests {
         v.pre_drain_hooks.clear();
         assert_eq!(next_step(&v), DeletionStep::DrainNode("n1".into()));
         v.drain_complete = true;
+        assert_eq!(
+            next_step(&v),
+            DeletionStep::WaitForVolumeDetach("n1".into())
+        );
+        v.volumes_detached = true;
         assert_eq!(
             next_step(&v),
             DeletionStep::WaitForPreTerminateHooks {
@@ -197,6 +322,7 @@ mod tests {
             node: Some("n1".into()),
             drain_timeout: 30,
             drained_for: Some(29),
+            volumes_detached: true,
             ..Default::default()
         };
         assert_eq!(next_step(&v), DeletionStep::DrainNode("n1".into()));
@@ -269,24 +395,178 @@ mod tests {
         assert!(plan_drain(&pods[..2], false).complete());
     }
 
+    #[test]
+    fn groups_drain_in_increasing_order_and_each_waits_for_the_one_before() {
+        let mut pods = vec![
+            PodView {
+                rule: Some(RuleSays::Drain(10)),
+                ..pod("db")
+            },
+            PodView {
+                rule: Some(RuleSays::Drain(-5)),
+                ..pod("proxy")
+            },
+            pod("web"),
+        ];
+        let plan = plan_drain(&pods, false);
+        assert_eq!(plan.evict, vec![("default".into(), "proxy".into())]);
+        assert_eq!(plan.later.len(), 2);
+        // Evicted but still terminating: the next group still waits.
+        pods[1].deleting_for = Some(3);
+        let plan = plan_drain(&pods, false);
+        assert!(plan.evict.is_empty());
+        assert_eq!(plan.wait_for, vec![("default".into(), "proxy".into())]);
+        pods.remove(1);
+        let plan = plan_drain(&pods, false);
+        assert_eq!(plan.evict, vec![("default".into(), "web".into())]);
+        assert_eq!(plan.later, vec![("default".into(), "db".into())]);
+        pods.remove(1);
+        assert_eq!(
+            plan_drain(&pods, false).evict,
+            vec![("default".into(), "db".into())]
+        );
+    }
+
+    #[test]
+    fn the_pod_label_overrides_rules_and_wait_completed_pods_are_awaited_not_evicted() {
+        let mut job = PodView {
+            drain_label: Some("wait-completed".into()),
+            rule: Some(RuleSays::Drain(0)),
+            ..pod("job")
+        };
+        let skipped = PodView {
+            drain_label: Some("Skip".into()),
+            rule: Some(RuleSays::Drain(0)),
+            ..pod("agent")
+        };
+        let by_rule = PodView {
+            rule: Some(RuleSays::Skip),
+            ..pod("logger")
+        };
+        let later = PodView {
+            rule: Some(RuleSays::Drain(1)),
+            ..pod("db")
+        };
+        let pods = vec![job.clone(), skipped.clone(), by_rule.clone(), later.clone()];
+        let plan = plan_drain(&pods, false);
+        assert!(plan.evict.is_empty());
+        assert_eq!(plan.wait_completed, vec![("default".into(), "job".into())]);
+        assert_eq!(plan.later, vec![("default".into(), "db".into())]);
+        assert_eq!(plan.skipped.len(), 2, "{plan:?}");
+        // Finished: the drain goes on to the next group.
+        job.finished = true;
+        let plan = plan_drain(&[job, skipped, by_rule, later], false);
+        assert_eq!(plan.evict, vec![("default".into(), "db".into())]);
+        // An orphaned DaemonSet pod (its DaemonSet gone) is drained; a
+        // finished one too.
+        let orphan = plan_drain(&[pod("ds-orphan")], false);
+        assert_eq!(orphan.evict.len(), 1);
+        let finished = PodView {
+            daemon_set: true,
+            finished: true,
+            ..pod("ds-done")
+        };
+        assert_eq!(plan_drain(&[finished], false).evict.len(), 1);
+    }
+
+    #[test]
+    fn volumes_are_awaited_after_the_drain_until_detached_excluded_or_timed_out() {
+        let mut v = DeletionView {
+            node: Some("n1".into()),
+            drain_complete: true,
+            pre_terminate_hooks: vec!["h".into()],
+            volume_detach_timeout: 20,
+            volumes_waited_for: Some(19),
+            ..Default::default()
+        };
+        assert_eq!(
+            next_step(&v),
+            DeletionStep::WaitForVolumeDetach("n1".into())
+        );
+        v.volumes_waited_for = Some(20);
+        let DeletionStep::WaitForPreTerminateHooks {
+            drain_skipped: Some(why),
+            ..
+        } = next_step(&v)
+        else {
+            panic!("expected the pre-terminate hooks next")
+        };
+        assert!(
+            why.contains("nodeVolumeDetachTimeoutSeconds (20s)"),
+            "{why}"
+        );
+        v.volumes_waited_for = Some(1);
+        v.exclude_volume_wait = true;
+        assert!(matches!(
+            next_step(&v),
+            DeletionStep::WaitForPreTerminateHooks {
+                drain_skipped: Some(_),
+                ..
+            }
+        ));
+        v.exclude_volume_wait = false;
+        v.volumes_detached = true;
+        assert!(matches!(
+            next_step(&v),
+            DeletionStep::WaitForPreTerminateHooks {
+                drain_skipped: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_failing_node_delete_is_given_up_after_its_timeout_default_ten_seconds() {
+        assert!(!give_up_node_deletion(9, None));
+        assert!(give_up_node_deletion(10, None));
+        assert!(!give_up_node_deletion(1_000_000, Some(0)));
+        assert!(give_up_node_deletion(3, Some(3)));
+    }
+
     proptest! {
         #[test]
         fn every_pod_is_in_exactly_one_list_and_daemons_are_never_evicted(
-            flags in proptest::collection::vec((any::<bool>(), any::<bool>(), proptest::option::of(0i64..5)), 0..30),
+            flags in proptest::collection::vec((
+                any::<bool>(), any::<bool>(), proptest::option::of(0i64..5), any::<bool>(),
+                proptest::option::of(0usize..3), proptest::option::of(0u8..6),
+            ), 0..30),
             unreachable in any::<bool>(),
         ) {
-            let pods: Vec<PodView> = flags.iter().enumerate().map(|(i, (ds, mirror, deleting))| PodView {
+            let pods: Vec<PodView> = flags.iter().enumerate().map(|(i, (ds, mirror, deleting, finished, label, rule))| PodView {
                 namespace: "ns".into(),
                 name: format!("p{i}"),
                 daemon_set: *ds,
                 mirror: *mirror,
                 deleting_for: *deleting,
+                finished: *finished,
+                drain_label: label.map(|l| ["skip", "wait-completed", "bogus"][l].to_string()),
+                rule: rule.map(|r| match r { 0 => RuleSays::Skip, 1 => RuleSays::WaitCompleted, o => RuleSays::Drain(o as i32 - 3) }),
             }).collect();
             let plan = plan_drain(&pods, unreachable);
-            prop_assert_eq!(plan.evict.len() + plan.wait_for.len() + plan.skipped.len(), pods.len());
+            prop_assert_eq!(
+                plan.evict.len() + plan.wait_for.len() + plan.wait_completed.len() + plan.later.len() + plan.skipped.len(),
+                pods.len()
+            );
+            let find = |name: &str| pods.iter().find(|p| p.name == name).unwrap();
             for (_, name) in &plan.evict {
-                let p = pods.iter().find(|p| &p.name == name).unwrap();
-                prop_assert!(!p.daemon_set && !p.mirror && p.deleting_for.is_none());
+                let p = find(name);
+                prop_assert!((p.finished || !p.daemon_set) && !p.mirror && p.deleting_for.is_none());
+                prop_assert!(p.drain_label.as_deref() != Some("skip") && p.drain_label.as_deref() != Some("wait-completed"));
+                prop_assert!(p.drain_label.is_some() || !matches!(p.rule, Some(RuleSays::Skip | RuleSays::WaitCompleted)));
+            }
+            // Nothing of a higher group is evicted while a lower one has a pod left.
+            let group = |name: &str| match (find(name).drain_label.as_deref(), find(name).rule) {
+                (Some("wait-completed"), _) | (_, Some(RuleSays::WaitCompleted)) => 0,
+                (_, Some(RuleSays::Drain(o))) => o,
+                _ => 0,
+            };
+            for (_, evicted) in &plan.evict {
+                for (_, waiting) in plan.wait_for.iter().chain(&plan.wait_completed).chain(&plan.evict) {
+                    prop_assert_eq!(group(evicted), group(waiting));
+                }
+                for (_, later) in &plan.later {
+                    prop_assert!(group(later) > group(evicted));
+                }
             }
         }
 
@@ -303,6 +583,8 @@ mod tests {
                 drained_for: drained,
                 drain_timeout: timeout,
                 drain_complete: complete,
+                volumes_detached: true,
+                ..Default::default()
             };
             if let DeletionStep::DeleteInstance { .. } = next_step(&v) {
                 prop_assert!(!pre_drain && !pre_terminate);

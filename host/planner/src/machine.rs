@@ -133,6 +133,15 @@ pub enum Drain {
     Complete,
 }
 
+/// What this pass found of the volumes attached to the Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Volumes {
+    /// Still attached: what holds the machine.
+    Attached(String),
+    /// None attached (or the Node is unreachable, so none will detach).
+    Detached,
+}
+
 /// What the provider's `delete` said this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Release {
@@ -183,6 +192,8 @@ pub struct MachineView {
     pub hook_prefixes: HookPrefixes,
     /// This pass's drain round.
     pub drain: Option<Drain>,
+    /// This pass's look at the Node's attached volumes.
+    pub volumes: Option<Volumes>,
     /// What the provider's `delete` said this pass.
     pub release: Option<Release>,
     /// The Node object is deleted (or there was none to delete).
@@ -213,6 +224,8 @@ pub enum MachineStep {
     AdvanceInPlace,
     /// Cordon this Node and run one drain round.
     DrainNode(String),
+    /// Look at the volumes attached to this Node.
+    CheckVolumes(String),
     /// Call the provider's `delete`.
     ReleaseInstance {
         /// Why the drain was skipped or cut short, if it was (an Event
@@ -298,6 +311,8 @@ pub enum Outcome {
         instance: Option<(&'static str, String)>,
         /// The drain is behind the machine (done, skipped or cut short).
         drain_ended: bool,
+        /// The wait for volumes is behind the machine too.
+        volumes_ended: bool,
         /// Why the drain was skipped or cut short, if it was.
         drain_skipped: Option<String>,
     },
@@ -470,11 +485,18 @@ fn next_deletion_step(view: &MachineView) -> MachineStep {
     if view.drain == Some(Drain::Complete) {
         steps.drain_complete = true;
     }
+    if view.volumes == Some(Volumes::Detached) {
+        steps.volumes_detached = true;
+    }
     let deleting = |reason, message, instance, drain_skipped: Option<String>| Outcome::Deleting {
         reason,
         message,
         instance,
         drain_ended: reason != "WaitingForPreDrainHook" && reason != "DrainingNode",
+        volumes_ended: !matches!(
+            reason,
+            "WaitingForPreDrainHook" | "DrainingNode" | "WaitingForVolumeDetach"
+        ),
         drain_skipped,
     };
     match deletion::next_step(&steps) {
@@ -496,6 +518,15 @@ fn next_deletion_step(view: &MachineView) -> MachineStep {
                 )
             }
             _ => MachineStep::DrainNode(node),
+        },
+        DeletionStep::WaitForVolumeDetach(node) => match &view.volumes {
+            // Volume detach is slow (a cloud's detach call, then the
+            // attach-detach controller): look again in a few seconds.
+            Some(Volumes::Attached(message)) => end(
+                deleting("WaitingForVolumeDetach", message.clone(), None, None),
+                Requeue::After(2_000),
+            ),
+            _ => MachineStep::CheckVolumes(node),
         },
         DeletionStep::WaitForPreTerminateHooks {
             hooks,
@@ -623,6 +654,7 @@ mod tests {
             }
             MachineStep::AdvanceInPlace => view.in_place = Some(InPlace::Done),
             MachineStep::DrainNode(_) => view.drain = Some(Drain::Complete),
+            MachineStep::CheckVolumes(_) => view.volumes = Some(Volumes::Detached),
             MachineStep::ReleaseInstance { .. } => view.release = Some(Release::Done),
             MachineStep::DeleteNode => view.node_deleted = true,
             MachineStep::RemoveFinalizer => view.has_finalizer = false,
@@ -860,6 +892,7 @@ mod tests {
             steps,
             [
                 MachineStep::DrainNode("n1".into()),
+                MachineStep::CheckVolumes("n1".into()),
                 MachineStep::ReleaseInstance {
                     drain_skipped: None
                 },
@@ -899,9 +932,25 @@ mod tests {
                 ..
             }
         ));
-        // A drain recorded as ended is not run again.
+        // A drain recorded as ended is not run again; attached volumes
+        // hold the machine next.
         let mut view = deleting_view();
         view.deletion.drain_complete = true;
+        assert_eq!(next_step(&view), MachineStep::CheckVolumes("n1".into()));
+        view.volumes = Some(Volumes::Attached("1 volume attached".into()));
+        let step = next_step(&view);
+        assert_eq!(requeue(step.clone()), Requeue::After(2_000));
+        assert!(matches!(
+            outcome(step),
+            Outcome::Deleting {
+                reason: "WaitingForVolumeDetach",
+                drain_ended: true,
+                volumes_ended: false,
+                ..
+            }
+        ));
+        view.volumes = None;
+        view.deletion.volumes_detached = true;
         assert_eq!(
             next_step(&view),
             MachineStep::ReleaseInstance {
@@ -998,7 +1047,7 @@ mod tests {
                     prop_assert_ne!(step, &MachineStep::AddFinalizer);
                     prop_assert!(!matches!(step, MachineStep::Create | MachineStep::Validate | MachineStep::Get));
                 } else {
-                    let deletion_step = matches!(step, MachineStep::ReleaseInstance { .. } | MachineStep::RemoveFinalizer | MachineStep::DeleteNode | MachineStep::DrainNode(_));
+                    let deletion_step = matches!(step, MachineStep::ReleaseInstance { .. } | MachineStep::RemoveFinalizer | MachineStep::DeleteNode | MachineStep::DrainNode(_) | MachineStep::CheckVolumes(_));
                     prop_assert!(!deletion_step, "{:?}", step);
                     if not_allowed {
                         prop_assert!(!matches!(step, MachineStep::Create | MachineStep::Validate | MachineStep::Get | MachineStep::AddFinalizer));

@@ -406,6 +406,22 @@ impl Env {
             .expect("kubectl get events")
     }
 
+    /// The (reason, message) of every Event about the object `name` in
+    /// `namespace`.
+    pub async fn events_for(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
+        let api: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), namespace);
+        let params =
+            kube::api::ListParams::default().fields(&format!("involvedObject.name={name}"));
+        api.list(&params)
+            .await
+            .expect("events list")
+            .items
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
     /// The Machines in a namespace.
     pub async fn machines(&self, namespace: &str) -> Vec<Machine> {
         Api::<Machine>::namespaced(self.client.clone(), namespace)
@@ -742,6 +758,13 @@ impl ControllerProcess {
             metrics_url: format!("http://127.0.0.1:{port}"),
             log,
         })
+    }
+
+    /// The last `lines` lines of its log, for a failure message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// Process id.

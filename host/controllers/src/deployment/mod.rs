@@ -505,6 +505,7 @@ mod tests {
         );
         b.spec.template.spec.deletion = Some(capstan_api::MachineDeletionSpec {
             node_drain_timeout_seconds: Some(30),
+            ..Default::default()
         });
         assert_eq!(
             template_hash(&a.spec.template),

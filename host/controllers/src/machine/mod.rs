@@ -11,8 +11,10 @@
 //! errors set `failureReason` / `failureMessage` and an Event, and the
 //! machine waits for a spec change. Deletion: pre-drain hooks, the drain
 //! (`crate::nodedrain`; its start and end are recorded in
-//! `status.deletion`), pre-terminate hooks, `delete` until the provider says
-//! done, the Node object, then the finalizer.
+//! `status.deletion`), the wait for the Node's volumes to detach (recorded
+//! the same way), pre-terminate hooks, `delete` until the provider says
+//! done, the Node object (given up after `nodeDeletionTimeoutSeconds`),
+//! then the finalizer.
 
 mod status;
 mod update;
@@ -21,7 +23,8 @@ use status::settle;
 
 use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
 use capstan_api::{
-    ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_IN_PLACE_FROM, ANNOTATION_PAUSED,
+    ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_EXCLUDE_NODE_DRAINING_CAPI,
+    ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH, ANNOTATION_IN_PLACE_FROM, ANNOTATION_PAUSED,
     MACHINE_FINALIZER, Machine, MachineStatus, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX,
     Plugin, status as cond,
 };
@@ -31,10 +34,10 @@ use capstan_kit::provider::{MachineProvider, ProviderError, Providers, timed, to
 use capstan_kit::registry::Availability;
 use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
 use capstan_kit::{Error, Kube, key_of, kube_err, now};
-use capstan_planner::deletion::DeletionView;
+use capstan_planner::deletion::{DeletionView, give_up_node_deletion};
 use capstan_planner::machine::{
     Call, CallError, Drain, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
-    MachineStep, MachineView, NodeSeen, Outcome, PluginState, Release, Requeue, next_step,
+    MachineStep, MachineView, NodeSeen, Outcome, PluginState, Release, Requeue, Volumes, next_step,
 };
 use capstan_runtime::types::{Deletion, InstanceState, MachineStatus as PluginStatus};
 use futures::StreamExt as _;
@@ -159,8 +162,9 @@ struct Pass<'a> {
     /// The machine's Node: found by provider ID while alive, the one it
     /// recorded (same uid and instance) while deleting.
     node: Option<Arc<Node>>,
-    /// A skipped drain was reported (once per machine: a recorded drain end
-    /// was reported when it was recorded, and once per pass).
+    /// A skipped drain or volume wait was reported (once per machine: both
+    /// ends recorded means it was reported when they were, and once per
+    /// pass).
     skip_reported: bool,
     t: capstan_api::Time,
 }
@@ -199,31 +203,34 @@ impl<'a> Pass<'a> {
             None
         };
         let deletion = if deleting {
+            let recorded = status.deletion.clone().unwrap_or_default();
+            let spec = machine.spec.deletion.clone().unwrap_or_default();
+            let seconds_since = |start: &Option<capstan_api::Time>| {
+                start.as_ref().map(|s| t.0.as_second() - s.0.as_second())
+            };
+            let seconds = |limit: Option<i32>| limit.map_or(0, |s| i64::from(s.max(0)));
             DeletionView {
                 pre_drain_hooks: hooks(machine, PRE_DRAIN_HOOK_PREFIX),
                 pre_terminate_hooks: hooks(machine, PRE_TERMINATE_HOOK_PREFIX),
                 node: node.as_ref().map(|n| n.name_any()),
-                exclude_draining: machine
-                    .annotations()
-                    .contains_key(ANNOTATION_EXCLUDE_NODE_DRAINING),
-                drained_for: status
-                    .deletion
-                    .as_ref()
-                    .and_then(|d| d.node_drain_start_time.as_ref())
-                    .map(|start| t.0.as_second() - start.0.as_second()),
-                drain_timeout: machine
-                    .spec
-                    .deletion
-                    .as_ref()
-                    .and_then(|d| d.node_drain_timeout_seconds)
-                    .map_or(0, |s| i64::from(s.max(0))),
+                exclude_draining: [
+                    ANNOTATION_EXCLUDE_NODE_DRAINING,
+                    ANNOTATION_EXCLUDE_NODE_DRAINING_CAPI,
+                ]
+                .iter()
+                .any(|key| machine.annotations().contains_key(*key)),
+                drained_for: seconds_since(&recorded.node_drain_start_time),
+                drain_timeout: seconds(spec.node_drain_timeout_seconds),
                 // A pass that went past the drain recorded so; later passes
                 // (the instance takes a while to go) resume from there
                 // instead of listing the Node's pods again.
-                drain_complete: status
-                    .deletion
-                    .as_ref()
-                    .is_some_and(|d| d.node_drain_end_time.is_some()),
+                drain_complete: recorded.node_drain_end_time.is_some(),
+                exclude_volume_wait: machine
+                    .annotations()
+                    .contains_key(ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH),
+                volumes_waited_for: seconds_since(&recorded.wait_for_node_volume_detach_start_time),
+                volume_detach_timeout: seconds(spec.node_volume_detach_timeout_seconds),
+                volumes_detached: recorded.node_volume_detach_end_time.is_some(),
             }
         } else {
             DeletionView::default()
@@ -252,7 +259,7 @@ impl<'a> Pass<'a> {
             machine,
             ctx,
             plugin_name,
-            skip_reported: view.deletion.drain_complete,
+            skip_reported: view.deletion.drain_complete && view.deletion.volumes_detached,
             view,
             draft: status,
             provider,
@@ -328,13 +335,14 @@ impl<'a> Pass<'a> {
                 });
             }
             MachineStep::DrainNode(_) => self.drain().await?,
+            MachineStep::CheckVolumes(_) => self.check_volumes().await?,
             MachineStep::ReleaseInstance { drain_skipped } => {
                 self.report_skipped_drain(drain_skipped.as_ref()).await;
                 self.release(plugin_name).await;
             }
             MachineStep::DeleteNode => {
                 if let Some(node) = &self.node {
-                    delete_node(ctx, node).await?;
+                    self.delete_node(node.clone()).await?;
                 }
                 self.view.node_deleted = true;
             }
@@ -409,7 +417,7 @@ impl<'a> Pass<'a> {
             .node_drain_start_time
             .get_or_insert_with(|| self.t.clone());
         self.view.drain = Some(
-            match crate::nodedrain::drain_round(&ctx.kube, &ctx.evictions, &node).await? {
+            match crate::nodedrain::drain_round(&ctx.kube, &ctx.evictions, machine, &node).await? {
                 crate::nodedrain::Round::Complete => {
                     record_event(
                         &ctx.kube,
@@ -427,6 +435,71 @@ impl<'a> Pass<'a> {
                 }
             },
         );
+        Ok(())
+    }
+
+    /// Look at the volumes still attached to the machine's Node.
+    async fn check_volumes(&mut self) -> Result<(), Error> {
+        let Some(node) = self.node.clone() else {
+            self.view.deletion.node = None;
+            return Ok(());
+        };
+        let start = self
+            .draft
+            .deletion
+            .get_or_insert_with(Default::default)
+            .wait_for_node_volume_detach_start_time
+            .get_or_insert_with(|| self.t.clone())
+            .clone();
+        let attached = crate::nodedrain::attached_volumes(&self.ctx.kube, &node).await?;
+        self.view.volumes = Some(if attached.is_empty() {
+            Volumes::Detached
+        } else {
+            let mut shown = attached.clone();
+            shown.truncate(5);
+            Volumes::Attached(format!(
+                "waiting for {} volume(s) to detach from Node {} ({}), since {}",
+                attached.len(),
+                node.name_any(),
+                shown.join(", "),
+                start.0
+            ))
+        });
+        Ok(())
+    }
+
+    /// Delete the machine's Node object. A delete that keeps failing is
+    /// given up after `nodeDeletionTimeoutSeconds` (counted from the
+    /// deletion request), with a warning Event, so the finalizer does not
+    /// hold the machine forever.
+    async fn delete_node(&mut self, node: Arc<Node>) -> Result<(), Error> {
+        let Err(error) = delete_node(self.ctx, &node).await else {
+            return Ok(());
+        };
+        let machine = self.machine;
+        let deleting_for = machine
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map_or(0, |d| self.t.0.as_second() - d.0.as_second());
+        let timeout = machine
+            .spec
+            .deletion
+            .as_ref()
+            .and_then(|d| d.node_deletion_timeout_seconds)
+            .map(|s| i64::from(s.max(0)));
+        if !give_up_node_deletion(deleting_for, timeout) {
+            return Err(error);
+        }
+        record_event(
+            &self.ctx.kube,
+            CONTROLLER,
+            &machine.object_ref(&()),
+            EventType::Warning,
+            "FailedDeleteNode",
+            format!("{error}; nodeDeletionTimeoutSeconds passed, going on without deleting it"),
+        )
+        .await;
         Ok(())
     }
 

@@ -47,6 +47,7 @@ pub(super) fn settle(
         message,
         instance,
         drain_ended,
+        volumes_ended,
         ..
     } = outcome
     {
@@ -66,6 +67,13 @@ pub(super) fn settle(
                 .deletion
                 .get_or_insert_with(Default::default)
                 .node_drain_end_time
+                .get_or_insert_with(|| t.clone());
+        }
+        if *volumes_ended {
+            status
+                .deletion
+                .get_or_insert_with(Default::default)
+                .node_volume_detach_end_time
                 .get_or_insert_with(|| t.clone());
         }
         return Some(status);
@@ -433,6 +441,7 @@ mod tests {
             message: "evicting 1 pod".into(),
             instance: None,
             drain_ended: false,
+            volumes_ended: false,
             drain_skipped: None,
         };
         let view = MachineView {
@@ -457,6 +466,7 @@ mod tests {
             message: "deleting the instance".into(),
             instance: Some(("Deleting", "the provider is deleting the instance".into())),
             drain_ended: true,
+            volumes_ended: true,
             drain_skipped: None,
         };
         let s = settle(
@@ -469,7 +479,9 @@ mod tests {
             &now(),
         )
         .unwrap();
-        assert!(s.deletion.unwrap().node_drain_end_time.is_some());
+        let recorded = s.deletion.unwrap();
+        assert!(recorded.node_drain_end_time.is_some());
+        assert!(recorded.node_volume_detach_end_time.is_some());
         assert_eq!(condition_of_none(&view), None);
     }
 

@@ -1,14 +1,16 @@
 //! Draining a machine's Node before its instance goes: evictions through
 //! the real Eviction API (PodDisruptionBudgets enforced by the API server),
 //! DaemonSet pods left alone, `nodeDrainTimeoutSeconds`, the exclude
-//! annotation and the pre-drain / pre-terminate hooks.
+//! annotation, the pre-drain / pre-terminate hooks, MachineDrainRules and
+//! the pod drain label, and the wait for volumes to detach.
 
 use crate::logs;
-use capstan_api::{Machine, MachineDeployment, condition};
+use capstan_api::{Machine, MachineDeployment, MachineDrainRule, condition};
 use capstan_e2e::env::{Env, node_of};
 use capstan_e2e::sim_cloud::{Faults, Moment};
 use capstan_e2e::workloads;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -380,4 +382,200 @@ async fn hooks_hold_deletion_and_the_exclude_annotation_skips_the_drain() {
             .all(|m| m.event != "pod-removed" || m.node.as_deref() != Some(node.as_str())),
         "nothing was evicted from {node}: {timeline:?}"
     );
+}
+
+/// Cluster API's MachineDrainRules and pod label on a real API server: a
+/// rule orders one workload after the others, a rule and the
+/// `cluster.x-k8s.io/drain=skip` label leave two alone, and the machine
+/// still goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_rules_and_the_pod_label_decide_what_is_evicted_and_when() {
+    let env = start(1).await;
+    let client = env.client.clone();
+    let machine = env.machines(NS).await.remove(0);
+    let node = node_of(&machine);
+    for app in ["proxy", "db", "logger", "agent"] {
+        let mut d = workloads::deployment(NS, app, 1, 1);
+        if app == "agent" {
+            let labels = d.spec.as_mut().unwrap().template.metadata.as_mut().unwrap();
+            labels
+                .labels
+                .get_or_insert_default()
+                .insert("cluster.x-k8s.io/drain".into(), "skip".into());
+        }
+        workloads::create(&client, &d).await.unwrap();
+    }
+    for app in ["proxy", "db", "logger", "agent"] {
+        env.or_describe(workloads::wait_deployment_available(&client, NS, app, LONG).await)
+            .await;
+    }
+    let rules: Api<MachineDrainRule> = Api::namespaced(client.clone(), NS);
+    let rule = |name: &str, behavior: &str, order: Option<i32>, app: &str| -> MachineDrainRule {
+        serde_json::from_value(json!({
+            "apiVersion": "capstan.dev/v1alpha1",
+            "kind": "MachineDrainRule",
+            "metadata": { "name": name, "namespace": NS },
+            "spec": {
+                "drain": { "behavior": behavior, "order": order },
+                "machines": [{ "selector": {} }],
+                "pods": [{ "selector": { "matchLabels": { "app": app } } }],
+            },
+        }))
+        .unwrap()
+    };
+    for r in [
+        rule("db-last", "Drain", Some(10), "db"),
+        rule("logger-stays", "Skip", None, "logger"),
+    ] {
+        rules.create(&Default::default(), &r).await.unwrap();
+    }
+    let pod_of = async |app: &str| {
+        let pods = workloads::pods_of(&client, NS, app).await.unwrap();
+        format!("{NS}/{}", pods[0].name_any())
+    };
+    let (proxy, db) = (pod_of("proxy").await, pod_of("db").await);
+    let (logger, agent) = (pod_of("logger").await, pod_of("agent").await);
+
+    scale(&env, 0).await;
+    let name = machine.name_any();
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
+    env.eventually("the machine goes", LONG, async || {
+        machines.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let timeline = env.timeline().await;
+    let instance = instance_of(&machine);
+    let deleted = moment(&timeline, "instance-delete-requested", &instance)
+        .expect("the instance was deleted")
+        .seq;
+    let removed = |pod: &str| moment(&timeline, "pod-removed", pod).map(|m| m.seq);
+    let (proxy_gone, db_gone) = (
+        removed(&proxy).expect("proxy drained"),
+        removed(&db).expect("db drained"),
+    );
+    assert!(
+        proxy_gone < db_gone && db_gone < deleted,
+        "order 0 before order 10, both before the instance: {timeline:?}"
+    );
+    for left in [&logger, &agent] {
+        assert!(
+            removed(left).is_none_or(|seq| seq > deleted),
+            "{left} on {node} was not evicted: {timeline:?}"
+        );
+    }
+}
+
+/// A volume still attached holds the instance (Cluster API's
+/// `WaitingForVolumeDetach`) until it detaches, or until
+/// `nodeVolumeDetachTimeoutSeconds` has passed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attached_volume_holds_the_instance_until_it_detaches_or_the_timeout() {
+    let env = start(2).await;
+    let client = env.client.clone();
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    let attach = async |name: &str, node: &str| {
+        let va: VolumeAttachment = serde_json::from_value(json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "VolumeAttachment",
+            "metadata": { "name": name },
+            "spec": {
+                "attacher": "csi.example.com",
+                "nodeName": node,
+                "source": { "persistentVolumeName": format!("pv-{name}") },
+            },
+        }))
+        .unwrap();
+        attachments.create(&Default::default(), &va).await.unwrap();
+        set_attached(&attachments, name, true).await;
+    };
+    let all = env.machines(NS).await;
+    let (first, second) = (&all[0], &all[1]);
+    attach("first", &node_of(first)).await;
+    attach("second", &node_of(second)).await;
+    let reason_of = async |name: &str| {
+        machines
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|m| deleting(&m))
+    };
+
+    // No timeout: held until the volume detaches.
+    let name = first.name_any();
+    machines
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let (_, message) = env
+        .eventually("waiting for the volume", LONG, async || {
+            reason_of(&name)
+                .await
+                .filter(|(r, _)| r == "WaitingForVolumeDetach")
+        })
+        .await;
+    assert!(message.contains("pv-first"), "{message}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(env.instance_exists(&instance_of(first)).await);
+    set_attached(&attachments, "first", false).await;
+    env.eventually("the first machine goes", LONG, async || {
+        machines.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(!env.instance_exists(&instance_of(first)).await);
+
+    // With nodeVolumeDetachTimeoutSeconds (carried from the template to
+    // the machine in place): the wait is cut short, with an Event.
+    Api::<MachineDeployment>::namespaced(client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "template": { "spec": {
+                "deletion": { "nodeVolumeDetachTimeoutSeconds": 3 } } } } })),
+        )
+        .await
+        .unwrap();
+    let name = second.name_any();
+    env.eventually("the timeout reaches the machine", LONG, async || {
+        let m = machines.get_opt(&name).await.ok()??;
+        (m.spec.deletion?.node_volume_detach_timeout_seconds == Some(3)).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    machines
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.eventually("the second machine goes", LONG, async || {
+        machines.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    // Status times have whole seconds (as every Kubernetes time), so the
+    // wait can end up to a second early.
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "gone after {:?}, before the timeout",
+        started.elapsed()
+    );
+    assert!(!env.instance_exists(&instance_of(second)).await);
+    let events = env.events_for(NS, &name).await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, message)| reason == "DrainSkipped"
+                && message.contains("nodeVolumeDetachTimeoutSeconds (3s)")),
+        "{events:?}"
+    );
+}
+
+async fn set_attached(attachments: &Api<VolumeAttachment>, name: &str, attached: bool) {
+    attachments
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": { "attached": attached } })),
+        )
+        .await
+        .unwrap();
 }
