@@ -87,6 +87,13 @@ pub const ANNOTATION_SKIP_REMEDIATION: &str = "cluster.x-k8s.io/skip-remediation
 /// marks it unhealthy at once (reason `HasRemediateAnnotation`), so its
 /// owner replaces it, within the short-circuit. Cluster API's key.
 pub const ANNOTATION_REMEDIATE_MACHINE: &str = "cluster.x-k8s.io/remediate-machine";
+/// On a Machine: which label and annotation keys its set's template put
+/// there (JSON), so a key removed from the template is removed from the
+/// machine and a key anyone else added is not.
+pub const ANNOTATION_TEMPLATE_METADATA: &str = "capstan.dev/template-metadata";
+/// On a Node: which of its labels come from its Machine (comma-separated
+/// keys). Cluster API's key and format.
+pub const ANNOTATION_LABELS_FROM_MACHINE: &str = "cluster.x-k8s.io/labels-from-machine";
 /// On an old MachineSet: the deployment's new set, to which the machines
 /// it sheds are handed over for an in-place update instead of deleted.
 pub const ANNOTATION_IN_PLACE_TO: &str = "capstan.dev/in-place-to";

@@ -8,9 +8,10 @@
 
 use capstan_api::set_conditions::AVAILABLE;
 use capstan_api::{
-    ANNOTATION_IN_PLACE_FROM, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED, DeletePolicy,
-    LABEL_SET_NAME, Machine, MachineSet, MachineSetStatus, machine_conditions, selector_matches,
-    selector_mismatch, selector_string, status as cond,
+    ANNOTATION_IN_PLACE_FROM, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED,
+    ANNOTATION_TEMPLATE_METADATA, DeletePolicy, LABEL_SET_NAME, Machine, MachineSet,
+    MachineSetStatus, machine_conditions, selector_matches, selector_mismatch, selector_string,
+    status as cond,
 };
 use capstan_kit::controller::Spec;
 use capstan_kit::owners::{claim, controlled_by, owner_reference};
@@ -18,6 +19,7 @@ use capstan_kit::write::{apply_status, record_event};
 use capstan_kit::{Conditions, Error, Expectations, Kube, Seen, key_of, kube_err, now};
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
+use capstan_planner::metadata::{Carried, carry};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -120,19 +122,15 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
     }
 }
 
-/// Whether this machine goes first when the set shrinks: annotated
-/// `cluster.x-k8s.io/delete-machine`, or found unhealthy by a health check
-/// (as in Cluster API's deletion priority).
-fn delete_first(machine: &Machine) -> bool {
-    let unhealthy = machine.status.as_ref().is_some_and(|s| {
+/// Whether a health check found this machine unhealthy or handed it over
+/// for remediation (it goes early when the set shrinks, as in Cluster
+/// API's deletion priority).
+fn unhealthy(machine: &Machine) -> bool {
+    let failed_check = machine.status.as_ref().is_some_and(|s| {
         capstan_api::condition(&s.conditions, machine_conditions::HEALTH_CHECK_SUCCEEDED)
             .is_some_and(|c| c.status == capstan_api::status::FALSE)
     });
-    machine
-        .annotations()
-        .contains_key(capstan_api::ANNOTATION_DELETE_MACHINE)
-        || unhealthy
-        || remediation_requested(machine)
+    failed_check || remediation_requested(machine)
 }
 
 /// Whether a MachineHealthCheck handed this machine to its owner for
@@ -195,7 +193,7 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     let Some(mine) = claimed.await? else {
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
-    carry_deletion_settings(&ctx, &machines_api, &set, &mine).await?;
+    carry_template(&ctx, &machines_api, &set, &mine).await?;
 
     let seen = |name: &str| match mine.iter().find(|m| m.name_any() == name) {
         None => Seen::Absent,
@@ -259,19 +257,50 @@ fn validate(set: &MachineSet, kube: &Kube) -> Option<(&'static str, String)> {
     })
 }
 
-/// Deletion settings change in place (they are not part of the template
-/// hash): carry them to the machines.
-async fn carry_deletion_settings(
+/// Carry what changes in place from the set's template to its machines:
+/// the deletion settings, and the template's labels and annotations (a key
+/// removed from the template goes from the machines too, if the template
+/// put it there). One merge patch per machine that differs.
+async fn carry_template(
     ctx: &Context,
     machines_api: &Api<Machine>,
     set: &MachineSet,
     mine: &[Arc<Machine>],
 ) -> Result<(), Error> {
-    let deletion = in_place_deletion(&set.spec.template.spec);
-    for m in mine.iter().filter(|m| {
-        m.metadata.deletion_timestamp.is_none() && in_place_deletion(&m.spec) != deletion
-    }) {
-        let patch = serde_json::json!({ "spec": { "deletion": deletion } });
+    let template = &set.spec.template;
+    let deletion = in_place_deletion(&template.spec);
+    for m in mine
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+    {
+        let recorded = Carried::from_json(
+            m.annotations()
+                .get(ANNOTATION_TEMPLATE_METADATA)
+                .map(String::as_str),
+        );
+        let metadata = carry(
+            &template.metadata.labels,
+            &template.metadata.annotations,
+            m.labels(),
+            m.annotations(),
+            recorded.as_ref(),
+        );
+        let deletion_differs = in_place_deletion(&m.spec) != deletion;
+        if metadata.is_none() && !deletion_differs {
+            continue;
+        }
+        let mut patch = serde_json::json!({});
+        if deletion_differs {
+            patch["spec"] = serde_json::json!({ "deletion": deletion });
+        }
+        if let Some(change) = metadata {
+            let mut annotations = serde_json::json!(change.annotations);
+            annotations[ANNOTATION_TEMPLATE_METADATA] = change.carried.to_json().into();
+            patch["metadata"] = serde_json::json!({
+                "labels": change.labels,
+                "annotations": annotations,
+            });
+        }
         let params = PatchParams::default();
         match machines_api
             .patch(&m.name_any(), &params, &Patch::Merge(&patch))
@@ -281,7 +310,8 @@ async fn carry_deletion_settings(
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => {
                 return Err(kube_err(format!(
-                    "cannot update the deletion settings of machine {}",
+                    "cannot carry the template of {} to machine {}",
+                    key_of(set),
                     key_of(m.as_ref())
                 ))(e));
             }
@@ -369,7 +399,10 @@ fn machine_views(
                 deleting: m.metadata.deletion_timestamp.is_some()
                     || deleted.contains(&m.name_any()),
                 updating: crate::inplace::updating_in_place(m),
-                delete_first: delete_first(m),
+                delete_first: m
+                    .annotations()
+                    .contains_key(capstan_api::ANNOTATION_DELETE_MACHINE),
+                unhealthy: unhealthy(m),
             }
         })
         .collect();
@@ -614,13 +647,15 @@ async fn create_machines(
     let template = &set.spec.template;
     let mut labels = template.metadata.labels.clone();
     labels.insert(LABEL_SET_NAME.to_string(), set.name_any());
+    let mut annotations = template.metadata.annotations.clone();
+    let carried = Carried::of(&template.metadata.labels, &template.metadata.annotations);
+    annotations.insert(ANNOTATION_TEMPLATE_METADATA.into(), carried.to_json());
     let machine = Machine {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}-", set.name_any())),
             namespace: set.namespace(),
             labels: Some(labels),
-            annotations: (!template.metadata.annotations.is_empty())
-                .then(|| template.metadata.annotations.clone()),
+            annotations: Some(annotations),
             owner_references: Some(vec![owner_reference(set)]),
             ..Default::default()
         },

@@ -20,6 +20,7 @@ pub mod healthcheck;
 pub mod inplace;
 pub mod machine;
 pub mod machineset;
+pub mod metadata;
 pub mod rollout;
 
 /// A rollout bound as written in a spec: a machine count or a percentage of

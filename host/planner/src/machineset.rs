@@ -4,8 +4,10 @@
 //! for the set's replicas (they are on their way out), so a set replaces a
 //! machine as soon as its deletion starts, as Cluster API does.
 //!
-//! In-place rollouts add three things. A machine updating in place is never
-//! chosen to go (the set sheds others, or waits). An old set the deployment
+//! In-place rollouts add three things. A machine updating in place goes
+//! first when the set shrinks, as in Cluster API (no point finishing an
+//! update on a machine that is not wanted), but is never handed over again.
+//! An old set the deployment
 //! told to hand its machines over (`hand_over`) moves the machines it sheds
 //! to the new set instead of deleting them. And the new set, whose replicas
 //! the deployment raises in the same step, creates nothing for machines
@@ -36,14 +38,13 @@ pub struct MachineView {
     pub health: Health,
     /// Deletion has started (the object has a deletion timestamp).
     pub deleting: bool,
-    /// An in-place update is under way (or failed): the machine stays,
-    /// unless it must go first.
+    /// An in-place update is under way (or failed).
     pub updating: bool,
-    /// Marked to go first when the set shrinks, as in Cluster API: the
-    /// `cluster.x-k8s.io/delete-machine` annotation, or a health check found
-    /// it unhealthy. Such a machine goes even while updating in place, so a
-    /// hung update can be scaled away.
+    /// The `cluster.x-k8s.io/delete-machine` annotation: it goes first.
     pub delete_first: bool,
+    /// A health check found it unhealthy or handed it over for
+    /// remediation.
+    pub unhealthy: bool,
 }
 
 /// What a MachineSet should do now.
@@ -75,10 +76,12 @@ pub fn plan_scale(
         };
     }
     let excess = active.len().saturating_sub(replicas);
+    // A machine updating in place is not handed over a second time (unless
+    // marked to go); deleted, it may be.
     let movable: Vec<&MachineView> = active
         .iter()
         .copied()
-        .filter(|m| !m.updating || m.delete_first)
+        .filter(|m| !hand_over || !m.updating || m.delete_first)
         .collect();
     let shed: Vec<String> = delete_order(&movable, policy)
         .into_iter()
@@ -98,10 +101,11 @@ pub fn plan_scale(
     }
 }
 
-/// The order in which machines go when a set shrinks: those marked to go
-/// first (`delete_first`), then failed, then not ready, then ready but not
-/// yet available, then by `policy`; ties broken by name so the order is
-/// total and stable.
+/// The order in which machines go when a set shrinks, Cluster API's
+/// priorities: annotated `delete-machine`, then updating in place, then
+/// unhealthy by a health check, then failed, not ready, ready but not yet
+/// available, then by `policy`; ties broken by name so the order is total
+/// and stable.
 pub fn delete_order<'a>(
     machines: &[&'a MachineView],
     policy: DeletePolicy,
@@ -110,6 +114,8 @@ pub fn delete_order<'a>(
     ordered.sort_by(|a, b| {
         b.delete_first
             .cmp(&a.delete_first)
+            .then_with(|| b.updating.cmp(&a.updating))
+            .then_with(|| b.unhealthy.cmp(&a.unhealthy))
             .then_with(|| a.health.cmp(&b.health))
             .then_with(|| match policy {
                 DeletePolicy::Newest => b.created.cmp(&a.created),
@@ -169,6 +175,7 @@ mod tests {
         MachineView {
             updating: false,
             delete_first: false,
+            unhealthy: false,
             name: name.into(),
             created,
             health,
@@ -177,28 +184,41 @@ mod tests {
     }
 
     #[test]
-    fn marked_machines_go_first_even_while_updating_in_place() {
+    fn cluster_api_priorities_marked_then_updating_then_unhealthy_then_health() {
         let mut marked = machine("marked", 5, Health::Available);
         marked.delete_first = true;
         let mut hung = machine("hung", 1, Health::Available);
         hung.updating = true;
+        let mut unhealthy = machine("unhealthy", 6, Health::Available);
+        unhealthy.unhealthy = true;
         let failed = machine("failed", 2, Health::Failed);
-        let machines = vec![failed.clone(), hung.clone(), marked.clone()];
-        // The mark outranks health and policy.
-        let plan = plan_scale(2, &machines, DeletePolicy::Oldest, false, 0);
-        assert_eq!(plan.delete, ["marked"]);
-        // An update in place holds a machine, unless it is marked.
-        let plan = plan_scale(1, &machines, DeletePolicy::Oldest, false, 0);
-        assert_eq!(plan.delete, ["marked", "failed"]);
-        hung.delete_first = true;
-        let plan = plan_scale(
-            2,
-            &[failed, hung, machine("ok", 3, Health::Available)],
+        let ok = machine("ok", 3, Health::Available);
+        let machines = vec![
+            ok.clone(),
+            failed.clone(),
+            unhealthy.clone(),
+            hung.clone(),
+            marked.clone(),
+        ];
+        for policy in [
             DeletePolicy::Oldest,
-            false,
-            0,
-        );
-        assert_eq!(plan.delete, ["hung"], "a hung update can be scaled away");
+            DeletePolicy::Newest,
+            DeletePolicy::Random,
+        ] {
+            let plan = plan_scale(1, &machines, policy, false, 0);
+            assert_eq!(
+                plan.delete,
+                ["marked", "hung", "unhealthy", "failed"],
+                "{policy:?}"
+            );
+        }
+        // Handing over never moves a machine already updating (unless
+        // marked): the set sheds others.
+        let plan = plan_scale(3, &machines, DeletePolicy::Oldest, true, 0);
+        assert_eq!(plan.hand_over, ["marked", "unhealthy"]);
+        hung.delete_first = true;
+        let plan = plan_scale(2, &[failed, hung, ok], DeletePolicy::Oldest, true, 0);
+        assert_eq!(plan.hand_over, ["hung"], "a hung update can be moved away");
     }
 
     #[test]
@@ -279,11 +299,11 @@ mod tests {
 
     proptest! {
         /// After applying a plan the set has exactly `replicas` active
-        /// machines (more only while machines updating in place, which
-        /// never go, push it over); the plan never both creates and deletes,
-        /// never deletes a machine twice or one already going, and never
-        /// deletes a healthier machine while a less healthy one stays.
-        /// Handing over sheds exactly the machines deleting would.
+        /// machines; the plan never both creates and deletes, never deletes
+        /// a machine twice or one already going, deletes every machine
+        /// updating in place before one that is not, and never deletes a
+        /// healthier machine while a less healthy one stays. Handing over
+        /// sheds what deleting would, machines updating in place aside.
         #[test]
         fn a_plan_reaches_replicas_exactly(
             replicas in 0usize..12,
@@ -291,20 +311,17 @@ mod tests {
             policy in prop_oneof![Just(DeletePolicy::Random), Just(DeletePolicy::Newest), Just(DeletePolicy::Oldest)],
         ) {
             let machines: Vec<MachineView> = raw.iter().enumerate().map(|(i, (created, health, deleting, updating))| MachineView {
-                name: format!("m-{i}"), created: *created, health: *health, deleting: *deleting, updating: *updating, delete_first: false,
+                name: format!("m-{i}"), created: *created, health: *health, deleting: *deleting, updating: *updating, delete_first: false, unhealthy: false,
             }).collect();
             let plan = plan_scale(replicas, &machines, policy, false, 0);
             let active = machines.iter().filter(|m| !m.deleting).count();
-            let movable = machines.iter().filter(|m| !m.deleting && !m.updating).count();
             let incoming = (replicas % 3).min(replicas);
             prop_assert!(plan.create == 0 || plan.delete.is_empty());
             prop_assert!(plan.hand_over.is_empty());
             if plan.create > 0 {
                 prop_assert_eq!(active + plan.create, replicas);
             } else {
-                // Everything above replicas goes, as far as machines not
-                // updating allow.
-                prop_assert_eq!(plan.delete.len(), (active - replicas).min(movable));
+                prop_assert_eq!(plan.delete.len(), active - replicas);
             }
             // Machines on their way in are not created again.
             let with_incoming = plan_scale(replicas, &machines, policy, false, incoming);
@@ -313,17 +330,24 @@ mod tests {
             for name in &plan.delete {
                 prop_assert!(seen.insert(name.clone()));
                 let m = machines.iter().find(|m| &m.name == name).unwrap();
-                prop_assert!(!m.deleting && !m.updating);
+                prop_assert!(!m.deleting);
             }
+            let kept_updating = machines.iter().any(|m| !m.deleting && m.updating && !plan.delete.contains(&m.name));
+            let deleted_steady = plan.delete.iter().any(|n| !machines.iter().find(|m| &m.name == n).unwrap().updating);
+            prop_assert!(!(kept_updating && deleted_steady), "updating machines go first");
             let worst_kept = machines.iter().filter(|m| !m.deleting && !m.updating && !plan.delete.contains(&m.name)).map(|m| m.health).min();
-            let best_deleted = plan.delete.iter().map(|n| machines.iter().find(|m| &m.name == n).unwrap().health).max();
+            let best_deleted = plan.delete.iter().map(|n| machines.iter().find(|m| &m.name == n).unwrap()).filter(|m| !m.updating).map(|m| m.health).max();
             if let (Some(kept), Some(deleted)) = (worst_kept, best_deleted) {
                 prop_assert!(deleted <= kept);
             }
             let handed = plan_scale(replicas, &machines, policy, true, 0);
-            prop_assert_eq!(&handed.hand_over, &plan.delete);
+            let steady: Vec<MachineView> = machines.iter().filter(|m| !m.updating).cloned().collect();
+            let without_updating = plan_scale(replicas.saturating_sub(active - steady.iter().filter(|m| !m.deleting).count()), &steady, policy, false, 0);
             prop_assert!(handed.delete.is_empty());
             prop_assert_eq!(handed.create, plan.create);
+            if plan.create == 0 {
+                prop_assert_eq!(&handed.hand_over, &without_updating.delete);
+            }
             // Same input, same answer (the "random" policy is stable).
             prop_assert_eq!(plan, plan_scale(replicas, &machines, policy, false, 0));
         }

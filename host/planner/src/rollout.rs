@@ -618,6 +618,7 @@ mod tests {
                         },
                         deleting: m.gone_at.is_some(),
                         delete_first: false,
+                        unhealthy: false,
                         updating: m.updating && m.ready_at > now,
                     })
                     .collect();

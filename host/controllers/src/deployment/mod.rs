@@ -105,12 +105,14 @@ pub(crate) async fn controller(
 }
 
 /// A stable hash of a machine template (keys sorted, so the same template
-/// always hashes the same whatever order its JSON arrived in). `deletion`
-/// is left out: as in Cluster API, how machines are deleted changes in
-/// place on the existing sets and machines, without a rollout.
+/// always hashes the same whatever order its JSON arrived in). The
+/// template's labels and annotations and `spec.deletion` are left out: as
+/// in Cluster API, they change in place on the existing sets and machines,
+/// without a rollout.
 pub fn template_hash(template: &MachineTemplateSpec) -> String {
     let mut template = template.clone();
     template.spec.deletion = None;
+    template.metadata = Default::default();
     fn canonical(value: serde_json::Value) -> serde_json::Value {
         match value {
             serde_json::Value::Object(map) => {
@@ -332,8 +334,9 @@ fn observe(
     now_s: i64,
 ) -> Observed {
     let mut observed = Observed::default();
+    let new = new_set_of(hash, sets);
     for set in sets {
-        let is_new = set.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) == Some(hash);
+        let is_new = new.is_some_and(|n| Arc::ptr_eq(n, set));
         let view = set_view(md, set, is_new, machines, now_s, &mut observed.totals);
         if is_new {
             observed.new_set = Some(set.clone());
@@ -344,6 +347,24 @@ fn observe(
         }
     }
     observed
+}
+
+/// The set of the current template: the one whose template hashes to
+/// `hash` now (a set made before a label-only change, or before labels
+/// left the hash, is the same template), the one labelled with it first,
+/// else the latest revision.
+fn new_set_of<'a>(hash: &str, sets: &'a [Arc<MachineSet>]) -> Option<&'a Arc<MachineSet>> {
+    let labelled =
+        |s: &MachineSet| s.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) == Some(hash);
+    let revision = |s: &MachineSet| {
+        s.annotations()
+            .get(capstan_api::ANNOTATION_REVISION)
+            .and_then(|r| r.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    sets.iter()
+        .filter(|s| labelled(s) || template_hash(&s.spec.template) == hash)
+        .max_by_key(|s| (labelled(s), revision(s)))
 }
 
 /// One set as the rollout planner sees it; its machines are added to
@@ -495,6 +516,48 @@ mod tests {
     }
 
     #[test]
+    fn the_new_set_is_the_one_of_the_same_template_whatever_its_labels_say() {
+        let deployment = md(None);
+        let hash = template_hash(&deployment.spec.template);
+        let set = |name: &str, label: &str, revision: &str, version: Option<&str>| {
+            let mut template = deployment.spec.template.clone();
+            if let Some(v) = version {
+                template.spec.version = Some(v.into());
+            }
+            template
+                .metadata
+                .labels
+                .insert(LABEL_TEMPLATE_HASH.into(), label.into());
+            let mut s = MachineSet::new(
+                name,
+                capstan_api::MachineSetSpec {
+                    replicas: 1,
+                    selector: Default::default(),
+                    template,
+                    delete_policy: Default::default(),
+                    min_ready_seconds: 0,
+                    in_place: None,
+                },
+            );
+            s.metadata.labels = Some(BTreeMap::from([(LABEL_TEMPLATE_HASH.into(), label.into())]));
+            s.metadata.annotations = Some(BTreeMap::from([(
+                capstan_api::ANNOTATION_REVISION.into(),
+                revision.into(),
+            )]));
+            Arc::new(s)
+        };
+        // Made before labels left the hash: an older hash label, the same spec.
+        let before_upgrade = set("web-0ld", "0ld", "3", None);
+        let other = set("web-other", "other", "4", Some("v9.9.9"));
+        let sets = vec![other.clone(), before_upgrade.clone()];
+        let found = new_set_of(&hash, &sets).expect("the same template");
+        assert_eq!(found.name_any(), "web-0ld", "no rollout after an upgrade");
+        let labelled = set("web-new", &hash, "2", None);
+        let sets = vec![before_upgrade, labelled, other];
+        assert_eq!(new_set_of(&hash, &sets).unwrap().name_any(), "web-new");
+    }
+
+    #[test]
     fn template_hash_ignores_key_order_and_changes_with_content() {
         let a = md(None);
         let mut b = md(None);
@@ -511,6 +574,21 @@ mod tests {
             template_hash(&a.spec.template),
             template_hash(&b.spec.template),
             "deletion settings change in place, not by a rollout"
+        );
+        b.spec
+            .template
+            .metadata
+            .labels
+            .insert("team".into(), "b".into());
+        b.spec
+            .template
+            .metadata
+            .annotations
+            .insert("note".into(), "x".into());
+        assert_eq!(
+            template_hash(&a.spec.template),
+            template_hash(&b.spec.template),
+            "template labels and annotations change in place, not by a rollout"
         );
         b.spec.template.spec.version = Some("v1.31.0".into());
         assert_ne!(

@@ -42,7 +42,10 @@ pub(super) async fn write_sets(
     revision: i64,
 ) -> Result<SetsWritten, Error> {
     let deletion = crate::machineset::in_place_deletion(&md.spec.template.spec);
-    let new_name = format!("{}-{hash}", md.name_any());
+    let new_name = observed
+        .new_set
+        .as_ref()
+        .map_or_else(|| format!("{}-{hash}", md.name_any()), |s| s.name_any());
     // Under OnDelete, old sets keep the slot of a machine a user deletes.
     let keep_slots = (strategy == Strategy::OnDelete && !md.spec.paused).then_some("false");
     let keep_handing =
@@ -78,6 +81,7 @@ pub(super) async fn write_sets(
             min_ready,
             deletion,
             None,
+            None,
             &annotations,
         )
         .await?;
@@ -108,6 +112,7 @@ pub(super) async fn write_sets(
             ];
             let in_place = Some(md.spec.strategy.in_place.as_ref());
             let min_ready = md.spec.min_ready_seconds;
+            let metadata = template_metadata(md, set);
             let result = sync_set(
                 sets_api,
                 ctx,
@@ -116,6 +121,7 @@ pub(super) async fn write_sets(
                 min_ready,
                 deletion,
                 in_place,
+                Some(&metadata),
                 &annotations,
             )
             .await?;
@@ -152,8 +158,22 @@ pub(super) async fn prune(
     Ok(())
 }
 
-/// Patch a set's replicas, `minReadySeconds` and annotations (`None`
-/// removes one) to these values, writing only what differs.
+/// The new set's template labels and annotations: the deployment's, with
+/// the labels that tie the set to it (its own template hash, which its
+/// selector and machines carry, and the deployment's name).
+fn template_metadata(md: &MachineDeployment, set: &MachineSet) -> capstan_api::TemplateMeta {
+    let mut metadata = md.spec.template.metadata.clone();
+    for key in [LABEL_TEMPLATE_HASH, LABEL_DEPLOYMENT_NAME] {
+        if let Some(value) = set.spec.template.metadata.labels.get(key) {
+            metadata.labels.insert(key.into(), value.clone());
+        }
+    }
+    metadata
+}
+
+/// Patch a set's replicas, `minReadySeconds`, template metadata and
+/// annotations (`None` removes one) to these values, writing only what
+/// differs.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn sync_set(
     api: &Api<MachineSet>,
@@ -163,6 +183,7 @@ pub(super) async fn sync_set(
     min_ready_seconds: i32,
     deletion: Option<&capstan_api::MachineDeletionSpec>,
     in_place: Option<Option<&InPlaceStrategy>>,
+    template_metadata: Option<&capstan_api::TemplateMeta>,
     annotations: &[(&str, Option<&str>)],
 ) -> Result<Written, Error> {
     use serde_json::json;
@@ -200,6 +221,12 @@ pub(super) async fn sync_set(
             set.spec.template.spec.deletion.is_some(),
             deletion.map(|d| json!(d)),
         );
+    }
+    if let Some(metadata) = template_metadata
+        && set.spec.template.metadata != *metadata
+    {
+        // `add` replaces the whole object (the path exists or not).
+        ops.push(json!({"op": "add", "path": "/spec/template/metadata", "value": metadata}));
     }
     if set.spec.replicas != replicas {
         ops.push(json!({"op": "replace", "path": "/spec/replicas", "value": replicas}));

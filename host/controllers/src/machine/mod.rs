@@ -24,9 +24,9 @@ use status::settle;
 use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
 use capstan_api::{
     ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_EXCLUDE_NODE_DRAINING_CAPI,
-    ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH, ANNOTATION_IN_PLACE_FROM, ANNOTATION_PAUSED,
-    MACHINE_FINALIZER, Machine, MachineStatus, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX,
-    Plugin, status as cond,
+    ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH, ANNOTATION_IN_PLACE_FROM,
+    ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_PAUSED, MACHINE_FINALIZER, Machine, MachineStatus,
+    PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin, status as cond,
 };
 use capstan_kit::controller::Spec;
 use capstan_kit::objects::machines_of_node;
@@ -39,6 +39,7 @@ use capstan_planner::machine::{
     Call, CallError, Drain, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
     MachineStep, MachineView, NodeSeen, Outcome, PluginState, Release, Requeue, Volumes, next_step,
 };
+use capstan_planner::metadata::carry_to_node;
 use capstan_runtime::types::{Deletion, InstanceState, MachineStatus as PluginStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
@@ -387,6 +388,13 @@ impl<'a> Pass<'a> {
                 }
                 self.draft.plugin_digest = Some(provider.digest().to_string());
                 self.node = find_node(&ctx.kube.stores.nodes, &observed.provider_id);
+                if let Some(node) = &self.node
+                    && let Err(error) = carry_labels_to_node(ctx, machine, node).await
+                {
+                    // The next pass tries again; the instance is what this
+                    // pass is about.
+                    tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
+                }
                 self.view.provider_id = Some(observed.provider_id.clone());
                 self.view.instance = Some(Instance {
                     provider_id: observed.provider_id.clone(),
@@ -672,6 +680,47 @@ fn hooks(machine: &Machine, prefix: &str) -> Vec<String> {
         .filter_map(|k| k.strip_prefix(prefix))
         .map(str::to_string)
         .collect()
+}
+
+/// Keep the machine's Cluster API managed labels (`node-role.kubernetes.io/…`,
+/// `node.cluster.x-k8s.io/…`, `node-restriction.kubernetes.io/…`) on its
+/// Node, recording which ones in `cluster.x-k8s.io/labels-from-machine` so
+/// one removed from the machine leaves the Node and others' labels stay.
+async fn carry_labels_to_node(ctx: &Context, machine: &Machine, node: &Node) -> Result<(), Error> {
+    let recorded = node.annotations().get(ANNOTATION_LABELS_FROM_MACHINE);
+    let Some(change) = carry_to_node(
+        machine.labels(),
+        node.labels(),
+        recorded.map(String::as_str),
+    ) else {
+        return Ok(());
+    };
+    let patch = serde_json::json!({
+        "metadata": {
+            "labels": change.labels,
+            "annotations": { ANNOTATION_LABELS_FROM_MACHINE: change.carried.labels.join(",") },
+        }
+    });
+    let api: Api<Node> = Api::all(ctx.kube.client.clone());
+    match api
+        .patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            ctx.kube.metrics.wrote(CONTROLLER, "node_labels");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(kube_err(format!(
+            "cannot carry the labels of machine {} to Node {}",
+            key_of(machine),
+            node.name_any()
+        ))(e)),
+    }
 }
 
 /// Delete the machine's Node object once its instance is gone (a cloud's

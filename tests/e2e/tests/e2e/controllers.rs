@@ -969,3 +969,103 @@ async fn scale_down_takes_the_machine_annotated_delete_machine_first() {
         "{chosen} should have gone first: {left:?}"
     );
 }
+
+/// Cluster API's in-place metadata propagation: a label and an annotation
+/// added to a deployment's template reach its machines without a new
+/// MachineSet or a new instance; a managed label (`node.cluster.x-k8s.io/…`)
+/// reaches their Nodes too; removing them from the template removes them
+/// again, and labels others put on the machines stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn template_labels_reach_machines_and_nodes_in_place() {
+    let mut env = Env::start(faults(100)).await.expect("env");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    apply(
+        &env,
+        &sample_deployment("meta", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "meta", LONG).await;
+    let before = env.machines(NS).await;
+    let names = |ms: &[Machine]| ms.iter().map(|m| m.name_any()).collect::<BTreeSet<_>>();
+    let machines: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    // Someone else's label on a machine: never the template's to remove.
+    machines
+        .patch(
+            &before[0].name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"owner": "ops"}}})),
+        )
+        .await
+        .unwrap();
+    let pool = "node.cluster.x-k8s.io/pool";
+    patch_md(
+        &env,
+        "meta",
+        serde_json::json!({"spec": {"template": {"metadata": {
+            "labels": { "team": "blue", pool: "gpu" },
+            "annotations": { "example.com/note": "hello" },
+        }}}}),
+    )
+    .await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let node_label = async |m: &Machine| {
+        let node = capstan_e2e::env::node_of(m);
+        nodes
+            .get(&node)
+            .await
+            .ok()
+            .and_then(|n| n.labels().get(pool).cloned())
+    };
+    eventually("the labels reach machines and Nodes", LONG, async || {
+        let ms = env.machines(NS).await;
+        for m in &ms {
+            let labelled = m.labels().get("team").map(String::as_str) == Some("blue")
+                && m.annotations().get("example.com/note").map(String::as_str) == Some("hello");
+            if !labelled || node_label(m).await.as_deref() != Some("gpu") {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    let after = env.machines(NS).await;
+    assert_eq!(names(&after), names(&before), "the same machines");
+    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(sets.items.len(), 1, "no new MachineSet");
+    assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
+
+    // Removed from the template: removed from machines and Nodes; the
+    // label someone else put there stays.
+    patch_md(
+        &env,
+        "meta",
+        serde_json::json!({"spec": {"template": {"metadata": {
+            "labels": { "team": null, pool: null },
+            "annotations": { "example.com/note": null },
+        }}}}),
+    )
+    .await;
+    eventually("the labels leave machines and Nodes", LONG, async || {
+        let ms = env.machines(NS).await;
+        for m in &ms {
+            let gone = !m.labels().contains_key("team")
+                && !m.annotations().contains_key("example.com/note");
+            if !gone || node_label(m).await.is_some() {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    let kept = machines.get(&before[0].name_any()).await.unwrap();
+    assert_eq!(
+        kept.labels().get("owner").map(String::as_str),
+        Some("ops"),
+        "a label the template never had stays"
+    );
+    assert_eq!(env.cloud.stats().instances_launched, 2);
+}
