@@ -246,6 +246,21 @@ pub struct MachineDeploymentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub revision_history_limit: Option<i32>,
+    /// How the machines a MachineHealthCheck hands over are replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation: Option<DeploymentRemediation>,
+}
+
+/// How a deployment's unhealthy machines are replaced (Cluster API's
+/// `MachineDeployment.spec.remediation`). Only the current revision's set
+/// remediates; older sets' machines go with the rollout.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentRemediation {
+    /// Most machines being remediated at once: a count, or a percentage of
+    /// `replicas` rounded up. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<crate::IntOrString>,
 }
 
 /// Human-readable phase of a MachineDeployment.

@@ -358,6 +358,12 @@ fn judge_all(kube: &Kube, live: &[&Arc<Machine>], checks: &Checks, now_s: i64) -
         let target = Target {
             name: m.name_any(),
             created: m.creation_timestamp().map_or(now_s, |c| c.0.as_second()),
+            infrastructure_ready_at: capstan_api::condition(
+                &machine_status.conditions,
+                capstan_api::machine_conditions::INSTANCE_PROVISIONED,
+            )
+            .filter(|c| c.status == cond::TRUE)
+            .map(|c| c.last_transition_time.0.as_second()),
             node_ref: machine_status.node_ref.as_ref().map(|n| n.name.clone()),
             node: node.as_deref().map(node_conditions),
             machine_conditions: observed(&machine_status.conditions),
@@ -412,15 +418,20 @@ async fn mark(
     let before = mine.clone();
     let generation = machine.metadata.generation;
     match verdict {
-        Verdict::Healthy { .. } => set_condition(
-            &mut mine,
-            HEALTH_CHECK_SUCCEEDED,
-            cond::TRUE,
-            "HealthCheckSucceeded",
-            "",
-            generation,
-            t,
-        ),
+        Verdict::Healthy { .. } => {
+            set_condition(
+                &mut mine,
+                HEALTH_CHECK_SUCCEEDED,
+                cond::TRUE,
+                "HealthCheckSucceeded",
+                "",
+                generation,
+                t,
+            );
+            // Recovered before its owner replaced it: no longer handed
+            // over (Cluster API clears the condition the same way).
+            mine.retain(|c| c.type_ != OWNER_REMEDIATED);
+        }
         Verdict::Unhealthy { reason, message } => set_condition(
             &mut mine,
             HEALTH_CHECK_SUCCEEDED,

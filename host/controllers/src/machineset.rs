@@ -329,11 +329,25 @@ async fn remediate(
     set: &MachineSet,
     mine: &[Arc<Machine>],
 ) -> Result<Vec<String>, Error> {
-    let mut deleted = vec![];
-    for m in mine
+    let requested: Vec<plan::Unhealthy> = mine
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none() && remediation_requested(m))
-    {
+        .map(|m| plan::Unhealthy {
+            name: m.name_any(),
+            created: m.creation_timestamp().map_or(0, |c| c.0.as_second()),
+        })
+        .collect();
+    if requested.is_empty() {
+        return Ok(vec![]);
+    }
+    let in_flight = mine
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_some() && remediation_requested(m))
+        .count();
+    let (current_revision, max_in_flight) = remediation_policy(ctx, set);
+    let chosen = plan::to_remediate(&requested, in_flight, max_in_flight, current_revision);
+    let mut deleted = vec![];
+    for m in mine.iter().filter(|m| chosen.contains(&m.name_any())) {
         let name = m.name_any();
         match machines_api
             .delete(&name, &DeleteParams::background())
@@ -374,6 +388,34 @@ async fn remediate(
         }
     }
     Ok(deleted)
+}
+
+/// Whether the set may remediate (it is not an older revision of its
+/// deployment) and its deployment's `spec.remediation.maxInFlight`,
+/// resolved on the deployment's replicas, rounded up.
+fn remediation_policy(ctx: &Context, set: &MachineSet) -> (bool, Option<usize>) {
+    let Some(owner) = set
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "MachineDeployment")
+    else {
+        return (true, None);
+    };
+    let key = ObjectRef::new(&owner.name).within(&set.namespace().unwrap_or_default());
+    let Some(md) = ctx.kube.stores.deployments.get(&key) else {
+        return (true, None);
+    };
+    // The current revision is the set of the deployment's template now.
+    let hash = crate::deployment::template_hash;
+    let current = hash(&md.spec.template) == hash(&set.spec.template);
+    let max_in_flight = md
+        .spec
+        .remediation
+        .as_ref()
+        .and_then(|r| r.max_in_flight.as_ref())
+        .and_then(|v| crate::deployment::int_or_percent(v).ok())
+        .map(|bound| usize::try_from(bound.resolve(md.spec.replicas, true)).unwrap_or(0));
+    (current, max_in_flight)
 }
 
 /// The set's machines as the scale planner sees them (`deleted`: names

@@ -48,6 +48,10 @@ pub struct Target {
     pub name: String,
     /// Creation, unix seconds.
     pub created: i64,
+    /// When its instance was reported provisioned (unix seconds), if it is:
+    /// the node-startup timeout counts from the later of this and
+    /// `created`, as in Cluster API (a slow cloud is not a dead Node).
+    pub infrastructure_ready_at: Option<i64>,
     /// The Node the machine recorded (`status.nodeRef`), if any.
     pub node_ref: Option<String>,
     /// The Node's conditions, or `None` when no such Node exists.
@@ -114,7 +118,10 @@ pub fn judge(target: &Target, checks: &Checks, now: i64) -> Verdict {
                 };
             }
             if checks.node_startup_timeout > 0 {
-                let waited = now - target.created;
+                let started = target
+                    .infrastructure_ready_at
+                    .map_or(target.created, |ready| ready.max(target.created));
+                let waited = now - started;
                 if waited >= checks.node_startup_timeout {
                     return Verdict::Unhealthy {
                         reason: "NodeStartupTimeout",
@@ -322,12 +329,42 @@ mod tests {
         Target {
             name: "m".into(),
             created: 1000,
+            infrastructure_ready_at: None,
             node_ref: node.as_ref().map(|_| "n".into()),
             node,
             machine_conditions: vec![],
             failure: None,
             remediation_requested: false,
         }
+    }
+
+    #[test]
+    fn the_node_startup_timeout_counts_from_when_the_instance_was_provisioned() {
+        let mut slow_cloud = target(None);
+        // 600 s after creation, but the instance came up 100 s ago.
+        slow_cloud.infrastructure_ready_at = Some(1500);
+        let verdict = judge(&slow_cloud, &checks(), 1600);
+        assert!(
+            matches!(
+                verdict,
+                Verdict::Healthy {
+                    recheck_in: Some(500)
+                }
+            ),
+            "{verdict:?}"
+        );
+        assert!(matches!(
+            judge(&slow_cloud, &checks(), 2100),
+            Verdict::Unhealthy {
+                reason: "NodeStartupTimeout",
+                ..
+            }
+        ));
+        // Without a provisioned instance it counts from creation.
+        assert!(matches!(
+            judge(&target(None), &checks(), 1600),
+            Verdict::Unhealthy { .. }
+        ));
     }
 
     #[test]

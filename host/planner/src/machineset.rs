@@ -127,6 +127,40 @@ pub fn delete_order<'a>(
     ordered
 }
 
+/// A machine a health check handed over for remediation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhealthy {
+    /// Object name.
+    pub name: String,
+    /// Creation time, unix seconds.
+    pub created: i64,
+}
+
+/// Which handed-over machines a set deletes now, as Cluster API's
+/// MachineSet does: none unless the set is its deployment's current
+/// revision (older sets' machines go with the rollout), at most
+/// `max_in_flight` remediations at once counting those still deleting
+/// (`in_flight`), newest first (a machine that never came up is the least
+/// likely to host anything).
+pub fn to_remediate(
+    unhealthy: &[Unhealthy],
+    in_flight: usize,
+    max_in_flight: Option<usize>,
+    current_revision: bool,
+) -> Vec<String> {
+    if !current_revision {
+        return vec![];
+    }
+    let mut newest_first: Vec<&Unhealthy> = unhealthy.iter().collect();
+    newest_first.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.name.cmp(&b.name)));
+    let room = max_in_flight.map_or(usize::MAX, |m| m.saturating_sub(in_flight));
+    newest_first
+        .into_iter()
+        .take(room)
+        .map(|m| m.name.clone())
+        .collect()
+}
+
 /// FNV-1a: a fixed, dependency-free hash so "random" is the same on every
 /// host and every reconcile.
 fn stable_hash(text: &str) -> u64 {
@@ -219,6 +253,31 @@ mod tests {
         hung.delete_first = true;
         let plan = plan_scale(2, &[failed, hung, ok], DeletePolicy::Oldest, true, 0);
         assert_eq!(plan.hand_over, ["hung"], "a hung update can be moved away");
+    }
+
+    #[test]
+    fn remediation_is_newest_first_within_max_in_flight_and_only_in_the_current_revision() {
+        let unhealthy = [
+            Unhealthy {
+                name: "old".into(),
+                created: 1,
+            },
+            Unhealthy {
+                name: "new".into(),
+                created: 9,
+            },
+            Unhealthy {
+                name: "mid".into(),
+                created: 5,
+            },
+        ];
+        assert_eq!(
+            to_remediate(&unhealthy, 0, None, true),
+            ["new", "mid", "old"]
+        );
+        assert_eq!(to_remediate(&unhealthy, 1, Some(2), true), ["new"]);
+        assert!(to_remediate(&unhealthy, 2, Some(2), true).is_empty());
+        assert!(to_remediate(&unhealthy, 0, None, false).is_empty());
     }
 
     #[test]

@@ -309,7 +309,25 @@ fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static s
     if let Some(message) = capstan_kit::registry::not_allowed(kube, plugin, &namespace) {
         return Err(("PluginNotAllowed", message));
     }
+    if let Some(value) = md
+        .spec
+        .remediation
+        .as_ref()
+        .and_then(|r| r.max_in_flight.as_ref())
+    {
+        int_or_percent(value)
+            .map_err(|e| ("InvalidSpec", format!("spec.remediation.maxInFlight: {e}")))?;
+    }
     strategy_of(md).map_err(|m| ("InvalidSpec", m))
+}
+
+/// A count or a percentage (`25%`), as Kubernetes writes bounds.
+pub(crate) fn int_or_percent(value: &IntOrString) -> Result<Bound, String> {
+    match value {
+        IntOrString::Int(n) if *n >= 0 => Ok(Bound::Count(*n)),
+        IntOrString::Int(n) => Err(format!("{n} is negative; use a count of 0 or more")),
+        IntOrString::String(s) => Bound::parse(s),
+    }
 }
 
 /// What a pass observed of the deployment's sets and their machines.

@@ -928,6 +928,7 @@ async fn scale_down_takes_the_machine_annotated_delete_machine_first() {
             deleting: false,
             updating: false,
             delete_first: false,
+            unhealthy: false,
         })
         .collect();
     let refs: Vec<&capstan_planner::machineset::MachineView> = views.iter().collect();

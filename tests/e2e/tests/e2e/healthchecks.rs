@@ -574,3 +574,75 @@ async fn cluster_api_keys_request_skip_and_pause_remediation() {
     .await;
     assert!(!env.instance_exists(&instance).await);
 }
+
+/// Cluster API's `MachineDeployment.spec.remediation.maxInFlight`: the
+/// deployment's set replaces one handed-over machine at a time; a machine
+/// that recovers before its turn has `OwnerRemediated` cleared and stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deployments_max_in_flight_paces_remediation_and_a_recovered_machine_stays() {
+    let env = start(3).await;
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "remediation": { "maxInFlight": 1 } } })),
+        )
+        .await
+        .unwrap();
+    let machines = env.machines(NS).await;
+    for m in &machines {
+        annotate(&env, &m.name_any(), HOOK, Some("")).await;
+    }
+    let silent: Vec<&Machine> = machines.iter().take(2).collect();
+    for m in &silent {
+        set_heartbeats(&env, &node_of(m), false).await;
+    }
+    create_check(&env, json!({}), 600).await;
+    let handed_over =
+        |m: &Machine| machine_condition(m, OWNER_REMEDIATED).is_some_and(|c| c.0 == "False");
+    let (deleting, waiting) = env
+        .eventually("one remediated, one waiting its turn", LONG, async || {
+            let ms = env.machines(NS).await;
+            let deleting: Vec<&Machine> = ms
+                .iter()
+                .filter(|m| m.metadata.deletion_timestamp.is_some())
+                .collect();
+            let waiting: Vec<&Machine> = ms
+                .iter()
+                .filter(|m| m.metadata.deletion_timestamp.is_none() && handed_over(m))
+                .collect();
+            (deleting.len() == 1 && waiting.len() == 1)
+                .then(|| (deleting[0].name_any(), waiting[0].name_any()))
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = machine(&env, &waiting).await.unwrap();
+    assert!(
+        held.metadata.deletion_timestamp.is_none(),
+        "maxInFlight 1: {waiting} waits while {deleting} is being remediated"
+    );
+
+    // The waiting machine's Node comes back: it is healthy again and no
+    // longer handed over.
+    let recovering = silent
+        .iter()
+        .find(|m| m.name_any() == waiting)
+        .expect("a silenced machine");
+    set_heartbeats(&env, &node_of(recovering), true).await;
+    env.eventually("OwnerRemediated cleared on recovery", LONG, async || {
+        let m = machine(&env, &waiting).await?;
+        let healthy = machine_condition(&m, HEALTH_CHECK_SUCCEEDED).is_some_and(|c| c.0 == "True");
+        (healthy && machine_condition(&m, OWNER_REMEDIATED).is_none()).then_some(())
+    })
+    .await;
+    annotate(&env, &deleting, HOOK, None).await;
+    env.eventually("the remediated machine goes", LONG, async || {
+        machine(&env, &deleting).await.is_none().then_some(())
+    })
+    .await;
+    let after = wait_pool_healthy(&env, 3).await;
+    assert!(
+        after.iter().any(|m| m.name_any() == waiting),
+        "the recovered machine stays"
+    );
+}
