@@ -104,6 +104,22 @@ pub struct HealthCheckRemediation {
     /// count or a percentage of the expected machines. Unset: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<IntOrString>,
+    /// `Remediate` (the default): unhealthy machines are handed to their
+    /// owners for replacement. `Report`: they are only marked
+    /// (`HealthCheckSucceeded=False`), nothing is replaced — to try a check
+    /// out, or to watch a fleet before trusting it with deletions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<RemediationMode>,
+}
+
+/// What a health check does with the unhealthy machines it finds.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RemediationMode {
+    /// Hand them to their owners for replacement.
+    #[default]
+    Remediate,
+    /// Only mark them.
+    Report,
 }
 
 /// Bounds on the unhealthy count within which remediation happens.

@@ -380,9 +380,20 @@ pub mod machine_conditions {
     /// `True` (reason `Paused`) while the `cluster.x-k8s.io/paused`
     /// annotation holds the machine; `False` once it is gone.
     pub const PAUSED: &str = "Paused";
+    /// Cluster API's name for [`INSTANCE_PROVISIONED`]: the same status,
+    /// reason and message, for dashboards and tools that look for it.
+    pub const INFRASTRUCTURE_READY: &str = "InfrastructureReady";
+    /// The Node's own `Ready` condition, mirrored (`Unknown` with reason
+    /// `NodeDoesNotExist` before there is a Node).
+    pub const NODE_READY: &str = "NodeReady";
+    /// The Node is Ready and under no memory, disk or PID pressure.
+    pub const NODE_HEALTHY: &str = "NodeHealthy";
+    /// Ready for at least its set's `minReadySeconds` (Cluster API's
+    /// machine-level `Available`).
+    pub const AVAILABLE: &str = "Available";
     /// The condition types the Machine controller owns (the others on a
     /// Machine belong to other controllers and are left alone).
-    pub const OWNED_BY_MACHINE_CONTROLLER: [&str; 7] = [
+    pub const OWNED_BY_MACHINE_CONTROLLER: [&str; 11] = [
         READY,
         INSTANCE_PROVISIONED,
         CONFIG_VALID,
@@ -390,5 +401,9 @@ pub mod machine_conditions {
         UP_TO_DATE,
         UPDATING,
         PAUSED,
+        INFRASTRUCTURE_READY,
+        NODE_READY,
+        NODE_HEALTHY,
+        AVAILABLE,
     ];
 }

@@ -249,6 +249,22 @@ pub struct MachineDeploymentSpec {
     /// How the machines a MachineHealthCheck hands over are replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation: Option<DeploymentRemediation>,
+    /// Rollout triggers other than a template change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<DeploymentRollout>,
+}
+
+/// Rollout triggers other than a template change (Cluster API's
+/// `MachineDeployment.spec.rollout`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentRollout {
+    /// Once this time has passed, every machine made before it is replaced
+    /// by a rollout, even if the template did not change (to recycle
+    /// machines: credentials, images baked at boot). RFC 3339, e.g.
+    /// `2026-12-01T09:00:00Z`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<crate::Time>,
 }
 
 /// How a deployment's unhealthy machines are replaced (Cluster API's

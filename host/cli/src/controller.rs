@@ -16,8 +16,9 @@ use std::time::Duration;
 /// Leader election flags (controller-runtime's names and defaults).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ElectionArgs {
-    /// Run only while holding the `capstan-controller` Lease in --namespace,
-    /// so several replicas can run and one reconciles.
+    /// Run only while holding the `capstan-controller` Lease in --namespace
+    /// (`capstan-controller-VALUE` with --watch-filter, one per shard), so
+    /// several replicas can run and one reconciles.
     #[arg(long, env = "CAPSTAN_LEADER_ELECT")]
     pub leader_elect: bool,
     /// How long a Lease stays valid without renewal; a standby takes over
@@ -37,8 +38,13 @@ pub struct ElectionArgs {
 }
 
 impl ElectionArgs {
-    /// The election configuration, or why the timings do not work.
-    pub fn config(&self, namespace: &str) -> anyhow::Result<Option<ElectionConfig>> {
+    /// The election configuration, or why the timings do not work; each
+    /// shard (`watch_filter`) has a Lease of its own.
+    pub fn config(
+        &self,
+        namespace: &str,
+        watch_filter: Option<&str>,
+    ) -> anyhow::Result<Option<ElectionConfig>> {
         if !self.leader_elect {
             return Ok(None);
         }
@@ -58,7 +64,7 @@ impl ElectionArgs {
         );
         Ok(Some(ElectionConfig {
             namespace: namespace.to_string(),
-            name: LEASE_NAME.into(),
+            name: watch_filter.map_or_else(|| LEASE_NAME.into(), |f| format!("{LEASE_NAME}-{f}")),
             identity: capstan_controllers::leader::default_identity(),
             lease_duration: self.leader_elect_lease_duration,
             renew_deadline: self.leader_elect_renew_deadline,
@@ -162,6 +168,13 @@ pub struct Args {
     pub namespace: Option<String>,
     #[command(flatten)]
     pub election: ElectionArgs,
+    /// Run as one shard of a fleet (Cluster API's flag): reconcile only the
+    /// Machines, MachineSets, MachineDeployments, MachineHealthChecks and
+    /// Addons labelled `cluster.x-k8s.io/watch-filter=VALUE` (label a
+    /// deployment and its template; its sets and machines inherit it).
+    /// Plugins are every shard's. Unset: every object.
+    #[arg(long, env = "CAPSTAN_WATCH_FILTER", value_name = "VALUE")]
+    pub watch_filter: Option<String>,
     /// Rewrite container images in the pod templates addons render, FROM=TO
     /// by prefix (repeatable; the first matching rule wins), e.g.
     /// `registry.k8s.io/=mirror.local/` for a disconnected site. Each Addon's
@@ -180,6 +193,13 @@ impl Args {
     /// mirror configuration and registry credentials now, so a bad file
     /// fails at startup); credential Secrets are read only from `namespace`.
     pub fn options(&self, namespace: &str) -> anyhow::Result<Options> {
+        if let Some(why) = self
+            .watch_filter
+            .as_deref()
+            .and_then(capstan_controllers::invalid_watch_filter)
+        {
+            anyhow::bail!(why);
+        }
         anyhow::ensure!(
             self.kube_api_qps.is_finite() && self.kube_api_qps >= 0.0,
             "--kube-api-qps {} must be a number of requests per second, 0 or more (0: unlimited)",
@@ -222,6 +242,7 @@ impl Args {
             write_fence: None,
             kube_api_rate: (self.kube_api_qps > 0.0)
                 .then_some((self.kube_api_qps, self.kube_api_burst.max(1))),
+            watch_filter: self.watch_filter.clone(),
         })
     }
 }
@@ -286,7 +307,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         options: args.options(&namespace)?,
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,
-        election: args.election.config(&namespace)?,
+        election: args
+            .election
+            .config(&namespace, args.watch_filter.as_deref())?,
     };
     match serve::serve(process, shutdown_signal()).await {
         Ok(()) => {

@@ -257,7 +257,12 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
         .count();
     let max_in_flight =
         max_in_flight.map(|b| usize::try_from(b.resolve(expected, true)).unwrap_or(0));
-    let chosen = plan::to_remediate(&unhealthy, in_flight, max_in_flight, allowed.is_ok());
+    let report_only = check.spec.remediation.mode == Some(capstan_api::RemediationMode::Report);
+    let chosen = if report_only {
+        vec![]
+    } else {
+        plan::to_remediate(&unhealthy, in_flight, max_in_flight, allowed.is_ok())
+    };
 
     for (m, verdict) in live.iter().zip(&judged.verdicts) {
         let remediate = chosen.contains(&m.name_any());
@@ -291,9 +296,10 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
     // Unhealthy machines left waiting are looked at again soon: the
     // removal of a machine in remediation frees a maxInFlight slot, and a
     // removal is not an event the shared caches pass on.
-    let waiting = unhealthy
-        .iter()
-        .any(|u| !u.requested && !chosen.contains(&u.name));
+    let waiting = !report_only
+        && unhealthy
+            .iter()
+            .any(|u| !u.requested && !chosen.contains(&u.name));
     let mut next = judged.recheck.map_or(ctx.resync, |wait| {
         Duration::from_secs(wait.max(0) as u64 + 1)
     });

@@ -37,6 +37,7 @@ pub mod serve;
 // The shared plumbing lives in `capstan-kit` (the addon engine in
 // `capstan-addons`); these names stay reachable here for the binaries and
 // tests that start the controllers.
+pub use capstan_kit::watch::{LABEL_WATCH_FILTER, invalid_watch_filter};
 pub use capstan_kit::{
     Error, FIELD_MANAGER, MachineProvider, Metrics, ProviderError, Providers, Registered, ScopeApi,
     Stores, WasmProvider, leader, metrics, provider, ratelimit, registry,
@@ -86,6 +87,9 @@ pub struct Options {
     /// (`--kube-api-qps`, `--kube-api-burst`; `None`: unlimited, the
     /// server's priority and fairness alone).
     pub kube_api_rate: Option<(f64, u32)>,
+    /// This shard's `cluster.x-k8s.io/watch-filter` label value
+    /// (`--watch-filter`; `None`: every object).
+    pub watch_filter: Option<String>,
 }
 
 impl Default for Options {
@@ -101,6 +105,7 @@ impl Default for Options {
             unsigned_plugin_dirs: Vec::new(),
             write_fence: None,
             kube_api_rate: None,
+            watch_filter: None,
         }
     }
 }
@@ -157,7 +162,7 @@ pub async fn run(
         .map(|(qps, burst)| ratelimit::RateLimit::new(qps, burst));
     let eviction_client = fenced_client(no_retries, options.write_fence.as_ref(), rate.as_ref())?;
     let client = fenced_client(config, options.write_fence.as_ref(), rate.as_ref())?;
-    let mut watches = Watches::new(&client).await?;
+    let mut watches = Watches::new(&client, options.watch_filter.as_deref()).await?;
     let kube = Kube {
         recorder: Recorder::new(
             client.clone(),

@@ -298,24 +298,31 @@ async fn cordon(kube: &Kube, node: &Node) -> Result<(), Error> {
     if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
         return Ok(());
     }
-    let api: Api<Node> = Api::all(kube.client.clone());
     let patch = serde_json::json!({ "spec": { "unschedulable": true } });
+    patch_node(kube, node, &patch, "cordon", "cannot cordon").await
+}
+
+/// Merge-patch a Node for the Machine controller (`what` names the write
+/// in metrics; `failing` opens the error). A Node already gone is fine.
+pub(crate) async fn patch_node(
+    kube: &Kube,
+    node: &Node,
+    patch: &serde_json::Value,
+    what: &'static str,
+    failing: &str,
+) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(kube.client.clone());
+    let name = node.name_any();
     match api
-        .patch(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+        .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
         Ok(_) => {
-            kube.metrics.wrote("machine", "cordon");
+            kube.metrics.wrote("machine", what);
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(kube_err(format!("cannot cordon Node {}", node.name_any()))(
-            e,
-        )),
+        Err(e) => Err(kube_err(format!("{failing} Node {name}"))(e)),
     }
 }
 

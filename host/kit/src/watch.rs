@@ -1,7 +1,9 @@
 //! The shared watches every controller reads from: one reflected watch per
 //! kind ([`Shared`]), all of them together in [`Watches`], which checks the
 //! CRDs are there, hands out [`Stores`] and subscriptions, and marks the
-//! controllers ready once every watch has listed.
+//! controllers ready once every watch has listed. With a watch filter
+//! (Cluster API's `--watch-filter`), the watches of the kinds a shard owns
+//! see only objects labelled `cluster.x-k8s.io/watch-filter=<value>`.
 
 use crate::{Error, Kind, Metrics, Stores};
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
@@ -13,11 +15,37 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use std::sync::Arc;
 
+/// The label a shard's objects carry (Cluster API's key): a controller
+/// started with `--watch-filter=VALUE` sees only objects labelled
+/// `cluster.x-k8s.io/watch-filter=VALUE`.
+pub const LABEL_WATCH_FILTER: &str = "cluster.x-k8s.io/watch-filter";
+
+/// Why `value` cannot be a watch filter (a label value: at most 63
+/// characters, alphanumerics, `-`, `_` and `.`, alphanumeric at both ends),
+/// if it cannot.
+pub fn invalid_watch_filter(value: &str) -> Option<String> {
+    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && ends_ok(value.chars().next())
+        && ends_ok(value.chars().last());
+    (!ok).then(|| {
+        format!(
+            "--watch-filter {value:?} is not a label value: use at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
+        )
+    })
+}
+
 /// A shared, reflected watch of one kind: the store and a way to subscribe.
 pub struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     writer: Option<reflector::store::Writer<K>>,
     api: Api<K>,
+    /// Label selector of the objects this watch sees (`None`: all).
+    selector: Option<String>,
     /// Objects that left the cache. kube-runtime's shared streams pass
     /// applied objects on but not deleted ones, and a relist drops vanished
     /// objects silently; both reach subscribers of [`Shared::deletions`].
@@ -36,13 +64,14 @@ impl<K> Shared<K>
 where
     K: Kind,
 {
-    fn new(api: Api<K>) -> Self {
+    fn new(api: Api<K>, selector: Option<String>) -> Self {
         let (store, writer) = reflector::store_shared(1024);
         let (deleted, _) = tokio::sync::broadcast::channel(1024);
         Shared {
             store,
             writer: Some(writer),
             api,
+            selector,
             deleted,
         }
     }
@@ -91,7 +120,11 @@ where
         // What the cache held when a relist began: whatever of it the
         // relist does not bring back was deleted while the watch was down.
         let mut before_relist: Vec<Arc<K>> = Vec::new();
-        watcher(self.api.clone(), watcher::Config::default().any_semantic())
+        let mut config = watcher::Config::default().any_semantic();
+        if let Some(selector) = &self.selector {
+            config = config.labels(selector);
+        }
+        watcher(self.api.clone(), config)
             .default_backoff()
             .reflect_shared(writer)
             .filter_map(move |event| {
@@ -180,17 +213,21 @@ pub struct Watches {
 
 impl Watches {
     /// The watches, after checking that Capstan's CRDs can be listed (an
-    /// error names the first that cannot).
-    pub async fn new(client: &Client) -> Result<Self, Error> {
+    /// error names the first that cannot). With `watch_filter`, the
+    /// Machines, MachineSets, MachineDeployments, MachineHealthChecks and
+    /// Addons seen are those of this shard; Plugins, Nodes and Namespaces
+    /// are every shard's.
+    pub async fn new(client: &Client, watch_filter: Option<&str>) -> Result<Self, Error> {
+        let owned = || watch_filter.map(|value| format!("{LABEL_WATCH_FILTER}={value}"));
         let watches = Watches {
-            plugins: Shared::new(Api::all(client.clone())),
-            machines: Shared::new(Api::all(client.clone())),
-            machine_sets: Shared::new(Api::all(client.clone())),
-            deployments: Shared::new(Api::all(client.clone())),
-            nodes: Shared::new(Api::all(client.clone())),
-            health_checks: Shared::new(Api::all(client.clone())),
-            addons: Shared::new(Api::all(client.clone())),
-            namespaces: Shared::new(Api::all(client.clone())),
+            plugins: Shared::new(Api::all(client.clone()), None),
+            machines: Shared::new(Api::all(client.clone()), owned()),
+            machine_sets: Shared::new(Api::all(client.clone()), owned()),
+            deployments: Shared::new(Api::all(client.clone()), owned()),
+            nodes: Shared::new(Api::all(client.clone()), None),
+            health_checks: Shared::new(Api::all(client.clone()), owned()),
+            addons: Shared::new(Api::all(client.clone()), owned()),
+            namespaces: Shared::new(Api::all(client.clone()), None),
         };
         watches.plugins.check("plugins.capstan.dev").await?;
         watches.machines.check("machines.capstan.dev").await?;

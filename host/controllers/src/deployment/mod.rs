@@ -227,10 +227,32 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
     let hash = template_hash(&md.spec.template);
+    let after = rollout_after(&md);
+    let after_reached = after.filter(|a| *a <= t.0.as_second());
+    // The hash a set made now is named and labelled with: once
+    // `rollout.after` has passed, not the one of sets made before it.
+    let set_hash = after_reached.map_or_else(|| hash.clone(), |a| salted_hash(&hash, a));
     let machines = ctx.kube.stores.machines.state();
-    let observed = observe(&md, &hash, &sets, &machines, t.0.as_second());
+    let now_s = t.0.as_second();
+    let observed = observe(
+        &md,
+        &hash,
+        &set_hash,
+        after_reached,
+        &sets,
+        &machines,
+        now_s,
+    );
     let revision = rollout::next_revision(observed.new_view.as_ref(), &observed.old_views);
-    let decision = match in_place_policy(&md, strategy) {
+    // Machines made before `rollout.after` are replaced, not updated in
+    // place (nothing in their spec changed to update).
+    let recycling = after_reached.is_some_and(|a| {
+        observed
+            .old_sets
+            .iter()
+            .any(|s| s.spec.replicas > 0 && created(s) < a)
+    });
+    let decision = match in_place_policy(&md, strategy).filter(|_| !recycling) {
         Some(policy) => {
             let owned: Vec<&Arc<MachineSet>> = sets.iter().collect();
             let new_set = observed.new_set.as_deref();
@@ -247,7 +269,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         decision.as_ref(),
         &plan,
         &observed,
-        &hash,
+        &set_hash,
         revision,
     )
     .await?;
@@ -278,14 +300,41 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         &status,
     )
     .await?;
-    Ok(if written.conflict.is_some() {
-        Action::requeue(Duration::from_secs(30))
+    let next = if written.conflict.is_some() {
+        Duration::from_secs(30)
     } else if complete {
-        Action::requeue(ctx.kube.resync)
+        ctx.kube.resync
     } else {
         // Set and machine changes trigger us; this only covers minReadySeconds.
-        Action::requeue(Duration::from_secs(5))
-    })
+        Duration::from_secs(5)
+    };
+    // A `rollout.after` still ahead starts its rollout on time.
+    let until_after = after
+        .map(|a| a - now_s)
+        .filter(|s| *s >= 0)
+        .map(|s| Duration::from_secs(s as u64 + 1));
+    Ok(Action::requeue(until_after.map_or(next, |u| u.min(next))))
+}
+
+/// `spec.rollout.after`, unix seconds.
+fn rollout_after(md: &MachineDeployment) -> Option<i64> {
+    md.spec
+        .rollout
+        .as_ref()
+        .and_then(|r| r.after.as_ref())
+        .map(|a| a.0.as_second())
+}
+
+fn created(set: &MachineSet) -> i64 {
+    set.creation_timestamp().map_or(0, |c| c.0.as_second())
+}
+
+/// A set hash of its own for the sets made after `rollout.after` (their
+/// template is the same as the older sets', their name and selector must
+/// not be).
+fn salted_hash(hash: &str, after: i64) -> String {
+    let digest = Sha256::digest(format!("{hash}/rollout.after={after}").as_bytes());
+    hex::encode(&digest[..5])
 }
 
 /// The rollout strategy, or why the spec cannot be acted on (reason,
@@ -347,12 +396,14 @@ struct Observed {
 fn observe(
     md: &MachineDeployment,
     hash: &str,
+    set_hash: &str,
+    after_reached: Option<i64>,
     sets: &[Arc<MachineSet>],
     machines: &[Arc<Machine>],
     now_s: i64,
 ) -> Observed {
     let mut observed = Observed::default();
-    let new = new_set_of(hash, sets);
+    let new = new_set_of(hash, set_hash, after_reached, sets);
     for set in sets {
         let is_new = new.is_some_and(|n| Arc::ptr_eq(n, set));
         let view = set_view(md, set, is_new, machines, now_s, &mut observed.totals);
@@ -367,22 +418,24 @@ fn observe(
     observed
 }
 
-/// The set of the current template: the one whose template hashes to
-/// `hash` now (a set made before a label-only change, or before labels
-/// left the hash, is the same template), the one labelled with it first,
-/// else the latest revision.
-fn new_set_of<'a>(hash: &str, sets: &'a [Arc<MachineSet>]) -> Option<&'a Arc<MachineSet>> {
+/// The set of the current template, as Cluster API finds it: one whose
+/// template hashes to `hash` now (a set made before a label-only change,
+/// or before labels left the hash, is the same template) and, once
+/// `rollout.after` has passed, made at or after it; of several, the one
+/// with the most replicas (the least churn), then the one labelled
+/// `set_hash`, then the latest revision.
+fn new_set_of<'a>(
+    hash: &str,
+    set_hash: &str,
+    after_reached: Option<i64>,
+    sets: &'a [Arc<MachineSet>],
+) -> Option<&'a Arc<MachineSet>> {
     let labelled =
-        |s: &MachineSet| s.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) == Some(hash);
-    let revision = |s: &MachineSet| {
-        s.annotations()
-            .get(capstan_api::ANNOTATION_REVISION)
-            .and_then(|r| r.parse::<i64>().ok())
-            .unwrap_or(0)
-    };
+        |s: &MachineSet| s.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) == Some(set_hash);
     sets.iter()
-        .filter(|s| labelled(s) || template_hash(&s.spec.template) == hash)
-        .max_by_key(|s| (labelled(s), revision(s)))
+        .filter(|s| template_hash(&s.spec.template) == hash)
+        .filter(|s| after_reached.is_none_or(|a| created(s) >= a))
+        .max_by_key(|s| (s.spec.replicas, labelled(s), revision_of(s)))
 }
 
 /// One set as the rollout planner sees it; its machines are added to
@@ -568,11 +621,14 @@ mod tests {
         let before_upgrade = set("web-0ld", "0ld", "3", None);
         let other = set("web-other", "other", "4", Some("v9.9.9"));
         let sets = vec![other.clone(), before_upgrade.clone()];
-        let found = new_set_of(&hash, &sets).expect("the same template");
+        let found = new_set_of(&hash, &hash, None, &sets).expect("the same template");
         assert_eq!(found.name_any(), "web-0ld", "no rollout after an upgrade");
         let labelled = set("web-new", &hash, "2", None);
         let sets = vec![before_upgrade, labelled, other];
-        assert_eq!(new_set_of(&hash, &sets).unwrap().name_any(), "web-new");
+        assert_eq!(
+            new_set_of(&hash, &hash, None, &sets).unwrap().name_any(),
+            "web-new"
+        );
     }
 
     #[test]

@@ -555,11 +555,27 @@ impl<'a> Pass<'a> {
 
     /// Write the status the pass ends with (once, if it changed), say what
     /// needs saying, and requeue.
+    /// The owning set's `minReadySeconds`, after which a Ready machine
+    /// counts as `Available`.
+    fn min_ready_seconds(&self) -> i64 {
+        let namespace = self.machine.namespace().unwrap_or_default();
+        self.machine
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == "MachineSet")
+            .and_then(|o| {
+                let key = ObjectRef::new(&o.name).within(&namespace);
+                self.ctx.kube.stores.machine_sets.get(&key)
+            })
+            .map_or(0, |set| i64::from(set.spec.min_ready_seconds.max(0)))
+    }
+
     async fn finish(mut self, end: End) -> Result<Action, Error> {
         let (ctx, machine) = (self.ctx, self.machine);
         if let Outcome::Deleting { drain_skipped, .. } = &end.outcome {
             self.report_skipped_drain(drain_skipped.as_ref()).await;
         }
+        let min_ready_seconds = self.min_ready_seconds();
         let status = settle(
             machine,
             self.draft,
@@ -567,6 +583,7 @@ impl<'a> Pass<'a> {
             self.observed.as_ref(),
             self.node.as_deref(),
             &end.outcome,
+            min_ready_seconds,
             &self.t,
         );
         let changed = match &status {
@@ -614,17 +631,27 @@ impl<'a> Pass<'a> {
             },
             _ => {}
         }
-        Ok(match end.requeue {
-            Requeue::AwaitChange => Action::await_change(),
-            Requeue::Resync => Action::requeue(ctx.kube.resync),
-            Requeue::Poll => Action::requeue(ctx.poll),
+        let after = match end.requeue {
+            Requeue::AwaitChange => None,
+            Requeue::Resync => Some(ctx.kube.resync),
+            Requeue::Poll => Some(ctx.poll),
             // A running instance is looked at again on its own cadence, so
             // one that vanished is seen within that bound even without a
             // Node event.
-            Requeue::InstanceCheck => {
-                Action::requeue(jittered(ctx.instance_check).min(ctx.kube.resync))
-            }
-            Requeue::After(ms) => Action::requeue(Duration::from_millis(ms)),
+            Requeue::InstanceCheck => Some(jittered(ctx.instance_check).min(ctx.kube.resync)),
+            Requeue::After(ms) => Some(Duration::from_millis(ms)),
+        };
+        // A Ready machine becomes Available after minReadySeconds: look
+        // again then, if nothing comes sooner.
+        let available_in = status
+            .as_ref()
+            .or(machine.status.as_ref())
+            .and_then(|s| status::until_available(s, min_ready_seconds, &self.t))
+            .map(|d| d + Duration::from_millis(200));
+        Ok(match (after, available_in) {
+            (Some(a), Some(b)) => Action::requeue(a.min(b)),
+            (Some(a), None) | (None, Some(a)) => Action::requeue(a),
+            (None, None) => Action::await_change(),
         })
     }
 }
@@ -701,26 +728,8 @@ async fn carry_labels_to_node(ctx: &Context, machine: &Machine, node: &Node) -> 
             "annotations": { ANNOTATION_LABELS_FROM_MACHINE: change.carried.labels.join(",") },
         }
     });
-    let api: Api<Node> = Api::all(ctx.kube.client.clone());
-    match api
-        .patch(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => {
-            ctx.kube.metrics.wrote(CONTROLLER, "node_labels");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(kube_err(format!(
-            "cannot carry the labels of machine {} to Node {}",
-            key_of(machine),
-            node.name_any()
-        ))(e)),
-    }
+    let failing = format!("cannot carry the labels of machine {} to", key_of(machine));
+    crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_labels", &failing).await
 }
 
 /// Delete the machine's Node object once its instance is gone (a cloud's

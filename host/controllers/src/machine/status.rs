@@ -4,7 +4,8 @@
 //! tested here without a cluster.
 
 use capstan_api::machine_conditions::{
-    CONFIG_VALID, DELETING, INSTANCE_PROVISIONED, PAUSED, READY,
+    AVAILABLE, CONFIG_VALID, DELETING, INFRASTRUCTURE_READY, INSTANCE_PROVISIONED, NODE_HEALTHY,
+    NODE_READY, PAUSED, READY,
 };
 use capstan_api::{
     ANNOTATION_PAUSED, Machine, MachineAddress, MachinePhase, MachineStatus, NodeRef,
@@ -20,6 +21,7 @@ use kube::ResourceExt;
 
 /// The status a pass ends with, derived once from what it observed and how
 /// the planner ended it (`None`: nothing to write). Pure.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn settle(
     machine: &Machine,
     mut status: MachineStatus,
@@ -27,6 +29,7 @@ pub(super) fn settle(
     observed: Option<&PluginStatus>,
     node: Option<&Node>,
     outcome: &Outcome,
+    min_ready_seconds: i64,
     t: &capstan_api::Time,
 ) -> Option<MachineStatus> {
     if *outcome == Outcome::Unchanged {
@@ -147,10 +150,138 @@ pub(super) fn settle(
         Outcome::Observed => {
             if let (Some(observed), Some(instance)) = (observed, &view.instance) {
                 settle_observed(&mut status, view, observed, instance, node, generation, t);
+                node_conditions(&mut status, node, generation, t);
             }
         }
     }
+    cluster_api_conditions(&mut status, min_ready_seconds, generation, t);
     Some(status)
+}
+
+/// How long until the machine counts as available, if it is Ready but not
+/// yet for `min_ready_seconds` (the pass looks again then).
+pub(super) fn until_available(
+    status: &MachineStatus,
+    min_ready_seconds: i64,
+    t: &capstan_api::Time,
+) -> Option<std::time::Duration> {
+    let ready = capstan_api::condition(&status.conditions, READY)?;
+    let waited = t.0.as_second() - ready.last_transition_time.0.as_second();
+    (ready.status == cond::TRUE && waited < min_ready_seconds)
+        .then(|| std::time::Duration::from_secs((min_ready_seconds - waited) as u64))
+}
+
+/// The conditions Cluster API's dashboards and tools read, from Capstan's:
+/// `InfrastructureReady` mirrors `InstanceProvisioned`, and `Available` is
+/// `Ready` held for `min_ready_seconds`.
+fn cluster_api_conditions(
+    status: &mut MachineStatus,
+    min_ready_seconds: i64,
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) {
+    let set = condition_setter(generation, t);
+    if let Some(c) = capstan_api::condition(&status.conditions, INSTANCE_PROVISIONED).cloned() {
+        set(
+            status,
+            INFRASTRUCTURE_READY,
+            &c.status,
+            &c.reason,
+            c.message,
+        );
+    }
+    let Some(ready) = capstan_api::condition(&status.conditions, READY).cloned() else {
+        return;
+    };
+    if ready.status != cond::TRUE {
+        let message = format!("not Ready: {}", ready.message);
+        set(status, AVAILABLE, cond::FALSE, "NotReady", message);
+    } else if until_available(status, min_ready_seconds, t).is_some() {
+        let message = format!("Ready for less than minReadySeconds ({min_ready_seconds}s)");
+        set(
+            status,
+            AVAILABLE,
+            cond::FALSE,
+            "WaitingForMinReadySeconds",
+            message,
+        );
+    } else {
+        set(status, AVAILABLE, cond::TRUE, "Available", String::new());
+    }
+}
+
+/// `NodeReady` (the Node's `Ready`, mirrored) and `NodeHealthy` (Ready and
+/// no memory, disk or PID pressure), as Cluster API reports them.
+fn node_conditions(
+    status: &mut MachineStatus,
+    node: Option<&Node>,
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) {
+    let set = condition_setter(generation, t);
+    let Some(node) = node else {
+        let message = "no Node has joined for this machine yet".to_string();
+        set(
+            status,
+            NODE_READY,
+            cond::UNKNOWN,
+            "NodeDoesNotExist",
+            message.clone(),
+        );
+        set(
+            status,
+            NODE_HEALTHY,
+            cond::UNKNOWN,
+            "NodeDoesNotExist",
+            message,
+        );
+        return;
+    };
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let ready = conditions.iter().find(|c| c.type_ == "Ready");
+    let (value, reason) = match ready.map(|c| c.status.as_str()) {
+        Some("True") => (cond::TRUE, "NodeReady"),
+        Some("False") => (cond::FALSE, "NodeNotReady"),
+        _ => (cond::UNKNOWN, "NodeReadyUnknown"),
+    };
+    let message = ready
+        .and_then(|c| c.message.clone())
+        .filter(|_| value != cond::TRUE)
+        .unwrap_or_default();
+    set(status, NODE_READY, value, reason, message);
+    let pressures: Vec<&str> = conditions
+        .iter()
+        .filter(|c| {
+            c.status == "True"
+                && ["MemoryPressure", "DiskPressure", "PIDPressure"].contains(&c.type_.as_str())
+        })
+        .map(|c| c.type_.as_str())
+        .collect();
+    if value != cond::TRUE {
+        let message = format!("Node {} is not Ready", node.name_any());
+        set(status, NODE_HEALTHY, value, "NodeNotReady", message);
+    } else if !pressures.is_empty() {
+        let message = format!("Node {}: {}", node.name_any(), pressures.join(", "));
+        set(
+            status,
+            NODE_HEALTHY,
+            cond::FALSE,
+            "NodeConditionsFailed",
+            message,
+        );
+    } else {
+        set(
+            status,
+            NODE_HEALTHY,
+            cond::TRUE,
+            "NodeHealthy",
+            String::new(),
+        );
+    }
 }
 
 /// Sets one of the Machine controller's conditions, at this generation and
@@ -317,6 +448,82 @@ mod tests {
     }
 
     #[test]
+    fn cluster_api_conditions_follow_the_node_and_min_ready_seconds() {
+        let (observed, instance) = running(NodeSeen::Ready("n1".into()));
+        let view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "n1" },
+            "status": { "conditions": [
+                { "type": "Ready", "status": "True" },
+                { "type": "DiskPressure", "status": "True" },
+            ] },
+        }))
+        .unwrap();
+        let t = now();
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            Some(&observed),
+            Some(&node),
+            &Outcome::Observed,
+            30,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(condition(&s, INFRASTRUCTURE_READY), ("True", "Running"));
+        assert_eq!(condition(&s, NODE_READY), ("True", "NodeReady"));
+        assert_eq!(
+            condition(&s, NODE_HEALTHY),
+            ("False", "NodeConditionsFailed")
+        );
+        assert_eq!(
+            condition(&s, AVAILABLE),
+            ("False", "WaitingForMinReadySeconds")
+        );
+        assert_eq!(
+            until_available(&s, 30, &t),
+            Some(std::time::Duration::from_secs(30))
+        );
+        let later = capstan_api::Time(t.0 + k8s_openapi::jiff::SignedDuration::from_secs(31));
+        let s = settle(
+            &machine(1),
+            s,
+            &view,
+            Some(&observed),
+            Some(&node),
+            &Outcome::Observed,
+            30,
+            &later,
+        )
+        .unwrap();
+        assert_eq!(condition(&s, AVAILABLE), ("True", "Available"));
+        // No Node yet: the node conditions are Unknown.
+        let (observed, instance) = running(NodeSeen::Missing);
+        let view = MachineView {
+            instance: Some(instance),
+            ..view
+        };
+        let s = settle(
+            &machine(1),
+            MachineStatus::default(),
+            &view,
+            Some(&observed),
+            None,
+            &Outcome::Observed,
+            0,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(condition(&s, NODE_READY), ("Unknown", "NodeDoesNotExist"));
+        assert_eq!(condition(&s, AVAILABLE), ("False", "NotReady"));
+    }
+
+    #[test]
     fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
         let (observed, instance) = running(NodeSeen::Ready("n1".into()));
         let view = MachineView {
@@ -332,6 +539,7 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
+            0,
             &t,
         )
         .unwrap();
@@ -350,6 +558,7 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
+            0,
             &t,
         )
         .unwrap();
@@ -371,6 +580,7 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
+            0,
             &now(),
         )
         .unwrap();
@@ -384,6 +594,7 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
+            0,
             &now(),
         )
         .unwrap();
@@ -407,6 +618,7 @@ mod tests {
             None,
             None,
             &failed,
+            0,
             &now(),
         )
         .unwrap();
@@ -422,7 +634,7 @@ mod tests {
             reason: "ProviderRetrying".into(),
             message: "busy".into(),
         };
-        let s = settle(&machine(2), s, &view, None, None, &retrying, &now()).unwrap();
+        let s = settle(&machine(2), s, &view, None, None, &retrying, 0, &now()).unwrap();
         assert_eq!(
             (s.failure_reason.as_deref(), s.observed_generation),
             (None, Some(2))
@@ -455,6 +667,7 @@ mod tests {
             None,
             None,
             &holding,
+            0,
             &now(),
         )
         .unwrap();
@@ -476,6 +689,7 @@ mod tests {
             None,
             None,
             &past,
+            0,
             &now(),
         )
         .unwrap();
@@ -493,6 +707,7 @@ mod tests {
             None,
             None,
             &Outcome::Unchanged,
+            0,
             &now(),
         )
     }

@@ -1070,3 +1070,64 @@ async fn template_labels_reach_machines_and_nodes_in_place() {
     );
     assert_eq!(env.cloud.stats().instances_launched, 2);
 }
+
+/// Cluster API's `spec.rollout.after`: once it passes, every machine made
+/// before it is replaced though the template did not change; setting the
+/// same time again changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn rollout_after_replaces_machines_made_before_it() {
+    let mut env = Env::start(faults(100)).await.expect("env");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    apply(
+        &env,
+        &sample_deployment("recycle", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "recycle", LONG).await;
+    let before = env.machines(NS).await;
+    let names = |ms: &[Machine]| ms.iter().map(|m| m.name_any()).collect::<BTreeSet<_>>();
+    // Two seconds ahead: the rollout waits for it, then starts by itself.
+    let after =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(2);
+    let after = after.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    patch_md(
+        &env,
+        "recycle",
+        serde_json::json!({"spec": {"rollout": {"after": after}}}),
+    )
+    .await;
+    eventually("a new MachineSet after rollout.after", LONG, async || {
+        let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
+            .list(&Default::default())
+            .await
+            .ok()?;
+        (sets.items.len() == 2).then_some(())
+    })
+    .await;
+    eventually("every machine replaced", LONG, async || {
+        let now = env.machines(NS).await;
+        let ready = now.iter().filter(|m| {
+            m.status
+                .as_ref()
+                .and_then(|s| capstan_api::condition(&s.conditions, READY))
+                .is_some_and(|c| c.status == "True")
+        });
+        (now.len() == 2 && ready.count() == 2 && names(&now).is_disjoint(&names(&before)))
+            .then_some(())
+    })
+    .await;
+    env.wait_rolled_out(NS, "recycle", LONG).await;
+    assert_eq!(env.cloud.stats().instances_launched, 4);
+    // The same time again (it has passed; every machine is newer): nothing.
+    let settled = names(&env.machines(NS).await);
+    patch_md(
+        &env,
+        "recycle",
+        serde_json::json!({"spec": {"rollout": {"after": after}, "minReadySeconds": 0}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(names(&env.machines(NS).await), settled);
+    assert_eq!(env.cloud.stats().instances_launched, 4);
+}

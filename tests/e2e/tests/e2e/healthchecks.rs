@@ -646,3 +646,28 @@ async fn a_deployments_max_in_flight_paces_remediation_and_a_recovered_machine_s
         "the recovered machine stays"
     );
 }
+
+/// `remediation.mode: Report`: an unhealthy machine is marked, and nothing
+/// is replaced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_report_only_check_marks_and_remediates_nothing() {
+    let env = start(2).await;
+    let machines = env.machines(NS).await;
+    let silent = &machines[0];
+    set_heartbeats(&env, &node_of(silent), false).await;
+    create_check(&env, json!({ "mode": "Report" }), 600).await;
+    let name = silent.name_any();
+    env.eventually("the silent machine marked unhealthy", LONG, async || {
+        let m = machine(&env, &name).await?;
+        machine_condition(&m, HEALTH_CHECK_SUCCEEDED)
+            .filter(|c| c.0 == "False")
+            .map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let m = machine(&env, &name).await.expect("still there");
+    assert!(m.metadata.deletion_timestamp.is_none(), "not remediated");
+    assert_eq!(machine_condition(&m, OWNER_REMEDIATED), None);
+    assert_eq!(env.machines(NS).await.len(), 2);
+    assert_eq!(env.cloud.stats().instances_launched, 2, "nothing replaced");
+}

@@ -3,7 +3,8 @@
 //! ServiceAccount bound only to the generated roles (they suffice, and two
 //! rules removed one at a time each break something visibly); two replicas
 //! with leader election, a SIGKILLed leader replaced mid-rollout without a
-//! machine launched twice, and a SIGTERM handover.
+//! machine launched twice, and a SIGTERM handover; two shards splitting a
+//! fleet by `--watch-filter`.
 
 use crate::logs;
 use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, Plugin, condition};
@@ -15,6 +16,7 @@ use capstan_e2e::env::{
 use capstan_e2e::install::{kubectl_apply, rbac_docs, service_account_kubeconfig};
 use capstan_e2e::sim_cloud::Faults;
 use capstan_e2e::workloads;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -590,4 +592,106 @@ async fn a_rate_limited_controller_rolls_out_and_a_bad_limit_is_refused() {
         .unwrap();
     env.wait_rolled_out(NS, "pool", LONG).await;
     assert!(controller.metric_sum("capstan_api_writes_total").unwrap() > 0.0);
+}
+
+/// Cluster API's `--watch-filter`: two controllers on one control plane,
+/// each reconciling only the deployments (and their sets and machines)
+/// labelled with its value; an unlabelled deployment is neither's. A bad
+/// value is refused at startup.
+#[tokio::test(flavor = "multi_thread")]
+async fn shards_split_the_fleet_by_watch_filter() {
+    let env = start(200).await;
+    let kubeconfig = env.control_plane.kubeconfig();
+    let err = cli::fails(&[
+        "controller",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--watch-filter=-bad",
+    ]);
+    assert!(err.contains("is not a label value"), "{err}");
+    let shard = |value: &str| {
+        let flag = format!("--watch-filter={value}");
+        let mut c =
+            ControllerProcess::start(&env, &[flag.as_str(), "--poll-interval=250ms"], &[]).unwrap();
+        c.wait_ready(LONG).unwrap();
+        c
+    };
+    let mut a = shard("a");
+    let mut b = shard("b");
+    let deployments: Api<MachineDeployment> = Api::namespaced(env.client.clone(), NS);
+    let labelled = |name: &str, shard: Option<&str>, replicas: i32| {
+        let mut md = sample_deployment(name, SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
+        if let Some(value) = shard {
+            let label = (
+                capstan_controllers::LABEL_WATCH_FILTER.to_string(),
+                value.to_string(),
+            );
+            md.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(label.0.clone(), label.1.clone());
+            md.spec.template.metadata.labels.insert(label.0, label.1);
+        }
+        md
+    };
+    for md in [
+        labelled("pool-a", Some("a"), 2),
+        labelled("pool-b", Some("b"), 1),
+        labelled("nobodys", None, 1),
+    ] {
+        deployments
+            .create(&PostParams::default(), &md)
+            .await
+            .unwrap();
+    }
+    env.wait_rolled_out(NS, "pool-a", LONG).await;
+    env.wait_rolled_out(NS, "pool-b", LONG).await;
+    let of = async |name: &str| {
+        env.machines(NS)
+            .await
+            .into_iter()
+            .filter(|m| {
+                m.labels()
+                    .get(capstan_api::LABEL_DEPLOYMENT_NAME)
+                    .map(String::as_str)
+                    == Some(name)
+            })
+            .count()
+    };
+    assert_eq!((of("pool-a").await, of("pool-b").await), (2, 1));
+    assert_eq!(
+        of("nobodys").await,
+        0,
+        "no shard owns an unlabelled deployment"
+    );
+    let sets: Api<capstan_api::MachineSet> = Api::namespaced(env.client.clone(), NS);
+    let all_sets = sets.list(&Default::default()).await.unwrap().items;
+    assert!(
+        all_sets.iter().all(|s| s
+            .labels()
+            .contains_key(capstan_controllers::LABEL_WATCH_FILTER)),
+        "every set carries its shard's label"
+    );
+
+    // With shard b stopped, its deployment waits; shard a does not touch it.
+    b.stop();
+    patch_named(&env, "pool-b", json!({ "replicas": 2 })).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(of("pool-b").await, 1, "shard a left pool-b alone");
+    let mut b = shard("b");
+    env.wait_rolled_out(NS, "pool-b", LONG).await;
+    assert_eq!(of("pool-b").await, 2);
+    a.stop();
+    b.stop();
+}
+
+async fn patch_named(env: &Env, name: &str, spec: Value) {
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .expect("patch machinedeployment");
 }
