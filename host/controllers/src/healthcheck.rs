@@ -144,10 +144,8 @@ fn resolve(check: &MachineHealthCheck) -> Result<(Checks, Trigger, Option<Bound>
             "unhealthyMachineConditions",
         )?,
     };
-    let bound = |value: &IntOrString, field: &str| match value {
-        IntOrString::Int(n) if *n >= 0 => Ok(Bound::Count(*n)),
-        IntOrString::Int(n) => Err(format!("{field}: {n} is negative")),
-        IntOrString::String(s) => Bound::parse(s).map_err(|e| format!("{field}: {e}")),
+    let bound = |value: &IntOrString, field: &str| {
+        crate::deployment::int_or_percent(value).map_err(|e| format!("{field}: {e}"))
     };
     let trigger_if = spec.remediation.trigger_if.as_ref();
     let trigger = Trigger {

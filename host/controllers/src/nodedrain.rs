@@ -150,18 +150,12 @@ pub(crate) async fn drain_round(
         ));
     }
     if waiting > 0 {
-        let mut names: Vec<String> = plan
-            .wait_for
-            .iter()
-            .map(|(ns, n)| format!("{ns}/{n}"))
-            .collect();
-        names.truncate(5);
         parts.push(format!(
             "waiting for {waiting} evicted pod(s) to terminate{}",
-            if names.is_empty() {
+            if plan.wait_for.is_empty() {
                 String::new()
             } else {
-                format!(" ({})", names.join(", "))
+                format!(" ({})", names(&plan.wait_for))
             }
         ));
     }

@@ -138,15 +138,11 @@ pub fn strategy_of(md: &MachineDeployment) -> Result<Strategy, String> {
         StrategyType::OnDelete => Ok(Strategy::OnDelete),
         StrategyType::RollingUpdate => {
             let ru = spec.rolling_update.as_ref();
-            let bound = |field: &str, value: Option<&IntOrString>, default: Bound| match value {
-                None => Ok(default),
-                Some(IntOrString::Int(n)) if *n >= 0 => Ok(Bound::Count(*n)),
-                Some(IntOrString::Int(n)) => Err(format!(
-                    "spec.strategy.rollingUpdate.{field}: {n} is negative"
-                )),
-                Some(IntOrString::String(s)) => {
-                    Bound::parse(s).map_err(|e| format!("spec.strategy.rollingUpdate.{field}: {e}"))
-                }
+            let bound = |field: &str, value: Option<&IntOrString>, default: Bound| {
+                value.map_or(Ok(default), |v| {
+                    int_or_percent(v)
+                        .map_err(|e| format!("spec.strategy.rollingUpdate.{field}: {e}"))
+                })
             };
             let surge = bound(
                 "maxSurge",
