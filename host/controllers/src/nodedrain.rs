@@ -12,14 +12,16 @@
 
 use capstan_api::{DrainBehavior, LABEL_POD_DRAIN, Machine, MachineDrainRule};
 use capstan_kit::{Error, Kube, kube_err};
-use capstan_planner::deletion::{PodView, RuleSays, plan_drain};
+use capstan_planner::deletion::{
+    AttachedVolume, PodView, RuleSays, plan_drain, volumes_to_wait_for,
+};
 use http_body_util::BodyExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The Eviction API as the drain uses it: a client without kube-rs's
 /// retries of 429 (a PodDisruptionBudget's refusal must come back at once)
@@ -71,46 +73,17 @@ pub(crate) async fn drain_round(
 ) -> Result<Round, Error> {
     let name = node.name_any();
     cordon(kube, node).await?;
-    let pods: Api<Pod> = Api::all(kube.client.clone());
-    let list = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
-        .await
-        .map_err(kube_err(format!("cannot list the pods on Node {name}")))?;
-    let rules = if list.items.is_empty() {
-        vec![]
-    } else {
-        drain_rules(kube, machine).await?
+    let views = match pod_views(kube, machine, node).await? {
+        Ok((_, views)) => views,
+        // A rule that cannot be used holds the drain, saying what to fix:
+        // evicting a pod the rule meant to keep cannot be undone.
+        Err(why) => {
+            return Ok(Round::Pending {
+                message: format!("draining Node {name}: {why}"),
+                blocked: true,
+            });
+        }
     };
-    // A rule that cannot be used holds the drain, saying what to fix:
-    // evicting a pod the rule meant to keep cannot be undone.
-    if let Some(why) = rules.iter().find_map(MachineDrainRule::invalid) {
-        return Ok(Round::Pending {
-            message: format!("draining Node {name}: {why}"),
-            blocked: true,
-        });
-    }
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let mut views = Vec::with_capacity(list.items.len());
-    for p in &list.items {
-        views.push(PodView {
-            namespace: p.namespace().unwrap_or_default(),
-            name: p.name_any(),
-            daemon_set: daemon_set_alive(kube, p).await?,
-            mirror: p.annotations().contains_key("kubernetes.io/config.mirror"),
-            deleting_for: p
-                .metadata
-                .deletion_timestamp
-                .as_ref()
-                .map(|t| now - t.0.as_second()),
-            finished: p
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed"),
-            drain_label: p.labels().get(LABEL_POD_DRAIN).cloned(),
-            rule: rule_for(kube, &rules, p),
-        });
-    }
     let plan = plan_drain(&views, unreachable(node));
     if plan.complete() {
         return Ok(Round::Complete);
@@ -163,6 +136,52 @@ pub(crate) async fn drain_round(
         message: format!("draining Node {name}: {}", parts.join("; ")),
         blocked: !refused.is_empty(),
     })
+}
+
+/// The pods on the Node and how the drain sees each, or why a
+/// MachineDrainRule that applies cannot be used.
+async fn pod_views(
+    kube: &Kube,
+    machine: &Machine,
+    node: &Node,
+) -> Result<Result<(Vec<Pod>, Vec<PodView>), String>, Error> {
+    let name = node.name_any();
+    let pods: Api<Pod> = Api::all(kube.client.clone());
+    let list = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
+        .await
+        .map_err(kube_err(format!("cannot list the pods on Node {name}")))?;
+    let rules = if list.items.is_empty() {
+        vec![]
+    } else {
+        drain_rules(kube, machine).await?
+    };
+    if let Some(why) = rules.iter().find_map(MachineDrainRule::invalid) {
+        return Ok(Err(why));
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let mut views = Vec::with_capacity(list.items.len());
+    for p in &list.items {
+        views.push(PodView {
+            namespace: p.namespace().unwrap_or_default(),
+            name: p.name_any(),
+            daemon_set: daemon_set_alive(kube, p).await?,
+            mirror: p.annotations().contains_key("kubernetes.io/config.mirror"),
+            deleting_for: p
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| now - t.0.as_second()),
+            finished: p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed"),
+            drain_label: p.labels().get(LABEL_POD_DRAIN).cloned(),
+            rule: rule_for(kube, &rules, p),
+        });
+    }
+    Ok(Ok((list.items, views)))
 }
 
 /// Up to five `namespace/name`s, for a message.
@@ -244,16 +263,21 @@ async fn daemon_set_alive(kube: &Kube, pod: &Pod) -> Result<bool, Error> {
         )))
 }
 
-/// The volumes still attached to the Node (its `status.volumesAttached`
-/// and the VolumeAttachments attached to it), for the message of a wait.
-/// An unreachable Node's volumes are not waited for: no kubelet will
-/// unmount them (Cluster API's rule).
-pub(crate) async fn attached_volumes(kube: &Kube, node: &Node) -> Result<Vec<String>, Error> {
+/// The volumes the deletion still waits for: those attached to the Node
+/// (its `status.volumesAttached` and the VolumeAttachments attached to
+/// it), except the volumes of pods the drain left on the Node, which will
+/// not detach before the instance goes. An unreachable Node's volumes are
+/// not waited for: no kubelet will unmount them (Cluster API's rules).
+pub(crate) async fn attached_volumes(
+    kube: &Kube,
+    machine: &Machine,
+    node: &Node,
+) -> Result<Vec<String>, Error> {
     if unreachable(node) {
         return Ok(vec![]);
     }
     let name = node.name_any();
-    let mut attached: Vec<String> = node
+    let from_status: Vec<String> = node
         .status
         .as_ref()
         .and_then(|s| s.volumes_attached.as_ref())
@@ -262,20 +286,99 @@ pub(crate) async fn attached_volumes(kube: &Kube, node: &Node) -> Result<Vec<Str
         .map(|v| v.name.clone())
         .collect();
     let api: Api<VolumeAttachment> = Api::all(kube.client.clone());
-    let list = api
+    let from_attachments: Vec<String> = api
         .list(&ListParams::default())
         .await
-        .map_err(kube_err("cannot list VolumeAttachments"))?;
-    for va in list.items {
-        let here = va.spec.node_name == name;
-        if here && va.status.as_ref().is_some_and(|s| s.attached) {
-            let source = va.spec.source.persistent_volume_name.clone();
-            attached.push(source.unwrap_or_else(|| va.name_any()));
+        .map_err(kube_err("cannot list VolumeAttachments"))?
+        .items
+        .into_iter()
+        .filter(|va| va.spec.node_name == name && va.status.as_ref().is_some_and(|s| s.attached))
+        .map(|va| {
+            let pv = va.spec.source.persistent_volume_name.clone();
+            pv.unwrap_or_else(|| va.name_any())
+        })
+        .collect();
+    if from_status.is_empty() && from_attachments.is_empty() {
+        return Ok(vec![]);
+    }
+    let skipped = skipped_claims(kube, machine, node).await?;
+    let claims = if skipped.is_empty() {
+        BTreeMap::new()
+    } else {
+        volume_claims(kube).await?
+    };
+    let attached: Vec<AttachedVolume> = from_status
+        .into_iter()
+        .chain(from_attachments)
+        .map(|name| AttachedVolume {
+            claim: claims.get(&name).cloned(),
+            name,
+        })
+        .collect();
+    Ok(volumes_to_wait_for(&attached, &skipped))
+}
+
+/// The claims (`namespace/name`) of the pods the drain leaves on the Node.
+async fn skipped_claims(
+    kube: &Kube,
+    machine: &Machine,
+    node: &Node,
+) -> Result<BTreeSet<String>, Error> {
+    let Ok((pods, views)) = pod_views(kube, machine, node).await? else {
+        return Ok(BTreeSet::new());
+    };
+    let plan = plan_drain(&views, false);
+    let left: BTreeSet<(&str, &str)> = plan
+        .skipped
+        .iter()
+        .map(|(ns, name, _)| (ns.as_str(), name.as_str()))
+        .collect();
+    let mut claims = BTreeSet::new();
+    for pod in &pods {
+        let namespace = pod.namespace().unwrap_or_default();
+        if !left.contains(&(namespace.as_str(), pod.name_any().as_str())) {
+            continue;
+        }
+        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+        for claim in volumes
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+        {
+            claims.insert(format!("{namespace}/{}", claim.claim_name));
         }
     }
-    attached.sort();
-    attached.dedup();
-    Ok(attached)
+    Ok(claims)
+}
+
+/// The claim of every bound PersistentVolume, under each name an attached
+/// volume goes by: the PersistentVolume's own (VolumeAttachments), and
+/// `kubernetes.io/csi/DRIVER^HANDLE` (a Node's `volumesAttached`).
+async fn volume_claims(kube: &Kube) -> Result<BTreeMap<String, String>, Error> {
+    let api: Api<PersistentVolume> = Api::all(kube.client.clone());
+    let mut claims = BTreeMap::new();
+    for pv in api
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("cannot list PersistentVolumes"))?
+        .items
+    {
+        let spec = pv.spec.clone().unwrap_or_default();
+        let Some(claim) = spec.claim_ref.as_ref() else {
+            continue;
+        };
+        let claim = format!(
+            "{}/{}",
+            claim.namespace.clone().unwrap_or_default(),
+            claim.name.clone().unwrap_or_default()
+        );
+        if let Some(csi) = &spec.csi {
+            let unique = format!("kubernetes.io/csi/{}^{}", csi.driver, csi.volume_handle);
+            claims.insert(unique, claim.clone());
+        }
+        claims.insert(pv.name_any(), claim);
+    }
+    Ok(claims)
 }
 
 /// Whether the node-lifecycle controller lost contact with the Node.

@@ -120,6 +120,13 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
+        why: "machine (deletion): which claim an attached volume belongs to (volumes of pods the drain left are not waited for)",
+        group: "",
+        resources: &["persistentvolumes"],
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+    Rule {
         why: "machine (drain): evict pods, honouring PodDisruptionBudgets",
         group: "",
         resources: &["pods/eviction"],

@@ -179,6 +179,34 @@ impl DrainPlan {
     }
 }
 
+/// A volume attached to the Node being deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachedVolume {
+    /// How it is named where it was found (a `volumesAttached` name, or
+    /// the PersistentVolume of a VolumeAttachment).
+    pub name: String,
+    /// The claim (`namespace/name`) of its PersistentVolume, if known.
+    pub claim: Option<String>,
+}
+
+/// The attached volumes the deletion waits for: all but those whose claim
+/// belongs to a pod the drain left on the Node (`skipped_claims`), which
+/// will not detach before the instance goes (Cluster API's rule). Sorted
+/// and without repeats.
+pub fn volumes_to_wait_for(
+    attached: &[AttachedVolume],
+    skipped_claims: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let mut names: Vec<String> = attached
+        .iter()
+        .filter(|v| v.claim.as_ref().is_none_or(|c| !skipped_claims.contains(c)))
+        .map(|v| v.name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// Seconds after which a terminating pod on an unreachable Node is no
 /// longer waited for: no kubelet will ever remove it (Cluster API's rule).
 pub const UNREACHABLE_POD_GRACE: i64 = 1;
@@ -513,6 +541,33 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn volumes_of_pods_the_drain_left_are_not_waited_for() {
+        let attached = [
+            AttachedVolume {
+                name: "pv-logs".into(),
+                claim: Some("ops/logs".into()),
+            },
+            AttachedVolume {
+                name: "pv-db".into(),
+                claim: Some("app/db".into()),
+            },
+            AttachedVolume {
+                name: "kubernetes.io/csi/x^unknown".into(),
+                claim: None,
+            },
+            AttachedVolume {
+                name: "pv-db".into(),
+                claim: Some("app/db".into()),
+            },
+        ];
+        let skipped = std::collections::BTreeSet::from(["ops/logs".to_string()]);
+        assert_eq!(
+            volumes_to_wait_for(&attached, &skipped),
+            ["kubernetes.io/csi/x^unknown", "pv-db"]
+        );
     }
 
     #[test]

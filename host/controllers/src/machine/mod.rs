@@ -459,7 +459,8 @@ impl<'a> Pass<'a> {
             .wait_for_node_volume_detach_start_time
             .get_or_insert_with(|| self.t.clone())
             .clone();
-        let attached = crate::nodedrain::attached_volumes(&self.ctx.kube, &node).await?;
+        let attached =
+            crate::nodedrain::attached_volumes(&self.ctx.kube, self.machine, &node).await?;
         self.view.volumes = Some(if attached.is_empty() {
             Volumes::Detached
         } else {

@@ -579,3 +579,75 @@ async fn set_attached(attachments: &Api<VolumeAttachment>, name: &str, attached:
         .await
         .unwrap();
 }
+
+/// The volume of a pod the drain leaves on the Node (here by its
+/// `cluster.x-k8s.io/drain=skip` label) will not detach before the instance
+/// goes, so the deletion does not wait for it (Cluster API's rule).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_volume_of_a_pod_the_drain_leaves_is_not_waited_for() {
+    let env = start(1).await;
+    let client = env.client.clone();
+    let machine = env.machines(NS).await.remove(0);
+    let node = node_of(&machine);
+    let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": { "name": "pv-logs" },
+        "spec": {
+            "capacity": { "storage": "1Gi" },
+            "accessModes": ["ReadWriteOnce"],
+            "csi": { "driver": "csi.example.com", "volumeHandle": "logs-1" },
+            "claimRef": { "namespace": NS, "name": "logs" },
+        },
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(client.clone())
+        .create(&Default::default(), &pv)
+        .await
+        .unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": "logger", "namespace": NS, "labels": { "cluster.x-k8s.io/drain": "skip" } },
+        "spec": {
+            "nodeName": node,
+            "containers": [{ "name": "app", "image": workloads::TEST_IMAGE }],
+            "volumes": [{ "name": "logs", "persistentVolumeClaim": { "claimName": "logs" } }],
+        },
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&Default::default(), &pod)
+        .await
+        .unwrap();
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "VolumeAttachment",
+        "metadata": { "name": "logs" },
+        "spec": {
+            "attacher": "csi.example.com",
+            "nodeName": node,
+            "source": { "persistentVolumeName": "pv-logs" },
+        },
+    }))
+    .unwrap();
+    attachments.create(&Default::default(), &va).await.unwrap();
+    set_attached(&attachments, "logs", true).await;
+
+    // No nodeVolumeDetachTimeoutSeconds: were the volume waited for, the
+    // machine would never go.
+    let name = machine.name_any();
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
+    machines
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.eventually(
+        "the machine goes, its skipped pod's volume left",
+        LONG,
+        async || machines.get_opt(&name).await.ok()?.is_none().then_some(()),
+    )
+    .await;
+    assert!(!env.instance_exists(&instance_of(&machine)).await);
+}
