@@ -405,9 +405,7 @@ fn remediation_policy(ctx: &Context, set: &MachineSet) -> (bool, Option<usize>) 
     let Some(md) = ctx.kube.stores.deployments.get(&key) else {
         return (true, None);
     };
-    // The current revision is the set of the deployment's template now.
-    let hash = crate::deployment::template_hash;
-    let current = hash(&md.spec.template) == hash(&set.spec.template);
+    let current = crate::deployment::set_is_current(&md, set, now().0.as_second());
     let max_in_flight = md
         .spec
         .remediation

@@ -312,6 +312,15 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     Ok(Action::requeue(until_after.map_or(next, |u| u.min(next))))
 }
 
+/// Whether `set` is the set of `md`'s template now (its machines are up to
+/// date): the same template and, once `rollout.after` has passed, made
+/// after it.
+pub(crate) fn set_is_current(md: &MachineDeployment, set: &MachineSet, now_s: i64) -> bool {
+    let after_reached = rollout_after(md).filter(|a| *a <= now_s);
+    template_hash(&md.spec.template) == template_hash(&set.spec.template)
+        && after_reached.is_none_or(|a| created(set) >= a)
+}
+
 /// `spec.rollout.after`, unix seconds.
 fn rollout_after(md: &MachineDeployment) -> Option<i64> {
     md.spec

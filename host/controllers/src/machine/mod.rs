@@ -556,19 +556,49 @@ impl<'a> Pass<'a> {
 
     /// Write the status the pass ends with (once, if it changed), say what
     /// needs saying, and requeue.
-    /// The owning set's `minReadySeconds`, after which a Ready machine
-    /// counts as `Available`.
-    fn min_ready_seconds(&self) -> i64 {
+    /// What the machine's owners say: its set's `minReadySeconds` (after
+    /// which a Ready machine counts as `Available`), and whether the set is
+    /// its deployment's current one (`UpToDate`). From the caches: a
+    /// deployment's template change reaches its machines' `UpToDate` at
+    /// their next pass (at most `--instance-check-interval` later).
+    fn owners(&self) -> status::Owners {
         let namespace = self.machine.namespace().unwrap_or_default();
-        self.machine
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true) && o.kind == "MachineSet")
-            .and_then(|o| {
-                let key = ObjectRef::new(&o.name).within(&namespace);
-                self.ctx.kube.stores.machine_sets.get(&key)
+        let controller =
+            |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+             kind: &str| {
+                refs.iter()
+                    .find(|o| o.controller == Some(true) && o.kind == kind)
+                    .map(|o| o.name.clone())
+            };
+        let stores = &self.ctx.kube.stores;
+        let Some(set) =
+            controller(self.machine.owner_references(), "MachineSet").and_then(|name| {
+                stores
+                    .machine_sets
+                    .get(&ObjectRef::new(&name).within(&namespace))
             })
-            .map_or(0, |set| i64::from(set.spec.min_ready_seconds.max(0)))
+        else {
+            return status::Owners::default();
+        };
+        let deployment = controller(set.owner_references(), "MachineDeployment").and_then(|name| {
+            stores
+                .deployments
+                .get(&ObjectRef::new(&name).within(&namespace))
+        });
+        status::Owners {
+            min_ready_seconds: i64::from(set.spec.min_ready_seconds.max(0)),
+            up_to_date: deployment.map(|md| {
+                if crate::deployment::set_is_current(&md, &set, self.t.0.as_second()) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "MachineSet {} is not the current template of MachineDeployment {}; a rollout replaces the machine",
+                        set.name_any(),
+                        md.name_any()
+                    ))
+                }
+            }),
+        }
     }
 
     async fn finish(mut self, end: End) -> Result<Action, Error> {
@@ -576,7 +606,7 @@ impl<'a> Pass<'a> {
         if let Outcome::Deleting { drain_skipped, .. } = &end.outcome {
             self.report_skipped_drain(drain_skipped.as_ref()).await;
         }
-        let min_ready_seconds = self.min_ready_seconds();
+        let owners = self.owners();
         let status = settle(
             machine,
             self.draft,
@@ -584,7 +614,7 @@ impl<'a> Pass<'a> {
             self.observed.as_ref(),
             self.node.as_deref(),
             &end.outcome,
-            min_ready_seconds,
+            &owners,
             &self.t,
         );
         let changed = match &status {
@@ -647,7 +677,7 @@ impl<'a> Pass<'a> {
         let available_in = status
             .as_ref()
             .or(machine.status.as_ref())
-            .and_then(|s| status::until_available(s, min_ready_seconds, &self.t))
+            .and_then(|s| status::until_available(s, owners.min_ready_seconds, &self.t))
             .map(|d| d + Duration::from_millis(200));
         Ok(match (after, available_in) {
             (Some(a), Some(b)) => Action::requeue(a.min(b)),

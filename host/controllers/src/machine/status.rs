@@ -5,7 +5,7 @@
 
 use capstan_api::machine_conditions::{
     AVAILABLE, CONFIG_VALID, DELETING, INFRASTRUCTURE_READY, INSTANCE_PROVISIONED, NODE_HEALTHY,
-    NODE_READY, PAUSED, READY,
+    NODE_READY, PAUSED, READY, UP_TO_DATE,
 };
 use capstan_api::{
     ANNOTATION_PAUSED, Machine, MachineAddress, MachinePhase, MachineStatus, NodeRef,
@@ -21,6 +21,16 @@ use kube::ResourceExt;
 
 /// The status a pass ends with, derived once from what it observed and how
 /// the planner ended it (`None`: nothing to write). Pure.
+/// What the machine's owners say about it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Owners {
+    /// The owning set's `minReadySeconds`.
+    pub(super) min_ready_seconds: i64,
+    /// Whether its set is its deployment's current one (`Err`: why not);
+    /// `None` without an owning deployment.
+    pub(super) up_to_date: Option<Result<(), String>>,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) fn settle(
     machine: &Machine,
@@ -29,7 +39,7 @@ pub(super) fn settle(
     observed: Option<&PluginStatus>,
     node: Option<&Node>,
     outcome: &Outcome,
-    min_ready_seconds: i64,
+    owners: &Owners,
     t: &capstan_api::Time,
 ) -> Option<MachineStatus> {
     if *outcome == Outcome::Unchanged {
@@ -154,7 +164,29 @@ pub(super) fn settle(
             }
         }
     }
-    cluster_api_conditions(&mut status, min_ready_seconds, generation, t);
+    cluster_api_conditions(&mut status, owners.min_ready_seconds, generation, t);
+    // An in-place update says for itself how up to date the machine is.
+    if !view.updating_in_place
+        && let Some(up_to_date) = &owners.up_to_date
+    {
+        let set = condition_setter(generation, t);
+        match up_to_date {
+            Ok(()) => set(
+                &mut status,
+                UP_TO_DATE,
+                cond::TRUE,
+                "UpToDate",
+                String::new(),
+            ),
+            Err(why) => set(
+                &mut status,
+                UP_TO_DATE,
+                cond::FALSE,
+                "NotUpToDate",
+                why.clone(),
+            ),
+        }
+    }
     Some(status)
 }
 
@@ -471,7 +503,10 @@ mod tests {
             Some(&observed),
             Some(&node),
             &Outcome::Observed,
-            30,
+            &Owners {
+                min_ready_seconds: 30,
+                up_to_date: None,
+            },
             &t,
         )
         .unwrap();
@@ -497,7 +532,10 @@ mod tests {
             Some(&observed),
             Some(&node),
             &Outcome::Observed,
-            30,
+            &Owners {
+                min_ready_seconds: 30,
+                up_to_date: None,
+            },
             &later,
         )
         .unwrap();
@@ -515,12 +553,63 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &t,
         )
         .unwrap();
         assert_eq!(condition(&s, NODE_READY), ("Unknown", "NodeDoesNotExist"));
         assert_eq!(condition(&s, AVAILABLE), ("False", "NotReady"));
+    }
+
+    #[test]
+    fn up_to_date_follows_the_owning_set_unless_an_in_place_update_speaks() {
+        let (observed, instance) = running(NodeSeen::Ready("n1".into()));
+        let view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let stale = Owners {
+            min_ready_seconds: 0,
+            up_to_date: Some(Err("MachineSet web-1 is not the current template".into())),
+        };
+        let pass = |view: &MachineView, owners: &Owners| {
+            settle(
+                &machine(1),
+                MachineStatus::default(),
+                view,
+                Some(&observed),
+                None,
+                &Outcome::Observed,
+                owners,
+                &now(),
+            )
+            .unwrap()
+        };
+        let s = pass(&view, &stale);
+        assert_eq!(condition(&s, UP_TO_DATE), ("False", "NotUpToDate"));
+        let current = Owners {
+            up_to_date: Some(Ok(())),
+            ..stale.clone()
+        };
+        assert_eq!(
+            condition(&pass(&view, &current), UP_TO_DATE),
+            ("True", "UpToDate")
+        );
+        // Without an owning deployment, or during an in-place update (which
+        // writes the condition itself), nothing is said here.
+        assert!(
+            capstan_api::condition(&pass(&view, &Owners::default()).conditions, UP_TO_DATE)
+                .is_none()
+        );
+        let updating = MachineView {
+            updating_in_place: true,
+            ..view.clone()
+        };
+        assert!(capstan_api::condition(&pass(&updating, &stale).conditions, UP_TO_DATE).is_none());
     }
 
     #[test]
@@ -539,7 +628,10 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &t,
         )
         .unwrap();
@@ -558,7 +650,10 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &t,
         )
         .unwrap();
@@ -580,7 +675,10 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &now(),
         )
         .unwrap();
@@ -594,7 +692,10 @@ mod tests {
             Some(&observed),
             None,
             &Outcome::Observed,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &now(),
         )
         .unwrap();
@@ -618,7 +719,10 @@ mod tests {
             None,
             None,
             &failed,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &now(),
         )
         .unwrap();
@@ -634,7 +738,17 @@ mod tests {
             reason: "ProviderRetrying".into(),
             message: "busy".into(),
         };
-        let s = settle(&machine(2), s, &view, None, None, &retrying, 0, &now()).unwrap();
+        let s = settle(
+            &machine(2),
+            s,
+            &view,
+            None,
+            None,
+            &retrying,
+            &Owners::default(),
+            &now(),
+        )
+        .unwrap();
         assert_eq!(
             (s.failure_reason.as_deref(), s.observed_generation),
             (None, Some(2))
@@ -667,7 +781,10 @@ mod tests {
             None,
             None,
             &holding,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &now(),
         )
         .unwrap();
@@ -689,7 +806,10 @@ mod tests {
             None,
             None,
             &past,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &now(),
         )
         .unwrap();
@@ -707,7 +827,10 @@ mod tests {
             None,
             None,
             &Outcome::Unchanged,
-            0,
+            &Owners {
+                min_ready_seconds: 0,
+                up_to_date: None,
+            },
             &now(),
         )
     }
