@@ -201,6 +201,7 @@ pub async fn run(
         watches.plugins.subscribe(),
         watches.nodes.subscribe(),
         watches.nodes.deletions(),
+        watches.deployments.subscribe(),
         Arc::new(machine::Context {
             kube: kube.clone(),
             providers,

@@ -25,8 +25,9 @@ use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER,
 use capstan_api::{
     ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_EXCLUDE_NODE_DRAINING_CAPI,
     ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH, ANNOTATION_IN_PLACE_FROM,
-    ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_PAUSED, MACHINE_FINALIZER, Machine, MachineStatus,
-    PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin, status as cond,
+    ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_PAUSED, LABEL_DEPLOYMENT_NAME, MACHINE_FINALIZER,
+    Machine, MachineDeployment, MachineStatus, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX,
+    Plugin, status as cond,
 };
 use capstan_kit::controller::Spec;
 use capstan_kit::objects::machines_of_node;
@@ -78,17 +79,23 @@ impl AsRef<Kube> for Context {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn controller(
     machines: ReflectHandle<Machine>,
     plugins: ReflectHandle<Plugin>,
     nodes: ReflectHandle<Node>,
     deleted_nodes: impl futures::Stream<Item = Arc<Node>> + Send + 'static,
+    deployments: ReflectHandle<MachineDeployment>,
     ctx: Arc<Context>,
     concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let store = ctx.kube.stores.machines.clone();
     let (by_plugin, by_node, by_deleted_node) = (store.clone(), store.clone(), store.clone());
+    let by_deployment = store.clone();
+    // A deployment's spec change (a new generation) reaches its machines'
+    // `UpToDate` at once; its status changes do not wake them.
+    let generations = std::sync::Mutex::new(std::collections::HashMap::<String, i64>::new());
     // A deleted Node reaches its machine at once: its instance may be gone.
     let node_deletions = deleted_nodes.flat_map(move |node| {
         futures::stream::iter(
@@ -111,6 +118,19 @@ pub(crate) async fn controller(
                     .iter()
                     .map(|m| ObjectRef::from_obj(m.as_ref()))
                     .collect::<Vec<_>>()
+            })
+            .watches_shared_stream(deployments, move |md: Arc<MachineDeployment>| {
+                let generation = md.metadata.generation.unwrap_or(0);
+                let uid = md.uid().unwrap_or_default();
+                let mut seen = generations.lock().unwrap_or_else(|p| p.into_inner());
+                if seen.insert(uid, generation) == Some(generation) {
+                    return vec![];
+                }
+                let (namespace, name) = (md.namespace(), md.name_any());
+                machines_where(&by_deployment, |m| {
+                    m.namespace() == namespace
+                        && m.labels().get(LABEL_DEPLOYMENT_NAME) == Some(&name)
+                })
             })
             .reconcile_on(node_deletions)
     };
@@ -558,9 +578,8 @@ impl<'a> Pass<'a> {
     /// needs saying, and requeue.
     /// What the machine's owners say: its set's `minReadySeconds` (after
     /// which a Ready machine counts as `Available`), and whether the set is
-    /// its deployment's current one (`UpToDate`). From the caches: a
-    /// deployment's template change reaches its machines' `UpToDate` at
-    /// their next pass (at most `--instance-check-interval` later).
+    /// its deployment's current one (`UpToDate`), from the caches (a
+    /// deployment's spec change wakes its machines).
     fn owners(&self) -> status::Owners {
         let namespace = self.machine.namespace().unwrap_or_default();
         let controller =

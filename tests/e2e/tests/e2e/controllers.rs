@@ -329,6 +329,21 @@ async fn on_delete_and_pause_only_move_when_told() {
         "OnDelete must not replace machines on its own"
     );
     assert_eq!(versions(&machines), BTreeSet::from(["v1.30.0".to_string()]));
+    // Each says it is not up to date (Cluster API's UpToDate), so a
+    // dashboard shows what is left to replace.
+    env.eventually("the old machines say NotUpToDate", LONG, async || {
+        let machines = env.machines(NS).await;
+        machines
+            .iter()
+            .all(|m| {
+                m.status
+                    .as_ref()
+                    .and_then(|s| capstan_api::condition(&s.conditions, "UpToDate"))
+                    .is_some_and(|c| c.status == "False" && c.reason == "NotUpToDate")
+            })
+            .then_some(())
+    })
+    .await;
 
     // ...but a machine a user deletes comes back with the new template.
     let victim = before.iter().next().unwrap().clone();
