@@ -185,6 +185,14 @@ pub struct PluginGrants {
     /// `clusterName` are never changed in place, whatever is granted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub update_fields: Vec<String>,
+    /// Providers: which of Cluster API's managed Machine labels
+    /// (`node-role.kubernetes.io/…`, `node-restriction.kubernetes.io/…`,
+    /// `node.cluster.x-k8s.io/…`) the machines of this Plugin carry onto
+    /// their Nodes: label keys, or prefixes ending in `/`. Empty: none.
+    /// Node labels steer other people's pods and whoever may create a
+    /// Machine may be a tenant, so an admin says which.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_labels: Vec<String>,
 }
 
 /// Pod Security Standards levels (as the Kubernetes Pod Security admission

@@ -126,7 +126,8 @@ pub fn node_managed_labels(machine_labels: &Map) -> Map {
 }
 
 /// What to change on a Node so it carries its machine's managed labels
-/// ([`node_managed_labels`]); `recorded` is the Node's
+/// ([`node_managed_labels`]) that an admin `granted` (keys, or prefixes
+/// ending in `/`); `recorded` is the Node's
 /// `cluster.x-k8s.io/labels-from-machine` annotation (comma-separated keys,
 /// Cluster API's record), so a label removed from the machine is removed
 /// from the Node and labels others put there stay. The change's record is
@@ -135,6 +136,7 @@ pub fn carry_to_node(
     machine_labels: &Map,
     node_labels: &Map,
     recorded: Option<&str>,
+    granted: &[String],
 ) -> Option<MetadataChange> {
     let recorded = recorded.map(|r| Carried {
         labels: r
@@ -144,8 +146,23 @@ pub fn carry_to_node(
             .collect(),
         annotations: vec![],
     });
+    let allowed = |key: &str| {
+        granted.iter().any(|g| {
+            if g.ends_with('/') {
+                key.starts_with(g.as_str())
+            } else {
+                key == g
+            }
+        })
+    };
+    let mut carried = node_managed_labels(machine_labels);
+    carried.retain(|k, _| allowed(k));
+    // Nothing to carry and nothing carried before: not even a record.
+    if carried.is_empty() && recorded.is_none() {
+        return None;
+    }
     carry(
-        &node_managed_labels(machine_labels),
+        &carried,
         &Map::new(),
         node_labels,
         &Map::new(),
@@ -228,12 +245,36 @@ mod tests {
             ("kubernetes.io/hostname", "n1"),
             ("node.cluster.x-k8s.io/old", "1"),
         ]);
-        let change = carry_to_node(&machine, &node, Some("node.cluster.x-k8s.io/old")).unwrap();
+        let all = [
+            "node-role.kubernetes.io/".to_string(),
+            "node.cluster.x-k8s.io/".to_string(),
+            "team.node.cluster.x-k8s.io/name".to_string(),
+            "node-restriction.kubernetes.io/".to_string(),
+        ];
+        let change =
+            carry_to_node(&machine, &node, Some("node.cluster.x-k8s.io/old"), &all).unwrap();
         assert_eq!(change.labels.len(), 5, "{change:?}");
         assert_eq!(change.labels["node.cluster.x-k8s.io/old"], None);
         assert!(!change.labels.contains_key("kubernetes.io/hostname"));
         assert!(!change.labels.contains_key("app"));
         assert_eq!(change.carried.labels.len(), 4);
+        // Only what is granted: a tenant's machine cannot make its Node a
+        // control-plane node, and an ungranted label is taken back off.
+        let pools_only = ["node.cluster.x-k8s.io/pool".to_string()];
+        let change = carry_to_node(
+            &machine,
+            &node,
+            Some("node-role.kubernetes.io/worker"),
+            &pools_only,
+        )
+        .unwrap();
+        assert_eq!(change.carried.labels, ["node.cluster.x-k8s.io/pool"]);
+        assert!(
+            !change
+                .labels
+                .contains_key("node-restriction.kubernetes.io/zone")
+        );
+        assert_eq!(carry_to_node(&machine, &node, None, &[]), None, "no write");
     }
 
     proptest! {

@@ -765,10 +765,19 @@ fn hooks(machine: &Machine, prefix: &str) -> Vec<String> {
 /// one removed from the machine leaves the Node and others' labels stay.
 async fn carry_labels_to_node(ctx: &Context, machine: &Machine, node: &Node) -> Result<(), Error> {
     let recorded = node.annotations().get(ANNOTATION_LABELS_FROM_MACHINE);
+    // What the admin granted the Plugin that runs the machine.
+    let granted = ctx
+        .kube
+        .stores
+        .plugins
+        .get(&ObjectRef::new(machine.instance_plugin()))
+        .map(|p| p.spec.grants.node_labels.clone())
+        .unwrap_or_default();
     let Some(change) = carry_to_node(
         machine.labels(),
         node.labels(),
         recorded.map(String::as_str),
+        &granted,
     ) else {
         return Ok(());
     };

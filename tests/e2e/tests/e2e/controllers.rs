@@ -1015,24 +1015,36 @@ async fn template_labels_reach_machines_and_nodes_in_place() {
         .await
         .unwrap();
     let pool = "node.cluster.x-k8s.io/pool";
+    let role = "node-role.kubernetes.io/control-plane";
+    // The admin lets this provider's machines carry `pool` to their Nodes,
+    // and nothing else.
+    Api::<capstan_api::Plugin>::all(env.client.clone())
+        .patch(
+            SIM_PLUGIN,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"grants": {"nodeLabels": [pool]}}})),
+        )
+        .await
+        .unwrap();
     patch_md(
         &env,
         "meta",
         serde_json::json!({"spec": {"template": {"metadata": {
-            "labels": { "team": "blue", pool: "gpu" },
+            "labels": { "team": "blue", pool: "gpu", role: "true" },
             "annotations": { "example.com/note": "hello" },
         }}}}),
     )
     .await;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
-    let node_label = async |m: &Machine| {
+    let node_label_of = async |m: &Machine, key: &str| {
         let node = capstan_e2e::env::node_of(m);
         nodes
             .get(&node)
             .await
             .ok()
-            .and_then(|n| n.labels().get(pool).cloned())
+            .and_then(|n| n.labels().get(key).cloned())
     };
+    let node_label = async |m: &Machine| node_label_of(m, pool).await;
     eventually("the labels reach machines and Nodes", LONG, async || {
         let ms = env.machines(NS).await;
         for m in &ms {
@@ -1047,6 +1059,13 @@ async fn template_labels_reach_machines_and_nodes_in_place() {
     .await;
     let after = env.machines(NS).await;
     assert_eq!(names(&after), names(&before), "the same machines");
+    for m in &after {
+        assert_eq!(
+            node_label_of(m, role).await,
+            None,
+            "a label not granted never reaches the Node"
+        );
+    }
     let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
         .list(&Default::default())
         .await
@@ -1060,7 +1079,7 @@ async fn template_labels_reach_machines_and_nodes_in_place() {
         &env,
         "meta",
         serde_json::json!({"spec": {"template": {"metadata": {
-            "labels": { "team": null, pool: null },
+            "labels": { "team": null, pool: null, role: null },
             "annotations": { "example.com/note": null },
         }}}}),
     )
