@@ -365,7 +365,7 @@ fn crds_print_every_kind_for_kubectl_apply() {
     let yaml = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
         yaml.matches("kind: CustomResourceDefinition").count(),
-        6,
+        7,
         "{yaml}"
     );
     for name in [
@@ -373,6 +373,7 @@ fn crds_print_every_kind_for_kubectl_apply() {
         "plugins.capstan.dev",
         "machines.capstan.dev",
         "machinesets.capstan.dev",
+        "machinedrainrules.capstan.dev",
         "machinedeployments.capstan.dev",
         "machinehealthchecks.capstan.dev",
     ] {
