@@ -131,10 +131,14 @@ where
     Ok(())
 }
 
+/// The longest Event note the API server accepts (events.k8s.io: 1 kB).
+pub const MAX_EVENT_NOTE: usize = 1024;
+
 /// Record a Kubernetes Event about `object` (shown by `kubectl describe`).
 /// Events are best effort: a failure to record one is logged, never fatal.
 /// Callers record only when they also changed the status, so a condition
-/// that stays the same does not repeat its Event every retry.
+/// that stays the same does not repeat its Event every retry. A note over
+/// [`MAX_EVENT_NOTE`] is cut there.
 pub async fn record_event(
     kube: &Kube,
     controller: &'static str,
@@ -144,6 +148,8 @@ pub async fn record_event(
     note: String,
 ) {
     use kube::runtime::events::{Event, EventType};
+    // The API refuses an Event note over 1 kB: the Event would be lost.
+    let note = capstan_api::bounded(&note, MAX_EVENT_NOTE);
     let result = if object.namespace.is_some() {
         let event = Event {
             type_,

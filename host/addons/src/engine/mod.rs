@@ -35,7 +35,7 @@ use capstan_kit::controller::Spec;
 use capstan_kit::registry::ByPlugin;
 use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
 use capstan_kit::{Conditions, Error, Kube, now};
-use kube::api::ApiResource;
+use kube::api::{Api, ApiResource};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
@@ -220,6 +220,13 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
                 });
             (if healthy { ctx.kube.resync } else { RECHECK }, event)
         }
+        // An object refused as not ours may be one the previous pass
+        // applied, with its inventory not yet in this cache: writing this
+        // status would lose that inventory for good. Look again once the
+        // cache has caught up.
+        Err(f) if f.reason == "ObjectExists" && cache_behind(&addon, &ctx.kube).await => {
+            return Ok(Action::requeue(Duration::from_millis(500)));
+        }
         Err(f) => {
             status.phase = Some(if f.waiting { "Pending" } else { "Failed" }.into());
             set_condition(
@@ -254,6 +261,21 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
         .await;
     }
     Ok(Action::requeue(requeue))
+}
+
+/// Whether the API has a newer Addon than the cache this pass read (or
+/// cannot say): then the pass decided on stale status.
+async fn cache_behind(addon: &Addon, kube: &Kube) -> bool {
+    let api: Api<Addon> =
+        Api::namespaced(kube.client.clone(), &addon.namespace().unwrap_or_default());
+    match api.get_metadata_opt(&addon.name_any()).await {
+        Ok(Some(fresh)) => fresh.resource_version() != addon.resource_version(),
+        Ok(None) => true,
+        Err(error) => {
+            tracing::debug!(addon = %capstan_kit::key_of(addon), %error, "cannot read the Addon back");
+            true
+        }
+    }
 }
 
 /// Everything up to the status: `Ok(None)` when paused, `Ok(Some(healthy))`
