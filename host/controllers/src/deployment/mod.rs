@@ -222,37 +222,18 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         // An orphan changed while it was adopted: plan again with a fresh view.
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
-    let hash = template_hash(&md.spec.template);
-    let after = rollout_after(&md);
-    let after_reached = after.filter(|a| *a <= t.0.as_second());
-    // The hash a set made now is named and labelled with: once
-    // `rollout.after` has passed, not the one of sets made before it.
-    let set_hash = after_reached.map_or_else(|| hash.clone(), |a| salted_hash(&hash, a));
-    let machines = ctx.kube.stores.machines.state();
     let now_s = t.0.as_second();
-    let observed = observe(
-        &md,
-        &hash,
-        &set_hash,
-        after_reached,
-        &sets,
-        &machines,
-        now_s,
-    );
+    let target = Target::of(&md, now_s);
+    let hash = &target.hash;
+    let machines = ctx.kube.stores.machines.state();
+    let observed = observe(&md, &target, &sets, &machines, now_s);
     let revision = rollout::next_revision(observed.new_view.as_ref(), &observed.old_views);
-    // Machines made before `rollout.after` are replaced, not updated in
-    // place (nothing in their spec changed to update).
-    let recycling = after_reached.is_some_and(|a| {
-        observed
-            .old_sets
-            .iter()
-            .any(|s| s.spec.replicas > 0 && created(s) < a)
-    });
-    let decision = match in_place_policy(&md, strategy).filter(|_| !recycling) {
+    let in_place = in_place_policy(&md, strategy).filter(|_| !target.recycling(&observed));
+    let decision = match in_place {
         Some(policy) => {
             let owned: Vec<&Arc<MachineSet>> = sets.iter().collect();
             let new_set = observed.new_set.as_deref();
-            Some(decide(&ctx, &md, policy, &hash, revision, &owned, new_set).await)
+            Some(decide(&ctx, &md, policy, hash, revision, &owned, new_set).await)
         }
         None => None,
     };
@@ -265,7 +246,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         decision.as_ref(),
         &plan,
         &observed,
-        &set_hash,
+        &target.set_hash,
         revision,
     )
     .await?;
@@ -304,21 +285,70 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         // Set and machine changes trigger us; this only covers minReadySeconds.
         Duration::from_secs(5)
     };
-    // A `rollout.after` still ahead starts its rollout on time.
-    let until_after = after
-        .map(|a| a - now_s)
-        .filter(|s| *s >= 0)
-        .map(|s| Duration::from_secs(s as u64 + 1));
-    Ok(Action::requeue(until_after.map_or(next, |u| u.min(next))))
+    Ok(Action::requeue(target.requeue(next, now_s)))
+}
+
+/// What the deployment wants its new set to be now.
+struct Target {
+    /// The template's hash.
+    hash: String,
+    /// The hash a set made now is named and labelled with: once
+    /// `rollout.after` has passed, not the one of sets made before it.
+    set_hash: String,
+    /// `spec.rollout.after`, unix seconds.
+    after: Option<i64>,
+    /// The same, once it has passed.
+    after_reached: Option<i64>,
+}
+
+impl Target {
+    fn of(md: &MachineDeployment, now_s: i64) -> Target {
+        let hash = template_hash(&md.spec.template);
+        let after = rollout_after(md);
+        let after_reached = after.filter(|a| *a <= now_s);
+        let set_hash = after_reached.map_or_else(|| hash.clone(), |a| salted_hash(&hash, a));
+        Target {
+            hash,
+            set_hash,
+            after,
+            after_reached,
+        }
+    }
+
+    /// Whether `set` is of the template now: the same template and, once
+    /// `rollout.after` has passed, made at or after it.
+    fn current(&self, set: &MachineSet) -> bool {
+        template_hash(&set.spec.template) == self.hash
+            && self.after_reached.is_none_or(|a| created(set) >= a)
+    }
+
+    /// Whether machines made before `rollout.after` are left: they are
+    /// replaced, not updated in place (nothing in their spec changed).
+    fn recycling(&self, observed: &Observed) -> bool {
+        self.after_reached.is_some_and(|a| {
+            observed
+                .old_sets
+                .iter()
+                .any(|s| s.spec.replicas > 0 && created(s) < a)
+        })
+    }
+
+    /// `next`, or sooner when a `rollout.after` still ahead is due.
+    fn requeue(&self, next: Duration, now_s: i64) -> Duration {
+        let until_after = self
+            .after
+            .map(|a| a - now_s)
+            .filter(|s| *s >= 0)
+            .map(|s| Duration::from_secs(s as u64 + 1));
+        until_after.map_or(next, |u| u.min(next))
+    }
 }
 
 /// Whether `set` is the set of `md`'s template now (its machines are up to
 /// date): the same template and, once `rollout.after` has passed, made
 /// after it.
 pub(crate) fn set_is_current(md: &MachineDeployment, set: &MachineSet, now_s: i64) -> bool {
-    let after_reached = rollout_after(md).filter(|a| *a <= now_s);
-    template_hash(&md.spec.template) == template_hash(&set.spec.template)
-        && after_reached.is_none_or(|a| created(set) >= a)
+    Target::of(md, now_s).current(set)
 }
 
 /// `spec.rollout.after`, unix seconds.
@@ -400,15 +430,13 @@ struct Observed {
 /// The sets as the rollout planner sees them, and the machine counts.
 fn observe(
     md: &MachineDeployment,
-    hash: &str,
-    set_hash: &str,
-    after_reached: Option<i64>,
+    target: &Target,
     sets: &[Arc<MachineSet>],
     machines: &[Arc<Machine>],
     now_s: i64,
 ) -> Observed {
     let mut observed = Observed::default();
-    let new = new_set_of(hash, set_hash, after_reached, sets);
+    let new = new_set_of(target, sets);
     for set in sets {
         let is_new = new.is_some_and(|n| Arc::ptr_eq(n, set));
         let view = set_view(md, set, is_new, machines, now_s, &mut observed.totals);
@@ -429,17 +457,12 @@ fn observe(
 /// `rollout.after` has passed, made at or after it; of several, the one
 /// with the most replicas (the least churn), then the one labelled
 /// `set_hash`, then the latest revision.
-fn new_set_of<'a>(
-    hash: &str,
-    set_hash: &str,
-    after_reached: Option<i64>,
-    sets: &'a [Arc<MachineSet>],
-) -> Option<&'a Arc<MachineSet>> {
-    let labelled =
-        |s: &MachineSet| s.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) == Some(set_hash);
+fn new_set_of<'a>(target: &Target, sets: &'a [Arc<MachineSet>]) -> Option<&'a Arc<MachineSet>> {
+    let labelled = |s: &MachineSet| {
+        s.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) == Some(target.set_hash.as_str())
+    };
     sets.iter()
-        .filter(|s| template_hash(&s.spec.template) == hash)
-        .filter(|s| after_reached.is_none_or(|a| created(s) >= a))
+        .filter(|s| target.current(s))
         .max_by_key(|s| (s.spec.replicas, labelled(s), revision_of(s)))
 }
 
@@ -626,12 +649,14 @@ mod tests {
         let before_upgrade = set("web-0ld", "0ld", "3", None);
         let other = set("web-other", "other", "4", Some("v9.9.9"));
         let sets = vec![other.clone(), before_upgrade.clone()];
-        let found = new_set_of(&hash, &hash, None, &sets).expect("the same template");
+        let found = new_set_of(&Target::of(&deployment, 0), &sets).expect("the same template");
         assert_eq!(found.name_any(), "web-0ld", "no rollout after an upgrade");
         let labelled = set("web-new", &hash, "2", None);
         let sets = vec![before_upgrade, labelled, other];
         assert_eq!(
-            new_set_of(&hash, &hash, None, &sets).unwrap().name_any(),
+            new_set_of(&Target::of(&deployment, 0), &sets)
+                .unwrap()
+                .name_any(),
             "web-new"
         );
     }

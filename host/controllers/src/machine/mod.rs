@@ -13,21 +13,25 @@
 //! (`crate::nodedrain`; its start and end are recorded in
 //! `status.deletion`), the wait for the Node's volumes to detach (recorded
 //! the same way), pre-terminate hooks, `delete` until the provider says
-//! done, the Node object (given up after `nodeDeletionTimeoutSeconds`),
+//! done, the Node object (given up after `nodeDeletionTimeoutSeconds`;
+//! these steps are in `deletion`, the Node handling in `node`),
 //! then the finalizer.
 
+mod deletion;
+mod node;
 mod status;
 mod update;
 
+pub(crate) use node::find_node;
+use node::{carry_labels_to_node, node_is_ready, own_node};
 use status::settle;
 
 use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
 use capstan_api::{
     ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_EXCLUDE_NODE_DRAINING_CAPI,
-    ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH, ANNOTATION_IN_PLACE_FROM,
-    ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_PAUSED, LABEL_DEPLOYMENT_NAME, MACHINE_FINALIZER,
-    Machine, MachineDeployment, MachineStatus, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX,
-    Plugin, status as cond,
+    ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH, ANNOTATION_IN_PLACE_FROM, ANNOTATION_PAUSED,
+    LABEL_DEPLOYMENT_NAME, MACHINE_FINALIZER, Machine, MachineDeployment, MachineStatus,
+    PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin, status as cond,
 };
 use capstan_kit::controller::Spec;
 use capstan_kit::objects::machines_of_node;
@@ -35,13 +39,12 @@ use capstan_kit::provider::{MachineProvider, ProviderError, Providers, timed, to
 use capstan_kit::registry::Availability;
 use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
 use capstan_kit::{Error, Kube, key_of, kube_err, now};
-use capstan_planner::deletion::{DeletionView, give_up_node_deletion};
+use capstan_planner::deletion::DeletionView;
 use capstan_planner::machine::{
-    Call, CallError, Drain, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
-    MachineStep, MachineView, NodeSeen, Outcome, PluginState, Release, Requeue, Volumes, next_step,
+    Call, CallError, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
+    MachineStep, MachineView, NodeSeen, Outcome, PluginState, Requeue, next_step,
 };
-use capstan_planner::metadata::carry_to_node;
-use capstan_runtime::types::{Deletion, InstanceState, MachineStatus as PluginStatus};
+use capstan_runtime::types::{InstanceState, MachineStatus as PluginStatus};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -290,23 +293,6 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Say once that the drain was skipped or cut short, and why.
-    async fn report_skipped_drain(&mut self, why: Option<&String>) {
-        let Some(why) = why else { return };
-        if std::mem::replace(&mut self.skip_reported, true) {
-            return;
-        }
-        record_event(
-            &self.ctx.kube,
-            CONTROLLER,
-            &self.machine.object_ref(&()),
-            EventType::Warning,
-            "DrainSkipped",
-            why.clone(),
-        )
-        .await;
-    }
-
     /// The provider for a call. The planner asks for calls only when the
     /// plugin is ready, which is when this pass found its provider; were it
     /// missing, the plugin counts as still loading.
@@ -429,135 +415,6 @@ impl<'a> Pass<'a> {
             }
             Err(e) => self.view.call_error = Some((call, call_error(e))),
         }
-    }
-
-    /// One drain round on the machine's Node (cordon, evict, look).
-    async fn drain(&mut self) -> Result<(), Error> {
-        let (ctx, machine) = (self.ctx, self.machine);
-        let Some(node) = self.node.clone() else {
-            // The planner drains only the Node this pass found.
-            self.view.deletion.node = None;
-            return Ok(());
-        };
-        self.draft
-            .deletion
-            .get_or_insert_with(Default::default)
-            .node_drain_start_time
-            .get_or_insert_with(|| self.t.clone());
-        self.view.drain = Some(
-            match crate::nodedrain::drain_round(&ctx.kube, &ctx.evictions, machine, &node).await? {
-                crate::nodedrain::Round::Complete => {
-                    record_event(
-                        &ctx.kube,
-                        CONTROLLER,
-                        &machine.object_ref(&()),
-                        EventType::Normal,
-                        "NodeDrained",
-                        format!("drained Node {}", node.name_any()),
-                    )
-                    .await;
-                    Drain::Complete
-                }
-                crate::nodedrain::Round::Pending { message, blocked } => {
-                    Drain::Pending { message, blocked }
-                }
-            },
-        );
-        Ok(())
-    }
-
-    /// Look at the volumes still attached to the machine's Node.
-    async fn check_volumes(&mut self) -> Result<(), Error> {
-        let Some(node) = self.node.clone() else {
-            self.view.deletion.node = None;
-            return Ok(());
-        };
-        let start = self
-            .draft
-            .deletion
-            .get_or_insert_with(Default::default)
-            .wait_for_node_volume_detach_start_time
-            .get_or_insert_with(|| self.t.clone())
-            .clone();
-        let attached =
-            crate::nodedrain::attached_volumes(&self.ctx.kube, self.machine, &node).await?;
-        self.view.volumes = Some(if attached.is_empty() {
-            Volumes::Detached
-        } else {
-            let mut shown = attached.clone();
-            shown.truncate(5);
-            Volumes::Attached(format!(
-                "waiting for {} volume(s) to detach from Node {} ({}), since {}",
-                attached.len(),
-                node.name_any(),
-                shown.join(", "),
-                start.0
-            ))
-        });
-        Ok(())
-    }
-
-    /// Delete the machine's Node object. A delete that keeps failing is
-    /// given up after `nodeDeletionTimeoutSeconds` (counted from the
-    /// deletion request), with a warning Event, so the finalizer does not
-    /// hold the machine forever.
-    async fn delete_node(&mut self, node: Arc<Node>) -> Result<(), Error> {
-        let Err(error) = delete_node(self.ctx, &node).await else {
-            return Ok(());
-        };
-        let machine = self.machine;
-        let deleting_for = machine
-            .metadata
-            .deletion_timestamp
-            .as_ref()
-            .map_or(0, |d| self.t.0.as_second() - d.0.as_second());
-        let timeout = machine
-            .spec
-            .deletion
-            .as_ref()
-            .and_then(|d| d.node_deletion_timeout_seconds)
-            .map(|s| i64::from(s.max(0)));
-        if !give_up_node_deletion(deleting_for, timeout) {
-            return Err(error);
-        }
-        record_event(
-            &self.ctx.kube,
-            CONTROLLER,
-            &machine.object_ref(&()),
-            EventType::Warning,
-            "FailedDeleteNode",
-            format!("{error}; nodeDeletionTimeoutSeconds passed, going on without deleting it"),
-        )
-        .await;
-        Ok(())
-    }
-
-    /// The provider's `delete`.
-    async fn release(&mut self, plugin_name: &str) {
-        let (ctx, machine) = (self.ctx, self.machine);
-        let Some(provider) = self.provider() else {
-            return;
-        };
-        let plugin_machine = to_plugin_machine(machine);
-        let outcome = timed(
-            &ctx.kube.metrics,
-            plugin_name,
-            "delete",
-            provider.delete(&plugin_machine),
-        )
-        .await;
-        self.view.release = Some(match outcome {
-            Ok(Deletion::Done) | Err(ProviderError::NotFound(_)) => Release::Done,
-            Ok(Deletion::InProgress(ms)) => Release::InProgress(ms),
-            Err(ProviderError::Transient {
-                message,
-                retry_after,
-            }) => {
-                tracing::debug!(machine = %key_of(machine), %message, "delete will be retried");
-                Release::Retry(retry_after.as_millis() as u64)
-            }
-            Err(error) => Release::Failed(error.to_string()),
-        });
     }
 
     /// The Node as the planner sees it. A Node once linked stays referenced
@@ -759,61 +616,6 @@ fn hooks(machine: &Machine, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// Keep the machine's Cluster API managed labels (`node-role.kubernetes.io/…`,
-/// `node.cluster.x-k8s.io/…`, `node-restriction.kubernetes.io/…`) on its
-/// Node, recording which ones in `cluster.x-k8s.io/labels-from-machine` so
-/// one removed from the machine leaves the Node and others' labels stay.
-async fn carry_labels_to_node(ctx: &Context, machine: &Machine, node: &Node) -> Result<(), Error> {
-    let recorded = node.annotations().get(ANNOTATION_LABELS_FROM_MACHINE);
-    // What the admin granted the Plugin that runs the machine.
-    let granted = ctx
-        .kube
-        .stores
-        .plugins
-        .get(&ObjectRef::new(machine.instance_plugin()))
-        .map(|p| p.spec.grants.node_labels.clone())
-        .unwrap_or_default();
-    let Some(change) = carry_to_node(
-        machine.labels(),
-        node.labels(),
-        recorded.map(String::as_str),
-        &granted,
-    ) else {
-        return Ok(());
-    };
-    let patch = serde_json::json!({
-        "metadata": {
-            "labels": change.labels,
-            "annotations": { ANNOTATION_LABELS_FROM_MACHINE: change.carried.labels.join(",") },
-        }
-    });
-    let failing = format!("cannot carry the labels of machine {} to", key_of(machine));
-    crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_labels", &failing).await
-}
-
-/// Delete the machine's Node object once its instance is gone (a cloud's
-/// node controller may have done it already).
-async fn delete_node(ctx: &Context, node: &Node) -> Result<(), Error> {
-    let api: Api<Node> = Api::all(ctx.kube.client.clone());
-    let params = kube::api::DeleteParams {
-        preconditions: node.uid().map(|uid| kube::api::Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match api.delete(&node.name_any(), &params).await {
-        Ok(_) => {
-            ctx.kube.metrics.wrote(CONTROLLER, "delete_node");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(e) => Err(kube_err(format!("cannot delete Node {}", node.name_any()))(
-            e,
-        )),
-    }
-}
-
 /// Apply the machine's status, carrying only the condition types the
 /// Machine controller owns: the others (a health check's) belong to other
 /// field managers and must not be overwritten from a stale cache.
@@ -888,29 +690,4 @@ async fn finish_in_place(machine: &Machine, ctx: &Context) -> Result<(), Error> 
             key_of(machine)
         ))(e)),
     }
-}
-
-/// The Node this machine recorded, if it is still that Node: same name,
-/// same uid (`status.nodeRef.uid`) and this machine's providerID. A Node
-/// re-registered under a reused name (EC2 names follow reused IPs) belongs
-/// to another instance and is never drained or deleted for this machine.
-fn own_node(nodes: &Store<Node>, status: &MachineStatus) -> Option<Arc<Node>> {
-    let recorded = status.node_ref.as_ref()?;
-    let node = nodes.get(&ObjectRef::new(&recorded.name))?;
-    let same_uid = recorded.uid.is_none() || node.uid() == recorded.uid;
-    let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
-    let same_instance =
-        status.provider_id.is_none() || provider_id == status.provider_id.as_deref();
-    (same_uid && same_instance).then_some(node)
-}
-
-pub(crate) fn find_node(nodes: &Store<Node>, provider_id: &str) -> Option<Arc<Node>> {
-    nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
-}
-
-fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

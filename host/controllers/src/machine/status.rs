@@ -55,40 +55,8 @@ pub(super) fn settle(
     if capstan_api::condition(&status.conditions, PAUSED).is_some() {
         set(&mut status, PAUSED, cond::FALSE, "NotPaused", String::new());
     }
-    if let Outcome::Deleting {
-        reason,
-        message,
-        instance,
-        drain_ended,
-        volumes_ended,
-        ..
-    } = outcome
-    {
-        status.phase = Some(MachinePhase::Deleting);
-        set(&mut status, DELETING, cond::TRUE, reason, message.clone());
-        if let Some((reason, message)) = instance {
-            set(
-                &mut status,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                reason,
-                message.clone(),
-            );
-        }
-        if *drain_ended {
-            status
-                .deletion
-                .get_or_insert_with(Default::default)
-                .node_drain_end_time
-                .get_or_insert_with(|| t.clone());
-        }
-        if *volumes_ended {
-            status
-                .deletion
-                .get_or_insert_with(Default::default)
-                .node_volume_detach_end_time
-                .get_or_insert_with(|| t.clone());
-        }
+    if let Outcome::Deleting { .. } = outcome {
+        settle_deleting(&mut status, outcome, generation, t);
         return Some(status);
     }
 
@@ -166,28 +134,74 @@ pub(super) fn settle(
     }
     cluster_api_conditions(&mut status, owners.min_ready_seconds, generation, t);
     // An in-place update says for itself how up to date the machine is.
-    if !view.updating_in_place
-        && let Some(up_to_date) = &owners.up_to_date
-    {
-        let set = condition_setter(generation, t);
-        match up_to_date {
-            Ok(()) => set(
-                &mut status,
-                UP_TO_DATE,
-                cond::TRUE,
-                "UpToDate",
-                String::new(),
-            ),
-            Err(why) => set(
-                &mut status,
-                UP_TO_DATE,
-                cond::FALSE,
-                "NotUpToDate",
-                why.clone(),
-            ),
-        }
+    if !view.updating_in_place {
+        up_to_date(&mut status, owners, generation, t);
     }
     Some(status)
+}
+
+/// A deleting machine's status: `Deleting` with the step's reason, what
+/// releasing the instance says, and where the drain and the wait for
+/// volumes ended.
+fn settle_deleting(
+    status: &mut MachineStatus,
+    outcome: &Outcome,
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) {
+    let Outcome::Deleting {
+        reason,
+        message,
+        instance,
+        drain_ended,
+        volumes_ended,
+        ..
+    } = outcome
+    else {
+        return;
+    };
+    let set = condition_setter(generation, t);
+    status.phase = Some(MachinePhase::Deleting);
+    set(status, DELETING, cond::TRUE, reason, message.clone());
+    if let Some((reason, message)) = instance {
+        set(
+            status,
+            INSTANCE_PROVISIONED,
+            cond::FALSE,
+            reason,
+            message.clone(),
+        );
+    }
+    if *drain_ended {
+        status
+            .deletion
+            .get_or_insert_with(Default::default)
+            .node_drain_end_time
+            .get_or_insert_with(|| t.clone());
+    }
+    if *volumes_ended {
+        status
+            .deletion
+            .get_or_insert_with(Default::default)
+            .node_volume_detach_end_time
+            .get_or_insert_with(|| t.clone());
+    }
+}
+
+/// `UpToDate` as the owning deployment says: `False` (`NotUpToDate`) while
+/// the machine's set is not its current template.
+fn up_to_date(
+    status: &mut MachineStatus,
+    owners: &Owners,
+    generation: Option<i64>,
+    t: &capstan_api::Time,
+) {
+    let set = condition_setter(generation, t);
+    match &owners.up_to_date {
+        Some(Ok(())) => set(status, UP_TO_DATE, cond::TRUE, "UpToDate", String::new()),
+        Some(Err(why)) => set(status, UP_TO_DATE, cond::FALSE, "NotUpToDate", why.clone()),
+        None => {}
+    }
 }
 
 /// How long until the machine counts as available, if it is Ready but not
