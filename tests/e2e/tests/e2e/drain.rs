@@ -475,19 +475,7 @@ async fn an_attached_volume_holds_the_instance_until_it_detaches_or_the_timeout(
     let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
     let attach = async |name: &str, node: &str| {
-        let va: VolumeAttachment = serde_json::from_value(json!({
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "VolumeAttachment",
-            "metadata": { "name": name },
-            "spec": {
-                "attacher": "csi.example.com",
-                "nodeName": node,
-                "source": { "persistentVolumeName": format!("pv-{name}") },
-            },
-        }))
-        .unwrap();
-        attachments.create(&Default::default(), &va).await.unwrap();
-        set_attached(&attachments, name, true).await;
+        attach_volume(&attachments, name, node, &format!("pv-{name}")).await;
     };
     let all = env.machines(NS).await;
     let (first, second) = (&all[0], &all[1]);
@@ -569,6 +557,24 @@ async fn an_attached_volume_holds_the_instance_until_it_detaches_or_the_timeout(
     );
 }
 
+/// A VolumeAttachment of `pv` to `node`, reported attached (what a CSI
+/// attacher would do).
+async fn attach_volume(attachments: &Api<VolumeAttachment>, name: &str, node: &str, pv: &str) {
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "VolumeAttachment",
+        "metadata": { "name": name },
+        "spec": {
+            "attacher": "csi.example.com",
+            "nodeName": node,
+            "source": { "persistentVolumeName": pv },
+        },
+    }))
+    .unwrap();
+    attachments.create(&Default::default(), &va).await.unwrap();
+    set_attached(attachments, name, true).await;
+}
+
 async fn set_attached(attachments: &Api<VolumeAttachment>, name: &str, attached: bool) {
     attachments
         .patch_status(
@@ -621,19 +627,7 @@ async fn the_volume_of_a_pod_the_drain_leaves_is_not_waited_for() {
         .await
         .unwrap();
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    let va: VolumeAttachment = serde_json::from_value(json!({
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "VolumeAttachment",
-        "metadata": { "name": "logs" },
-        "spec": {
-            "attacher": "csi.example.com",
-            "nodeName": node,
-            "source": { "persistentVolumeName": "pv-logs" },
-        },
-    }))
-    .unwrap();
-    attachments.create(&Default::default(), &va).await.unwrap();
-    set_attached(&attachments, "logs", true).await;
+    attach_volume(&attachments, "logs", &node, "pv-logs").await;
 
     // No nodeVolumeDetachTimeoutSeconds: were the volume waited for, the
     // machine would never go.

@@ -51,14 +51,7 @@ async fn plugin_condition(env: &Env, name: &str, reason: &str) -> String {
 }
 
 async fn patch_pool(env: &Env, spec: Value) {
-    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
-        .patch(
-            "pool",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": spec })),
-        )
-        .await
-        .expect("patch md/pool");
+    patch_named(env, "pool", spec).await;
 }
 
 fn as_args(args: &[String]) -> Vec<&str> {
