@@ -27,7 +27,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -103,6 +103,14 @@ pub struct InstallArgs {
     /// first match wins).
     #[arg(long = "image-mirror", value_name = "FROM=TO")]
     pub image_mirrors: Vec<capstan_addons::ImageRewrite>,
+    /// Install a shard: a controller Deployment of its own,
+    /// `capstan-controller-VALUE`, running `capstan controller
+    /// --watch-filter=VALUE` (it owns only objects labelled
+    /// `cluster.x-k8s.io/watch-filter=VALUE`, with a leader Lease of its
+    /// own). Shards share the namespace, its ServiceAccount, RBAC, trust
+    /// policy, credential Secrets and the CRDs; install one per value.
+    #[arg(long, value_name = "VALUE", value_parser = parse_watch_filter)]
+    pub watch_filter: Option<String>,
     /// Controller replicas (one leads, the others stand by).
     #[arg(long, default_value_t = 2)]
     pub replicas: i32,
@@ -134,6 +142,11 @@ pub struct UninstallArgs {
     /// Namespace Capstan was installed in.
     #[arg(long, default_value = crate::controller::DEFAULT_NAMESPACE)]
     pub namespace: String,
+    /// Remove only the shard installed with this `--watch-filter` (its
+    /// Deployment; its Machines must be gone first). The shared objects go
+    /// with the last controller Deployment in the namespace.
+    #[arg(long, value_name = "VALUE", value_parser = parse_watch_filter)]
+    pub watch_filter: Option<String>,
     /// Remove the Machines' finalizers and go on although Machines remain:
     /// their cloud instances are left behind.
     #[arg(long)]
@@ -170,9 +183,29 @@ pub struct Manifests {
 const TRUST_POLICY_DIR: &str = "/etc/capstan";
 const TRUST_POLICY_FILE: &str = "trust-policy.yaml";
 
+/// A `--watch-filter` value, checked as the controller checks it.
+fn parse_watch_filter(value: &str) -> Result<String, String> {
+    match capstan_controllers::invalid_watch_filter(value) {
+        Some(why) => Err(why),
+        None => Ok(value.to_string()),
+    }
+}
+
+/// The controller Deployment's name: `capstan-controller`, or
+/// `capstan-controller-VALUE` for the shard of a watch filter. Its pods
+/// are labelled `app.kubernetes.io/name` with the same name, so no two
+/// Deployments' selectors overlap.
+pub fn deployment_name(watch_filter: Option<&str>) -> String {
+    watch_filter.map_or_else(|| NAME.to_string(), |v| format!("{NAME}-{v}"))
+}
+
 fn labels() -> BTreeMap<String, String> {
+    labels_named(NAME)
+}
+
+fn labels_named(name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("app.kubernetes.io/name".to_string(), NAME.to_string()),
+        ("app.kubernetes.io/name".to_string(), name.to_string()),
         (
             "app.kubernetes.io/part-of".to_string(),
             "capstan".to_string(),
@@ -257,6 +290,9 @@ fn deployment(args: &InstallArgs, image: &str, with_policy: bool) -> Deployment 
         format!("--code-cache={CACHE_DIR}/code"),
         format!("--oci-cache={CACHE_DIR}/oci"),
     ];
+    if let Some(value) = &args.watch_filter {
+        defaults.push(format!("--watch-filter={value}"));
+    }
     if with_policy {
         defaults.push(format!(
             "--trust-policy={TRUST_POLICY_DIR}/{TRUST_POLICY_FILE}"
@@ -339,20 +375,24 @@ fn deployment(args: &InstallArgs, image: &str, with_policy: bool) -> Deployment 
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     };
+    let name = deployment_name(args.watch_filter.as_deref());
     Deployment {
-        metadata: meta(NAME, Some(&args.namespace)),
+        metadata: ObjectMeta {
+            labels: Some(labels_named(&name)),
+            ..meta(&name, Some(&args.namespace))
+        },
         spec: Some(DeploymentSpec {
             replicas: Some(args.replicas),
             selector: LabelSelector {
                 match_labels: Some(BTreeMap::from([(
                     "app.kubernetes.io/name".to_string(),
-                    NAME.to_string(),
+                    name.clone(),
                 )])),
                 ..Default::default()
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels()),
+                    labels: Some(labels_named(&name)),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -573,12 +613,33 @@ where
 /// `capstan uninstall`.
 pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
     let client = crate::controller::client(args.kubeconfig.as_ref()).await?;
+    let ns = args.namespace.as_str();
+    let ours = deployment_name(args.watch_filter.as_deref());
+    // Other controller Deployments (shards) in the namespace keep the
+    // shared objects, and their Machines are theirs to hold.
+    let others: Vec<String> = Api::<Deployment>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels("app.kubernetes.io/part-of=capstan"))
+        .await
+        .with_context(|| format!("cannot list the controller Deployments in namespace {ns}"))?
+        .items
+        .into_iter()
+        .map(|d| d.name_any())
+        .filter(|name| *name != ours)
+        .collect();
+    let filter = args.watch_filter.as_deref();
+    let ours_to_hold = |m: &Machine| {
+        let label = m.labels().get(capstan_controllers::LABEL_WATCH_FILTER);
+        match filter {
+            Some(value) => label.map(String::as_str) == Some(value),
+            None => others.is_empty() || label.is_none(),
+        }
+    };
     let machines: Api<Machine> = Api::all(client.clone());
     let held: Vec<Machine> = match machines.list(&Default::default()).await {
         Ok(list) => list
             .items
             .into_iter()
-            .filter(|m| !m.finalizers().is_empty())
+            .filter(|m| !m.finalizers().is_empty() && ours_to_hold(m))
             .collect(),
         // No Machine CRD: nothing can be held.
         Err(kube::Error::Api(e)) if e.code == 404 => vec![],
@@ -621,8 +682,15 @@ pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let ns = args.namespace.as_str();
-    delete(Api::<Deployment>::namespaced(client.clone(), ns), NAME).await?;
+    delete(Api::<Deployment>::namespaced(client.clone(), ns), &ours).await?;
+    if !others.is_empty() {
+        println!(
+            "kept the namespace {ns}, its ServiceAccount and RBAC, and the CRDs: \
+             other controller Deployments use them ({}); uninstall those to remove everything",
+            others.join(", ")
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     delete(Api::<RoleBinding>::namespaced(client.clone(), ns), NAME).await?;
     delete(Api::<Role>::namespaced(client.clone(), ns), NAME).await?;
     delete(Api::<ClusterRoleBinding>::all(client.clone()), NAME).await?;
@@ -723,6 +791,79 @@ mod tests {
             (subject.name.as_str(), subject.namespace.as_deref()),
             (NAME, Some("ops"))
         );
+    }
+
+    #[test]
+    fn a_shard_is_a_deployment_of_its_own_sharing_the_rest() {
+        let plain = built(&args(&[]), None);
+        let shard = built(&args(&["--watch-filter", "zone-a"]), None);
+        let d = &shard.deployment;
+        assert_eq!(
+            d.metadata.name.as_deref(),
+            Some("capstan-controller-zone-a")
+        );
+        let spec = d.spec.as_ref().unwrap();
+        let selected = spec.selector.match_labels.as_ref().unwrap();
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        // Each Deployment selects its own pods only: the default selector
+        // does not match a shard's pods, nor the reverse.
+        let plain_selector = plain
+            .deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .match_labels
+            .clone();
+        assert!(selected.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+        assert!(
+            plain_selector
+                .unwrap()
+                .iter()
+                .any(|(k, v)| pod_labels.get(k) != Some(v)),
+            "the default Deployment would adopt the shard's pods"
+        );
+        let args_of = |d: &Deployment| {
+            d.spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers[0]
+                .args
+                .clone()
+                .unwrap()
+        };
+        assert!(args_of(d).contains(&"--watch-filter=zone-a".to_string()));
+        assert!(
+            !args_of(&plain.deployment)
+                .iter()
+                .any(|a| a.starts_with("--watch-filter"))
+        );
+        // Shared: the same ServiceAccount, roles and bindings as the default.
+        assert_eq!(
+            spec.template
+                .spec
+                .as_ref()
+                .unwrap()
+                .service_account_name
+                .as_deref(),
+            Some(NAME)
+        );
+        assert_eq!(shard.cluster_role_binding, plain.cluster_role_binding);
+        assert_eq!(shard.role_binding, plain.role_binding);
+        // A value the controller would refuse is refused here.
+        let bad = Cli::try_parse_from(["install", "--watch-filter=zone."]);
+        assert!(bad.is_err());
     }
 
     #[test]

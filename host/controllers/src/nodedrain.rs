@@ -73,18 +73,30 @@ pub(crate) async fn drain_round(
 ) -> Result<Round, Error> {
     let name = node.name_any();
     cordon(kube, node).await?;
-    let views = match pod_views(kube, machine, node).await? {
-        Ok((_, views)) => views,
-        // A rule that cannot be used holds the drain, saying what to fix:
-        // evicting a pod the rule meant to keep cannot be undone.
-        Err(why) => {
-            return Ok(Round::Pending {
-                message: format!("draining Node {name}: {why}"),
-                blocked: true,
-            });
+    // Rounds read the cache; a drain is declared complete only after a
+    // list from the API server agrees, so a cache a few events behind can
+    // delay a drain by a round but never end it early.
+    let mut plan = None;
+    for pods in [Pods::Cached, Pods::Listed] {
+        let views = match pod_views(kube, machine, node, pods).await? {
+            Ok((_, views)) => views,
+            // A rule that cannot be used holds the drain, saying what to
+            // fix: evicting a pod the rule meant to keep cannot be undone.
+            Err(why) => {
+                return Ok(Round::Pending {
+                    message: format!("draining Node {name}: {why}"),
+                    blocked: true,
+                });
+            }
+        };
+        let this = plan_drain(&views, unreachable(node));
+        let complete = this.complete();
+        plan = Some(this);
+        if !complete {
+            break;
         }
-    };
-    let plan = plan_drain(&views, unreachable(node));
+    }
+    let plan = plan.expect("planned at least once");
     if plan.complete() {
         return Ok(Round::Complete);
     }
@@ -138,20 +150,48 @@ pub(crate) async fn drain_round(
     })
 }
 
-/// The pods on the Node and how the drain sees each, or why a
-/// MachineDrainRule that applies cannot be used.
+/// Where a drain reads a Node's pods from.
+#[derive(Debug, Clone, Copy)]
+enum Pods {
+    /// The shared cache of scheduled pods: no request.
+    Cached,
+    /// A list from the API server: a consistent read, newer than any
+    /// eviction or deletion it acknowledged.
+    Listed,
+}
+
+/// The pods on `node`, from `from`.
+async fn pods_on(kube: &Kube, node: &str, from: Pods) -> Result<Vec<Pod>, Error> {
+    match from {
+        Pods::Cached => Ok(kube
+            .stores
+            .pods
+            .state()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .map(|p| Pod::clone(p))
+            .collect()),
+        Pods::Listed => {
+            let pods: Api<Pod> = Api::all(kube.client.clone());
+            let list = pods
+                .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+                .await
+                .map_err(kube_err(format!("cannot list the pods on Node {node}")))?;
+            Ok(list.items)
+        }
+    }
+}
+
+/// The pods on the Node (read from `from`) and how the drain sees each, or
+/// why a MachineDrainRule that applies cannot be used.
 async fn pod_views(
     kube: &Kube,
     machine: &Machine,
     node: &Node,
+    from: Pods,
 ) -> Result<Result<(Vec<Pod>, Vec<PodView>), String>, Error> {
-    let name = node.name_any();
-    let pods: Api<Pod> = Api::all(kube.client.clone());
-    let list = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
-        .await
-        .map_err(kube_err(format!("cannot list the pods on Node {name}")))?;
-    let rules = if list.items.is_empty() {
+    let list = pods_on(kube, &node.name_any(), from).await?;
+    let rules = if list.is_empty() {
         vec![]
     } else {
         drain_rules(kube, machine).await?
@@ -160,8 +200,8 @@ async fn pod_views(
         return Ok(Err(why));
     }
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let mut views = Vec::with_capacity(list.items.len());
-    for p in &list.items {
+    let mut views = Vec::with_capacity(list.len());
+    for p in &list {
         views.push(PodView {
             namespace: p.namespace().unwrap_or_default(),
             name: p.name_any(),
@@ -181,7 +221,7 @@ async fn pod_views(
             rule: rule_for(kube, &rules, p),
         });
     }
-    Ok(Ok((list.items, views)))
+    Ok(Ok((list, views)))
 }
 
 /// Up to five `namespace/name`s, for a message.
@@ -286,8 +326,12 @@ pub(crate) async fn attached_volumes(
         .map(|v| v.name.clone())
         .collect();
     let api: Api<VolumeAttachment> = Api::all(kube.client.clone());
+    // From the API server's watch cache (resourceVersion 0), not a quorum
+    // read of etcd: every deleting machine asks each pass, and a cache a
+    // moment behind can only still show an attachment that is going, so it
+    // errs on the side of waiting.
     let from_attachments: Vec<String> = api
-        .list(&ListParams::default())
+        .list(&ListParams::default().match_any())
         .await
         .map_err(kube_err("cannot list VolumeAttachments"))?
         .items
@@ -324,7 +368,7 @@ async fn skipped_claims(
     machine: &Machine,
     node: &Node,
 ) -> Result<BTreeSet<String>, Error> {
-    let Ok((pods, views)) = pod_views(kube, machine, node).await? else {
+    let Ok((pods, views)) = pod_views(kube, machine, node, Pods::Cached).await? else {
         return Ok(BTreeSet::new());
     };
     let plan = plan_drain(&views, false);

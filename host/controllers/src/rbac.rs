@@ -92,10 +92,10 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
-        why: "machine (drain): the pods on a Node",
+        why: "machine (drain): the pods on a Node (a cache of scheduled pods, confirmed by a list before the drain completes)",
         group: "",
         resources: &["pods"],
-        verbs: &["list"],
+        verbs: &["list", "watch"],
         scope: Scope::Cluster,
     },
     Rule {

@@ -6,7 +6,7 @@
 
 use crate::Metrics;
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
@@ -66,6 +66,8 @@ pub struct Stores {
     pub addons: Store<Addon>,
     /// Namespaces (their labels decide Plugins' `allowedNamespaces`).
     pub namespaces: Store<Namespace>,
+    /// Pods scheduled to a Node (the drain's view of a Node).
+    pub pods: Store<Pod>,
 }
 
 impl std::fmt::Debug for Stores {

@@ -4,11 +4,13 @@
 //! controllers ready once every watch has listed. With a watch filter
 //! (Cluster API's `--watch-filter`), the watches of the kinds a shard owns
 //! see only objects labelled `cluster.x-k8s.io/watch-filter=<value>`.
+//! Pods are watched once they are scheduled (`spec.nodeName` set), every
+//! shard's, so a drain reads a Node's pods from the cache.
 
 use crate::{Error, Kind, Metrics, Stores};
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -46,6 +48,8 @@ pub struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
     api: Api<K>,
     /// Label selector of the objects this watch sees (`None`: all).
     selector: Option<String>,
+    /// Field selector of the objects this watch sees (`None`: all).
+    fields: Option<&'static str>,
     /// Objects that left the cache. kube-runtime's shared streams pass
     /// applied objects on but not deleted ones, and a relist drops vanished
     /// objects silently; both reach subscribers of [`Shared::deletions`].
@@ -65,6 +69,10 @@ where
     K: Kind,
 {
     fn new(api: Api<K>, selector: Option<String>) -> Self {
+        Self::with_fields(api, selector, None)
+    }
+
+    fn with_fields(api: Api<K>, selector: Option<String>, fields: Option<&'static str>) -> Self {
         let (store, writer) = reflector::store_shared(1024);
         let (deleted, _) = tokio::sync::broadcast::channel(1024);
         Shared {
@@ -72,6 +80,7 @@ where
             writer: Some(writer),
             api,
             selector,
+            fields,
             deleted,
         }
     }
@@ -124,8 +133,15 @@ where
         if let Some(selector) = &self.selector {
             config = config.labels(selector);
         }
+        if let Some(fields) = self.fields {
+            config = config.fields(fields);
+        }
         watcher(self.api.clone(), config)
             .default_backoff()
+            // No controller reads managedFields, and they are a large part
+            // of every cached object (controller-runtime strips them too):
+            // at 5000 machines, tens of MiB.
+            .modify(|object| object.meta_mut().managed_fields = None)
             .reflect_shared(writer)
             .filter_map(move |event| {
                 match event {
@@ -209,6 +225,8 @@ pub struct Watches {
     pub addons: Shared<Addon>,
     /// Namespaces.
     pub namespaces: Shared<Namespace>,
+    /// Pods scheduled to a Node.
+    pub pods: Shared<Pod>,
 }
 
 impl Watches {
@@ -228,6 +246,9 @@ impl Watches {
             health_checks: Shared::new(Api::all(client.clone()), owned()),
             addons: Shared::new(Api::all(client.clone()), owned()),
             namespaces: Shared::new(Api::all(client.clone()), None),
+            // Pods not yet scheduled are no drain's business (the
+            // scheduler's own filter for assigned pods).
+            pods: Shared::with_fields(Api::all(client.clone()), None, Some("spec.nodeName!=")),
         };
         watches.plugins.check("plugins.capstan.dev").await?;
         watches.machines.check("machines.capstan.dev").await?;
@@ -258,6 +279,7 @@ impl Watches {
             health_checks: self.health_checks.store(),
             addons: self.addons.store(),
             namespaces: self.namespaces.store(),
+            pods: self.pods.store(),
         }
     }
 
@@ -265,7 +287,7 @@ impl Watches {
     /// listed. Abort the task to stop them.
     pub fn start(&mut self, metrics: &Metrics) -> tokio::task::JoinHandle<()> {
         let listed = Arc::new(Listed {
-            remaining: std::sync::atomic::AtomicUsize::new(8),
+            remaining: std::sync::atomic::AtomicUsize::new(9),
             metrics: metrics.clone(),
         });
         let reflectors = futures::stream::select_all([
@@ -282,7 +304,8 @@ impl Watches {
                 .start("machinehealthchecks", listed.clone())
                 .boxed(),
             self.addons.start("addons", listed.clone()).boxed(),
-            self.namespaces.start("namespaces", listed).boxed(),
+            self.namespaces.start("namespaces", listed.clone()).boxed(),
+            self.pods.start("pods", listed).boxed(),
         ]);
         tokio::spawn(reflectors.for_each(|_| async {}))
     }

@@ -1,7 +1,7 @@
 //! Every write a controller makes to its own objects: the status (one path,
 //! server-side apply, nothing when nothing changed), finalizers (added and
-//! removed as kube-runtime's `finalizer()` helper does, guarded by the
-//! resourceVersion read) and Events. Each write is counted in
+//! removed as kube-runtime's `finalizer()` helper does: JSON patches that
+//! test the list they change, see [`finalizer_patch`]) and Events. Each write is counted in
 //! `capstan_api_writes_total{controller,verb}`.
 
 use crate::{Error, FIELD_MANAGER, Kind, Kube, REPORTING_CONTROLLER, ScopeApi, key_of, kube_err};
@@ -57,13 +57,10 @@ pub async fn add_finalizer<K>(
 where
     K: Kind,
 {
-    if obj.finalizers().iter().any(|f| f == finalizer) {
-        return Ok(false);
+    match finalizer_patch(obj.finalizers(), finalizer, FinalizerChange::Add) {
+        Some(patch) => patch_finalizers(kube, controller, obj, patch).await,
+        None => Ok(false),
     }
-    let mut finalizers = obj.finalizers().to_vec();
-    finalizers.push(finalizer.to_string());
-    set_finalizers(kube, controller, obj, finalizers).await?;
-    Ok(true)
 }
 
 /// Remove `finalizer` from `obj`, keeping everyone else's. Returns whether
@@ -77,48 +74,74 @@ pub async fn remove_finalizer<K>(
 where
     K: Kind,
 {
-    if !obj.finalizers().iter().any(|f| f == finalizer) {
-        return Ok(false);
+    match finalizer_patch(obj.finalizers(), finalizer, FinalizerChange::Remove) {
+        Some(patch) => patch_finalizers(kube, controller, obj, patch).await,
+        None => Ok(false),
     }
-    let remaining = obj
-        .finalizers()
-        .iter()
-        .filter(|f| *f != finalizer)
-        .cloned()
-        .collect();
-    set_finalizers(kube, controller, obj, remaining).await?;
-    Ok(true)
 }
 
-/// Replace an object's finalizer list, guarded by the resourceVersion read,
-/// so a concurrent change by someone else is not overwritten (a conflict
-/// is an error and the reconcile is retried). An object already gone is fine.
-async fn set_finalizers<K>(
+/// Which way a finalizer changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalizerChange {
+    Add,
+    Remove,
+}
+
+/// The JSON Patch that makes `change` to a finalizer list read as
+/// `current`, or `None` when there is nothing to do. As kube-runtime's
+/// `finalizer()` helper does, each patch first tests the part of the list it
+/// relies on (the whole list before an add, the entry before its removal),
+/// so a concurrent change to the finalizers by someone else makes it fail
+/// instead of being overwritten, while a status write in between (which
+/// bumps the resourceVersion) does not: a guard on the resourceVersion
+/// failed most finalizer removals of a deletion wave with 409 Conflict.
+pub fn finalizer_patch(
+    current: &[String],
+    finalizer: &str,
+    change: FinalizerChange,
+) -> Option<json_patch::Patch> {
+    let position = current.iter().position(|f| f == finalizer);
+    let ops = match (change, position) {
+        (FinalizerChange::Add, Some(_)) | (FinalizerChange::Remove, None) => return None,
+        (FinalizerChange::Add, None) if current.is_empty() => serde_json::json!([
+            // An object without finalizers has no list to append to.
+            { "op": "test", "path": "/metadata/finalizers", "value": null },
+            { "op": "add", "path": "/metadata/finalizers", "value": [finalizer] },
+        ]),
+        (FinalizerChange::Add, None) => serde_json::json!([
+            { "op": "test", "path": "/metadata/finalizers", "value": current },
+            { "op": "add", "path": "/metadata/finalizers/-", "value": finalizer },
+        ]),
+        (FinalizerChange::Remove, Some(i)) => serde_json::json!([
+            { "op": "test", "path": format!("/metadata/finalizers/{i}"), "value": finalizer },
+            { "op": "remove", "path": format!("/metadata/finalizers/{i}") },
+        ]),
+    };
+    serde_json::from_value(ops).ok()
+}
+
+/// Apply a finalizer patch. A failed test (someone else changed the list)
+/// is an error and the reconcile is retried; an object already gone is fine.
+async fn patch_finalizers<K>(
     kube: &Kube,
     controller: &'static str,
     obj: &K,
-    finalizers: Vec<String>,
-) -> Result<(), Error>
+    patch: json_patch::Patch,
+) -> Result<bool, Error>
 where
     K: Kind,
 {
     let api: Api<K> = K::Scope::api(kube.client.clone(), obj.namespace().as_deref());
-    let patch = serde_json::json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": obj.resource_version(),
-        }
-    });
     match api
         .patch(
             &obj.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Json::<()>(patch),
         )
         .await
     {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
         Err(e) => {
             return Err(kube_err(format!(
                 "cannot update the finalizers of {} {}",
@@ -128,7 +151,7 @@ where
         }
     }
     kube.metrics.wrote(controller, "patch_finalizers");
-    Ok(())
+    Ok(true)
 }
 
 /// The longest Event note the API server accepts (events.k8s.io: 1 kB).
@@ -205,5 +228,81 @@ pub async fn record_event(
     match result {
         Ok(()) => kube.metrics.wrote(controller, "event"),
         Err(error) => tracing::warn!(%error, controller, reason, "cannot record an Event"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An object as the API server patches it. Without finalizers the
+    /// member is missing, which the server's JSON Patch `test` treats as
+    /// null (kube-runtime relies on this too); this crate wants it spelled.
+    fn object(finalizers: Option<&[&str]>) -> serde_json::Value {
+        serde_json::json!({"metadata": {"name": "m", "finalizers": finalizers}})
+    }
+
+    fn apply(doc: &mut serde_json::Value, patch: &json_patch::Patch) -> Result<(), String> {
+        json_patch::patch(doc, patch).map_err(|e| e.to_string())
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn adds_and_removes_only_its_own_finalizer() {
+        let ours = "capstan.dev/machine";
+        // No list yet: the add creates it.
+        let mut doc = object(None);
+        let add = finalizer_patch(&[], ours, FinalizerChange::Add).unwrap();
+        apply(&mut doc, &add).unwrap();
+        assert_eq!(doc["metadata"]["finalizers"], serde_json::json!([ours]));
+        // Someone else's finalizer stays, in place, both ways.
+        let current = names(&["other.io/keep"]);
+        let mut doc = object(Some(&["other.io/keep"]));
+        apply(
+            &mut doc,
+            &finalizer_patch(&current, ours, FinalizerChange::Add).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            doc["metadata"]["finalizers"],
+            serde_json::json!(["other.io/keep", ours])
+        );
+        let current = names(&["other.io/keep", ours]);
+        apply(
+            &mut doc,
+            &finalizer_patch(&current, ours, FinalizerChange::Remove).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            doc["metadata"]["finalizers"],
+            serde_json::json!(["other.io/keep"])
+        );
+        // Nothing to do, nothing written.
+        assert!(finalizer_patch(&current, ours, FinalizerChange::Add).is_none());
+        assert!(finalizer_patch(&names(&["x"]), ours, FinalizerChange::Remove).is_none());
+    }
+
+    #[test]
+    fn a_list_changed_by_someone_else_fails_the_patch_instead_of_being_overwritten() {
+        let ours = "capstan.dev/machine";
+        // Read as [ours, b]; meanwhile someone removed b and added c first.
+        let read = names(&[ours, "b.io/x"]);
+        let remove = finalizer_patch(&read, ours, FinalizerChange::Remove).unwrap();
+        let mut moved = object(Some(&["c.io/y", ours]));
+        assert!(
+            apply(&mut moved, &remove).is_err(),
+            "index 0 is no longer ours"
+        );
+        // An add tests the whole list it read.
+        let add = finalizer_patch(&names(&["b.io/x"]), ours, FinalizerChange::Add).unwrap();
+        let mut changed = object(Some(&["c.io/y"]));
+        assert!(apply(&mut changed, &add).is_err());
+        // An add to a list that appeared meanwhile fails too.
+        let add = finalizer_patch(&[], ours, FinalizerChange::Add).unwrap();
+        let mut appeared = object(Some(&["c.io/y"]));
+        assert!(apply(&mut appeared, &add).is_err());
     }
 }

@@ -17,6 +17,8 @@ pub(crate) struct CallState {
     pub(crate) log_overflowed: bool,
     pub(crate) plugin: Arc<str>,
     pub(crate) call: &'static str,
+    /// How long instantiation took (set by the world handle).
+    pub(crate) instantiate: std::time::Duration,
 }
 
 impl CallState {

@@ -46,6 +46,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) http_client: http::PooledClient,
     /// One permit per call that may run at once.
     pub(crate) calls: Arc<tokio::sync::Semaphore>,
+    /// Where calls spent their time, summed.
+    pub(crate) profile: crate::profile::Totals,
 }
 
 impl std::fmt::Debug for RuntimeInner {
@@ -65,6 +67,26 @@ impl Drop for RuntimeInner {
             let _ = t.join();
         }
     }
+}
+
+/// Dirty bytes of a returned memory slot reset in place rather than
+/// unmapped (see [`Runtime::new`]); at most this much stays resident per
+/// pooled memory.
+const KEEP_RESIDENT_BYTES: usize = 256 * 1024;
+
+/// Whether the kernel has `PAGEMAP_SCAN` (Linux 6.7 and later), with which
+/// wasmtime resets only the pages a call dirtied.
+fn pagemap_scan_supported() -> bool {
+    if !cfg!(target_os = "linux") {
+        return false;
+    }
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+        return false;
+    };
+    let mut parts = release.trim().split(['.', '-']);
+    let number = |p: Option<&str>| p.and_then(|p| p.parse::<u32>().ok()).unwrap_or(0);
+    let (major, minor) = (number(parts.next()), number(parts.next()));
+    (major, minor) >= (6, 7)
 }
 
 /// How a plugin was loaded.
@@ -89,6 +111,18 @@ impl Runtime {
             .total_tables(n.saturating_mul(4))
             .total_stacks(n)
             .max_memory_size(config.max_memory_bytes);
+        // Reset a returned slot's memory by rewriting the pages the call
+        // dirtied (found with the kernel's PAGEMAP_SCAN, Linux 6.7+) up to
+        // this much, instead of unmapping it: the next call then takes no
+        // page faults on its hot pages. Measured with `capstan-bench-plugin
+        // --breakdown`: a pure call 27 -> 12 µs. Without PAGEMAP_SCAN
+        // (older kernels) wasmtime would memset the whole prefix, which is
+        // slower than unmapping, so keep nothing resident there.
+        pool.pagemap_scan(wasmtime::Enabled::Auto);
+        if pagemap_scan_supported() {
+            pool.linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+                .table_keep_resident(KEEP_RESIDENT_BYTES / 16);
+        }
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
             .epoch_interruption(true)
@@ -140,8 +174,16 @@ impl Runtime {
                 ticker: Mutex::new(Some(ticker)),
                 http_client,
                 calls: Arc::new(tokio::sync::Semaphore::new(n as usize)),
+                profile: Default::default(),
             }),
         })
+    }
+
+    /// Where every call so far spent its time, summed by phase (see
+    /// [`crate::profile`]); subtract two snapshots to profile what ran
+    /// between them.
+    pub fn call_profile(&self) -> crate::CallProfile {
+        self.inner.profile.snapshot()
     }
 
     /// The precompiled-code cache, if configured.

@@ -76,6 +76,9 @@ pub(crate) struct HttpGate {
     pub(crate) in_flight: Arc<AtomicU32>,
     pub(crate) sent: u32,
     pub(crate) client: PooledClient,
+    /// Nanoseconds this call's requests waited for their response headers
+    /// (summed; requests may overlap and run on other tasks).
+    pub(crate) waited: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Holds one slot of the in-flight budget until dropped (with the response
@@ -194,6 +197,7 @@ impl WasiHttpHooks for HttpGate {
                 let client = self.client.clone();
                 let plugin = self.plugin.clone();
                 let denial = self.denial.clone();
+                let waited = self.waited.clone();
                 Box::new(async move {
                     if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
                         request = match crate::credentials::sign_aws(
@@ -215,7 +219,13 @@ impl WasiHttpHooks for HttpGate {
                             }
                         };
                     }
-                    let response = client.request(request).await.map_err(|e| {
+                    let sent = std::time::Instant::now();
+                    let response = client.request(request).await;
+                    waited.fetch_add(
+                        u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                        Ordering::Relaxed,
+                    );
+                    let response = response.map_err(|e| {
                         tracing::debug!(%plugin, error = %e, "outbound request failed");
                         if e.is_connect() {
                             HttpError::ConnectionRefused

@@ -36,6 +36,7 @@
 //! | `worlds` | typed handles per world, one method per contract function |
 //! | `call` | what one call holds: store state, log host, memory limiter, return sizes |
 //! | `http` | the egress gate every outbound request passes |
+//! | [`profile`] | where calls spend their time ([`Runtime::call_profile`]) |
 //! | [`grants`] | what an admin granted, and the gate's decision |
 //! | `credentials` | credentials attached by the host (Authorization, AWS SigV4) |
 //! | [`limits`] | per-plugin limits and their defaults |
@@ -51,6 +52,7 @@ pub mod grants;
 mod http;
 pub mod limits;
 mod plugin;
+pub mod profile;
 mod worlds;
 
 pub use cache::CodeCache;
@@ -59,6 +61,7 @@ pub use capstan_sigv4::{Credentials as AwsCredentials, Scope as AwsScope};
 pub use error::{Error, OutputKind, describe};
 pub use grants::{Credential, Grants};
 pub use limits::Limits;
+pub use profile::CallProfile;
 
 use capstan_manifest::HttpCapability;
 use capture::Capture;

@@ -139,6 +139,7 @@ impl Plugin {
                 in_flight: Arc::default(),
                 sent: 0,
                 client: inner.runtime.http_client.clone(),
+                waited: Arc::default(),
             },
             memory: MemoryLimiter {
                 limit: limits.memory_bytes,
@@ -151,6 +152,7 @@ impl Plugin {
             log_overflowed: false,
             plugin: inner.name.clone(),
             call,
+            instantiate: std::time::Duration::ZERO,
         };
         let mut store = Store::new(&inner.runtime.engine, state);
         store.limiter(|s| &mut s.memory);
@@ -188,8 +190,11 @@ impl Plugin {
                 limit,
             })?
             .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
+        let slot = started.elapsed();
         let mut store = self.new_store(call);
+        let stored = started.elapsed();
         let outcome = tokio::time::timeout(limit, f(&mut store)).await;
+        let exported = started.elapsed();
         let state = store.data();
         let result = match outcome {
             Err(_) => Err(Error::DeadlineExceeded {
@@ -201,10 +206,26 @@ impl Plugin {
             Ok(Ok(r)) => self.check_returned(call, r, state),
         };
         state.emit_stdio();
+        let mut times = crate::profile::CallTimes {
+            slot,
+            store: stored - slot,
+            instantiate: state.instantiate,
+            export: exported - stored,
+            outbound: std::time::Duration::from_nanos(
+                state.http.waited.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            requests: u64::from(state.http.sent),
+            total: std::time::Duration::ZERO,
+        };
+        // Dropping the store (returning the instance to the pool) is part
+        // of what a call costs.
+        drop(store);
+        times.total = started.elapsed();
+        self.inner.runtime.profile.add(&times);
         tracing::debug!(
             plugin = %self.inner.name,
             call,
-            elapsed_us = started.elapsed().as_micros() as u64,
+            elapsed_us = times.total.as_micros() as u64,
             ok = result.is_ok(),
             "plugin call"
         );

@@ -49,7 +49,9 @@ macro_rules! world_handle {
                 let pre = &self.pre;
                 self.plugin
                     .invoke(name, async |store| {
+                        let started = std::time::Instant::now();
                         let instance = pre.instantiate_async(&mut *store).await?;
+                        store.data_mut().instantiate = started.elapsed();
                         f(store, instance.$accessor()).await
                     })
                     .await
@@ -149,7 +151,9 @@ impl ProviderPlugin {
         let pre = &self.pre;
         self.plugin
             .invoke("instantiate", async |store| {
+                let started = std::time::Instant::now();
                 pre.instantiate_async(&mut *store).await?;
+                store.data_mut().instantiate = started.elapsed();
                 Ok(Ok(()))
             })
             .await

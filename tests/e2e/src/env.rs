@@ -818,6 +818,24 @@ impl ControllerProcess {
             .sum())
     }
 
+    /// Every sample of a metric family as (labels, value), for example
+    /// (`controller="machine",verb="patch_status"`, 1000).
+    pub fn metric_samples(&self, name: &str) -> Result<Vec<(String, f64)>, String> {
+        let (_, body) = self.get("/metrics")?;
+        Ok(body
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(name)?;
+                if !rest.starts_with(['{', ' ']) {
+                    return None;
+                }
+                let (labels, value) = rest.rsplit_once(' ')?;
+                let labels = labels.trim().trim_start_matches('{').trim_end_matches('}');
+                Some((labels.to_string(), value.parse().ok()?))
+            })
+            .collect())
+    }
+
     /// Kill with SIGKILL, as a crash or an evicted node would, and reap it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

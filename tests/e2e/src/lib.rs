@@ -101,6 +101,7 @@ pub mod control_plane;
 pub mod env;
 pub mod install;
 pub mod moto;
+pub mod plot;
 pub mod registry;
 pub mod rollout_watch;
 pub mod workloads;

@@ -9,13 +9,20 @@
 //! - `create_*_us_*`: `create` against the simulated cloud on loopback, the
 //!   same three ways; every path keeps its connections alive (the runtime
 //!   pools the plugins' outbound connections, as native clients do);
-//! - `ratio_*`: the ratios of the medians above.
+//! - `ratio_*`: the ratios of the medians above;
+//! - with `--breakdown`, `breakdown_{validate,create}_wasm_<phase>_us`:
+//!   where a Wasm call's time goes, the mean per call of each phase of
+//!   [`capstan_runtime::profile`] (slot, store, instantiate, run, outbound,
+//!   finish, total), next to `breakdown_create_native_us` (the native
+//!   call, outbound round trip included).
 
 use anyhow::{Context, ensure};
 use capstan_bench::webhook::{Webhook, WebhookRequest, call_webhook};
 use capstan_bench::{NativeHttp, native_create, native_validate};
 use capstan_runtime::types::Machine;
-use capstan_runtime::{Credential, Grants, Limits, ProviderPlugin, Runtime, RuntimeConfig};
+use capstan_runtime::{
+    CallProfile, Credential, Grants, Limits, ProviderPlugin, Runtime, RuntimeConfig,
+};
 use capstan_sim_cloud::{SimCloud, SimCloudConfig};
 use clap::Parser;
 use sim_provider::SimProvider;
@@ -40,6 +47,9 @@ pub struct Args {
     /// Compilations measured (each in a fresh engine).
     #[arg(long, default_value_t = 3)]
     pub compiles: usize,
+    /// Also print where a Wasm call's time goes, phase by phase (means).
+    #[arg(long)]
+    pub breakdown: bool,
 }
 
 const TOKEN: &str = "bench-token";
@@ -193,6 +203,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rounds = 3;
     let per_round = args.calls.div_ceil(rounds);
     let mut results: [[Vec<Duration>; 3]; 2] = Default::default();
+    let mut profiles = [CallProfile::default(); 2];
     for round in 0..rounds {
         for (op, kind) in ["validate", "create"].iter().enumerate() {
             // Distinct machine uids per path: every create launches an instance.
@@ -201,11 +212,16 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .map(|i| machine(&format!("{kind}-{path}-r{round}"), i, &endpoint))
                     .collect()
             };
+            let before = rt.call_profile();
             results[op][0].extend(wasm_calls(&provider, kind, &batch("wasm")).await?);
+            profiles[op] = profiles[op] + rt.call_profile().since(&before);
             results[op][1].extend(native_calls(&native, kind, &batch("native")).await?);
             results[op][2].extend(webhook_calls(&agent, &url, kind, &batch("webhook")).await?);
         }
     }
+    let native_create = &results[1][1];
+    let native_create_mean_us = native_create.iter().sum::<Duration>().as_secs_f64() * 1e6
+        / native_create.len().max(1) as f64;
     for (op, kind) in ["validate", "create"].iter().enumerate() {
         let [wasm, native, hook] = std::mem::take(&mut results[op]).map(Samples);
         for (path, s) in [("wasm", &wasm), ("native", &native), ("webhook", &hook)] {
@@ -220,6 +236,19 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             &format!("ratio_{kind}_webhook_vs_wasm_p50"),
             hook.us(50) / wasm.us(50),
         );
+    }
+    if args.breakdown {
+        for (op, kind) in ["validate", "create"].iter().enumerate() {
+            for (phase, us) in profiles[op].mean_us() {
+                line(&format!("breakdown_{kind}_wasm_{phase}_us"), us);
+            }
+            let p = &profiles[op];
+            line(
+                &format!("breakdown_{kind}_wasm_requests_per_call"),
+                p.requests as f64 / p.calls.max(1) as f64,
+            );
+        }
+        line("breakdown_create_native_us", native_create_mean_us);
     }
     let stats = cloud.stats();
     println!(

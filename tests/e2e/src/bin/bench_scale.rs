@@ -5,9 +5,12 @@
 //! `tests/bench` for the native variant), side by side in one run against one local
 //! control plane and simulated cloud. Prints `name value` lines (not a timed
 //! test): time to all Ready, controller CPU seconds, controller peak RSS, API
-//! writes per machine, the API server's CPU seconds, the Wasm/native ratio
-//! of each, and the writes and the API server's and etcd's CPU during an
-//! idle period after convergence.
+//! writes per machine (and by controller and verb, as comments), the API
+//! server's CPU seconds, the time to delete them all (every instance
+//! released, the deployment gone), the Wasm/native ratio of each, and the writes and the API server's and etcd's CPU during an
+//! idle period after convergence. `--shards K` adds the Wasm run split over
+//! K watch-filtered controllers, `--kube-api-qps Q/B` the Wasm run under a
+//! client-side rate limit; `--svg` draws the figures against N.
 //!
 //! The simulated kubelet's heartbeats are off by default (Nodes stay as
 //! registered; the node-lifecycle grace period is an hour);
@@ -21,19 +24,29 @@ use capstan_e2e::control_plane::ControlPlaneOptions;
 use capstan_e2e::env::{
     CLOUD_TOKEN, ControllerProcess, Env, EnvOptions, SIM_PLUGIN, capstan_bin, sample_deployment,
 };
+use capstan_e2e::plot::{Panel, svg};
 use capstan_e2e::sim_cloud::{Faults, KubeletConfig};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
-    "usage: capstan-bench-scale [--machines N] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS]
-  --machines N              machines to scale to (default 1000)
+    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--kube-api-qps Q/B] [--svg PATH]
+  --machines N[,N...]       machines to scale to (default 1000); several sizes run one after another
+  --kube-api-qps Q/B        also run the Wasm variant with the controller limited to Q requests per second
+                            and bursts of B (its --kube-api-qps and --kube-api-burst; default: not run)
+  --shards K                also run the Wasm variant as K controllers with --watch-filter, each owning a labelled
+                            deployment with its share of the machines (default 1: not run)
+  --svg PATH                also write time to Ready, controller CPU and writes per machine against N as an SVG chart
   --idle-seconds S          idle period after convergence in which writes and CPU are counted (default 60)
   --boot-latency-ms MS      simulated instance boot time (default 1000)
   --heartbeat-interval-ms MS  the simulated kubelet renews each Node's Lease this often (default 0: off)";
 
 struct Args {
-    machines: i32,
+    machines: Vec<i32>,
+    svg: Option<std::path::PathBuf>,
+    shards: i32,
+    /// `--kube-api-qps` and `--kube-api-burst` of the rate-limited run.
+    rate: Option<(f64, u32)>,
     idle: Duration,
     boot_latency_ms: u64,
     heartbeat_interval_ms: u64,
@@ -41,7 +54,10 @@ struct Args {
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut args = Args {
-        machines: 1000,
+        machines: vec![1000],
+        svg: None,
+        shards: 1,
+        rate: None,
         idle: Duration::from_secs(60),
         boot_latency_ms: 1000,
         heartbeat_interval_ms: 0,
@@ -56,7 +72,37 @@ fn parse_args() -> anyhow::Result<Args> {
                 .with_context(|| format!("{flag} {v:?} is not a number"))
         };
         match arg.as_str() {
-            "--machines" => args.machines = i32::try_from(value("--machines")?)?,
+            "--machines" => {
+                let list = it.next().context("--machines needs a number or a list")?;
+                args.machines = list
+                    .split(',')
+                    .map(|n| {
+                        n.trim()
+                            .parse::<i32>()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .with_context(|| {
+                                format!("--machines {list:?}: {n:?} is not a positive number")
+                            })
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+            }
+            "--shards" => {
+                args.shards = i32::try_from(value("--shards")?)?;
+                anyhow::ensure!(args.shards >= 1, "--shards must be 1 or more");
+            }
+            "--kube-api-qps" => {
+                let v = it.next().context("--kube-api-qps needs Q/B, e.g. 50/100")?;
+                let parsed = v.split_once('/').and_then(|(q, b)| {
+                    let q: f64 = q.trim().parse().ok().filter(|q: &f64| *q > 0.0)?;
+                    let b: u32 = b.trim().parse().ok().filter(|b| *b > 0)?;
+                    Some((q, b))
+                });
+                args.rate = Some(parsed.with_context(|| {
+                    format!("--kube-api-qps {v:?}: expected QPS/BURST, both positive, e.g. 50/100")
+                })?);
+            }
+            "--svg" => args.svg = Some(it.next().context("--svg needs a path")?.into()),
             "--idle-seconds" => args.idle = Duration::from_secs(value("--idle-seconds")?),
             "--boot-latency-ms" => args.boot_latency_ms = value("--boot-latency-ms")?,
             "--heartbeat-interval-ms" => {
@@ -102,7 +148,10 @@ struct Figures {
     cpu_seconds: f64,
     peak_rss_mib: f64,
     writes_per_machine: f64,
+    /// Writes per machine by `controller` and `verb`, largest first.
+    writes_by_kind: Vec<(String, f64)>,
     apiserver_cpu_seconds: f64,
+    seconds_to_all_deleted: f64,
     idle_writes: f64,
     idle_apiserver_cpu_percent: f64,
     idle_etcd_cpu_percent: f64,
@@ -124,14 +173,14 @@ fn kubelet_writes(env: &Env) -> u64 {
     s.lease_renewals + s.node_status_posts
 }
 
-async fn run_variant(
+/// Start the controller of one variant; `watch_filter` makes it a shard.
+fn start_controller(
     env: &Env,
-    args: &Args,
     variant: &str,
     plugin: &str,
-) -> anyhow::Result<Figures> {
-    let name = format!("bench-{variant}");
-    let kubeconfig = env.control_plane.kubeconfig();
+    watch_filter: Option<&str>,
+    rate: Option<(f64, u32)>,
+) -> anyhow::Result<ControllerProcess> {
     let mut controller = if variant == "native" {
         // The native comparison point is its own binary, so the product's
         // `capstan controller` has no benchmark flags.
@@ -144,7 +193,7 @@ async fn run_variant(
         ControllerProcess::start_program(
             &program,
             &[],
-            &kubeconfig,
+            &env.control_plane.kubeconfig(),
             &[
                 "--native-sim-provider",
                 plugin,
@@ -157,80 +206,192 @@ async fn run_variant(
             &[("CAPSTAN_NATIVE_SIM_TOKEN", CLOUD_TOKEN)],
         )
     } else {
-        ControllerProcess::start(
-            env,
-            &[
-                "--machine-concurrency=64",
-                "--poll-interval=1s",
-                "--instance-check-interval=5s",
-            ],
-            &[],
-        )
+        let mut flags: Vec<String> = [
+            "--machine-concurrency=64",
+            "--poll-interval=1s",
+            "--instance-check-interval=5s",
+        ]
+        .map(String::from)
+        .into();
+        flags.extend(watch_filter.map(|v| format!("--watch-filter={v}")));
+        if let Some((qps, burst)) = rate {
+            flags.push(format!("--kube-api-qps={qps}"));
+            flags.push(format!("--kube-api-burst={burst}"));
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        ControllerProcess::start(env, &flags, &[])
     }
     .map_err(anyhow::Error::msg)?;
     controller
         .wait_ready(Duration::from_secs(60))
         .map_err(anyhow::Error::msg)?;
-    let pid = controller.pid();
+    Ok(controller)
+}
+
+/// The controllers of one run, read together: CPU and writes summed, the
+/// largest peak RSS.
+struct Controllers(Vec<ControllerProcess>);
+
+impl Controllers {
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        self.0.iter().map(|c| cpu_seconds(c.pid())).sum()
+    }
+    fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        let each: anyhow::Result<Vec<f64>> = self.0.iter().map(|c| peak_rss_mib(c.pid())).collect();
+        Ok(each?.into_iter().fold(0.0, f64::max))
+    }
+    fn writes(&self) -> anyhow::Result<f64> {
+        self.0
+            .iter()
+            .map(|c| {
+                c.metric_sum("capstan_api_writes_total")
+                    .map_err(anyhow::Error::msg)
+            })
+            .sum()
+    }
+    /// Writes by `controller` and `verb`, summed over the processes.
+    fn writes_by_kind(&self) -> anyhow::Result<Vec<(String, f64)>> {
+        let mut out: Vec<(String, f64)> = vec![];
+        for c in &self.0 {
+            for (labels, v) in c
+                .metric_samples("capstan_api_writes_total")
+                .map_err(anyhow::Error::msg)?
+            {
+                match out.iter_mut().find(|(l, _)| *l == labels) {
+                    Some((_, sum)) => *sum += v,
+                    None => out.push((labels, v)),
+                }
+            }
+        }
+        Ok(out)
+    }
+    fn logs(&self) -> String {
+        let logs: Vec<String> = self.0.iter().map(|c| c.log.display().to_string()).collect();
+        logs.join(", ")
+    }
+}
+
+/// Scale `machines` up through `shards` controllers (one: no watch
+/// filter; more: each owns a deployment labelled with its filter and its
+/// share of the machines), each limited to `rate` (QPS, burst) when given;
+/// measure, idle, delete.
+async fn run_variant(
+    env: &Env,
+    args: &Args,
+    machines: i32,
+    (variant, plugin): (&str, &str),
+    shards: i32,
+    rate: Option<(f64, u32)>,
+) -> anyhow::Result<Figures> {
+    let mut label = variant.to_string();
+    if shards > 1 {
+        label += &format!(", {shards} shards");
+    }
+    if let Some((qps, burst)) = rate {
+        label += &format!(", {qps}/{burst} QPS");
+    }
+    let filter = |shard: i32| (shards > 1).then(|| format!("shard-{shard}"));
+    let mut controllers = vec![];
+    for shard in 0..shards {
+        controllers.push(start_controller(
+            env,
+            variant,
+            plugin,
+            filter(shard).as_deref(),
+            rate,
+        )?);
+    }
+    let controllers = Controllers(controllers);
     let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), "default");
-    let md = sample_deployment(&name, plugin, &env.cloud.url(), 0, "v1.30.0");
-    mds.create(&PostParams::default(), &md).await?;
+    // Each shard's deployment and its share (the first ones take the rest).
+    let mut fleet = vec![];
+    for shard in 0..shards {
+        let name = format!(
+            "bench-{variant}-{machines}-{}{shard}",
+            if rate.is_some() { "limited-" } else { "" }
+        );
+        let replicas = machines / shards + i32::from(shard < machines % shards);
+        let mut md = sample_deployment(&name, plugin, &env.cloud.url(), 0, "v1.30.0");
+        if let Some(value) = filter(shard) {
+            let key = capstan_controllers::LABEL_WATCH_FILTER.to_string();
+            md.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(key.clone(), value.clone());
+            md.spec.template.metadata.labels.insert(key, value);
+        }
+        mds.create(&PostParams::default(), &md).await?;
+        fleet.push((name, replicas));
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let cpu_before = cpu_seconds(pid)?;
+    let cpu_before = controllers.cpu_seconds()?;
     let apiserver_before = plane_cpu(env, "kube-apiserver")?;
-    let writes_before = controller
-        .metric_sum("capstan_api_writes_total")
-        .map_err(anyhow::Error::msg)?;
-    eprintln!("# {variant}: scaling md/{name} from 0 to {}", args.machines);
+    let writes_before = controllers.writes()?;
+    let kinds_before = controllers.writes_by_kind()?;
+    eprintln!("# {label}: scaling from 0 to {machines} machines");
     let started = Instant::now();
-    mds.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"replicas": args.machines}})),
-    )
-    .await?;
+    for (name, replicas) in &fleet {
+        mds.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+        )
+        .await?;
+    }
     let mut last_print = Instant::now();
     loop {
-        let md = mds.get(&name).await?;
-        let status = md.status.unwrap_or_default();
-        if status.ready_replicas == args.machines && status.updated_replicas == args.machines {
+        let (mut replicas, mut ready, mut done) = (0, 0, true);
+        for (name, wanted) in &fleet {
+            let status = mds.get(name).await?.status.unwrap_or_default();
+            replicas += status.replicas;
+            ready += status.ready_replicas;
+            done &= status.ready_replicas == *wanted && status.updated_replicas == *wanted;
+        }
+        if done {
             break;
         }
         if last_print.elapsed() > Duration::from_secs(10) {
             eprintln!(
-                "# {variant}: {:.0}s: {} machines, {} ready, cloud {} instances",
+                "# {label}: {:.0}s: {replicas} machines, {ready} ready, cloud {} instances",
                 started.elapsed().as_secs_f64(),
-                status.replicas,
-                status.ready_replicas,
                 env.cloud.instances().len()
             );
             last_print = Instant::now();
         }
         if started.elapsed() > Duration::from_secs(1800) {
             bail!(
-                "{variant}: not Ready after 30 minutes (controller log {})",
-                controller.log.display()
+                "{label}: not Ready after 30 minutes (controller logs {})",
+                controllers.logs()
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let seconds_to_ready = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(pid)? - cpu_before;
+    let cpu = controllers.cpu_seconds()? - cpu_before;
     let apiserver_cpu_seconds = plane_cpu(env, "kube-apiserver")? - apiserver_before;
-    let rss = peak_rss_mib(pid)?;
+    let rss = controllers.peak_rss_mib()?;
     // Let the last status writes land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes = controller
-        .metric_sum("capstan_api_writes_total")
-        .map_err(anyhow::Error::msg)?
-        - writes_before;
+    let writes = controllers.writes()? - writes_before;
+    let per_machine = f64::from(machines.max(1));
+    let mut writes_by_kind: Vec<(String, f64)> = controllers
+        .writes_by_kind()?
+        .into_iter()
+        .map(|(labels, after)| {
+            let before = kinds_before
+                .iter()
+                .find(|(l, _)| *l == labels)
+                .map_or(0.0, |(_, v)| *v);
+            (labels, (after - before) / per_machine)
+        })
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    writes_by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
     eprintln!(
-        "# {variant}: all Ready after {seconds_to_ready:.1}s; idle for {}s",
+        "# {label}: all Ready after {seconds_to_ready:.1}s; idle for {}s",
         args.idle.as_secs()
     );
-    let idle_before = controller
-        .metric_sum("capstan_api_writes_total")
-        .map_err(anyhow::Error::msg)?;
+    let idle_before = controllers.writes()?;
     let (apiserver_idle, etcd_idle, kubelet_idle) = (
         plane_cpu(env, "kube-apiserver")?,
         plane_cpu(env, "etcd")?,
@@ -238,32 +399,46 @@ async fn run_variant(
     );
     let idle_started = Instant::now();
     tokio::time::sleep(args.idle).await;
-    let idle_writes = controller
-        .metric_sum("capstan_api_writes_total")
-        .map_err(anyhow::Error::msg)?
-        - idle_before;
+    let idle_writes = controllers.writes()? - idle_before;
     let idle_seconds = idle_started.elapsed().as_secs_f64();
     let idle_apiserver_cpu_percent =
         100.0 * (plane_cpu(env, "kube-apiserver")? - apiserver_idle) / idle_seconds;
     let idle_etcd_cpu_percent = 100.0 * (plane_cpu(env, "etcd")? - etcd_idle) / idle_seconds;
     let idle_kubelet_writes = kubelet_writes(env) - kubelet_idle;
 
-    eprintln!("# {variant}: deleting md/{name} and waiting for every instance to be released");
-    mds.delete(&name, &DeleteParams::foreground()).await?;
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while !env.cloud.instances().is_empty() {
-        if Instant::now() > deadline {
-            bail!("{variant}: instances not released after 15 minutes");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    eprintln!("# {label}: deleting the fleet and waiting for every instance to be released");
+    let deleting = Instant::now();
+    for (name, _) in &fleet {
+        mds.delete(name, &DeleteParams::foreground()).await?;
     }
-    controller.stop();
+    let deadline = deleting + Duration::from_secs(900);
+    // Deleted: every instance released and the deployments gone (foreground
+    // deletion removes each after its sets and machines).
+    loop {
+        let mut left = !env.cloud.instances().is_empty();
+        for (name, _) in &fleet {
+            left |= mds.get_opt(name).await?.is_some();
+        }
+        if !left {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{label}: instances not released after 15 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let seconds_to_all_deleted = deleting.elapsed().as_secs_f64();
+    for mut c in controllers.0 {
+        c.stop();
+    }
     Ok(Figures {
         seconds_to_ready,
         cpu_seconds: cpu,
         peak_rss_mib: rss,
-        writes_per_machine: writes / f64::from(args.machines.max(1)),
+        writes_per_machine: writes / per_machine,
+        writes_by_kind,
         apiserver_cpu_seconds,
+        seconds_to_all_deleted,
         idle_writes,
         idle_apiserver_cpu_percent,
         idle_etcd_cpu_percent,
@@ -302,11 +477,109 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .map_err(anyhow::Error::msg)?;
-    let wasm = run_variant(&env, &args, "wasm", SIM_PLUGIN).await?;
-    let native = run_variant(&env, &args, "native", "sim-native").await?;
+    let mut points = vec![];
+    for &machines in &args.machines {
+        let wasm_plugin = ("wasm", SIM_PLUGIN);
+        let wasm = run_variant(&env, &args, machines, wasm_plugin, 1, None).await?;
+        let native = run_variant(&env, &args, machines, ("native", "sim-native"), 1, None).await?;
+        print_figures(&args, machines, &wasm, &native);
+        if args.shards > 1 {
+            let sharded =
+                run_variant(&env, &args, machines, wasm_plugin, args.shards, None).await?;
+            print_beside(&format!("wasm_{}_shards", args.shards), &wasm, &sharded);
+        }
+        if let Some((qps, burst)) = args.rate {
+            let limited = run_variant(&env, &args, machines, wasm_plugin, 1, args.rate).await?;
+            print_beside(&format!("wasm_qps_{qps}_burst_{burst}"), &wasm, &limited);
+        }
+        points.push((machines, wasm, native));
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, chart(&args, &points))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("# wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Time to Ready, controller CPU and writes per machine against the fleet
+/// size, Wasm and native.
+fn chart(args: &Args, points: &[(i32, Figures, Figures)]) -> String {
+    let panel = |title: &str, figure: fn(&Figures) -> f64| Panel {
+        title: title.into(),
+        series: ["wasm", "native"]
+            .iter()
+            .enumerate()
+            .map(|(k, variant)| {
+                let values = points
+                    .iter()
+                    .map(|(n, wasm, native)| {
+                        (f64::from(*n), figure(if k == 0 { wasm } else { native }))
+                    })
+                    .collect();
+                (variant.to_string(), values)
+            })
+            .collect(),
+    };
+    svg(
+        &format!(
+            "capstan-bench-scale: boot latency {} ms, 2 shared cores",
+            args.boot_latency_ms
+        ),
+        &[
+            panel("seconds to all Ready", |f| f.seconds_to_ready),
+            panel("controller CPU seconds", |f| f.cpu_seconds),
+            panel("API writes per machine", |f| f.writes_per_machine),
+        ],
+    )
+}
+
+/// The lines of a sharded or rate-limited Wasm run (`suffix` names it),
+/// each with its ratio to the plain Wasm run's.
+fn print_beside(suffix: &str, one: &Figures, other: &Figures) {
+    for (name, s, o) in [
+        (
+            "seconds_to_all_ready",
+            other.seconds_to_ready,
+            one.seconds_to_ready,
+        ),
+        ("controller_cpu_seconds", other.cpu_seconds, one.cpu_seconds),
+        (
+            "controller_peak_rss_mib",
+            other.peak_rss_mib,
+            one.peak_rss_mib,
+        ),
+        (
+            "api_writes_per_machine",
+            other.writes_per_machine,
+            one.writes_per_machine,
+        ),
+        (
+            "apiserver_cpu_seconds",
+            other.apiserver_cpu_seconds,
+            one.apiserver_cpu_seconds,
+        ),
+        (
+            "seconds_to_all_deleted",
+            other.seconds_to_all_deleted,
+            one.seconds_to_all_deleted,
+        ),
+    ] {
+        println!("{name}_{suffix} {s:.3}");
+        println!(
+            "ratio_{name}_{suffix}_vs_wasm {:.3}",
+            if o > 0.0 { s / o } else { f64::NAN }
+        );
+    }
+    println!("idle_writes_{suffix} {}", other.idle_writes);
+}
+
+/// The `name value` lines of one fleet size.
+fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: &Figures) {
+    let heartbeat = Duration::from_millis(args.heartbeat_interval_ms);
     println!(
         "# capstan-bench-scale: 0 -> {} machines, boot latency {} ms, controller --machine-concurrency=64, kubelet heartbeats {}",
-        args.machines,
+        machines,
         args.boot_latency_ms,
         if heartbeat.is_zero() {
             "off".to_string()
@@ -340,6 +613,11 @@ async fn main() -> anyhow::Result<()> {
             wasm.apiserver_cpu_seconds,
             native.apiserver_cpu_seconds,
         ),
+        (
+            "seconds_to_all_deleted",
+            wasm.seconds_to_all_deleted,
+            native.seconds_to_all_deleted,
+        ),
     ];
     for (name, w, n) in lines {
         println!("{name}_wasm {w:.3}");
@@ -360,7 +638,12 @@ async fn main() -> anyhow::Result<()> {
         native.idle_writes
     );
     let idle = args.idle.as_secs();
-    for (variant, f) in [("wasm", &wasm), ("native", &native)] {
+    for (variant, f) in [("wasm", wasm), ("native", native)] {
+        for (kind, per) in &f.writes_by_kind {
+            println!("# writes per machine, {variant}, {kind}: {per:.3}");
+        }
+    }
+    for (variant, f) in [("wasm", wasm), ("native", native)] {
         println!(
             "idle_{idle}s_apiserver_cpu_percent_{variant} {:.1}",
             f.idle_apiserver_cpu_percent
@@ -374,7 +657,6 @@ async fn main() -> anyhow::Result<()> {
             f.idle_kubelet_writes
         );
     }
-    Ok(())
 }
 
 /// Build `capstan-bench-controller` next to `capstan` (same profile) when it
