@@ -4,7 +4,7 @@
 //! waiting on outbound HTTP, and finishing (limits, stdio, result checks).
 //!
 //! Always on: a handful of clock reads and relaxed atomic adds per call,
-//! noise next to the ~15 µs an instance costs. `capstan-bench-plugin
+//! noise next to the ~10 µs an instance costs. `capstan-bench-plugin
 //! --breakdown` prints the difference of two [`Runtime::call_profile`]
 //! snapshots divided by the calls between them.
 

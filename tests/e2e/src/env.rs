@@ -810,12 +810,7 @@ impl ControllerProcess {
 
     /// Sum of a metric family's samples (for example `capstan_api_writes_total`).
     pub fn metric_sum(&self, name: &str) -> Result<f64, String> {
-        let (_, body) = self.get("/metrics")?;
-        Ok(body
-            .lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(self.metric_samples(name)?.iter().map(|(_, v)| v).sum())
     }
 
     /// Every sample of a metric family as (labels, value), for example

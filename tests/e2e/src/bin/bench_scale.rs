@@ -158,6 +158,20 @@ struct Figures {
     idle_kubelet_writes: u64,
 }
 
+impl Figures {
+    /// The figures printed for every run and compared as ratios, named.
+    fn compared(&self) -> [(&'static str, f64); 6] {
+        [
+            ("seconds_to_all_ready", self.seconds_to_ready),
+            ("controller_cpu_seconds", self.cpu_seconds),
+            ("controller_peak_rss_mib", self.peak_rss_mib),
+            ("api_writes_per_machine", self.writes_per_machine),
+            ("apiserver_cpu_seconds", self.apiserver_cpu_seconds),
+            ("seconds_to_all_deleted", self.seconds_to_all_deleted),
+        ]
+    }
+}
+
 /// CPU seconds of a control-plane process.
 fn plane_cpu(env: &Env, name: &str) -> anyhow::Result<f64> {
     let pid = env
@@ -537,34 +551,7 @@ fn chart(args: &Args, points: &[(i32, Figures, Figures)]) -> String {
 /// The lines of a sharded or rate-limited Wasm run (`suffix` names it),
 /// each with its ratio to the plain Wasm run's.
 fn print_beside(suffix: &str, one: &Figures, other: &Figures) {
-    for (name, s, o) in [
-        (
-            "seconds_to_all_ready",
-            other.seconds_to_ready,
-            one.seconds_to_ready,
-        ),
-        ("controller_cpu_seconds", other.cpu_seconds, one.cpu_seconds),
-        (
-            "controller_peak_rss_mib",
-            other.peak_rss_mib,
-            one.peak_rss_mib,
-        ),
-        (
-            "api_writes_per_machine",
-            other.writes_per_machine,
-            one.writes_per_machine,
-        ),
-        (
-            "apiserver_cpu_seconds",
-            other.apiserver_cpu_seconds,
-            one.apiserver_cpu_seconds,
-        ),
-        (
-            "seconds_to_all_deleted",
-            other.seconds_to_all_deleted,
-            one.seconds_to_all_deleted,
-        ),
-    ] {
+    for ((name, s), (_, o)) in other.compared().into_iter().zip(one.compared()) {
         println!("{name}_{suffix} {s:.3}");
         println!(
             "ratio_{name}_{suffix}_vs_wasm {:.3}",
@@ -587,39 +574,7 @@ fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: &Figures) {
             format!("every {heartbeat:?}")
         }
     );
-    let lines = [
-        (
-            "seconds_to_all_ready",
-            wasm.seconds_to_ready,
-            native.seconds_to_ready,
-        ),
-        (
-            "controller_cpu_seconds",
-            wasm.cpu_seconds,
-            native.cpu_seconds,
-        ),
-        (
-            "controller_peak_rss_mib",
-            wasm.peak_rss_mib,
-            native.peak_rss_mib,
-        ),
-        (
-            "api_writes_per_machine",
-            wasm.writes_per_machine,
-            native.writes_per_machine,
-        ),
-        (
-            "apiserver_cpu_seconds",
-            wasm.apiserver_cpu_seconds,
-            native.apiserver_cpu_seconds,
-        ),
-        (
-            "seconds_to_all_deleted",
-            wasm.seconds_to_all_deleted,
-            native.seconds_to_all_deleted,
-        ),
-    ];
-    for (name, w, n) in lines {
+    for ((name, w), (_, n)) in wasm.compared().into_iter().zip(native.compared()) {
         println!("{name}_wasm {w:.3}");
         println!("{name}_native {n:.3}");
         println!(

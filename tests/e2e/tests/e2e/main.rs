@@ -15,6 +15,7 @@ mod in_place;
 mod interop;
 mod nodes;
 mod oci_plugins;
+mod plot;
 mod quickstart;
 mod sandbox;
 mod supply_chain;
