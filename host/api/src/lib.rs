@@ -67,6 +67,12 @@ pub const LABEL_TEMPLATE_HASH: &str = "capstan.dev/template-hash";
 pub const ANNOTATION_REVISION: &str = "capstan.dev/revision";
 /// Annotation recording why a revision was made (`kubectl annotate … capstan.dev/change-cause=…`).
 pub const ANNOTATION_CHANGE_CAUSE: &str = "capstan.dev/change-cause";
+/// On a MachineDeployment: its last automatic rollback (`spec.rollback`),
+/// as JSON ([`AutomaticRollbackRecord`]). Written in the same request as
+/// the template it restores, so a rollback is never half-recorded; it
+/// keeps the controller from rolling back from or to those templates
+/// again until the template changes to a third one.
+pub const ANNOTATION_AUTOMATIC_ROLLBACK: &str = "capstan.dev/automatic-rollback";
 /// Annotation the MachineDeployment controller puts on old MachineSets under
 /// the `OnDelete` strategy: `"false"` means a machine a user deletes is not
 /// replaced in this set (the deployment replaces it from the new template).

@@ -1,7 +1,7 @@
 //! `MachineSet` (keeps N machines of one template) and `MachineDeployment`
 //! (rolls a template out across MachineSets).
 
-use crate::{Condition, IntOrString, LabelSelector, MachineTemplateSpec, conditions_schema};
+use crate::{Condition, IntOrString, LabelSelector, MachineTemplateSpec, Time, conditions_schema};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -99,6 +99,10 @@ pub struct MachineSetStatus {
     /// Machines in a terminal failure.
     #[serde(default)]
     pub failed_replicas: i32,
+    /// Machines this set has deleted because a MachineHealthCheck handed
+    /// them over, ever (a deployment's `spec.rollback` counts them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub remediated_replicas: i32,
     /// The selector as a string (for the scale subresource).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
@@ -252,6 +256,50 @@ pub struct MachineDeploymentSpec {
     /// Rollout triggers other than a template change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<DeploymentRollout>,
+    /// Roll a failing rollout back by itself (beyond Cluster API). Unset:
+    /// never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<AutomaticRollback>,
+}
+
+/// When a rollout that is going wrong returns to the previous revision by
+/// itself. Either trigger (or both) may be set; a rollout that completed is
+/// never rolled back automatically, and a template is rolled back from at
+/// most once (see `capstan.dev/automatic-rollback`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutomaticRollback {
+    /// Roll back when the rollout has made no progress (no machine of the
+    /// new revision became available) for this many seconds, as a
+    /// Deployment's `progressDeadlineSeconds` judges progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: Option<i32>,
+    /// Roll back once this many machines of the new revision have been
+    /// remediated (deleted by their set after a MachineHealthCheck handed
+    /// them over) during the rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub remediated_machines: Option<i32>,
+}
+
+/// The last automatic rollback of a deployment (the
+/// `capstan.dev/automatic-rollback` annotation's value).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AutomaticRollbackRecord {
+    /// Template hash rolled back from.
+    pub from: String,
+    /// Its revision.
+    pub from_revision: i64,
+    /// Template hash rolled back to.
+    pub to: String,
+    /// Its revision when it was restored.
+    pub to_revision: i64,
+    /// `ProgressDeadlineExceeded` or `MachinesRemediated`.
+    pub reason: String,
+    /// What triggered it, in words.
+    pub message: String,
 }
 
 /// Rollout triggers other than a template change (Cluster API's
@@ -336,10 +384,32 @@ pub struct MachineDeploymentStatus {
     /// before anything happens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place_plan: Option<RolloutPlan>,
-    /// `Available`, `Progressing`, `ValidSpec`, `InPlaceUpdatable`.
+    /// The rollout of the current template, as `spec.rollback` judges it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutProgress>,
+    /// `Available`, `Progressing`, `ValidSpec`, `InPlaceUpdatable`,
+    /// `RolledBack`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// Where the rollout of the current template started, for `spec.rollback`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutProgress {
+    /// The template's hash.
+    pub template: String,
+    /// When its rollout started (or was last resumed).
+    pub start_time: Time,
+    /// Its set's `remediatedReplicas` then: the rollout's remediations are
+    /// counted from there.
+    #[serde(default)]
+    pub remediated_before: i32,
+    /// The rollout completed once; it is not rolled back automatically
+    /// after that.
+    #[serde(default)]
+    pub complete: bool,
 }
 
 /// What an in-place rollout will do.
@@ -393,4 +463,11 @@ pub mod set_conditions {
     /// With `spec.strategy.inPlace`: whether the rollout can go on in
     /// place (`False` names the unclaimed fields or the failed update).
     pub const IN_PLACE_UPDATABLE: &str = "InPlaceUpdatable";
+    /// The deployment runs a template it returned to automatically
+    /// (`spec.rollback`); the message says from which and why.
+    pub const ROLLED_BACK: &str = "RolledBack";
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }

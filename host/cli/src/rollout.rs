@@ -101,13 +101,18 @@ pub async fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
             );
             for r in &revisions {
                 println!(
-                    "{:<10} {:<32} {:<10} {:<9} {}{}",
+                    "{:<10} {:<32} {:<10} {:<9} {}{}{}",
                     r.revision,
                     r.machine_set,
                     r.version.as_deref().unwrap_or("<none>"),
                     r.replicas,
                     r.change_cause.as_deref().unwrap_or("<none>"),
                     if r.current { " (current)" } else { "" },
+                    if r.rolled_back_from {
+                        " (rolled back automatically)"
+                    } else {
+                        ""
+                    },
                 );
             }
         }

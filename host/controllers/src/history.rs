@@ -4,7 +4,10 @@
 //! deployment, and the controller rolls it out like any template change.
 
 use crate::deployment::{deployment_template_of, set_revision, template_hash};
-use capstan_api::{ANNOTATION_CHANGE_CAUSE, MachineDeployment, MachineSet};
+use capstan_api::{
+    ANNOTATION_AUTOMATIC_ROLLBACK, ANNOTATION_CHANGE_CAUSE, AutomaticRollbackRecord,
+    MachineDeployment, MachineSet,
+};
 use capstan_kit::owners::controlled_by;
 use capstan_kit::{Error, kube_err};
 use kube::api::{Api, ListParams, PostParams};
@@ -27,6 +30,9 @@ pub struct Revision {
     pub replicas: i32,
     /// The `capstan.dev/change-cause` annotation, if any.
     pub change_cause: Option<String>,
+    /// The deployment's last automatic rollback left this template
+    /// (`spec.rollback`, recorded in `capstan.dev/automatic-rollback`).
+    pub rolled_back_from: bool,
 }
 
 async fn load(
@@ -48,6 +54,11 @@ async fn load(
         })?;
     let uid = md.uid().unwrap_or_default();
     let current = template_hash(&md.spec.template);
+    let rolled_back_from = md
+        .annotations()
+        .get(ANNOTATION_AUTOMATIC_ROLLBACK)
+        .and_then(|v| serde_json::from_str::<AutomaticRollbackRecord>(v).ok())
+        .map(|r| r.from);
     let sets: Api<MachineSet> = Api::namespaced(client.clone(), namespace);
     let mut revisions: Vec<(Revision, MachineSet)> = sets
         .list(&ListParams::default())
@@ -58,10 +69,12 @@ async fn load(
         .filter(|s| controlled_by(s, &uid))
         .map(|set| {
             let template = deployment_template_of(&set);
+            let hash = template_hash(&template);
             let revision = Revision {
                 revision: set_revision(&set),
                 machine_set: set.name_any(),
-                current: template_hash(&template) == current,
+                current: hash == current,
+                rolled_back_from: rolled_back_from.as_ref() == Some(&hash),
                 version: template.spec.version.clone(),
                 replicas: set.spec.replicas,
                 change_cause: set.annotations().get(ANNOTATION_CHANGE_CAUSE).cloned(),

@@ -282,7 +282,15 @@ fn fenced_client(
     fence: Option<&Arc<leader::Fence>>,
     rate: Option<&Arc<ratelimit::RateLimit>>,
 ) -> Result<Client, Error> {
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|source| Error::Kube {
+    let built = match fence {
+        // Connection tasks stop at the fence too: they, not the callers,
+        // write requests to the socket.
+        Some(f) => {
+            kube::client::ClientBuilder::try_from((config, leader::FencedExecutor(f.clone())))
+        }
+        None => kube::client::ClientBuilder::try_from(config),
+    };
+    let builder = built.map_err(|source| Error::Kube {
         what: "cannot build a Kubernetes client".into(),
         source,
     })?;

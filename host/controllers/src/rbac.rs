@@ -78,6 +78,13 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
+        why: "deployment: spec.rollback restores an earlier template of the deployment itself",
+        group: "capstan.dev",
+        resources: &["machinedeployments"],
+        verbs: &["patch"],
+        scope: Scope::Cluster,
+    },
+    Rule {
         why: "deployment: create, scale and delete MachineSets",
         group: "capstan.dev",
         resources: &["machinesets"],

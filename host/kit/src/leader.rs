@@ -135,12 +135,48 @@ where
             return Box::pin(futures::future::ready(Err(Box::new(Fenced) as BoxError)));
         };
         let call = self.inner.call(request);
+        let fence = self.fence.clone();
         Box::pin(async move {
-            match tokio::time::timeout(left, call).await {
-                Ok(result) => result.map_err(Into::into),
+            let mut call = std::pin::pin!(call);
+            // The fence is looked at again before every poll: a write still
+            // waiting (for a connection, a token) when the process was
+            // stopped is refused when it runs again, before it can go on.
+            let fenced = std::future::poll_fn(|cx| {
+                if !fence.allows_writes() {
+                    return Poll::Ready(Err(Box::new(Fenced) as BoxError));
+                }
+                call.as_mut().poll(cx).map_err(Into::into)
+            });
+            match tokio::time::timeout(left, fenced).await {
+                Ok(result) => result,
                 Err(_) => Err(Box::new(Fenced) as BoxError),
             }
         })
+    }
+}
+
+/// The executor of a fenced client's connections: each connection task
+/// stops (closing its connection) the first time it would run after the
+/// fence closed. A request is written to the socket by its connection's
+/// task, not by the caller, so a write handed over just before the process
+/// was stopped would otherwise still go out when it runs again (the e2e
+/// test `a_stopped_leader_writes_nothing_once_a_standby_took_over` caught
+/// two such). Reads lose their connections too, which is fine: a closed
+/// fence means leadership is over and the process is stopping.
+#[derive(Debug, Clone)]
+pub struct FencedExecutor(pub Arc<Fence>);
+
+type Task = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl hyper::rt::Executor<Task> for FencedExecutor {
+    fn execute(&self, mut task: Task) {
+        let fence = self.0.clone();
+        tokio::spawn(std::future::poll_fn(move |cx| {
+            if !fence.allows_writes() {
+                return Poll::Ready(());
+            }
+            task.as_mut().poll(cx)
+        }));
     }
 }
 
@@ -589,6 +625,58 @@ mod tests {
             .unwrap()
             .call(request(http::Method::POST));
         assert_eq!(post.await.unwrap(), "sent");
+    }
+
+    /// A write handed over before the fence closed does not go on after:
+    /// the caller's future refuses on its next poll, and the connection
+    /// task that would write it ends instead of running.
+    #[tokio::test]
+    async fn nothing_fenced_runs_again_once_the_fence_closed() {
+        use tower::{Layer, Service, ServiceExt};
+        let fence = Fence::new();
+        fence.confirm(Instant::now(), Duration::from_millis(1500));
+        // A write that waits (for a connection, say) past the fence.
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        let wait = std::sync::Mutex::new(Some(wait));
+        let inner = tower::service_fn(move |_: http::Request<()>| {
+            let wait = wait.lock().unwrap().take();
+            async move {
+                if let Some(wait) = wait {
+                    let _ = wait.await;
+                }
+                Ok::<_, std::convert::Infallible>("sent")
+            }
+        });
+        let mut service = FenceLayer(fence.clone()).layer(inner);
+        let request = http::Request::builder()
+            .method(http::Method::POST)
+            .uri("/apis/capstan.dev/v1alpha1/machines")
+            .body(())
+            .unwrap();
+        let call = service.ready().await.unwrap().call(request);
+        let pending = tokio::spawn(call);
+        // A connection task, polled again whenever it is woken.
+        let (stop_tx, mut ran) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel::<()>();
+        hyper::rt::Executor::execute(
+            &FencedExecutor(fence.clone()),
+            Box::pin(async move {
+                while woken.recv().await.is_some() {
+                    let _ = stop_tx.send(());
+                }
+            }),
+        );
+        wake.send(()).unwrap();
+        assert!(ran.recv().await.is_some(), "runs while the fence is open");
+        while fence.allows_writes() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Woken after the fence closed: the task ends without running.
+        let _ = wake.send(());
+        assert_eq!(ran.recv().await, None, "the task ended instead");
+        let _ = release.send(());
+        let refused = pending.await.unwrap().unwrap_err();
+        assert!(refused.is::<Fenced>(), "{refused}");
     }
 
     fn held(by: &str, secs: u64) -> Record {

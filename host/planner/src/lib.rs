@@ -10,7 +10,8 @@
 //! does next, alive or deleting; [`deletion`] says which step a deleting
 //! machine is at and which pods its drain evicts; [`inplace`] says which
 //! updater applies which changed field, and [`rollout::plan_in_place`] paces
-//! an in-place rollout. The controllers (`capstan-controllers`) observe the
+//! an in-place rollout; [`rollback::decide`] says whether a failing rollout
+//! returns to the previous revision by itself. The controllers (`capstan-controllers`) observe the
 //! cluster, call these, and write the result.
 
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@ pub mod inplace;
 pub mod machine;
 pub mod machineset;
 pub mod metadata;
+pub mod rollback;
 pub mod rollout;
 
 /// A rollout bound as written in a spec: a machine count or a percentage of

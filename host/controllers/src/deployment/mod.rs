@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod in_place;
+mod rollback;
 mod sets;
 mod status;
 
@@ -228,6 +229,26 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     let machines = ctx.kube.stores.machines.state();
     let observed = observe(&md, &target, &sets, &machines, now_s);
     let revision = rollout::next_revision(observed.new_view.as_ref(), &observed.old_views);
+    let complete = rollout::complete(
+        md.spec.replicas,
+        observed.new_view.as_ref(),
+        &observed.old_views,
+    );
+    // Decided before the sets are written: a rollout that rolls back does
+    // not grow its failing set first.
+    let rollback = md
+        .spec
+        .rollback
+        .is_some()
+        .then(|| rollback::Rollout::observe(&md, &target, &observed, &machines, complete, &t));
+    let rollback_decision = rollback.as_ref().map(|r| r.decide());
+    if let (Some(r), Some(capstan_planner::rollback::Decision::RollBack { to, trigger })) =
+        (&rollback, &rollback_decision)
+    {
+        r.roll_back(&ctx, &md, to, trigger, revision).await?;
+        // The template change wakes the deployment; this is the fallback.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let in_place = in_place_policy(&md, strategy).filter(|_| !target.recycling(&observed));
     let decision = match in_place {
         Some(policy) => {
@@ -255,11 +276,13 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     }
     prune(&ctx, &sets_api, &md, &observed.old_views).await?;
 
-    let complete = rollout::complete(
-        md.spec.replicas,
-        observed.new_view.as_ref(),
-        &observed.old_views,
-    );
+    let rollback_held = match &rollback_decision {
+        Some(capstan_planner::rollback::Decision::Held { trigger, held }) => Some((
+            trigger.reason(),
+            format!("{}; {}", trigger.message(), held.message()),
+        )),
+        _ => None,
+    };
     let rollout = RolloutState {
         strategy,
         observed: &observed,
@@ -267,8 +290,17 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         conflict: written.conflict.as_deref(),
         revision,
         complete,
+        rollback_held,
     };
     derive_status(&mut status, &md, &rollout, &t);
+    status.rollout = rollback.as_ref().map(|r| r.progress.clone());
+    if let Some(r) = &rollback {
+        r.rolled_back_condition(&mut status, generation, &t);
+    } else {
+        status
+            .conditions
+            .retain(|c| c.type_ != capstan_api::set_conditions::ROLLED_BACK);
+    }
     apply_status(
         &ctx.kube,
         CONTROLLER,
@@ -284,6 +316,11 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     } else {
         // Set and machine changes trigger us; this only covers minReadySeconds.
         Duration::from_secs(5)
+    };
+    // A progress deadline still running is looked at when it passes.
+    let next = match rollback.as_ref().and_then(|r| r.until_deadline()) {
+        Some(s) => next.min(Duration::from_secs(s + 1)),
+        None => next,
     };
     Ok(Action::requeue(target.requeue(next, now_s)))
 }

@@ -17,6 +17,8 @@ pub(super) struct RolloutState<'a> {
     pub(super) conflict: Option<&'a str>,
     pub(super) revision: i64,
     pub(super) complete: bool,
+    /// An automatic rollback that fired and is held (reason, message).
+    pub(super) rollback_held: Option<(&'static str, String)>,
 }
 
 /// The deployment's status from what this pass observed and did: counts,
@@ -34,6 +36,7 @@ pub(super) fn derive_status(
         conflict,
         revision,
         complete,
+        ref rollback_held,
     } = *rollout;
     let totals = &observed.totals;
     let replicas = md.spec.replicas;
@@ -105,6 +108,10 @@ pub(super) fn derive_status(
     }
     let (state, reason, message) = match (conflict, decision.map(|d| &d.kind)) {
         (Some(message), _) => (cond::FALSE, "MachineSetConflict", message.to_string()),
+        _ if rollback_held.is_some() && !paused => {
+            let (reason, message) = rollback_held.clone().unwrap_or_default();
+            (cond::FALSE, reason, message)
+        }
         (None, Some(Kind::Blocked { reason, message })) if !(paused || complete) => {
             (cond::FALSE, *reason, message.clone())
         }

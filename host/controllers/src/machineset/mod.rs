@@ -187,6 +187,9 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     }
 
     let mut deleted = remediate(&ctx, &machines_api, &set, &mine).await?;
+    // Counted for the deployment's `spec.rollback`; written with this
+    // pass's status.
+    status.remediated_replicas += i32::try_from(deleted.len()).unwrap_or(i32::MAX);
     let (views, mut next_available) = machine_views(&set, &mine, &deleted, t.0.as_second());
     let scaled = scale(&ctx, &machines_api, &set, &mine, &all, &views).await?;
     deleted.extend(scaled.deleted);
@@ -199,11 +202,9 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         tracing::info!(set = %key_of(set.as_ref()), created = created.len(), deleted = deleted.len(), "scaled");
         ctx.expectations.expect(&uid, created, deleted);
     }
-    if let Some(error) = scaled.error {
-        return Err(error);
-    }
-
     derive_status(&mut status, &set, &views, &t);
+    // Written before a scaling error is returned, so the remediations this
+    // pass made are counted.
     apply_status(
         &ctx.kube,
         CONTROLLER,
@@ -212,6 +213,9 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         &status,
     )
     .await?;
+    if let Some(error) = scaled.error {
+        return Err(error);
+    }
     Ok(match next_available {
         Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
         None => Action::requeue(ctx.kube.resync),

@@ -17,6 +17,7 @@ mod nodes;
 mod oci_plugins;
 mod plot;
 mod quickstart;
+mod rollback;
 mod sandbox;
 mod supply_chain;
 mod tenancy;
