@@ -219,6 +219,7 @@ pub async fn run(
         Arc::new(machineset::Context {
             kube: kube.clone(),
             expectations: capstan_kit::Expectations::default(),
+            remediated: Default::default(),
         }),
         concurrency.machine_sets,
         shutdown.clone(),

@@ -41,6 +41,10 @@ pub(crate) struct Context {
     pub(crate) kube: Kube,
     /// Machines a set created or deleted that its cache has not shown yet.
     pub(crate) expectations: Expectations,
+    /// The `remediatedReplicas` each set (by uid) was last counted at here:
+    /// the next pass may start before the cache shows that status write,
+    /// and a count taken from the cache alone would lose remediations.
+    pub(crate) remediated: std::sync::Mutex<std::collections::HashMap<String, i32>>,
 }
 
 impl AsRef<Kube> for Context {
@@ -131,6 +135,11 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
 /// over, create, delete), then derive the status and write it once.
 async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     if set.metadata.deletion_timestamp.is_some() || capstan_kit::paused(set.as_ref()) {
+        if set.metadata.deletion_timestamp.is_some() {
+            let uid = set.uid().unwrap_or_default();
+            let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
+            counted.remove(&uid);
+        }
         // Owner references hand the machines to the garbage collector; a
         // paused set is left as it is until the annotation goes.
         return Ok(Action::await_change());
@@ -189,7 +198,13 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     let mut deleted = remediate(&ctx, &machines_api, &set, &mine).await?;
     // Counted for the deployment's `spec.rollback`; written with this
     // pass's status.
-    status.remediated_replicas += i32::try_from(deleted.len()).unwrap_or(i32::MAX);
+    {
+        let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
+        let before = counted.get(&uid).copied().unwrap_or(0);
+        status.remediated_replicas = status.remediated_replicas.max(before)
+            + i32::try_from(deleted.len()).unwrap_or(i32::MAX);
+        counted.insert(uid.clone(), status.remediated_replicas);
+    }
     let (views, mut next_available) = machine_views(&set, &mine, &deleted, t.0.as_second());
     let scaled = scale(&ctx, &machines_api, &set, &mine, &all, &views).await?;
     deleted.extend(scaled.deleted);
