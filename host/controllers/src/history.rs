@@ -3,11 +3,10 @@
 //! keeps is one revision; undo copies a revision's template back into the
 //! deployment, and the controller rolls it out like any template change.
 
-use crate::deployment::{deployment_template_of, set_revision, template_hash};
-use capstan_api::{
-    ANNOTATION_AUTOMATIC_ROLLBACK, ANNOTATION_CHANGE_CAUSE, AutomaticRollbackRecord,
-    MachineDeployment, MachineSet,
+use crate::deployment::{
+    automatic_rollback_of, deployment_template_of, set_revision, template_hash,
 };
+use capstan_api::{ANNOTATION_CHANGE_CAUSE, MachineDeployment, MachineSet};
 use capstan_kit::owners::controlled_by;
 use capstan_kit::{Error, kube_err};
 use kube::api::{Api, ListParams, PostParams};
@@ -54,11 +53,7 @@ async fn load(
         })?;
     let uid = md.uid().unwrap_or_default();
     let current = template_hash(&md.spec.template);
-    let rolled_back_from = md
-        .annotations()
-        .get(ANNOTATION_AUTOMATIC_ROLLBACK)
-        .and_then(|v| serde_json::from_str::<AutomaticRollbackRecord>(v).ok())
-        .map(|r| r.from);
+    let rolled_back_from = automatic_rollback_of(&md).map(|r| r.from);
     let sets: Api<MachineSet> = Api::namespaced(client.clone(), namespace);
     let mut revisions: Vec<(Revision, MachineSet)> = sets
         .list(&ListParams::default())

@@ -13,8 +13,9 @@
 //! pure part, tested without a cluster.
 //!
 //! Leadership is **fenced**: every write the controllers send goes through
-//! a [`Fence`] (a layer on their Kubernetes clients, [`FenceLayer`]) that
-//! lets it out only until the renew deadline counted from when the last
+//! a [`Fence`] (a layer on their Kubernetes clients, [`FenceLayer`], and
+//! the executor of their connection tasks, [`FencedExecutor`]) that lets
+//! it out only until the renew deadline counted from when the last
 //! successful renewal *started*. The fence is a clock, not a flag someone
 //! must remember to lower: a replica that was stopped (SIGSTOP, a long
 //! GC pause, a starved executor) finds its writes refused the moment it

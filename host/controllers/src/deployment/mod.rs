@@ -34,6 +34,7 @@ mod rollback;
 mod sets;
 mod status;
 
+pub(crate) use rollback::record_of as automatic_rollback_of;
 use sets::{prune, write_sets};
 use status::{RolloutState, derive_status};
 

@@ -143,7 +143,7 @@ impl Rollout {
 
     /// Seconds until the progress deadline passes, if one is running.
     pub(super) fn until_deadline(&self) -> Option<u64> {
-        rollback::until_deadline(&self.view()).map(|s| s.max(0) as u64)
+        rollback::until_deadline(&self.view()).map(|s| s.unsigned_abs())
     }
 
     /// `RolledBack` while the deployment runs the template a rollback
@@ -244,7 +244,7 @@ impl Rollout {
 /// The record, read from the deployment's annotation. One that does not
 /// parse (edited by hand) counts as none, with a warning: only the
 /// deployment's own editors can write it.
-fn record_of(md: &MachineDeployment) -> Option<AutomaticRollbackRecord> {
+pub(crate) fn record_of(md: &MachineDeployment) -> Option<AutomaticRollbackRecord> {
     let value = md.annotations().get(ANNOTATION_AUTOMATIC_ROLLBACK)?;
     match serde_json::from_str(value) {
         Ok(record) => Some(record),
