@@ -308,6 +308,17 @@ pub struct InPlaceStep {
     /// Digest of the updater that ran this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// How long the step may go without progress before a health check
+    /// judges it hung: its updater's deadline when the plan was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_deadline_seconds: Option<u32>,
+    /// When the step became the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<crate::Time>,
+    /// When the step last made progress: it became the current step, or
+    /// its percent rose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_progress_time: Option<crate::Time>,
 }
 
 /// Which updater changed a machine in place, and when.

@@ -69,6 +69,14 @@ pub struct PluginSpec {
     /// earlier one then gets the overlapping fields it claims.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_order: Option<i32>,
+    /// Updaters only: how long one of its update steps may go without
+    /// progress before a MachineHealthCheck judges the machine's update
+    /// hung (`InPlaceUpdateStalled`) and remediates it through its
+    /// short-circuit. Overrides the updater manifest's
+    /// `progressDeadlineSeconds`; with neither, 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub progress_deadline_seconds: Option<u32>,
 }
 
 /// Namespaces allowed to use a plugin: those named, and those whose labels

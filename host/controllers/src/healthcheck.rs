@@ -373,6 +373,7 @@ fn judge_all(kube: &Kube, live: &[&Arc<Machine>], checks: &Checks, now_s: i64) -
             machine_conditions: observed(&machine_status.conditions),
             failure: machine_status.failure_reason.clone(),
             remediation_requested: m.annotations().contains_key(ANNOTATION_REMEDIATE_MACHINE),
+            update: crate::machine::update::as_judged(m),
         };
         let verdict = plan::judge(&target, checks, now_s);
         if plan::counts_healthy(&verdict, target.node.is_some(), false) {

@@ -23,6 +23,9 @@ pub struct RegisteredUpdater {
     pub fields: Vec<FieldPattern>,
     /// Its Plugin's `spec.updateOrder`.
     pub order: Option<i32>,
+    /// How long one of its steps may go without progress before a health
+    /// check judges the update hung (Plugin, else manifest, else default).
+    pub progress_deadline: std::time::Duration,
 }
 
 impl RegisteredUpdater {

@@ -117,6 +117,32 @@ pub struct PluginManifest {
     /// overlapping fields only when both Plugins set `spec.updateOrder`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub update_fields: Vec<FieldPattern>,
+    /// Updaters only: how long one of its update steps may go without
+    /// progress (its percent rising) before a health check judges the
+    /// machine's update hung ([`DEFAULT_PROGRESS_DEADLINE_SECONDS`] when
+    /// unset). The updater knows how long its work takes; the Plugin's
+    /// `spec.progressDeadlineSeconds` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_deadline_seconds: Option<u32>,
+}
+
+/// An update step's progress deadline when neither the updater's manifest
+/// nor its Plugin sets one: Kubernetes Deployments' default.
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u32 = 600;
+
+/// The longest progress deadline a manifest or Plugin may set (a day): a
+/// longer one would keep a hung machine out of every health check.
+pub const MAX_PROGRESS_DEADLINE_SECONDS: u32 = 86_400;
+
+/// Check a progress deadline; the error says what is allowed.
+pub fn check_progress_deadline(seconds: u32) -> Result<(), String> {
+    if (1..=MAX_PROGRESS_DEADLINE_SECONDS).contains(&seconds) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{seconds} is out of range: a step's progress deadline is 1 to {MAX_PROGRESS_DEADLINE_SECONDS} seconds"
+        ))
+    }
 }
 
 /// Capabilities a plugin declares. Declaring is asking: the admin's grant
@@ -232,6 +258,19 @@ impl PluginManifest {
                 ));
             }
             _ => {}
+        }
+        if let Some(seconds) = self.progress_deadline_seconds {
+            if self.world != World::Updater {
+                return Err(invalid(
+                    "progressDeadlineSeconds",
+                    format!(
+                        "only updaters declare a progress deadline; this is a {} plugin",
+                        self.world
+                    ),
+                ));
+            }
+            check_progress_deadline(seconds)
+                .map_err(|message| invalid("progressDeadlineSeconds", message))?;
         }
         match (self.world, self.capabilities.objects.is_empty()) {
             (World::Addon, true) => {
@@ -616,17 +655,23 @@ mod tests {
         let m = PluginManifest::from_json(ok).unwrap();
         assert_eq!(m.credential_slots().collect::<Vec<_>>(), ["cloud"]);
 
-        let cases: [(&[u8], &str); 5] = [
+        let cases: [(&[u8], &str); 8] = [
             (br#"{"name":"Sim","version":"0.1.0","world":"provider","contract":"0.1.0"}"#, "`name`"),
             (br#"{"name":"sim","version":"1","world":"provider","contract":"0.1.0"}"#, "`version`"),
             (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.2.0"}"#, "not supported"),
             (br#"{"name":"sim","version":"0.1.0","world":"robot","contract":"0.1.0"}"#, "unknown variant"),
             (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","extra":1}"#, "unknown field"),
+            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","progressDeadlineSeconds":60}"#, "`progressDeadlineSeconds` is invalid: only updaters"),
+            (br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"progressDeadlineSeconds":0}"#, "1 to 86400 seconds"),
+            (br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"progressDeadlineSeconds":90000}"#, "out of range"),
         ];
         for (json, needle) in cases {
             let err = PluginManifest::from_json(json).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
         }
+        let updater = br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"progressDeadlineSeconds":120}"#;
+        let m = PluginManifest::from_json(updater).unwrap();
+        assert_eq!(m.progress_deadline_seconds, Some(120));
     }
 
     #[test]

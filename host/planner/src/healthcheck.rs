@@ -65,7 +65,31 @@ pub struct Target {
     /// The `cluster.x-k8s.io/remediate-machine` annotation asks for the
     /// machine to be remediated: unhealthy at once, as in Cluster API.
     pub remediation_requested: bool,
+    /// The machine's in-place update, while one is under way or has failed.
+    pub update: Option<InPlaceUpdate>,
 }
+
+/// An in-place update as the health check judges it: against its current
+/// step's progress deadline, not the Node's condition timeouts (a Node
+/// that restarts its kubelet for an update is not a broken Node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InPlaceUpdate {
+    /// The current step, for messages: `step 1 of 2 (sim-updater)`.
+    pub step: String,
+    /// Why the update failed, if it did.
+    pub failed: Option<String>,
+    /// When the current step began, unix seconds.
+    pub started: i64,
+    /// When the current step last made progress, unix seconds.
+    pub progress_since: i64,
+    /// Seconds it may go without progress.
+    pub deadline: i64,
+}
+
+/// However its percent moves, a step may run at most this many progress
+/// deadlines in all: an updater cannot hold a machine out of every health
+/// check by inching its percent up (1 % per deadline would be 100 of them).
+pub const MAX_DEADLINES_PER_STEP: i64 = 10;
 
 /// The verdict on one machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,8 +133,49 @@ pub fn judge(target: &Target, checks: &Checks, now: i64) -> Verdict {
     }
     let mut recheck: Option<i64> = None;
     let mut soonest = |wait: i64| recheck = Some(recheck.map_or(wait, |r: i64| r.min(wait)));
-    match &target.node {
-        None => {
+    if let Some(update) = &target.update {
+        if let Some(why) = &update.failed {
+            return Verdict::Unhealthy {
+                reason: "InPlaceUpdateFailed",
+                message: format!("the in-place update failed: {why}"),
+            };
+        }
+        let stalled = (now - update.progress_since).max(0);
+        if stalled >= update.deadline {
+            return Verdict::Unhealthy {
+                reason: "InPlaceUpdateStalled",
+                message: format!(
+                    "the in-place update's {} made no progress for {stalled}s (its updater's progressDeadlineSeconds is {})",
+                    update.step, update.deadline
+                ),
+            };
+        }
+        let ran = (now - update.started).max(0);
+        let limit = update.deadline.saturating_mul(MAX_DEADLINES_PER_STEP);
+        if ran >= limit {
+            return Verdict::Unhealthy {
+                reason: "InPlaceUpdateStalled",
+                message: format!(
+                    "the in-place update's {} has run for {ran}s, {MAX_DEADLINES_PER_STEP} times its updater's progressDeadlineSeconds ({})",
+                    update.step, update.deadline
+                ),
+            };
+        }
+        soonest((update.deadline - stalled).min(limit - ran));
+    }
+    // While an update makes progress, the Node's conditions are the
+    // updater's business: judged again once it is done.
+    let node = if target.update.is_some() {
+        NodeSeen::NotJudged
+    } else {
+        match &target.node {
+            None => NodeSeen::Missing,
+            Some(conditions) => NodeSeen::Conditions(conditions),
+        }
+    };
+    match node {
+        NodeSeen::NotJudged => {}
+        NodeSeen::Missing => {
             if let Some(node) = &target.node_ref {
                 return Verdict::Unhealthy {
                     reason: "NodeDeleted",
@@ -134,7 +199,7 @@ pub fn judge(target: &Target, checks: &Checks, now: i64) -> Verdict {
                 soonest(checks.node_startup_timeout - waited);
             }
         }
-        Some(conditions) => {
+        NodeSeen::Conditions(conditions) => {
             let node = target.node_ref.as_deref().unwrap_or("the Node");
             if let Some(message) = first_expired(conditions, &checks.node_rules, now, &mut soonest)
             {
@@ -159,6 +224,16 @@ pub fn judge(target: &Target, checks: &Checks, now: i64) -> Verdict {
     Verdict::Healthy {
         recheck_in: recheck,
     }
+}
+
+/// What [`judge`] looks at of the Node.
+enum NodeSeen<'a> {
+    /// Nothing: an in-place update is under way.
+    NotJudged,
+    /// No Node.
+    Missing,
+    /// The Node's conditions.
+    Conditions(&'a [ObservedCondition]),
 }
 
 /// The first rule whose condition has held past its timeout, described; the
@@ -335,6 +410,7 @@ mod tests {
             machine_conditions: vec![],
             failure: None,
             remediation_requested: false,
+            update: None,
         }
     }
 
@@ -544,7 +620,147 @@ mod tests {
         assert!(parse_range("[a-3]").unwrap_err().contains("\"a\""));
     }
 
+    fn updating(progress_since: i64, deadline: i64) -> InPlaceUpdate {
+        InPlaceUpdate {
+            step: "step 1 of 1 (sim-updater)".into(),
+            failed: None,
+            started: progress_since,
+            progress_since,
+            deadline,
+        }
+    }
+
+    #[test]
+    fn inching_progress_buys_at_most_ten_deadlines() {
+        let mut t = target(Some(vec![ready("True", 0)]));
+        // Began at 0, 1 % more every 50 s against a 60 s deadline.
+        t.update = Some(InPlaceUpdate {
+            started: 0,
+            ..updating(550, 60)
+        });
+        assert_eq!(
+            judge(&t, &checks(), 580),
+            Verdict::Healthy {
+                recheck_in: Some(20)
+            }
+        );
+        t.update = Some(InPlaceUpdate {
+            started: 0,
+            ..updating(590, 60)
+        });
+        let Verdict::Unhealthy { reason, message } = judge(&t, &checks(), 600) else {
+            panic!("ten deadlines are up");
+        };
+        assert_eq!(reason, "InPlaceUpdateStalled");
+        assert!(message.contains("has run for 600s"), "{message}");
+    }
+
+    #[test]
+    fn an_update_is_judged_by_its_deadline_not_the_node() {
+        // The Node restarts for the update: NotReady far past its 60 s.
+        let mut t = target(Some(vec![ready("False", 1000)]));
+        t.update = Some(updating(1000, 300));
+        assert_eq!(
+            judge(&t, &checks(), 1200),
+            Verdict::Healthy {
+                recheck_in: Some(100)
+            }
+        );
+        // Not healthy for the short-circuit: it is out of service.
+        assert!(!counts_healthy(&judge(&t, &checks(), 1200), true, false));
+        let Verdict::Unhealthy { reason, message } = judge(&t, &checks(), 1300) else {
+            panic!("stalled past its deadline");
+        };
+        assert_eq!(reason, "InPlaceUpdateStalled");
+        assert!(
+            message.contains("no progress for 300s") && message.contains("sim-updater"),
+            "{message}"
+        );
+        // Progress moves the deadline.
+        t.update = Some(updating(1250, 300));
+        assert!(!judge(&t, &checks(), 1300).is_unhealthy());
+        // Done: the Node's conditions count again.
+        t.update = None;
+        assert!(judge(&t, &checks(), 1300).is_unhealthy());
+    }
+
+    #[test]
+    fn a_failed_update_is_unhealthy_at_once() {
+        let mut t = target(Some(vec![ready("True", 0)]));
+        t.update = Some(InPlaceUpdate {
+            failed: Some("UpdateRefused".into()),
+            ..updating(1000, 600)
+        });
+        assert!(matches!(
+            judge(&t, &checks(), 1000),
+            Verdict::Unhealthy {
+                reason: "InPlaceUpdateFailed",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_missing_node_during_an_update_waits_for_the_updater() {
+        // An updater that re-images may take the Node away for a while.
+        let mut t = target(None);
+        t.node_ref = Some("n".into());
+        t.update = Some(updating(1000, 600));
+        assert!(!judge(&t, &checks(), 1100).is_unhealthy());
+        t.update = None;
+        assert!(matches!(
+            judge(&t, &checks(), 1100),
+            Verdict::Unhealthy {
+                reason: "NodeDeleted",
+                ..
+            }
+        ));
+    }
+
     proptest! {
+        #[test]
+        fn an_update_is_unhealthy_exactly_when_failed_or_past_its_deadline(
+            since in 0i64..1000,
+            deadline in 1i64..1000,
+            now in 0i64..3000,
+            failed in any::<bool>(),
+            node_ready in any::<bool>(),
+        ) {
+            let status = if node_ready { "True" } else { "False" };
+            let mut t = target(Some(vec![ready(status, 0)]));
+            t.update = Some(InPlaceUpdate {
+                failed: failed.then(|| "broken".to_string()),
+                ..updating(since, deadline)
+            });
+            let verdict = judge(&t, &checks(), now);
+            prop_assert_eq!(verdict.is_unhealthy(), failed || now - since >= deadline);
+            if let Verdict::Healthy { recheck_in } = verdict {
+                // Looked at again no later than the deadline.
+                prop_assert_eq!(recheck_in, Some(deadline - (now - since).max(0)));
+            }
+        }
+
+        #[test]
+        fn a_step_is_never_healthy_past_ten_deadlines(
+            started in 0i64..1000,
+            progress_after in 0i64..20_000,
+            deadline in 1i64..1000,
+            now in 0i64..30_000,
+        ) {
+            let mut t = target(Some(vec![ready("True", 0)]));
+            t.update = Some(InPlaceUpdate {
+                started,
+                ..updating(started + progress_after, deadline)
+            });
+            let verdict = judge(&t, &checks(), now);
+            if now - started >= MAX_DEADLINES_PER_STEP * deadline {
+                prop_assert!(verdict.is_unhealthy());
+            }
+            if let Verdict::Healthy { recheck_in: Some(wait) } = verdict {
+                prop_assert!(now + wait <= started + MAX_DEADLINES_PER_STEP * deadline);
+            }
+        }
+
         #[test]
         fn remediation_never_exceeds_max_in_flight(
             names in proptest::collection::vec((0i64..100, any::<bool>()), 0..20),

@@ -581,6 +581,7 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
             selector: None,
         }),
         update_order: None,
+        progress_deadline_seconds: None,
     }
 }
 

@@ -20,7 +20,7 @@
 mod deletion;
 mod node;
 mod status;
-mod update;
+pub(crate) mod update;
 
 pub(crate) use node::find_node;
 use node::{carry_labels_to_node, node_is_ready, own_node};

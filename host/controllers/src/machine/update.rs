@@ -79,10 +79,18 @@ pub(crate) async fn advance(
             steps: plan
                 .steps
                 .iter()
-                .map(|s| InPlaceStep {
+                .enumerate()
+                .map(|(i, s)| InPlaceStep {
                     updater: s.updater.clone(),
                     fields: s.fields.clone(),
                     state: "Pending".into(),
+                    progress_deadline_seconds: updaters
+                        .iter()
+                        .find(|(u, _)| u.name == s.updater)
+                        .map(|(_, r)| deadline_seconds(r.progress_deadline)),
+                    // The first step is current from the start.
+                    start_time: (i == 0).then(|| t.clone()),
+                    last_progress_time: (i == 0).then(|| t.clone()),
                     ..Default::default()
                 })
                 .collect(),
@@ -184,6 +192,12 @@ pub(crate) async fn advance(
                 step_mut.state = "Done".into();
                 step_mut.percent = Some(100);
                 step_mut.message = None;
+                // The next step is current from now: its deadline counts
+                // from here, not from the plan.
+                if let Some(next) = update.steps.get_mut(index + 1) {
+                    next.start_time = Some(t.clone());
+                    next.last_progress_time = Some(t.clone());
+                }
                 status.updated_by.push(UpdateRecord {
                     updater: step.updater.clone(),
                     digest: registered.digest().to_string(),
@@ -196,7 +210,14 @@ pub(crate) async fn advance(
             }
             Ok(UpdateProgress::InProgress(progress)) => {
                 step_mut.state = "Updating".into();
-                step_mut.percent = progress.percent.map(|p| p.min(100));
+                let percent = progress.percent.map(|p| p.min(100));
+                // Only a rising percent is progress: an updater that keeps
+                // answering "in progress" (or varies its message) while
+                // nothing moves is what the deadline is for.
+                if percent > step_mut.percent || step_mut.last_progress_time.is_none() {
+                    step_mut.last_progress_time = Some(t.clone());
+                }
+                step_mut.percent = percent;
                 step_mut.message = progress.message.clone();
                 let percent = progress
                     .percent
@@ -245,6 +266,78 @@ pub(crate) async fn advance(
             }
         }
     }
+}
+
+/// The machine's in-place update as a health check judges it, while one is
+/// under way (the `in-place-from` annotation is there) or has failed.
+pub(crate) fn as_judged(machine: &Machine) -> Option<capstan_planner::healthcheck::InPlaceUpdate> {
+    if !machine.annotations().contains_key(ANNOTATION_IN_PLACE_FROM) {
+        return None;
+    }
+    let generation = machine.metadata.generation.unwrap_or(0);
+    let status = machine.status.as_ref();
+    let updating = status.and_then(|s| capstan_api::condition(&s.conditions, UPDATING));
+    let seconds = |time: &Time| time.0.as_second();
+    let default_deadline = i64::from(capstan_manifest::DEFAULT_PROGRESS_DEADLINE_SECONDS);
+    // Not planned yet (or planned for an older spec): the update began
+    // when the machine was last marked updating.
+    let unplanned = || {
+        let since = updating
+            .map(|c| seconds(&c.last_transition_time))
+            .or_else(|| machine.creation_timestamp().map(|t| t.0.as_second()))
+            .unwrap_or(0);
+        capstan_planner::healthcheck::InPlaceUpdate {
+            step: "planning".into(),
+            failed: None,
+            started: since,
+            progress_since: since,
+            deadline: default_deadline,
+        }
+    };
+    let Some((status, update)) = status.and_then(|s| {
+        let update = s.in_place_update.as_ref()?;
+        (update.generation == generation).then_some((s, update))
+    }) else {
+        return Some(unplanned());
+    };
+    if update_failed_in(status) {
+        let why = updating.filter(|c| c.reason == "UpdateFailed").map_or_else(
+            || "see the Updating condition".into(),
+            |c| c.message.clone(),
+        );
+        return Some(capstan_planner::healthcheck::InPlaceUpdate {
+            failed: Some(why),
+            ..unplanned()
+        });
+    }
+    let total = update.steps.len();
+    let Some((index, step)) = update
+        .steps
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.state != "Done")
+    else {
+        // Every step is done; the annotation is about to go.
+        return None;
+    };
+    let began = step
+        .start_time
+        .as_ref()
+        .or(update.start_time.as_ref())
+        .map_or_else(|| unplanned().progress_since, seconds);
+    Some(capstan_planner::healthcheck::InPlaceUpdate {
+        step: format!("step {} of {total} ({})", index + 1, step.updater),
+        failed: None,
+        started: began,
+        progress_since: step.last_progress_time.as_ref().map_or(began, seconds),
+        deadline: step
+            .progress_deadline_seconds
+            .map_or(default_deadline, i64::from),
+    })
+}
+
+fn deadline_seconds(deadline: Duration) -> u32 {
+    u32::try_from(deadline.as_secs()).unwrap_or(u32::MAX)
 }
 
 fn update_failed_in(status: &MachineStatus) -> bool {

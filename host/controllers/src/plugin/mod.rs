@@ -509,6 +509,28 @@ fn limits_of(plugin: &Plugin) -> Limits {
     limits
 }
 
+/// An updater's progress deadline: the Plugin's, else its manifest's, else
+/// the default. The manifest's was checked when it was read.
+fn progress_deadline(
+    plugin: &Plugin,
+    manifest: &capstan_manifest::PluginManifest,
+) -> Result<Duration, Failure> {
+    if let Some(seconds) = plugin.spec.progress_deadline_seconds {
+        capstan_manifest::check_progress_deadline(seconds).map_err(|message| {
+            (
+                "InvalidSpec",
+                format!("spec.progressDeadlineSeconds: {message}"),
+            )
+        })?;
+    }
+    let seconds = plugin
+        .spec
+        .progress_deadline_seconds
+        .or(manifest.progress_deadline_seconds)
+        .unwrap_or(capstan_manifest::DEFAULT_PROGRESS_DEADLINE_SECONDS);
+    Ok(Duration::from_secs(seconds.into()))
+}
+
 /// Serve a loaded revision as what its world is: a provider, an updater
 /// (its fields checked against the other updaters' in the same step) or an
 /// addon plugin.
@@ -540,10 +562,12 @@ async fn register(
             // updaters activated at once cannot both pass.
             let _one_at_a_time = ctx.updater_activation.lock().await;
             check_field_ownership(plugin, update_fields, ctx)?;
+            let progress_deadline = progress_deadline(plugin, loaded.manifest())?;
             let registered = RegisteredUpdater {
                 plugin: updater,
                 fields: update_fields.to_vec(),
                 order: plugin.spec.update_order,
+                progress_deadline,
             };
             ctx.updaters.insert(name, registered);
         }

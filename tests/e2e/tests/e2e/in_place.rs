@@ -3,7 +3,9 @@
 //! `provider.config.tags.*`; `sim-team-tagger`: `provider.config.tags.team`):
 //! a version and tag change applied entirely in place within the bounds,
 //! unclaimed changes held until the fallback allows replacement, a
-//! controller killed mid-update, a failing update, and overlapping updaters.
+//! controller killed mid-update, a failing update, overlapping updaters,
+//! and a hung update remediated by a health check after its updater's
+//! progress deadline.
 
 use capstan_api::machine_conditions::{READY, UP_TO_DATE, UPDATING};
 use capstan_api::set_conditions::IN_PLACE_UPDATABLE;
@@ -242,6 +244,17 @@ async fn a_version_and_tag_change_is_applied_in_place_by_two_updaters() {
                 .iter()
                 .all(|r| r.digest.starts_with("sha256:"))
         );
+        // Each step carries its updater's progress deadline: sim-updater's
+        // manifest declares 300 s, sim-tagger's none (the default, 600 s).
+        let deadlines: Vec<Option<u32>> = status
+            .in_place_update
+            .as_ref()
+            .unwrap()
+            .steps
+            .iter()
+            .map(|s| s.progress_deadline_seconds)
+            .collect();
+        assert_eq!(deadlines, [Some(600), Some(300)], "{}", m.name_any());
         let owner = m
             .owner_references()
             .iter()
@@ -571,4 +584,183 @@ async fn overlapping_updaters_are_refused_and_compose_with_an_order() {
         assert_eq!(i.tags.get("team").map(String::as_str), Some("c"));
         assert_eq!(i.tags.get("env").map(String::as_str), Some("prod"));
     }
+}
+
+/// A health check over the `pool` machines: a Node `Ready=Unknown` or
+/// `False` for 2 s is unhealthy.
+async fn create_check(env: &Env, pool: &str) {
+    let check: capstan_api::MachineHealthCheck = serde_json::from_value(serde_json::json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "MachineHealthCheck",
+        "metadata": { "name": pool, "namespace": NS },
+        "spec": {
+            "selector": { "matchLabels": { "capstan.dev/pool": pool } },
+            "checks": {
+                "unhealthyNodeConditions": [
+                    { "type": "Ready", "status": "Unknown", "timeoutSeconds": 2 },
+                    { "type": "Ready", "status": "False", "timeoutSeconds": 2 },
+                ],
+            },
+        },
+    }))
+    .expect("a valid MachineHealthCheck");
+    Api::<capstan_api::MachineHealthCheck>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &check)
+        .await
+        .expect("create mhc");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes() {
+    // Updates take an hour: the updater's percent never moves.
+    let hung = Faults {
+        boot_latency_ms: 200,
+        delete_latency_ms: 200,
+        update_latency_ms: 3_600_000,
+        ..Default::default()
+    };
+    let mut env = Env::start(hung.clone()).await.expect("environment starts");
+    env.create_plugin("sim-updater", &capstan_e2e::plugin("sim_updater"))
+        .await
+        .expect("create updater plugin");
+    // The admin's deadline for this updater: 20 s without progress. The
+    // Node (going silent below) would be judged unhealthy after about
+    // 12 s (10 s grace, then 2 s); an update-aware check waits for the
+    // updater's deadline instead.
+    let deadline = 20;
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            "sim-updater",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"progressDeadlineSeconds": deadline}})),
+        )
+        .await
+        .expect("set the updater's progress deadline");
+    env.start_controllers(Providers::default(), options()).await;
+    wait_plugin(&env, "sim-updater", true).await;
+    create(
+        &env,
+        &deployment(&env, "hung", 2, 0, 1, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "hung", LONG).await;
+    create_check(&env, "hung").await;
+    let launched = env.cloud.stats().instances_launched;
+
+    patch_md(
+        &env,
+        "hung",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+    )
+    .await;
+    let updating = eventually("a machine updating in place", LONG, async || {
+        env.machines(NS).await.into_iter().find(|m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.in_place_update.as_ref())
+                .is_some_and(|u| u.steps.iter().any(|s| s.state == "Updating"))
+        })
+    })
+    .await;
+    let name = updating.name_any();
+    let step = &updating
+        .status
+        .as_ref()
+        .unwrap()
+        .in_place_update
+        .as_ref()
+        .unwrap()
+        .steps[0];
+    assert_eq!(step.progress_deadline_seconds, Some(deadline));
+    // The update takes the Node down (its kubelet goes silent).
+    let node = capstan_e2e::env::node_of(&updating);
+    let (code, body) = env
+        .cloud_call(
+            "PUT",
+            &format!("/admin/nodes/{node}/heartbeats"),
+            Some(serde_json::json!({ "enabled": false })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 204, "{body}");
+
+    let machines_api: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    let mut node_went_unready = false;
+    let judged = eventually("the hung update judged unhealthy", LONG, async || {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        if let Ok(n) = nodes.get(&node).await {
+            node_went_unready |= n
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status != "True");
+        }
+        let m = machines_api.get_opt(&name).await.ok()??;
+        let c = capstan_api::condition(
+            &m.status.as_ref()?.conditions,
+            capstan_api::machine_conditions::HEALTH_CHECK_SUCCEEDED,
+        )?
+        .clone();
+        (c.status == "False").then_some((m, c))
+    })
+    .await;
+    let (m, c) = judged;
+    assert_eq!(c.reason, "InPlaceUpdateStalled", "{}", c.message);
+    assert!(
+        c.message.contains("sim-updater") && c.message.contains("progressDeadlineSeconds is 20"),
+        "{}",
+        c.message
+    );
+    assert!(
+        node_went_unready,
+        "the Node went unready well before the deadline, and that alone did not remediate it"
+    );
+    // Judged against the updater's deadline, counted from its last progress.
+    let progress = m
+        .status
+        .as_ref()
+        .unwrap()
+        .in_place_update
+        .as_ref()
+        .unwrap()
+        .steps[0]
+        .last_progress_time
+        .clone()
+        .expect("progress time recorded");
+    let waited = c.last_transition_time.0.as_second() - progress.0.as_second();
+    assert!(
+        waited >= i64::from(deadline) - 1,
+        "judged after {waited}s, before the {deadline}s deadline"
+    );
+
+    // Remediated through the owner: deleted and replaced on the new
+    // template; with updates healthy again, the other machine is updated
+    // in place and the rollout finishes.
+    env.cloud.set_faults(Faults {
+        update_latency_ms: 300,
+        ..hung
+    });
+    eventually("the hung machine deleted", LONG, async || {
+        machines_api
+            .get_opt(&name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    env.wait_rolled_out(NS, "hung", LONG).await;
+    let machines = env.machines(NS).await;
+    assert_eq!(machines.len(), 2);
+    assert!(
+        machines
+            .iter()
+            .all(|m| m.spec.version.as_deref() == Some("v1.31.0"))
+    );
+    assert_eq!(
+        env.cloud.stats().instances_launched,
+        launched + 1,
+        "only the hung machine was replaced"
+    );
 }
