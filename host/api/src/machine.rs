@@ -287,6 +287,23 @@ pub struct InPlaceUpdateStatus {
     /// Changed fields no updater claimed (the update fails when any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unclaimed: Vec<String>,
+    /// When the Node was drained for a step whose updater declares a
+    /// drain; later steps run on the drained Node without draining again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_drained_time: Option<crate::Time>,
+    /// The Node this update cordoned (it was schedulable before), made
+    /// schedulable again once every step is done. Recorded before the
+    /// cordon, so a restart cannot forget it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncordon_node: Option<String>,
+}
+
+impl InPlaceUpdateStatus {
+    /// Whether the machine stays available while updated: every step's
+    /// updater declares that it does not affect availability.
+    pub fn keeps_availability(&self) -> bool {
+        !self.steps.is_empty() && self.steps.iter().all(|s| !s.affects_availability())
+    }
 }
 
 /// One updater's part of an in-place update.
@@ -312,6 +329,14 @@ pub struct InPlaceStep {
     /// judges it hung: its updater's deadline when the plan was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_deadline_seconds: Option<u32>,
+    /// Its updater declares that its pods must leave first: the Node is
+    /// cordoned and drained before the step runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
+    /// Whether the machine is unavailable while the step runs, as its
+    /// updater declares. Unset: it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affects_availability: Option<bool>,
     /// When the step became the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<crate::Time>,
@@ -319,6 +344,13 @@ pub struct InPlaceStep {
     /// its percent rose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_progress_time: Option<crate::Time>,
+}
+
+impl InPlaceStep {
+    /// Whether the machine is unavailable while the step runs.
+    pub fn affects_availability(&self) -> bool {
+        self.affects_availability.unwrap_or(true)
+    }
 }
 
 /// Which updater changed a machine in place, and when.

@@ -449,6 +449,14 @@ pub struct PlannedStep {
     pub updater: String,
     /// Fields it claimed.
     pub fields: Vec<String>,
+    /// The Node is cordoned and drained before this step (its updater
+    /// declares it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
+    /// The machine is unavailable while the step runs (counts against
+    /// `maxUnavailable`). Unset: it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affects_availability: Option<bool>,
 }
 
 /// MachineSet and MachineDeployment condition types.

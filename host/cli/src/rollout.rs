@@ -197,10 +197,11 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<ExitCode> {
                 println!("{:<36} {}", m.machine, m.action);
                 for (i, step) in m.steps.iter().enumerate() {
                     println!(
-                        "  {}. {:<24} {}",
+                        "  {}. {:<24} {:<32} {}",
                         i + 1,
                         step.updater,
-                        step.fields.join(", ")
+                        step.fields.join(", "),
+                        disruption(step)
                     );
                 }
                 if !m.unclaimed.is_empty() {
@@ -215,4 +216,14 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a planned step does to the machine's workloads, as its updater
+/// declares.
+fn disruption(step: &capstan_api::PlannedStep) -> &'static str {
+    match (step.drain, step.affects_availability.unwrap_or(true)) {
+        (true, _) => "drains the Node first",
+        (false, true) => "machine unavailable, no drain",
+        (false, false) => "machine stays available",
+    }
 }

@@ -144,10 +144,40 @@ pub(crate) fn machines(
     (to_plugin_machine(&before), to_plugin_machine(&after))
 }
 
+/// What the eligible updater `name`'s steps do to the machine's workloads
+/// (the default, disruptive without a drain, for one no longer there).
+pub(crate) fn disruption_of(
+    updaters: &[(Updater, Arc<RegisteredUpdater>)],
+    name: &str,
+) -> capstan_manifest::Disruption {
+    updaters
+        .iter()
+        .find(|(u, _)| u.name == name)
+        .map(|(_, r)| r.disruption)
+        .unwrap_or_default()
+}
+
 /// Whether a machine is being updated in place (or its update failed):
-/// it counts as unavailable and its set never sheds it.
+/// its set never sheds it, and it counts as unavailable unless every step
+/// of its recorded plan keeps it available ([`keeps_availability`]).
 pub fn updating_in_place(machine: &Machine) -> bool {
     machine.annotations().contains_key(ANNOTATION_IN_PLACE_FROM)
+}
+
+/// Whether a machine being updated in place stays available throughout:
+/// its plan for the current spec is recorded, has not failed, and every
+/// step's updater declares that it does not affect availability. Before
+/// the plan is recorded it does not (the safe assumption).
+pub fn keeps_availability(machine: &Machine) -> bool {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.in_place_update.as_ref())
+        .is_some_and(|u| {
+            Some(u.generation) == machine.metadata.generation
+                && u.keeps_availability()
+                && update_failed(machine).is_none()
+        })
 }
 
 /// Whether a machine's in-place update failed (it waits for a human).
@@ -176,6 +206,52 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn only_a_recorded_plan_whose_every_step_keeps_availability_keeps_it() {
+        use capstan_api::{InPlaceStep, InPlaceUpdateStatus, MachineStatus};
+        let step = |keeps: Option<bool>| InPlaceStep {
+            updater: "u".into(),
+            state: "Updating".into(),
+            affects_availability: keeps.map(|k| !k),
+            ..Default::default()
+        };
+        let machine = |steps: Option<Vec<InPlaceStep>>, generation: i64| {
+            let mut m = Machine::new("m", spec("v1", serde_json::json!({})));
+            m.metadata.generation = Some(2);
+            m.metadata.annotations = Some(
+                [(ANNOTATION_IN_PLACE_FROM.to_string(), "{}".to_string())]
+                    .into_iter()
+                    .collect(),
+            );
+            m.status = Some(MachineStatus {
+                in_place_update: steps.map(|steps| InPlaceUpdateStatus {
+                    generation,
+                    steps,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            m
+        };
+        assert!(keeps_availability(&machine(
+            Some(vec![step(Some(true))]),
+            2
+        )));
+        // Not planned yet, planned for an older spec, one step that
+        // affects it, or one recorded before steps said (unset): it does not.
+        assert!(!keeps_availability(&machine(None, 2)));
+        assert!(!keeps_availability(&machine(
+            Some(vec![step(Some(true))]),
+            1
+        )));
+        assert!(!keeps_availability(&machine(
+            Some(vec![step(Some(true)), step(Some(false))]),
+            2
+        )));
+        assert!(!keeps_availability(&machine(Some(vec![step(None)]), 2)));
+        assert!(!keeps_availability(&machine(Some(vec![]), 2)));
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub struct RegisteredUpdater {
     /// How long one of its steps may go without progress before a health
     /// check judges the update hung (Plugin, else manifest, else default).
     pub progress_deadline: std::time::Duration,
+    /// What its steps do to the machine's workloads (its manifest's).
+    pub disruption: capstan_manifest::Disruption,
 }
 
 impl RegisteredUpdater {

@@ -124,6 +124,45 @@ pub struct PluginManifest {
     /// `spec.progressDeadlineSeconds` overrides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_deadline_seconds: Option<u32>,
+    /// Updaters only: what its update does to the workloads on the
+    /// machine. Unset: it affects availability and needs no drain (an
+    /// update counts against `maxUnavailable`, as in Cluster API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption: Option<Disruption>,
+}
+
+/// What an updater's step does to the machine's workloads, as its signed
+/// manifest declares: the host cordons and drains the Node only before the
+/// steps that say so, and counts against `maxUnavailable` only the
+/// machines whose update affects availability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Disruption {
+    /// Its pods must leave first (a reboot, a kubelet or runtime upgrade):
+    /// the host cordons the Node and drains it, respecting
+    /// PodDisruptionBudgets, before the step, and uncordons it once the
+    /// whole update is done.
+    #[serde(default)]
+    pub drain: bool,
+    /// The machine is unavailable while the step runs (default): the
+    /// update counts against `maxUnavailable`. `false` (relabelling,
+    /// tags): the machine stays available throughout.
+    #[serde(default = "yes")]
+    pub affects_availability: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Disruption {
+    /// Cluster API's assumption: potentially disruptive, no drain.
+    fn default() -> Self {
+        Disruption {
+            drain: false,
+            affects_availability: true,
+        }
+    }
 }
 
 /// An update step's progress deadline when neither the updater's manifest
@@ -271,6 +310,24 @@ impl PluginManifest {
             }
             check_progress_deadline(seconds)
                 .map_err(|message| invalid("progressDeadlineSeconds", message))?;
+        }
+        if let Some(disruption) = self.disruption {
+            if self.world != World::Updater {
+                return Err(invalid(
+                    "disruption",
+                    format!(
+                        "only updaters declare a disruption; this is a {} plugin",
+                        self.world
+                    ),
+                ));
+            }
+            if disruption.drain && !disruption.affects_availability {
+                return Err(invalid(
+                    "disruption",
+                    "a step that drains the Node affects availability; drop `affectsAvailability: false` or `drain: true`"
+                        .into(),
+                ));
+            }
         }
         match (self.world, self.capabilities.objects.is_empty()) {
             (World::Addon, true) => {
@@ -655,7 +712,7 @@ mod tests {
         let m = PluginManifest::from_json(ok).unwrap();
         assert_eq!(m.credential_slots().collect::<Vec<_>>(), ["cloud"]);
 
-        let cases: [(&[u8], &str); 8] = [
+        let cases: [(&[u8], &str); 11] = [
             (br#"{"name":"Sim","version":"0.1.0","world":"provider","contract":"0.1.0"}"#, "`name`"),
             (br#"{"name":"sim","version":"1","world":"provider","contract":"0.1.0"}"#, "`version`"),
             (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.2.0"}"#, "not supported"),
@@ -664,6 +721,9 @@ mod tests {
             (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","progressDeadlineSeconds":60}"#, "`progressDeadlineSeconds` is invalid: only updaters"),
             (br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"progressDeadlineSeconds":0}"#, "1 to 86400 seconds"),
             (br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"progressDeadlineSeconds":90000}"#, "out of range"),
+            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","disruption":{"drain":true}}"#, "only updaters declare a disruption"),
+            (br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"disruption":{"drain":true,"affectsAvailability":false}}"#, "affects availability"),
+            (br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"disruption":{"reboot":true}}"#, "unknown field"),
         ];
         for (json, needle) in cases {
             let err = PluginManifest::from_json(json).unwrap_err().to_string();
@@ -672,6 +732,16 @@ mod tests {
         let updater = br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["version"],"progressDeadlineSeconds":120}"#;
         let m = PluginManifest::from_json(updater).unwrap();
         assert_eq!(m.progress_deadline_seconds, Some(120));
+        assert_eq!(m.disruption, None);
+        let tagger = br#"{"name":"up","version":"0.1.0","world":"updater","contract":"0.1.0","updateFields":["tags.*"],"disruption":{"affectsAvailability":false}}"#;
+        let m = PluginManifest::from_json(tagger).unwrap();
+        assert_eq!(
+            m.disruption,
+            Some(Disruption {
+                drain: false,
+                affects_availability: false
+            })
+        );
     }
 
     #[test]

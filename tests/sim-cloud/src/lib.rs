@@ -789,6 +789,9 @@ async fn update(
         r.update = Some((req.version, now));
         inner.changing.insert(id.clone());
         inner.stats.updates_started += 1;
+        inner
+            .timeline
+            .record("instance-update-started", &id, Some(&node_name(&id)));
     }
     inner.settle(now);
     match inner.records.get(&id) {

@@ -13,7 +13,8 @@ pub struct Moment {
     pub seq: u64,
     /// Unix milliseconds.
     pub at_ms: u64,
-    /// `instance-delete-requested` (subject: instance id) or `pod-removed`
+    /// `instance-delete-requested`, `instance-update-started` (subject:
+    /// instance id) or `pod-removed`
     /// (subject: `namespace/name`, recorded before the kubelet's DELETE is
     /// sent, so anything reacting to the pod's absence comes after it).
     pub event: String,

@@ -139,6 +139,8 @@ pub(super) async fn decide(
                             .map(|s| PlannedStep {
                                 updater: s.updater.clone(),
                                 fields: s.fields.clone(),
+                                drain: s.drain,
+                                affects_availability: s.affects_availability,
                             })
                             .collect()
                     })
@@ -195,9 +197,15 @@ pub(super) async fn decide(
                         steps: plan
                             .steps
                             .iter()
-                            .map(|s| PlannedStep {
-                                updater: s.updater.clone(),
-                                fields: s.fields.clone(),
+                            .map(|s| {
+                                let disruption =
+                                    crate::inplace::disruption_of(&updaters, &s.updater);
+                                PlannedStep {
+                                    updater: s.updater.clone(),
+                                    fields: s.fields.clone(),
+                                    drain: disruption.drain,
+                                    affects_availability: Some(disruption.affects_availability),
+                                }
                             })
                             .collect(),
                         unclaimed: plan.unclaimed,

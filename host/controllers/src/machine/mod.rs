@@ -332,9 +332,24 @@ impl<'a> Pass<'a> {
             MachineStep::Create => self.instance(Call::Create, plugin_name).await,
             MachineStep::Get => self.instance(Call::Get, plugin_name).await,
             MachineStep::AdvanceInPlace => {
-                let advance =
-                    update::advance(&ctx.kube, &ctx.updaters, machine, &mut self.draft, &self.t)
-                        .await;
+                let node = self.node.clone().or_else(|| {
+                    let id = self.draft.provider_id.as_deref()?;
+                    find_node(&ctx.kube.stores.nodes, id)
+                });
+                let drain = update::Drainer {
+                    kube: &ctx.kube,
+                    evictions: &ctx.evictions,
+                    node,
+                };
+                let advance = update::advance(
+                    &ctx.kube,
+                    &ctx.updaters,
+                    &drain,
+                    machine,
+                    &mut self.draft,
+                    &self.t,
+                )
+                .await;
                 self.view.in_place = Some(match advance {
                     Advance::Wait(wait) => InPlace::Wait(wait.as_millis() as u64),
                     Advance::Failed => InPlace::Failed,

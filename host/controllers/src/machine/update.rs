@@ -14,9 +14,12 @@ use capstan_api::{
 use capstan_kit::Kube;
 use capstan_kit::provider::{ProviderError, timed};
 use capstan_kit::registry::Updaters;
+use capstan_kit::write::record_event;
 use capstan_runtime::types::UpdateProgress;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 use std::time::Duration;
 
 /// Provenance entries kept per machine.
@@ -38,6 +41,7 @@ pub(crate) enum Advance {
 pub(crate) async fn advance(
     kube: &Kube,
     updaters: &Updaters,
+    drain: &Drainer<'_>,
     machine: &Machine,
     status: &mut MachineStatus,
     t: &Time,
@@ -88,6 +92,10 @@ pub(crate) async fn advance(
                         .iter()
                         .find(|(u, _)| u.name == s.updater)
                         .map(|(_, r)| deadline_seconds(r.progress_deadline)),
+                    drain: crate::inplace::disruption_of(&updaters, &s.updater).drain,
+                    affects_availability: Some(
+                        crate::inplace::disruption_of(&updaters, &s.updater).affects_availability,
+                    ),
                     // The first step is current from the start.
                     start_time: (i == 0).then(|| t.clone()),
                     last_progress_time: (i == 0).then(|| t.clone()),
@@ -95,6 +103,7 @@ pub(crate) async fn advance(
                 })
                 .collect(),
             unclaimed: plan.unclaimed.clone(),
+            ..Default::default()
         });
         if !plan.unclaimed.is_empty() {
             return fail(
@@ -129,6 +138,13 @@ pub(crate) async fn advance(
     loop {
         let update = status.in_place_update.as_mut().expect("planned above");
         let Some(index) = update.steps.iter().position(|s| s.state != "Done") else {
+            if let Some(node) = update.uncordon_node.clone() {
+                if let Err(e) = drain.uncordon(&node).await {
+                    set_progress(status, generation, t, format!("every step is done; {e}"));
+                    return Advance::Wait(Duration::from_secs(5));
+                }
+                update.uncordon_node = None;
+            }
             set_condition(
                 &mut status.conditions,
                 UPDATING,
@@ -162,6 +178,16 @@ pub(crate) async fn advance(
             set_progress(status, generation, t, message);
             return Advance::Wait(Duration::from_secs(5));
         };
+        if step.drain && update.node_drained_time.is_none() {
+            let label = format!("step {} of {total}, {}", index + 1, step.updater);
+            match drain.before_step(machine, update, t).await {
+                DrainProgress::Drained => {}
+                DrainProgress::Wait(message, wait) => {
+                    set_progress(status, generation, t, format!("{label}: {message}"));
+                    return Advance::Wait(wait);
+                }
+            }
+        }
         let result = timed(&kube.metrics, &step.updater, "update", async {
             Ok(registered
                 .plugin
@@ -265,6 +291,78 @@ pub(crate) async fn advance(
                 return fail(status, generation, t, format!("{label}: {error}"));
             }
         }
+    }
+}
+
+/// Draining a machine's Node for the update steps whose updaters declare
+/// it (`disruption.drain` in their signed manifests): the same cordon and
+/// evictions as a deletion's drain (PodDisruptionBudgets, the drain label
+/// and MachineDrainRules hold), and an uncordon once every step is done.
+pub(crate) struct Drainer<'a> {
+    pub(crate) kube: &'a Kube,
+    pub(crate) evictions: &'a crate::nodedrain::Evictions,
+    /// The machine's Node, if it has one.
+    pub(crate) node: Option<std::sync::Arc<Node>>,
+}
+
+/// Where draining before a step stands.
+enum DrainProgress {
+    /// Drained (or nothing to drain): the step may run.
+    Drained,
+    /// Not yet: say this, look again after that long.
+    Wait(String, Duration),
+}
+
+impl Drainer<'_> {
+    /// One round of draining before a step. The Node to uncordon later is
+    /// recorded (and written) before it is cordoned.
+    async fn before_step(
+        &self,
+        machine: &Machine,
+        update: &mut InPlaceUpdateStatus,
+        t: &Time,
+    ) -> DrainProgress {
+        let Some(node) = &self.node else {
+            // No Node, no pods on it.
+            update.node_drained_time = Some(t.clone());
+            return DrainProgress::Drained;
+        };
+        let schedulable = node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true);
+        if schedulable && update.uncordon_node.is_none() {
+            update.uncordon_node = Some(node.name_any());
+            return DrainProgress::Wait("cordoning the Node".into(), Duration::from_millis(1));
+        }
+        match crate::nodedrain::drain_round(self.kube, self.evictions, machine, node).await {
+            Ok(crate::nodedrain::Round::Complete) => {
+                record_event(
+                    self.kube,
+                    "machine",
+                    &machine.object_ref(&()),
+                    EventType::Normal,
+                    "NodeDrained",
+                    format!("drained Node {} for an in-place update", node.name_any()),
+                )
+                .await;
+                update.node_drained_time = Some(t.clone());
+                DrainProgress::Drained
+            }
+            Ok(crate::nodedrain::Round::Pending { message, blocked }) => {
+                DrainProgress::Wait(message, Duration::from_secs(if blocked { 5 } else { 1 }))
+            }
+            Err(e) => DrainProgress::Wait(format!("draining: {e}"), Duration::from_secs(5)),
+        }
+    }
+
+    /// Make the Node this update cordoned schedulable again.
+    async fn uncordon(&self, name: &str) -> Result<(), String> {
+        let Some(node) = self.node.as_ref().filter(|n| n.name_any() == name) else {
+            // The Node is gone or was replaced: nothing of ours to undo.
+            return Ok(());
+        };
+        let patch = serde_json::json!({ "spec": { "unschedulable": null } });
+        crate::nodedrain::patch_node(self.kube, node, &patch, "uncordon", "cannot uncordon")
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 

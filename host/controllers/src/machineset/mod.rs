@@ -105,8 +105,9 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
         return (Health::NotReady, None);
     };
     // In-place updates are potentially disruptive: an updating machine is
-    // not available (as in Cluster API).
-    if crate::inplace::updating_in_place(machine) {
+    // not available (as in Cluster API), unless its updaters declare that
+    // their steps leave it available.
+    if crate::inplace::updating_in_place(machine) && !crate::inplace::keeps_availability(machine) {
         return (Health::NotReady, None);
     }
     if status.failure_reason.is_some() {
@@ -435,6 +436,12 @@ async fn scale(
                 };
                 if hand_over(machines_api, ctx, set, &target, m).await? {
                     scaled.deleted.push(name.clone());
+                    // A machine handed over belongs to the new set now: its
+                    // events no longer reach this one, so look again to
+                    // write a status without it.
+                    scaled.retry = Some(scaled.retry.map_or(Duration::from_millis(500), |r| {
+                        r.min(Duration::from_millis(500))
+                    }));
                 }
             }
         }

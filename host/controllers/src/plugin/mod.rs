@@ -568,6 +568,7 @@ async fn register(
                 fields: update_fields.to_vec(),
                 order: plugin.spec.update_order,
                 progress_deadline,
+                disruption: loaded.manifest().disruption.unwrap_or_default(),
             };
             ctx.updaters.insert(name, registered);
         }

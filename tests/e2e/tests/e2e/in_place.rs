@@ -16,6 +16,7 @@ use capstan_api::{
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::env::{Env, SIM_PLUGIN, eventually, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
+use capstan_e2e::workloads;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::collections::BTreeSet;
@@ -763,4 +764,152 @@ async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes()
         launched + 1,
         "only the hung machine was replaced"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_an_updater_that_declares_a_drain_moves_pods() {
+    // sim-updater's signed manifest says its version update needs a drain;
+    // sim-tagger's says a tag change keeps the machine available.
+    let env = env_with(
+        Faults {
+            boot_latency_ms: 200,
+            update_latency_ms: 600,
+            ..Default::default()
+        },
+        &[("sim-updater", "sim_updater"), ("sim-tagger", "sim_tagger")],
+    )
+    .await;
+    let client = env.client.clone();
+    create(
+        &env,
+        &deployment(&env, "pool", 3, 0, 1, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    // Two web pods on two of the three Nodes, a budget that lets one go.
+    workloads::create(
+        &client,
+        &workloads::one_per_node(workloads::deployment(NS, "web", 2, 1)),
+    )
+    .await
+    .unwrap();
+    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
+        .await;
+    workloads::create_pdb(&client, NS, "web-budget", "web", serde_json::json!(1))
+        .await
+        .unwrap();
+    workloads::wait_pdb_allows(&client, NS, "web-budget", 1, LONG)
+        .await
+        .unwrap();
+    let pods_before: BTreeSet<String> = workloads::pods_of(&client, NS, "web")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    let instances = provider_ids(&env.machines(NS).await);
+
+    // A tag change: no cordon, no eviction, the same pods.
+    patch_md(
+        &env,
+        "pool",
+        serde_json::json!({"spec": {"template": {"spec": {"provider": {"config": {"tags": {"team": "b"}}}}}}}),
+    )
+    .await;
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    let moved = |timeline: &[capstan_e2e::sim_cloud::Moment]| {
+        timeline
+            .iter()
+            .filter(|m| m.event == "pod-removed" && m.subject.starts_with(&format!("{NS}/web-")))
+            .count()
+    };
+    assert_eq!(moved(&env.timeline().await), 0, "a tag change moved pods");
+    let pods_after: BTreeSet<String> = workloads::pods_of(&client, NS, "web")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    assert_eq!(pods_before, pods_after);
+    for m in env.machines(NS).await {
+        let steps = &m
+            .status
+            .as_ref()
+            .unwrap()
+            .in_place_update
+            .as_ref()
+            .unwrap()
+            .steps;
+        assert_eq!(steps.len(), 1);
+        assert!(!steps[0].drain && steps[0].affects_availability == Some(false));
+    }
+
+    // A version change (and a tag): the plan says which step drains.
+    patch_md(&env, "pool", serde_json::json!({"spec": {"paused": true}})).await;
+    patch_md(
+        &env,
+        "pool",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0", "provider": {"config": {"tags": {"team": "c"}}}}}}}),
+    )
+    .await;
+    let kubeconfig = kubeconfig(&env);
+    let args = [
+        "rollout",
+        "plan",
+        "md/pool",
+        "--kubeconfig",
+        kubeconfig.as_str(),
+    ];
+    let text = eventually("the plan covers 3 machines", LONG, async || {
+        let text = capstan_e2e::cli::ok(&args);
+        (text.matches("drains the Node first").count() == 3).then_some(text)
+    })
+    .await;
+    let tagger_line = text.lines().find(|l| l.contains("1. sim-tagger")).unwrap();
+    assert!(tagger_line.contains("machine stays available"), "{text}");
+    let updater_line = text.lines().find(|l| l.contains("2. sim-updater")).unwrap();
+    assert!(updater_line.contains("drains the Node first"), "{text}");
+    patch_md(&env, "pool", serde_json::json!({"spec": {"paused": false}})).await;
+    env.wait_rolled_out(NS, "pool", LONG).await;
+
+    // The same instances, each drained before its version update began;
+    // every Node schedulable again; the web pods moved within their budget.
+    let machines = env.machines(NS).await;
+    assert_eq!(provider_ids(&machines), instances, "updated in place");
+    let timeline = env.timeline().await;
+    let updates: Vec<&capstan_e2e::sim_cloud::Moment> = timeline
+        .iter()
+        .filter(|m| m.event == "instance-update-started")
+        .collect();
+    assert_eq!(updates.len(), 3, "{timeline:?}");
+    for update in &updates {
+        let node = update.node.as_deref().unwrap();
+        let web_removed_later = timeline.iter().any(|m| {
+            m.event == "pod-removed"
+                && m.node.as_deref() == Some(node)
+                && m.subject.starts_with(&format!("{NS}/web-"))
+                && m.seq > update.seq
+        });
+        assert!(
+            !web_removed_later,
+            "a web pod was still on {node} when its update began: {timeline:?}"
+        );
+    }
+    assert!(moved(&timeline) >= 2, "both web pods moved: {timeline:?}");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for m in &machines {
+        let node = nodes.get(&capstan_e2e::env::node_of(m)).await.unwrap();
+        assert_ne!(
+            node.spec.and_then(|s| s.unschedulable),
+            Some(true),
+            "{} left cordoned",
+            node.metadata.name.unwrap_or_default()
+        );
+        let update = m.status.as_ref().unwrap().in_place_update.as_ref().unwrap();
+        assert!(update.node_drained_time.is_some() && update.uncordon_node.is_none());
+    }
+    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
+        .await;
+    let reasons = env.event_reasons(NS);
+    assert!(reasons.contains("NodeDrained"), "{reasons}");
 }
