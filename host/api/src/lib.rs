@@ -100,6 +100,12 @@ pub const ANNOTATION_TEMPLATE_METADATA: &str = "capstan.dev/template-metadata";
 /// On a Node: which of its labels come from its Machine (comma-separated
 /// keys). Cluster API's key and format.
 pub const ANNOTATION_LABELS_FROM_MACHINE: &str = "cluster.x-k8s.io/labels-from-machine";
+/// On a Node: the `key:effect` of the `Always` taints the host put there
+/// from its Machine's `spec.taints` (the only taints it ever changes).
+pub const ANNOTATION_TAINTS_FROM_MACHINE: &str = "cluster.x-k8s.io/taints-from-machine";
+/// On a Node: its Machine's `OnInitialization` taints were set (once, when
+/// it had joined); they are never set again.
+pub const ANNOTATION_TAINTS_INITIALIZED: &str = "capstan.dev/taints-initialized";
 /// On an old MachineSet: the deployment's new set, to which the machines
 /// it sheds are handed over for an in-place update instead of deleted.
 pub const ANNOTATION_IN_PLACE_TO: &str = "capstan.dev/in-place-to";

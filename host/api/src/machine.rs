@@ -49,6 +49,60 @@ pub struct MachineSpec {
     /// How the machine is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<MachineDeletionSpec>,
+    /// Taints the host keeps on the machine's Node (Cluster API's
+    /// `spec.taints`); other taints on the Node are left alone. Changed on
+    /// existing machines in place, without a rollout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<MachineTaint>,
+}
+
+/// A taint for the machine's Node (Cluster API's `MachineTaint`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineTaint {
+    /// Taint key (not under `node.kubernetes.io/` or the keys Cluster API
+    /// reserves).
+    pub key: String,
+    /// Taint value.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: TaintEffect,
+    /// `Always`: kept on the Node for as long as the machine has it (and
+    /// removed when it no longer does); `OnInitialization`: set once when
+    /// the Node joins, then left alone.
+    pub propagation: TaintPropagation,
+}
+
+/// A taint's effect.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TaintEffect {
+    /// New pods without a toleration are not scheduled.
+    NoSchedule,
+    /// The scheduler avoids the Node.
+    PreferNoSchedule,
+    /// Running pods without a toleration are evicted too.
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The name Kubernetes uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+/// When a taint is carried to the Node.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TaintPropagation {
+    /// Kept on the Node continuously.
+    Always,
+    /// Set once, when the Node joins.
+    OnInitialization,
 }
 
 /// How a machine is deleted (Cluster API's `spec.deletion`).

@@ -92,7 +92,7 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
-        why: "machine: match Nodes to machines, cordon them, delete them after the instance",
+        why: "machine: match Nodes to machines, carry their labels and taints, cordon them, delete them after the instance",
         group: "",
         resources: &["nodes"],
         verbs: &["get", "list", "watch", "patch", "delete"],

@@ -19,11 +19,16 @@ use serde_json::Value;
 /// The dotted paths at which two Machine specs (as JSON objects) differ:
 /// leaves of objects are compared one by one (`provider.config.tags.team`),
 /// anything else (strings, numbers, arrays) as a whole. `deletion` is left
-/// out: deletion settings change on existing machines without a rollout.
+/// out, and so are `taints`: both change on existing machines without a
+/// rollout.
 pub fn changed_fields(current: &Value, desired: &Value) -> Vec<String> {
     let mut out = vec![];
     diff("", current, desired, &mut out);
-    out.retain(|p| p != "deletion" && !p.starts_with("deletion."));
+    out.retain(|p| {
+        !["deletion", "taints"]
+            .iter()
+            .any(|f| p == f || p.starts_with(&format!("{f}.")))
+    });
     out.sort();
     out
 }

@@ -11,7 +11,8 @@
 //! machine is at and which pods its drain evicts; [`inplace`] says which
 //! updater applies which changed field, and [`rollout::plan_in_place`] paces
 //! an in-place rollout; [`rollback::decide`] says whether a failing rollout
-//! returns to the previous revision by itself. The controllers (`capstan-controllers`) observe the
+//! returns to the previous revision by itself; [`taints::carry`] keeps a
+//! Machine's taints on its Node. The controllers (`capstan-controllers`) observe the
 //! cluster, call these, and write the result.
 
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod machineset;
 pub mod metadata;
 pub mod rollback;
 pub mod rollout;
+pub mod taints;
 
 /// A rollout bound as written in a spec: a machine count or a percentage of
 /// the desired replicas.

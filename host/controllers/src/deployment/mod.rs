@@ -114,6 +114,8 @@ pub(crate) async fn controller(
 pub fn template_hash(template: &MachineTemplateSpec) -> String {
     let mut template = template.clone();
     template.spec.deletion = None;
+    // Carried to existing machines in place, as in Cluster API.
+    template.spec.taints = vec![];
     template.metadata = Default::default();
     fn canonical(value: serde_json::Value) -> serde_json::Value {
         match value {
@@ -431,6 +433,8 @@ fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static s
     if let Some(message) = capstan_kit::registry::not_allowed(kube, plugin, &namespace) {
         return Err(("PluginNotAllowed", message));
     }
+    capstan_planner::taints::check(&crate::machine::wanted_taints(&md.spec.template.spec))
+        .map_err(|e| ("InvalidSpec", format!("spec.template.spec.{e}")))?;
     if let Some(value) = md
         .spec
         .remediation

@@ -1,5 +1,5 @@
 //! Writing the rollout to the deployment's sets: each set's replicas,
-//! `minReadySeconds`, deletion settings and annotations patched only where
+//! `minReadySeconds`, deletion settings, taints and annotations patched only where
 //! they differ (guarded by the replicas they were computed from), the new
 //! set created, and history pruned.
 
@@ -41,7 +41,7 @@ pub(super) async fn write_sets(
     hash: &str,
     revision: i64,
 ) -> Result<SetsWritten, Error> {
-    let deletion = crate::machineset::in_place_deletion(&md.spec.template.spec);
+    let in_place_fields = InPlaceFields::of(&md.spec.template.spec);
     let new_name = observed
         .new_set
         .as_ref()
@@ -79,7 +79,7 @@ pub(super) async fn write_sets(
             set,
             replicas,
             min_ready,
-            deletion,
+            &in_place_fields,
             None,
             None,
             &annotations,
@@ -119,7 +119,7 @@ pub(super) async fn write_sets(
                 set,
                 new_replicas,
                 min_ready,
-                deletion,
+                &in_place_fields,
                 in_place,
                 Some(&metadata),
                 &annotations,
@@ -171,6 +171,22 @@ fn template_metadata(md: &MachineDeployment, set: &MachineSet) -> capstan_api::T
     metadata
 }
 
+/// The template fields every set of a deployment takes in place (no new
+/// set, no new machines): deletion settings and taints.
+pub(super) struct InPlaceFields<'a> {
+    deletion: Option<&'a capstan_api::MachineDeletionSpec>,
+    taints: &'a [capstan_api::MachineTaint],
+}
+
+impl<'a> InPlaceFields<'a> {
+    fn of(spec: &'a capstan_api::MachineSpec) -> Self {
+        InPlaceFields {
+            deletion: crate::machineset::in_place_deletion(spec),
+            taints: &spec.taints,
+        }
+    }
+}
+
 /// Patch a set's replicas, `minReadySeconds`, template metadata and
 /// annotations (`None` removes one) to these values, writing only what
 /// differs.
@@ -181,7 +197,7 @@ pub(super) async fn sync_set(
     set: &MachineSet,
     replicas: i32,
     min_ready_seconds: i32,
-    deletion: Option<&capstan_api::MachineDeletionSpec>,
+    fields: &InPlaceFields<'_>,
     in_place: Option<Option<&InPlaceStrategy>>,
     template_metadata: Option<&capstan_api::TemplateMeta>,
     annotations: &[(&str, Option<&str>)],
@@ -214,12 +230,20 @@ pub(super) async fn sync_set(
             policy.map(|p| json!(p)),
         );
     }
-    if crate::machineset::in_place_deletion(&set.spec.template.spec) != deletion {
+    if crate::machineset::in_place_deletion(&set.spec.template.spec) != fields.deletion {
         put(
             &mut ops,
             "/spec/template/spec/deletion",
             set.spec.template.spec.deletion.is_some(),
-            deletion.map(|d| json!(d)),
+            fields.deletion.map(|d| json!(d)),
+        );
+    }
+    if set.spec.template.spec.taints != fields.taints {
+        put(
+            &mut ops,
+            "/spec/template/spec/taints",
+            !set.spec.template.spec.taints.is_empty(),
+            (!fields.taints.is_empty()).then(|| json!(fields.taints)),
         );
     }
     if let Some(metadata) = template_metadata

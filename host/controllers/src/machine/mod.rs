@@ -23,7 +23,8 @@ mod status;
 pub(crate) mod update;
 
 pub(crate) use node::find_node;
-use node::{carry_labels_to_node, node_is_ready, own_node};
+pub(crate) use node::wanted_taints;
+use node::{carry_labels_to_node, carry_taints_to_node, node_is_ready, own_node};
 use status::settle;
 
 use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
@@ -409,12 +410,15 @@ impl<'a> Pass<'a> {
                 }
                 self.draft.plugin_digest = Some(provider.digest().to_string());
                 self.node = find_node(&ctx.kube.stores.nodes, &observed.provider_id);
-                if let Some(node) = &self.node
-                    && let Err(error) = carry_labels_to_node(ctx, machine, node).await
-                {
+                if let Some(node) = &self.node {
                     // The next pass tries again; the instance is what this
                     // pass is about.
-                    tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
+                    if let Err(error) = carry_labels_to_node(ctx, machine, node).await {
+                        tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
+                    }
+                    if let Err(error) = carry_taints_to_node(ctx, machine, node).await {
+                        tracing::warn!(machine = %key_of(machine), %error, "node taints not carried");
+                    }
                 }
                 self.view.provider_id = Some(observed.provider_id.clone());
                 self.view.instance = Some(Instance {

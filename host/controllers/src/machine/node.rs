@@ -1,14 +1,19 @@
 //! The machine's Node as the Machine controller handles it: finding it
 //! (by providerID while alive, by its recorded uid while deleting), keeping
-//! the granted managed labels on it, and deleting it after the instance.
+//! the granted managed labels and its taints on it, and deleting it after
+//! the instance.
 
 use super::{CONTROLLER, Context};
-use capstan_api::{ANNOTATION_LABELS_FROM_MACHINE, Machine, MachineStatus};
+use capstan_api::{
+    ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_TAINTS_FROM_MACHINE, ANNOTATION_TAINTS_INITIALIZED,
+    Machine, MachineSpec, MachineStatus, TaintPropagation,
+};
 use capstan_kit::{Error, key_of, kube_err};
 use capstan_planner::metadata::carry_to_node;
+use capstan_planner::taints::{self, Taint, Wanted};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use std::sync::Arc;
 
@@ -46,6 +51,154 @@ pub(super) async fn carry_labels_to_node(
     });
     let failing = format!("cannot carry the labels of machine {} to", key_of(machine));
     crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_labels", &failing).await
+}
+
+/// The machine's `spec.taints` as the planner takes them.
+pub(crate) fn wanted_taints(spec: &MachineSpec) -> Vec<Wanted> {
+    spec.taints
+        .iter()
+        .map(|t| Wanted {
+            taint: Taint {
+                key: t.key.clone(),
+                value: t.value.clone(),
+                effect: t.effect.as_str().to_string(),
+            },
+            always: t.propagation == TaintPropagation::Always,
+        })
+        .collect()
+}
+
+/// Keep the machine's taints on its Node (`Always` ones for as long as it
+/// has them, `OnInitialization` ones once, when the Node has joined),
+/// recording the ones it owns in `cluster.x-k8s.io/taints-from-machine`
+/// and the initialization in `capstan.dev/taints-initialized`. The Node's
+/// taints are one list others write too (the node lifecycle controller,
+/// at join time above all): the patch carries the Node's resourceVersion,
+/// and a conflict is retried on a fresh read.
+pub(super) async fn carry_taints_to_node(
+    ctx: &Context,
+    machine: &Machine,
+    node: &Node,
+) -> Result<(), Error> {
+    let wanted = wanted_taints(&machine.spec);
+    if let Err(why) = taints::check(&wanted) {
+        // A MachineDeployment refuses these; a Machine made by hand says
+        // it in the log and carries none.
+        tracing::warn!(machine = %key_of(machine), "spec.{why}");
+        return Ok(());
+    }
+    let api: Api<Node> = Api::all(ctx.kube.client.clone());
+    let mut node = node.clone();
+    for attempt in 1..=3 {
+        let Some(patch) = taints_patch(&node, &wanted) else {
+            return Ok(());
+        };
+        let name = node.name_any();
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                ctx.kube.metrics.wrote(CONTROLLER, "node_taints");
+                return Ok(());
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 3 => {
+                match api.get_opt(&name).await {
+                    Ok(Some(fresh)) => node = fresh,
+                    Ok(None) => return Ok(()),
+                    Err(e) => {
+                        return Err(kube_err(format!("cannot read Node {name}"))(e));
+                    }
+                }
+            }
+            Err(e) => {
+                return Err(kube_err(format!(
+                    "cannot carry the taints of machine {} to Node {name}",
+                    key_of(machine)
+                ))(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Taints the node lifecycle controller keeps on a Node that has not
+/// joined (or has gone away).
+const NOT_JOINED: &[&str] = &[
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+/// The merge patch that carries `wanted` to `node` (guarded by its
+/// resourceVersion), or `None` when the Node already has them.
+fn taints_patch(node: &Node, wanted: &[Wanted]) -> Option<serde_json::Value> {
+    let existing = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let on_node: Vec<Taint> = existing
+        .iter()
+        .map(|t| Taint {
+            key: t.key.clone(),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.clone(),
+        })
+        .collect();
+    let recorded = node.annotations().get(ANNOTATION_TAINTS_FROM_MACHINE);
+    // `OnInitialization` taints go on once the Node has joined: Ready, and
+    // the node lifecycle controller done with its `not-ready` taint (an
+    // older one rewrites the whole list from what it read, which would
+    // drop a taint set just before). The marker is written with them, so
+    // they are set exactly once.
+    let initializing = !node
+        .annotations()
+        .contains_key(ANNOTATION_TAINTS_INITIALIZED)
+        && wanted.iter().any(|w| !w.always)
+        && node_is_ready(node)
+        && !existing
+            .iter()
+            .any(|t| NOT_JOINED.contains(&t.key.as_str()));
+    let change = match taints::carry(&on_node, wanted, recorded.map(String::as_str), initializing) {
+        Some(change) => change,
+        None if initializing => taints::Change {
+            taints: on_node,
+            owned: recorded.cloned().unwrap_or_default(),
+        },
+        None => return None,
+    };
+    let taints: Vec<serde_json::Value> = change
+        .taints
+        .iter()
+        .map(|t| {
+            let mut v = serde_json::json!({ "key": t.key, "effect": t.effect });
+            if !t.value.is_empty() {
+                v["value"] = t.value.clone().into();
+            }
+            // Kept for taints already there: NoExecute tolerations count
+            // from it.
+            if let Some(added) = existing
+                .iter()
+                .find(|e| e.key == t.key && e.effect == t.effect)
+                .and_then(|e| e.time_added.as_ref())
+            {
+                v["timeAdded"] = serde_json::json!(added);
+            }
+            v
+        })
+        .collect();
+    let mut annotations = serde_json::json!({ ANNOTATION_TAINTS_FROM_MACHINE: change.owned });
+    if initializing {
+        annotations[ANNOTATION_TAINTS_INITIALIZED] = "true".into();
+    }
+    Some(serde_json::json!({
+        "metadata": {
+            "resourceVersion": node.resource_version(),
+            "annotations": annotations,
+        },
+        "spec": { "taints": taints },
+    }))
 }
 
 /// Delete the machine's Node object once its instance is gone (a cloud's

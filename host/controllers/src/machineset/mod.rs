@@ -288,12 +288,16 @@ async fn carry_template(
             recorded.as_ref(),
         );
         let deletion_differs = in_place_deletion(&m.spec) != deletion;
-        if metadata.is_none() && !deletion_differs {
+        let taints_differ = m.spec.taints != template.spec.taints;
+        if metadata.is_none() && !deletion_differs && !taints_differ {
             continue;
         }
-        let mut patch = serde_json::json!({});
+        let mut patch = serde_json::json!({ "spec": {} });
         if deletion_differs {
-            patch["spec"] = serde_json::json!({ "deletion": deletion });
+            patch["spec"]["deletion"] = serde_json::json!(deletion);
+        }
+        if taints_differ {
+            patch["spec"]["taints"] = serde_json::json!(template.spec.taints);
         }
         if let Some(change) = metadata {
             let mut annotations = serde_json::json!(change.annotations);

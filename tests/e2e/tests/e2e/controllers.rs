@@ -1168,3 +1168,173 @@ async fn rollout_after_replaces_machines_made_before_it() {
     assert_eq!(names(&env.machines(NS).await), settled);
     assert_eq!(env.cloud.stats().instances_launched, 4);
 }
+
+/// Cluster API's `spec.taints`: `Always` taints reach the machines and
+/// their Nodes in place (no new MachineSet, no new instance) and leave
+/// when removed; `OnInitialization` taints are set once; others' taints on
+/// the Node are never touched; a reserved key is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn template_taints_reach_nodes_in_place_and_leave_others_alone() {
+    let mut env = Env::start(faults(100)).await.expect("env");
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let mut md = sample_deployment("tainted", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0");
+    md.spec.template.spec.taints =
+        vec![serde_json::from_value(serde_json::json!({
+        "key": "example.com/driver", "effect": "NoSchedule", "propagation": "OnInitialization",
+    }))
+    .unwrap()];
+    apply(&env, &md).await;
+    env.wait_rolled_out(NS, "tainted", LONG).await;
+    let before = env.machines(NS).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let taints_of = async |m: &Machine| -> Vec<(String, String)> {
+        let node = nodes.get(&capstan_e2e::env::node_of(m)).await.unwrap();
+        node.spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| !t.key.starts_with("node.kubernetes.io/"))
+            .map(|t| (t.key, t.value.unwrap_or_default()))
+            .collect()
+    };
+    let driver = ("example.com/driver".to_string(), String::new());
+    let set_node_taints = async |m: &Machine, taints: serde_json::Value| {
+        nodes
+            .patch(
+                &capstan_e2e::env::node_of(m),
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"taints": taints}})),
+            )
+            .await
+            .unwrap();
+    };
+    eventually("the initial taint on every Node", LONG, async || {
+        for m in &env.machines(NS).await {
+            if !taints_of(m).await.contains(&driver) {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    // The driver is installed on the first Node: its taint removed there,
+    // and an admin's own taint added instead.
+    set_node_taints(
+        &before[0],
+        serde_json::json!([{"key": "maintenance", "effect": "NoSchedule"}]),
+    )
+    .await;
+
+    patch_md(
+        &env,
+        "tainted",
+        serde_json::json!({"spec": {"template": {"spec": {"taints": [
+            {"key": "example.com/driver", "effect": "NoSchedule", "propagation": "OnInitialization"},
+            {"key": "example.com/gpu", "value": "a100", "effect": "NoSchedule", "propagation": "Always"},
+        ]}}}}),
+    )
+    .await;
+    let gpu = ("example.com/gpu".to_string(), "a100".to_string());
+    eventually("the Always taint reaches every Node", LONG, async || {
+        for m in &env.machines(NS).await {
+            if m.spec.taints.len() != 2 || !taints_of(m).await.contains(&gpu) {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    let first = taints_of(&before[0]).await;
+    assert!(
+        first.contains(&("maintenance".into(), String::new())),
+        "{first:?}"
+    );
+    assert!(
+        !first.contains(&driver),
+        "an OnInitialization taint is not set again: {first:?}"
+    );
+    assert!(taints_of(&before[1]).await.contains(&driver));
+    let names = |ms: &[Machine]| ms.iter().map(|m| m.name_any()).collect::<BTreeSet<_>>();
+    assert_eq!(
+        names(&env.machines(NS).await),
+        names(&before),
+        "the same machines"
+    );
+    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(sets.items.len(), 1, "no new MachineSet");
+    assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
+
+    // Someone removes the Always taint from a Node: it comes back. A new
+    // value replaces the old; then it leaves the template: it leaves the
+    // Nodes; the others stay.
+    set_node_taints(
+        &before[0],
+        serde_json::json!([{"key": "maintenance", "effect": "NoSchedule"}]),
+    )
+    .await;
+    eventually("the Always taint back on the Node", LONG, async || {
+        taints_of(&before[0]).await.contains(&gpu).then_some(())
+    })
+    .await;
+    patch_md(
+        &env,
+        "tainted",
+        serde_json::json!({"spec": {"template": {"spec": {"taints": [
+            {"key": "example.com/gpu", "value": "h100", "effect": "NoSchedule", "propagation": "Always"},
+        ]}}}}),
+    )
+    .await;
+    let h100 = ("example.com/gpu".to_string(), "h100".to_string());
+    eventually("the taint back with its new value", LONG, async || {
+        taints_of(&before[0]).await.contains(&h100).then_some(())
+    })
+    .await;
+    patch_md(
+        &env,
+        "tainted",
+        serde_json::json!({"spec": {"template": {"spec": {"taints": null}}}}),
+    )
+    .await;
+    eventually("the Always taint leaves the Nodes", LONG, async || {
+        for m in &env.machines(NS).await {
+            if taints_of(m).await.iter().any(|t| t.0 == "example.com/gpu") {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    assert_eq!(
+        taints_of(&before[0]).await,
+        [("maintenance".to_string(), String::new())]
+    );
+    assert_eq!(
+        taints_of(&before[1]).await,
+        [driver],
+        "the OnInitialization taint is no longer the host's to remove"
+    );
+
+    // A key Kubernetes manages is refused, saying which.
+    patch_md(
+        &env,
+        "tainted",
+        serde_json::json!({"spec": {"template": {"spec": {"taints": [
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "propagation": "Always"},
+        ]}}}}),
+    )
+    .await;
+    let message = eventually("the deployment refuses the taint", LONG, async || {
+        let md = env.deployment(NS, "tainted").await;
+        let c = capstan_api::condition(&md.status.as_ref()?.conditions, "ValidSpec")?;
+        (c.status == "False").then(|| c.message.clone())
+    })
+    .await;
+    assert!(
+        message.contains("spec.template.spec.taints[0]") && message.contains("node.kubernetes.io/"),
+        "{message}"
+    );
+}
