@@ -84,22 +84,23 @@ pub(crate) async fn advance(
                 .steps
                 .iter()
                 .enumerate()
-                .map(|(i, s)| InPlaceStep {
-                    updater: s.updater.clone(),
-                    fields: s.fields.clone(),
-                    state: "Pending".into(),
-                    progress_deadline_seconds: updaters
-                        .iter()
-                        .find(|(u, _)| u.name == s.updater)
-                        .map(|(_, r)| deadline_seconds(r.progress_deadline)),
-                    drain: crate::inplace::disruption_of(&updaters, &s.updater).drain,
-                    affects_availability: Some(
-                        crate::inplace::disruption_of(&updaters, &s.updater).affects_availability,
-                    ),
-                    // The first step is current from the start.
-                    start_time: (i == 0).then(|| t.clone()),
-                    last_progress_time: (i == 0).then(|| t.clone()),
-                    ..Default::default()
+                .map(|(i, s)| {
+                    let disruption = crate::inplace::disruption_of(&updaters, &s.updater);
+                    InPlaceStep {
+                        updater: s.updater.clone(),
+                        fields: s.fields.clone(),
+                        state: "Pending".into(),
+                        progress_deadline_seconds: updaters
+                            .iter()
+                            .find(|(u, _)| u.name == s.updater)
+                            .map(|(_, r)| deadline_seconds(r.progress_deadline)),
+                        drain: disruption.drain,
+                        affects_availability: Some(disruption.affects_availability),
+                        // The first step is current from the start.
+                        start_time: (i == 0).then(|| t.clone()),
+                        last_progress_time: (i == 0).then(|| t.clone()),
+                        ..Default::default()
+                    }
                 })
                 .collect(),
             unclaimed: plan.unclaimed.clone(),
