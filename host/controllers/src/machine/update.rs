@@ -393,22 +393,18 @@ pub(crate) fn as_judged(machine: &Machine) -> Option<capstan_planner::healthchec
             deadline: default_deadline,
         }
     };
-    let Some((status, update)) = status.and_then(|s| {
-        let update = s.in_place_update.as_ref()?;
-        (update.generation == generation).then_some((s, update))
-    }) else {
-        return Some(unplanned());
-    };
-    if update_failed_in(status) {
-        let why = updating.filter(|c| c.reason == "UpdateFailed").map_or_else(
-            || "see the Updating condition".into(),
-            |c| c.message.clone(),
-        );
+    if let Some(why) = crate::inplace::update_failed(machine) {
         return Some(capstan_planner::healthcheck::InPlaceUpdate {
             failed: Some(why),
             ..unplanned()
         });
     }
+    let Some(update) = status
+        .and_then(|s| s.in_place_update.as_ref())
+        .filter(|u| u.generation == generation)
+    else {
+        return Some(unplanned());
+    };
     let total = update.steps.len();
     let Some((index, step)) = update
         .steps

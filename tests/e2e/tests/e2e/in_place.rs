@@ -112,8 +112,19 @@ fn available(m: &Machine) -> bool {
             .is_some_and(|s| is_true(&s.conditions, READY))
 }
 
-fn kubeconfig(env: &Env) -> String {
-    env.control_plane.kubeconfig().display().to_string()
+/// `capstan rollout plan md/NAME` with `extra` arguments, its output.
+fn rollout_plan(env: &Env, md: &str, extra: &[&str]) -> String {
+    let kubeconfig = env.control_plane.kubeconfig().display().to_string();
+    let target = format!("md/{md}");
+    let mut args = vec![
+        "rollout",
+        "plan",
+        target.as_str(),
+        "--kubeconfig",
+        kubeconfig.as_str(),
+    ];
+    args.extend(extra);
+    capstan_e2e::cli::ok(&args)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -145,16 +156,8 @@ async fn a_version_and_tag_change_is_applied_in_place_by_two_updaters() {
         serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0", "provider": {"config": {"tags": {"team": "b"}}}}}}}),
     )
     .await;
-    let kubeconfig = kubeconfig(&env);
-    let args = [
-        "rollout",
-        "plan",
-        "md/web",
-        "--kubeconfig",
-        kubeconfig.as_str(),
-    ];
     let text = eventually("the plan covers 4 machines", LONG, async || {
-        let text = capstan_e2e::cli::ok(&args);
+        let text = rollout_plan(&env, "web", &[]);
         (text.matches("InPlace").count() >= 5).then_some(text)
     })
     .await;
@@ -166,10 +169,8 @@ async fn a_version_and_tag_change_is_applied_in_place_by_two_updaters() {
         text.contains("2. sim-updater") && text.contains("version"),
         "{text}"
     );
-    let mut json_args = args.to_vec();
-    json_args.extend(["--output", "json"]);
     let plan: serde_json::Value =
-        serde_json::from_str(&capstan_e2e::cli::ok(&json_args)).expect("plan JSON");
+        serde_json::from_str(&rollout_plan(&env, "web", &["--output", "json"])).expect("plan JSON");
     assert_eq!(plan["decision"], "InPlace", "{plan}");
     assert_eq!(plan["machines"].as_array().unwrap().len(), 4, "{plan}");
     assert_eq!(
@@ -852,16 +853,8 @@ async fn only_an_updater_that_declares_a_drain_moves_pods() {
         serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0", "provider": {"config": {"tags": {"team": "c"}}}}}}}),
     )
     .await;
-    let kubeconfig = kubeconfig(&env);
-    let args = [
-        "rollout",
-        "plan",
-        "md/pool",
-        "--kubeconfig",
-        kubeconfig.as_str(),
-    ];
     let text = eventually("the plan covers 3 machines", LONG, async || {
-        let text = capstan_e2e::cli::ok(&args);
+        let text = rollout_plan(&env, "pool", &[]);
         (text.matches("drains the Node first").count() == 3).then_some(text)
     })
     .await;
