@@ -54,6 +54,63 @@ pub struct MachineSpec {
     /// existing machines in place, without a rollout.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<MachineTaint>,
+    /// Seconds the machine stays Ready before it counts as Available
+    /// (Cluster API's `spec.minReadySeconds`). Unset: its set's
+    /// `minReadySeconds`, else 0. Changed on existing machines in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_ready_seconds: Option<i32>,
+    /// More conditions the machine's `Ready` waits for (Cluster API's
+    /// `spec.readinessGates`), for example one a controller installing
+    /// drivers sets on the Machine. A condition not reported yet counts as
+    /// `Unknown`. Changed on existing machines in place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 32),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["conditionType"])
+    )]
+    pub readiness_gates: Vec<MachineReadinessGate>,
+}
+
+/// A condition of the Machine that must hold for it to be Ready (Cluster
+/// API's `MachineReadinessGate`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineReadinessGate {
+    /// The type of a condition in the Machine's `status.conditions` (its
+    /// own or one another controller sets), for example
+    /// `example.com/DriversInstalled`.
+    #[schemars(
+        length(min = 1, max = 316),
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+        )
+    )]
+    pub condition_type: String,
+    /// `Positive` (the default): the gate holds while the condition is
+    /// `True`; `Negative`: while it is `False`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub polarity: Option<ConditionPolarity>,
+}
+
+/// Which status of a condition is the good one.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConditionPolarity {
+    /// `True` is good.
+    #[default]
+    Positive,
+    /// `False` is good.
+    Negative,
+}
+
+impl MachineReadinessGate {
+    /// The condition status under which the gate holds.
+    pub fn wanted_status(&self) -> &'static str {
+        match self.polarity.unwrap_or_default() {
+            ConditionPolarity::Positive => "True",
+            ConditionPolarity::Negative => "False",
+        }
+    }
 }
 
 /// A taint for the machine's Node (Cluster API's `MachineTaint`).
@@ -451,7 +508,9 @@ pub struct MachineTemplateSpec {
 
 /// Machine condition types.
 pub mod machine_conditions {
-    /// The machine's Node exists and is Ready.
+    /// The instance runs, its Node exists and is Ready, a health check (if
+    /// one watches the machine) finds it healthy, and its
+    /// `spec.readinessGates` hold.
     pub const READY: &str = "Ready";
     /// The provider reports the instance as running.
     pub const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
@@ -485,8 +544,8 @@ pub mod machine_conditions {
     pub const NODE_READY: &str = "NodeReady";
     /// The Node is Ready and under no memory, disk or PID pressure.
     pub const NODE_HEALTHY: &str = "NodeHealthy";
-    /// Ready for at least its set's `minReadySeconds` (Cluster API's
-    /// machine-level `Available`).
+    /// Ready for at least its `minReadySeconds` (the machine's own, else
+    /// its set's; Cluster API's machine-level `Available`).
     pub const AVAILABLE: &str = "Available";
     /// The condition types the Machine controller owns (the others on a
     /// Machine belong to other controllers and are left alone).

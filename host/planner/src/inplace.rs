@@ -16,16 +16,20 @@ use capstan_manifest::{FieldPattern, path_segment};
 pub const NEVER_IN_PLACE: &[&str] = &["provider.plugin", "clusterName"];
 use serde_json::Value;
 
+/// The Machine spec fields (JSON names) that, as in Cluster API, change on
+/// existing sets and machines as they are, with no rollout and no updater:
+/// they tell the host how to treat the machine, not what the machine is.
+pub const CARRIED_IN_PLACE: &[&str] = &["deletion", "taints", "minReadySeconds", "readinessGates"];
+
 /// The dotted paths at which two Machine specs (as JSON objects) differ:
 /// leaves of objects are compared one by one (`provider.config.tags.team`),
-/// anything else (strings, numbers, arrays) as a whole. `deletion` is left
-/// out, and so are `taints`: both change on existing machines without a
-/// rollout.
+/// anything else (strings, numbers, arrays) as a whole. The
+/// [`CARRIED_IN_PLACE`] fields are left out.
 pub fn changed_fields(current: &Value, desired: &Value) -> Vec<String> {
     let mut out = vec![];
     diff("", current, desired, &mut out);
     out.retain(|p| {
-        !["deletion", "taints"]
+        !CARRIED_IN_PLACE
             .iter()
             .any(|f| p == f || p.starts_with(&format!("{f}.")))
     });

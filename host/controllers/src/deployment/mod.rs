@@ -108,14 +108,16 @@ pub(crate) async fn controller(
 
 /// A stable hash of a machine template (keys sorted, so the same template
 /// always hashes the same whatever order its JSON arrived in). The
-/// template's labels and annotations and `spec.deletion` are left out: as
-/// in Cluster API, they change in place on the existing sets and machines,
-/// without a rollout.
+/// template's labels and annotations and the spec's
+/// [`CARRIED_IN_PLACE`](capstan_planner::inplace::CARRIED_IN_PLACE) fields
+/// are left out: as in Cluster API, they change in place on the existing
+/// sets and machines, without a rollout.
 pub fn template_hash(template: &MachineTemplateSpec) -> String {
     let mut template = template.clone();
     template.spec.deletion = None;
-    // Carried to existing machines in place, as in Cluster API.
     template.spec.taints = vec![];
+    template.spec.min_ready_seconds = None;
+    template.spec.readiness_gates = vec![];
     template.metadata = Default::default();
     fn canonical(value: serde_json::Value) -> serde_json::Value {
         match value {
@@ -735,6 +737,32 @@ mod tests {
             template_hash(&a.spec.template),
             template_hash(&b.spec.template),
             "template labels and annotations change in place, not by a rollout"
+        );
+        b.spec.template.spec.min_ready_seconds = Some(30);
+        b.spec.template.spec.readiness_gates = vec![capstan_api::MachineReadinessGate {
+            condition_type: "example.com/Ready".into(),
+            polarity: None,
+        }];
+        b.spec.template.spec.taints = vec![capstan_api::MachineTaint {
+            key: "example.com/pool".into(),
+            value: String::new(),
+            effect: capstan_api::TaintEffect::NoSchedule,
+            propagation: capstan_api::TaintPropagation::Always,
+        }];
+        assert_eq!(
+            template_hash(&a.spec.template),
+            template_hash(&b.spec.template),
+            "minReadySeconds, readiness gates and taints change in place, not by a rollout"
+        );
+        // Every field carried in place is one the updaters never see, and
+        // the other way round.
+        let carried: Vec<&str> = crate::machineset::carried_in_place(&b.spec.template.spec)
+            .iter()
+            .map(|(field, _)| *field)
+            .collect();
+        assert_eq!(carried, capstan_planner::inplace::CARRIED_IN_PLACE);
+        assert!(
+            crate::inplace::changed_fields(&a.spec.template.spec, &b.spec.template.spec).is_empty()
         );
         b.spec.template.spec.version = Some("v1.31.0".into());
         assert_ne!(

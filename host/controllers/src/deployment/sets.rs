@@ -172,18 +172,12 @@ fn template_metadata(md: &MachineDeployment, set: &MachineSet) -> capstan_api::T
 }
 
 /// The template fields every set of a deployment takes in place (no new
-/// set, no new machines): deletion settings and taints.
-pub(super) struct InPlaceFields<'a> {
-    deletion: Option<&'a capstan_api::MachineDeletionSpec>,
-    taints: &'a [capstan_api::MachineTaint],
-}
+/// set, no new machines): [`carried_in_place`](crate::machineset::carried_in_place).
+pub(super) struct InPlaceFields([(&'static str, Option<serde_json::Value>); 4]);
 
-impl<'a> InPlaceFields<'a> {
-    fn of(spec: &'a capstan_api::MachineSpec) -> Self {
-        InPlaceFields {
-            deletion: crate::machineset::in_place_deletion(spec),
-            taints: &spec.taints,
-        }
+impl InPlaceFields {
+    fn of(spec: &capstan_api::MachineSpec) -> Self {
+        InPlaceFields(crate::machineset::carried_in_place(spec))
     }
 }
 
@@ -197,7 +191,7 @@ pub(super) async fn sync_set(
     set: &MachineSet,
     replicas: i32,
     min_ready_seconds: i32,
-    fields: &InPlaceFields<'_>,
+    fields: &InPlaceFields,
     in_place: Option<Option<&InPlaceStrategy>>,
     template_metadata: Option<&capstan_api::TemplateMeta>,
     annotations: &[(&str, Option<&str>)],
@@ -230,21 +224,17 @@ pub(super) async fn sync_set(
             policy.map(|p| json!(p)),
         );
     }
-    if crate::machineset::in_place_deletion(&set.spec.template.spec) != fields.deletion {
-        put(
-            &mut ops,
-            "/spec/template/spec/deletion",
-            set.spec.template.spec.deletion.is_some(),
-            fields.deletion.map(|d| json!(d)),
-        );
-    }
-    if set.spec.template.spec.taints != fields.taints {
-        put(
-            &mut ops,
-            "/spec/template/spec/taints",
-            !set.spec.template.spec.taints.is_empty(),
-            (!fields.taints.is_empty()).then(|| json!(fields.taints)),
-        );
+    let present = serde_json::to_value(&set.spec.template.spec).unwrap_or_default();
+    let have = crate::machineset::carried_in_place(&set.spec.template.spec);
+    for ((field, have), (_, want)) in have.iter().zip(&fields.0) {
+        if have != want {
+            put(
+                &mut ops,
+                &format!("/spec/template/spec/{field}"),
+                present.get(field).is_some(),
+                want.clone(),
+            );
+        }
     }
     if let Some(metadata) = template_metadata
         && set.spec.template.metadata != *metadata

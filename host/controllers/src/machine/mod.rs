@@ -450,8 +450,6 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Write the status the pass ends with (once, if it changed), say what
-    /// needs saying, and requeue.
     /// What the machine's owners say: its set's `minReadySeconds` (after
     /// which a Ready machine counts as `Available`), and whether the set is
     /// its deployment's current one (`UpToDate`), from the caches (a
@@ -496,6 +494,8 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Write the status the pass ends with (once, if it changed), say what
+    /// needs saying, and requeue.
     async fn finish(mut self, end: End) -> Result<Action, Error> {
         let (ctx, machine) = (self.ctx, self.machine);
         if let Outcome::Deleting { drain_skipped, .. } = &end.outcome {
@@ -572,7 +572,10 @@ impl<'a> Pass<'a> {
         let available_in = status
             .as_ref()
             .or(machine.status.as_ref())
-            .and_then(|s| status::until_available(s, owners.min_ready_seconds, &self.t))
+            .and_then(|s| {
+                let min_ready_seconds = status::min_ready_seconds(machine, &owners);
+                status::until_available(s, min_ready_seconds, &self.t)
+            })
             .map(|d| d + Duration::from_millis(200));
         Ok(match (after, available_in) {
             (Some(a), Some(b)) => Action::requeue(a.min(b)),

@@ -4,12 +4,12 @@
 //! tested here without a cluster.
 
 use capstan_api::machine_conditions::{
-    AVAILABLE, CONFIG_VALID, DELETING, INFRASTRUCTURE_READY, INSTANCE_PROVISIONED, NODE_HEALTHY,
-    NODE_READY, PAUSED, READY, UP_TO_DATE,
+    AVAILABLE, CONFIG_VALID, DELETING, HEALTH_CHECK_SUCCEEDED, INFRASTRUCTURE_READY,
+    INSTANCE_PROVISIONED, NODE_HEALTHY, NODE_READY, PAUSED, READY, UP_TO_DATE,
 };
 use capstan_api::{
-    ANNOTATION_PAUSED, Machine, MachineAddress, MachinePhase, MachineStatus, NodeRef,
-    set_condition, status as cond,
+    ANNOTATION_PAUSED, Machine, MachineAddress, MachinePhase, MachineReadinessGate, MachineStatus,
+    NodeRef, set_condition, status as cond,
 };
 use capstan_planner::machine::{
     Call, CallError, InPlace, Instance, InstanceState as PlannedState, MachineView, NodeSeen,
@@ -19,8 +19,6 @@ use capstan_runtime::types::{AddressKind, InstanceState, MachineStatus as Plugin
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-/// The status a pass ends with, derived once from what it observed and how
-/// the planner ended it (`None`: nothing to write). Pure.
 /// What the machine's owners say about it.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Owners {
@@ -31,6 +29,8 @@ pub(super) struct Owners {
     pub(super) up_to_date: Option<Result<(), String>>,
 }
 
+/// The status a pass ends with, derived once from what it observed and how
+/// the planner ended it (`None`: nothing to write). Pure.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn settle(
     machine: &Machine,
@@ -127,12 +127,24 @@ pub(super) fn settle(
         }
         Outcome::Observed => {
             if let (Some(observed), Some(instance)) = (observed, &view.instance) {
-                settle_observed(&mut status, view, observed, instance, node, generation, t);
+                // The Node's conditions first: a readiness gate may name them.
                 node_conditions(&mut status, node, generation, t);
+                let gates = &machine.spec.readiness_gates;
+                settle_observed(
+                    &mut status,
+                    view,
+                    observed,
+                    instance,
+                    node,
+                    gates,
+                    t,
+                    generation,
+                );
             }
         }
     }
-    cluster_api_conditions(&mut status, owners.min_ready_seconds, generation, t);
+    let min_ready_seconds = min_ready_seconds(machine, owners);
+    cluster_api_conditions(&mut status, min_ready_seconds, generation, t);
     // An in-place update says for itself how up to date the machine is.
     if !view.updating_in_place {
         up_to_date(&mut status, owners, generation, t);
@@ -202,6 +214,15 @@ fn up_to_date(
         Some(Err(why)) => set(status, UP_TO_DATE, cond::FALSE, "NotUpToDate", why.clone()),
         None => {}
     }
+}
+
+/// How long the machine stays Ready before it is Available: its own
+/// `spec.minReadySeconds`, else its set's.
+pub(super) fn min_ready_seconds(machine: &Machine, owners: &Owners) -> i64 {
+    machine
+        .spec
+        .min_ready_seconds
+        .map_or(owners.min_ready_seconds, |s| i64::from(s.max(0)))
 }
 
 /// How long until the machine counts as available, if it is Ready but not
@@ -352,14 +373,16 @@ fn condition_setter(
 /// The status of a pass that observed its instance: addresses, version,
 /// Node, `InstanceProvisioned`, `Ready` and the phase (an in-place update's
 /// when one is under way).
+#[allow(clippy::too_many_arguments)]
 fn settle_observed(
     status: &mut MachineStatus,
     view: &MachineView,
     observed: &PluginStatus,
     instance: &Instance,
     node: Option<&Node>,
-    generation: Option<i64>,
+    gates: &[MachineReadinessGate],
     t: &capstan_api::Time,
+    generation: Option<i64>,
 ) {
     let set = condition_setter(generation, t);
     status.addresses = observed
@@ -417,10 +440,12 @@ fn settle_observed(
         (NodeSeen::NotReady(name), true) => ("NodeNotReady", format!("Node {name} is not Ready")),
         (NodeSeen::Ready(_), true) => ("NodeReady", String::new()),
     };
-    let ready = if node_ready && running {
-        cond::TRUE
+    let (ready, reason, message) = if !(node_ready && running) {
+        (cond::FALSE, reason, message)
+    } else if let Some((value, reason, message)) = unmet_gate(&status.conditions, gates) {
+        (value, reason, message)
     } else {
-        cond::FALSE
+        (cond::TRUE, reason, message)
     };
     set(status, READY, ready, reason, message);
     status.phase = Some(match view.in_place {
@@ -430,6 +455,54 @@ fn settle_observed(
         _ if running => MachinePhase::Provisioned,
         _ => MachinePhase::Provisioning,
     });
+}
+
+/// What keeps a machine whose instance runs and whose Node is Ready from
+/// being Ready, as Cluster API decides it: a health check that found it
+/// unhealthy (`False`), then the first readiness gate that does not hold
+/// (`False` when its condition has the wrong status, `Unknown` when the
+/// condition is `Unknown` or not reported yet). `None`: nothing does.
+pub(super) fn unmet_gate(
+    conditions: &[capstan_api::Condition],
+    gates: &[MachineReadinessGate],
+) -> Option<(&'static str, &'static str, String)> {
+    if let Some(c) = capstan_api::condition(conditions, HEALTH_CHECK_SUCCEEDED)
+        && c.status == cond::FALSE
+    {
+        let message = format!(
+            "{HEALTH_CHECK_SUCCEEDED} is False ({}): {}",
+            c.reason, c.message
+        );
+        return Some((cond::FALSE, "HealthCheckFailed", message));
+    }
+    gates.iter().find_map(|gate| {
+        let wanted = gate.wanted_status();
+        let kind = &gate.condition_type;
+        match capstan_api::condition(conditions, kind) {
+            None => Some((
+                cond::UNKNOWN,
+                "ReadinessGateUnknown",
+                format!("readiness gate {kind}: the condition is not reported yet"),
+            )),
+            Some(c) if c.status == wanted => None,
+            Some(c) if c.status == cond::UNKNOWN => Some((
+                cond::UNKNOWN,
+                "ReadinessGateUnknown",
+                format!(
+                    "readiness gate {kind} is Unknown ({}): {}",
+                    c.reason, c.message
+                ),
+            )),
+            Some(c) => Some((
+                cond::FALSE,
+                "ReadinessGateNotMet",
+                format!(
+                    "readiness gate {kind} is {}, not {wanted} ({}): {}",
+                    c.status, c.reason, c.message
+                ),
+            )),
+        }
+    })
 }
 
 fn address_type(kind: &AddressKind) -> &'static str {
@@ -491,6 +564,136 @@ mod tests {
     fn condition<'s>(s: &'s MachineStatus, kind: &str) -> (&'s str, &'s str) {
         let c = capstan_api::condition(&s.conditions, kind).expect(kind);
         (c.status.as_str(), c.reason.as_str())
+    }
+
+    /// A Ready-Node machine's status after one observed pass from `before`.
+    fn observed_pass(
+        m: &Machine,
+        before: MachineStatus,
+        owners: &Owners,
+        t: &capstan_api::Time,
+    ) -> MachineStatus {
+        let (observed, instance) = running(NodeSeen::Ready("n1".into()));
+        let view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "n1" },
+            "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+        }))
+        .unwrap();
+        settle(
+            m,
+            before,
+            &view,
+            Some(&observed),
+            Some(&node),
+            &Outcome::Observed,
+            owners,
+            t,
+        )
+        .unwrap()
+    }
+
+    fn with_condition(
+        mut s: MachineStatus,
+        kind: &str,
+        value: &str,
+        t: &capstan_api::Time,
+    ) -> MachineStatus {
+        set_condition(
+            &mut s.conditions,
+            kind,
+            value,
+            "Reported",
+            "by another controller",
+            None,
+            t,
+        );
+        s
+    }
+
+    #[test]
+    fn readiness_gates_and_a_failed_health_check_hold_ready_as_in_cluster_api() {
+        use capstan_api::{ConditionPolarity, MachineReadinessGate};
+        let t = now();
+        let owners = Owners::default();
+        let mut m = machine(1);
+        m.spec.readiness_gates = vec![
+            MachineReadinessGate {
+                condition_type: "example.com/DriversInstalled".into(),
+                polarity: None,
+            },
+            MachineReadinessGate {
+                condition_type: "example.com/Degraded".into(),
+                polarity: Some(ConditionPolarity::Negative),
+            },
+        ];
+        // Not reported yet: Unknown, and the message names the gate.
+        let s = observed_pass(&m, MachineStatus::default(), &owners, &t);
+        assert_eq!(condition(&s, READY), ("Unknown", "ReadinessGateUnknown"));
+        let ready = capstan_api::condition(&s.conditions, READY).unwrap();
+        assert!(
+            ready.message.contains("example.com/DriversInstalled"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(condition(&s, AVAILABLE), ("False", "NotReady"));
+        assert_eq!(s.phase, Some(MachinePhase::Running));
+        // The positive gate holds; the negative one is True: False.
+        let s = with_condition(s, "example.com/DriversInstalled", "True", &t);
+        let s = with_condition(s, "example.com/Degraded", "True", &t);
+        let s = observed_pass(&m, s, &owners, &t);
+        assert_eq!(condition(&s, READY), ("False", "ReadinessGateNotMet"));
+        // Both hold: Ready, and the other controllers' conditions are kept.
+        let s = with_condition(s, "example.com/Degraded", "False", &t);
+        let s = observed_pass(&m, s, &owners, &t);
+        assert_eq!(condition(&s, READY), ("True", "NodeReady"));
+        assert_eq!(condition(&s, AVAILABLE), ("True", "Available"));
+        assert_eq!(condition(&s, "example.com/Degraded"), ("False", "Reported"));
+        // A health check that found the machine unhealthy: not Ready.
+        let s = with_condition(s, HEALTH_CHECK_SUCCEEDED, "False", &t);
+        let s = observed_pass(&m, s, &owners, &t);
+        assert_eq!(condition(&s, READY), ("False", "HealthCheckFailed"));
+        let s = with_condition(s, HEALTH_CHECK_SUCCEEDED, "True", &t);
+        let s = observed_pass(&m, s, &owners, &t);
+        assert_eq!(condition(&s, READY), ("True", "NodeReady"));
+        // Without gates the other conditions do not matter.
+        let s = observed_pass(
+            &machine(1),
+            with_condition(s, "example.com/Degraded", "True", &t),
+            &owners,
+            &t,
+        );
+        assert_eq!(condition(&s, READY), ("True", "NodeReady"));
+    }
+
+    #[test]
+    fn the_machines_own_min_ready_seconds_wins_over_its_sets() {
+        let t = now();
+        let set_says = Owners {
+            min_ready_seconds: 600,
+            up_to_date: None,
+        };
+        let mut m = machine(1);
+        m.spec.min_ready_seconds = Some(5);
+        let s = observed_pass(&m, MachineStatus::default(), &set_says, &t);
+        assert_eq!(
+            condition(&s, AVAILABLE),
+            ("False", "WaitingForMinReadySeconds")
+        );
+        assert_eq!(min_ready_seconds(&m, &set_says), 5);
+        let later = capstan_api::Time(t.0 + k8s_openapi::jiff::SignedDuration::from_secs(6));
+        let s = observed_pass(&m, s, &set_says, &later);
+        assert_eq!(condition(&s, AVAILABLE), ("True", "Available"));
+        // 0 on the machine: available at once, whatever the set says.
+        m.spec.min_ready_seconds = Some(0);
+        let s = observed_pass(&m, MachineStatus::default(), &set_says, &t);
+        assert_eq!(condition(&s, AVAILABLE), ("True", "Available"));
+        // Unset: the set's.
+        assert_eq!(min_ready_seconds(&machine(1), &set_says), 600);
     }
 
     #[test]

@@ -99,8 +99,10 @@ fn owning_sets(sets: &Store<MachineSet>, machine: &Machine) -> Vec<ObjectRef<Mac
 }
 
 /// How healthy a machine is, and (when Ready but not yet available) how
-/// long until it counts as available.
+/// long until it counts as available: Ready for its own
+/// `spec.minReadySeconds`, else for `min_ready_seconds` (its set's).
 pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, Option<Duration>) {
+    let min_ready_seconds = machine.spec.min_ready_seconds.unwrap_or(min_ready_seconds);
     let Some(status) = machine.status.as_ref() else {
         return (Health::NotReady, None);
     };
@@ -260,7 +262,7 @@ fn validate(set: &MachineSet, kube: &Kube) -> Option<(&'static str, String)> {
 }
 
 /// Carry what changes in place from the set's template to its machines:
-/// the deletion settings, and the template's labels and annotations (a key
+/// the [`carried_in_place`] fields, and the template's labels and annotations (a key
 /// removed from the template goes from the machines too, if the template
 /// put it there). One merge patch per machine that differs.
 async fn carry_template(
@@ -270,7 +272,7 @@ async fn carry_template(
     mine: &[Arc<Machine>],
 ) -> Result<(), Error> {
     let template = &set.spec.template;
-    let deletion = in_place_deletion(&template.spec);
+    let wanted = carried_in_place(&template.spec);
     for m in mine
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none())
@@ -287,18 +289,17 @@ async fn carry_template(
             m.annotations(),
             recorded.as_ref(),
         );
-        let deletion_differs = in_place_deletion(&m.spec) != deletion;
-        let taints_differ = m.spec.taints != template.spec.taints;
-        if metadata.is_none() && !deletion_differs && !taints_differ {
+        let mut spec = serde_json::Map::new();
+        for ((field, have), (_, want)) in carried_in_place(&m.spec).into_iter().zip(&wanted) {
+            if have != *want {
+                // null removes the field (a merge patch).
+                spec.insert(field.into(), want.clone().unwrap_or_default());
+            }
+        }
+        if metadata.is_none() && spec.is_empty() {
             continue;
         }
-        let mut patch = serde_json::json!({ "spec": {} });
-        if deletion_differs {
-            patch["spec"]["deletion"] = serde_json::json!(deletion);
-        }
-        if taints_differ {
-            patch["spec"]["taints"] = serde_json::json!(template.spec.taints);
-        }
+        let mut patch = serde_json::json!({ "spec": spec });
         if let Some(change) = metadata {
             let mut annotations = serde_json::json!(change.annotations);
             annotations[ANNOTATION_TEMPLATE_METADATA] = change.carried.to_json().into();
@@ -656,6 +657,27 @@ async fn create_machines(
         ))(e));
     }
     Ok(names)
+}
+
+/// A machine spec's [`CARRIED_IN_PLACE`](capstan_planner::inplace::CARRIED_IN_PLACE)
+/// fields by JSON name, in that order, each `None` when nothing is set (so
+/// an empty `deletion: {}` and no `deletion` compare equal).
+pub(crate) fn carried_in_place(
+    spec: &capstan_api::MachineSpec,
+) -> [(&'static str, Option<serde_json::Value>); 4] {
+    use serde_json::json;
+    [
+        ("deletion", in_place_deletion(spec).map(|d| json!(d))),
+        (
+            "taints",
+            (!spec.taints.is_empty()).then(|| json!(spec.taints)),
+        ),
+        ("minReadySeconds", spec.min_ready_seconds.map(|s| json!(s))),
+        (
+            "readinessGates",
+            (!spec.readiness_gates.is_empty()).then(|| json!(spec.readiness_gates)),
+        ),
+    ]
 }
 
 /// The deletion settings of a machine spec, with "nothing set" as `None`,

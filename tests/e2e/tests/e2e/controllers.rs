@@ -1338,3 +1338,138 @@ async fn template_taints_reach_nodes_in_place_and_leave_others_alone() {
         "{message}"
     );
 }
+
+/// Cluster API's `spec.readinessGates` and machine-level
+/// `spec.minReadySeconds`, changed on a running deployment: they reach its
+/// machines in place (no new set, no new instance); a machine is Ready only
+/// once another controller reports the gate's condition, which Capstan's own
+/// status writes keep; `Available` follows the machine's own
+/// `minReadySeconds`; the deployment counts accordingly. The controller
+/// runs as the ServiceAccount `capstan install` generates.
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_gates_and_min_ready_seconds_reach_machines_in_place() {
+    use capstan_api::machine_conditions::AVAILABLE;
+    let mut env = Env::start(faults(100)).await.expect("env");
+    let config = capstan_e2e::install::controller_config(&env).await;
+    env.start_controllers_as(config, Providers::default(), fast_options())
+        .await;
+    apply(
+        &env,
+        &sample_deployment("gated", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "gated", LONG).await;
+    let before = env.machines(NS).await;
+    let gate = "example.com/DriversInstalled";
+    patch_md(
+        &env,
+        "gated",
+        serde_json::json!({"spec": {"template": {"spec": {
+            "readinessGates": [{"conditionType": gate}],
+            "minReadySeconds": 3,
+        }}}}),
+    )
+    .await;
+    let condition_of = |m: &Machine, kind: &str| {
+        m.status
+            .as_ref()
+            .and_then(|s| capstan_api::condition(&s.conditions, kind))
+            .cloned()
+    };
+    eventually("the gate holds every machine's Ready", LONG, async || {
+        let ms = env.machines(NS).await;
+        ms.iter()
+            .all(|m| {
+                m.spec.min_ready_seconds == Some(3)
+                    && condition_of(m, READY)
+                        .is_some_and(|c| c.status == "Unknown" && c.message.contains(gate))
+            })
+            .then_some(())
+    })
+    .await;
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), NS);
+    eventually("the deployment counts no Ready machine", LONG, async || {
+        let md = mds.get("gated").await.ok()?;
+        (md.status?.ready_replicas == 0).then_some(())
+    })
+    .await;
+    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(sets.items.len(), 1, "no new MachineSet");
+    assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
+
+    // A driver installer reports on the first machine, as its own field
+    // manager on the status subresource.
+    let machines: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    let installed = serde_json::json!({
+        "apiVersion": "capstan.dev/v1alpha1", "kind": "Machine",
+        "metadata": {"name": before[0].name_any()},
+        "status": {"conditions": [{
+            "type": gate, "status": "True", "reason": "Installed", "message": "drivers 1.2",
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        }]},
+    });
+    machines
+        .patch_status(
+            &before[0].name_any(),
+            &PatchParams::apply("driver-installer").force(),
+            &Patch::Apply(&installed),
+        )
+        .await
+        .expect("the installer reports its condition");
+    let first = eventually("the first machine Available", LONG, async || {
+        let m = machines.get(&before[0].name_any()).await.ok()?;
+        condition_of(&m, AVAILABLE)
+            .is_some_and(|c| c.status == "True")
+            .then_some(m)
+    })
+    .await;
+    let ready = condition_of(&first, READY).unwrap();
+    let available = condition_of(&first, AVAILABLE).unwrap();
+    let waited =
+        available.last_transition_time.0.as_second() - ready.last_transition_time.0.as_second();
+    assert!(
+        waited >= 3,
+        "Available {waited} s after Ready; the machine's minReadySeconds is 3"
+    );
+    assert_eq!(
+        condition_of(&first, gate).map(|c| c.reason),
+        Some("Installed".into()),
+        "Capstan's status writes keep the other controller's condition"
+    );
+    let second = machines.get(&before[1].name_any()).await.unwrap();
+    assert_eq!(
+        condition_of(&second, READY).map(|c| c.status),
+        Some("Unknown".into())
+    );
+    eventually(
+        "the deployment counts one available machine",
+        LONG,
+        async || {
+            let status = mds.get("gated").await.ok()?.status?;
+            (status.ready_replicas == 1 && status.available_replicas == 1).then_some(())
+        },
+    )
+    .await;
+
+    // The gate leaves the template: the second machine is Ready too.
+    patch_md(
+        &env,
+        "gated",
+        serde_json::json!({"spec": {"template": {"spec": {"readinessGates": null}}}}),
+    )
+    .await;
+    eventually("every machine Ready without the gate", LONG, async || {
+        let ms = env.machines(NS).await;
+        ms.iter()
+            .all(|m| {
+                m.spec.readiness_gates.is_empty()
+                    && condition_of(m, READY).is_some_and(|c| c.status == "True")
+            })
+            .then_some(())
+    })
+    .await;
+    assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
+}
