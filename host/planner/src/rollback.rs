@@ -48,6 +48,9 @@ pub struct View<'a> {
     pub seconds_without_progress: i64,
     /// Machines of the current template remediated during this rollout.
     pub remediated: i32,
+    /// Earlier templates the deployment may no longer run (their Plugin
+    /// is not allowed in its namespace now): never restored by itself.
+    pub refused: Vec<&'a str>,
 }
 
 /// What set a rollback off.
@@ -91,6 +94,9 @@ pub enum Held {
     RestoredByRollback,
     /// No earlier revision that did not itself fail is kept.
     NoEarlierRevision,
+    /// The revision a rollback would return to may no longer be run (its
+    /// Plugin is not allowed in the namespace now).
+    EarlierRevisionRefused,
 }
 
 impl Held {
@@ -105,6 +111,9 @@ impl Held {
             }
             Held::NoEarlierRevision => {
                 "no earlier revision to roll back to (see revisionHistoryLimit and capstan rollout history)"
+            }
+            Held::EarlierRevisionRefused => {
+                "the revision to roll back to may no longer be run here; fix the template, or ask an admin to allow its Plugin"
             }
         }
     }
@@ -144,6 +153,12 @@ pub fn decide(view: &View<'_>) -> Decision {
         .iter()
         .find(|t| **t != view.current && !failed_before(t))
     {
+        // Refused before acting: a template the deployment may no longer
+        // run is not written back (nor is an older one chosen instead).
+        Some(to) if view.refused.contains(to) => Decision::Held {
+            trigger,
+            held: Held::EarlierRevisionRefused,
+        },
         Some(to) => Decision::RollBack {
             to: (*to).to_string(),
             trigger,
@@ -198,6 +213,26 @@ mod tests {
             earlier,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_revision_that_may_no_longer_run_is_not_restored() {
+        let mut v = view("c", vec!["b", "a"]);
+        v.remediated = 3;
+        v.refused = vec!["b"];
+        assert_eq!(
+            decide(&v),
+            Decision::Held {
+                trigger: Trigger::MachinesRemediated {
+                    remediated: 3,
+                    limit: 3
+                },
+                held: Held::EarlierRevisionRefused,
+            }
+        );
+        // An older refused revision does not stop a rollback to the previous.
+        v.refused = vec!["a"];
+        assert!(matches!(decide(&v), Decision::RollBack { to, .. } if to == "b"));
     }
 
     #[test]
@@ -310,6 +345,9 @@ mod tests {
         FailingPass,
         /// A pass in which it goes fine.
         QuietPass,
+        /// An admin allows or disallows one template's Plugin in the
+        /// namespace.
+        ToggleRefused(u8),
     }
 
     fn event() -> impl Strategy<Value = Event> {
@@ -317,6 +355,7 @@ mod tests {
             (0u8..4).prop_map(Event::Apply),
             Just(Event::FailingPass),
             Just(Event::QuietPass),
+            (0u8..4).prop_map(Event::ToggleRefused),
         ]
     }
 
@@ -326,7 +365,8 @@ mod tests {
         /// Whatever users do and however often rollouts fail: at most one
         /// automatic rollback between two template changes by a user,
         /// never to the template it leaves or to the last one rolled back
-        /// from, and only to a template the deployment had before.
+        /// from, only to a template the deployment had before and may
+        /// still run.
         #[test]
         fn automatic_rollback_never_oscillates(events in proptest::collection::vec(event(), 1..60)) {
             let names = ["t0", "t1", "t2", "t3"];
@@ -335,8 +375,17 @@ mod tests {
             let mut history: Vec<String> = vec![current.clone()];
             let mut record: Option<(String, String)> = None;
             let mut since_user_change = 0;
+            let mut refused: Vec<&str> = vec![];
             for e in events {
                 match e {
+                    Event::ToggleRefused(i) => {
+                        let name = names[i as usize];
+                        if refused.contains(&name) {
+                            refused.retain(|t| *t != name);
+                        } else {
+                            refused.push(name);
+                        }
+                    }
                     Event::Apply(i) => {
                         current = names[i as usize].to_string();
                         history.retain(|t| *t != current);
@@ -360,6 +409,7 @@ mod tests {
                             paused: false,
                             seconds_without_progress: if failing { 5 } else { 0 },
                             remediated: i32::from(failing),
+                            refused: refused.clone(),
                         };
                         if let Decision::RollBack { to, .. } = decide(&v) {
                             prop_assert!(failing, "only a failing rollout rolls back");
@@ -369,6 +419,7 @@ mod tests {
                                 "{to} was the last template rolled back from"
                             );
                             prop_assert!(history.contains(&to), "{to} is an earlier revision");
+                            prop_assert!(!refused.contains(&to.as_str()), "{to} may no longer run");
                             since_user_change += 1;
                             prop_assert!(since_user_change <= 1, "a second rollback without a user change");
                             record = Some((current.clone(), to.clone()));

@@ -241,11 +241,9 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     );
     // Decided before the sets are written: a rollout that rolls back does
     // not grow its failing set first.
-    let rollback = md
-        .spec
-        .rollback
-        .is_some()
-        .then(|| rollback::Rollout::observe(&md, &target, &observed, &machines, complete, &t));
+    let rollback = md.spec.rollback.is_some().then(|| {
+        rollback::Rollout::observe(&ctx.kube, &md, &target, &observed, &machines, complete, &t)
+    });
     let rollback_decision = rollback.as_ref().map(|r| r.decide());
     if let (Some(r), Some(capstan_planner::rollback::Decision::RollBack { to, trigger })) =
         (&rollback, &rollback_decision)
@@ -281,11 +279,10 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     }
     prune(&ctx, &sets_api, &md, &observed.old_views).await?;
 
-    let rollback_held = match &rollback_decision {
-        Some(capstan_planner::rollback::Decision::Held { trigger, held }) => Some((
-            trigger.reason(),
-            format!("{}; {}", trigger.message(), held.message()),
-        )),
+    let rollback_held = match (&rollback, &rollback_decision) {
+        (Some(r), Some(capstan_planner::rollback::Decision::Held { trigger, held })) => {
+            Some((trigger.reason(), r.held_message(trigger, *held)))
+        }
         _ => None,
     };
     let rollout = RolloutState {

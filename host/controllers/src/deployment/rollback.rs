@@ -8,9 +8,10 @@
 //! request guarded by the resourceVersion the decision was made on.
 //!
 //! Who asked: the deployment's own `spec.rollback`, and the template
-//! restored is one the deployment ran before (a set it owns); the restored
-//! template is validated again on the next pass like any edit (a Plugin
-//! the namespace may no longer use is refused there).
+//! restored is one the deployment ran before (a set it owns). Does it still
+//! hold: a revision whose Plugin the namespace may no longer use is not
+//! restored (the rollback is held, and `Progressing` says why); a restored
+//! template is validated again on the next pass like any edit.
 
 use super::{CONTROLLER, Context, Observed, Target, deployment_template_of, revision_of};
 use capstan_api::machine_conditions::AVAILABLE;
@@ -41,12 +42,15 @@ pub(super) struct Rollout {
     remediated: i32,
     /// Earlier templates, newest first, with the set holding each.
     earlier: Vec<(String, Arc<MachineSet>)>,
+    /// Earlier templates the deployment may no longer run, and why.
+    refused: Vec<(String, String)>,
     current: String,
 }
 
 impl Rollout {
     /// Track the rollout of the current template from the last status.
     pub(super) fn observe(
+        kube: &capstan_kit::Kube,
         md: &MachineDeployment,
         target: &Target,
         observed: &Observed,
@@ -99,10 +103,24 @@ impl Rollout {
         .unwrap_or(now_s);
         let mut earlier: Vec<&Arc<MachineSet>> = observed.old_sets.iter().collect();
         earlier.sort_by_key(|s| std::cmp::Reverse(revision_of(s)));
-        let earlier = earlier
+        let earlier: Vec<(String, Arc<MachineSet>)> = earlier
             .into_iter()
             .map(|s| (super::template_hash(&s.spec.template), s.clone()))
             .filter(|(hash, _)| *hash != target.hash)
+            .collect();
+        // Does it still hold now: a revision whose Plugin was allowed when
+        // it ran may have been taken off the namespace since.
+        let namespace = md.namespace().unwrap_or_default();
+        let refused = earlier
+            .iter()
+            .filter_map(|(hash, set)| {
+                let plugin = &set.spec.template.spec.provider.plugin;
+                let why = capstan_kit::registry::not_allowed(kube, plugin, &namespace)?;
+                Some((
+                    hash.clone(),
+                    format!("revision {}: {why}", revision_of(set)),
+                ))
+            })
             .collect();
         let spec = md.spec.rollback.clone().unwrap_or_default();
         Rollout {
@@ -115,6 +133,7 @@ impl Rollout {
             seconds_without_progress: (now_s - last_progress).max(0),
             remediated: (remediated_now - progress.remediated_before).max(0),
             earlier,
+            refused,
             current: target.hash.clone(),
             progress,
         }
@@ -133,7 +152,25 @@ impl Rollout {
             paused: self.paused,
             seconds_without_progress: self.seconds_without_progress,
             remediated: self.remediated,
+            refused: self.refused.iter().map(|(h, _)| h.as_str()).collect(),
         }
+    }
+
+    /// Why a triggered rollback is held, in words (with the refusal, when
+    /// the revision to return to may no longer run).
+    pub(super) fn held_message(&self, trigger: &rollback::Trigger, held: rollback::Held) -> String {
+        // The revision the decision would return to: the newest earlier
+        // one not rolled back from before.
+        let failed_before = |hash: &str| self.record.as_ref().is_some_and(|r| r.from == hash);
+        let refusal = (held == rollback::Held::EarlierRevisionRefused)
+            .then(|| {
+                let (to, _) = self.earlier.iter().find(|(h, _)| !failed_before(h))?;
+                self.refused.iter().find(|(h, _)| h == to)
+            })
+            .flatten()
+            .map(|(_, why)| format!(" ({why})"))
+            .unwrap_or_default();
+        format!("{}; {}{refusal}", trigger.message(), held.message())
     }
 
     /// The decision of this pass.

@@ -245,3 +245,84 @@ async fn a_rollout_without_progress_rolls_back_after_its_deadline() {
     })
     .await;
 }
+
+/// Does it still hold now: a rollout to a template on another Plugin
+/// stalls, but the namespace may no longer use the previous revision's
+/// Plugin: the deployment does not write that template back (it says why
+/// in `Progressing`); once an admin allows the Plugin again, the rollback
+/// happens.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revision_whose_plugin_was_taken_off_the_namespace_is_not_restored() {
+    use capstan_api::Plugin;
+    let env = start(1, json!({ "progressDeadlineSeconds": 4 })).await;
+    env.create_plugin("sim-b", &capstan_e2e::plugin("sim_provider"))
+        .await
+        .expect("a second provider Plugin");
+    env.cloud.set_faults(Faults {
+        register_nodes: false,
+        ..faults()
+    });
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "template": { "spec": {
+                "version": "v1.31.0", "provider": { "plugin": "sim-b" },
+            } } } })),
+        )
+        .await
+        .expect("patch md/pool");
+    let plugins: Api<Plugin> = Api::all(env.client.clone());
+    let allow = async |names: Value| {
+        plugins
+            .patch(
+                SIM_PLUGIN,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": { "allowedNamespaces": { "names": names } } })),
+            )
+            .await
+            .expect("patch the Plugin");
+    };
+    allow(json!([capstan_e2e::env::CAPSTAN_NAMESPACE])).await;
+
+    let message = env
+        .eventually(
+            "Progressing says the rollback is refused",
+            LONG,
+            async || {
+                let md = env.deployment(NS, "pool").await;
+                let (status, reason, message) = md_condition(&md, PROGRESSING)?;
+                (status == "False" && reason == "ProgressDeadlineExceeded")
+                    .then_some(message)
+                    .filter(|m| m.contains("may no longer be run here"))
+            },
+        )
+        .await;
+    assert!(
+        message.contains(&format!(
+            "plugin \"{SIM_PLUGIN}\" is not allowed in namespace \"{NS}\""
+        )),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let md = env.deployment(NS, "pool").await;
+    assert_eq!(
+        version(&md),
+        "v1.31.0",
+        "the refused template is not written back"
+    );
+    assert_eq!(record(&md), None);
+
+    allow(json!([capstan_e2e::env::CAPSTAN_NAMESPACE, NS])).await;
+    let md = env
+        .eventually("the deployment back on v1.30.0", LONG, async || {
+            let md = env.deployment(NS, "pool").await;
+            (version(&md) == "v1.30.0").then_some(md)
+        })
+        .await;
+    assert_eq!(md.spec.template.spec.provider.plugin, SIM_PLUGIN);
+    assert_eq!(
+        record(&md).map(|r| r.reason),
+        Some("ProgressDeadlineExceeded".into())
+    );
+}
