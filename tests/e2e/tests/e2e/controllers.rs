@@ -1176,7 +1176,9 @@ async fn rollout_after_replaces_machines_made_before_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn template_taints_reach_nodes_in_place_and_leave_others_alone() {
     let mut env = Env::start(faults(100)).await.expect("env");
-    env.start_controllers(Providers::default(), fast_options())
+    // Node taints are written within the generated ServiceAccount's rights.
+    let config = capstan_e2e::install::controller_config(&env).await;
+    env.start_controllers_as(config, Providers::default(), fast_options())
         .await;
     let mut md = sample_deployment("tainted", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0");
     md.spec.template.spec.taints =

@@ -1,11 +1,12 @@
 //! In-place rollouts on a real kube-apiserver with the simulated cloud and
-//! three Wasm updaters (`sim-updater`: `version`; `sim-tagger`:
+//! three Wasm updaters, the controllers running as the ServiceAccount
+//! `capstan install` generates (`sim-updater`: `version`; `sim-tagger`:
 //! `provider.config.tags.*`; `sim-team-tagger`: `provider.config.tags.team`):
 //! a version and tag change applied entirely in place within the bounds,
 //! unclaimed changes held until the fallback allows replacement, a
 //! controller killed mid-update, a failing update, overlapping updaters,
-//! and a hung update remediated by a health check after its updater's
-//! progress deadline.
+//! a hung update remediated by a health check after its updater's
+//! progress deadline, and a hostile updater faking progress.
 
 use capstan_api::machine_conditions::{READY, UP_TO_DATE, UPDATING};
 use capstan_api::set_conditions::IN_PLACE_UPDATABLE;
@@ -42,11 +43,20 @@ async fn env_with(faults: Faults, updaters: &[(&str, &str)]) -> Env {
             .await
             .expect("create updater plugin");
     }
-    env.start_controllers(Providers::default(), options()).await;
+    start_as_installed(&mut env).await;
     for (name, _) in updaters {
         wait_plugin(&env, name, true).await;
     }
     env
+}
+
+/// Start the controllers as the ServiceAccount `capstan install`
+/// generates: in-place updates patch Machines and Nodes, evict pods and
+/// call updaters with credentials, all within those rights.
+async fn start_as_installed(env: &mut Env) {
+    let config = capstan_e2e::install::controller_config(env).await;
+    env.start_controllers_as(config, Providers::default(), options())
+        .await;
 }
 
 async fn wait_plugin(env: &Env, name: &str, ready: bool) -> Plugin {
@@ -389,7 +399,7 @@ async fn a_killed_controller_resumes_the_update_without_a_second_plan() {
     .await;
     env.kill_controllers().await;
     assert_eq!(env.cloud.stats().updates_started, 1);
-    env.start_controllers(Providers::default(), options()).await;
+    start_as_installed(&mut env).await;
     env.wait_rolled_out(NS, "api", LONG).await;
 
     let machines = env.machines(NS).await;
@@ -638,7 +648,7 @@ async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes()
         )
         .await
         .expect("set the updater's progress deadline");
-    env.start_controllers(Providers::default(), options()).await;
+    start_as_installed(&mut env).await;
     wait_plugin(&env, "sim-updater", true).await;
     create(
         &env,
@@ -905,4 +915,103 @@ async fn only_an_updater_that_declares_a_drain_moves_pods() {
         .await;
     let reasons = env.event_reasons(NS);
     assert!(reasons.contains("NodeDrained"), "{reasons}");
+}
+
+/// A hostile updater (`plugins/broken-updater`) that claims a field nobody
+/// changed and reports progress running backwards cannot hold a machine:
+/// its claim outside its declaration is ignored, and since only a rising
+/// percent counts as progress, the machine is judged stalled after the
+/// updater's deadline and remediated, although the updater answers "in
+/// progress" ten times a second. The controllers run as the ServiceAccount
+/// `capstan install` generates.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hostile_updater_faking_progress_is_judged_stalled_and_remediated() {
+    // The cloud's update takes two minutes; the updater reports 100 minus
+    // its percent, so its figure only falls.
+    let slow = Faults {
+        boot_latency_ms: 200,
+        delete_latency_ms: 200,
+        update_latency_ms: 120_000,
+        ..Default::default()
+    };
+    let mut env = Env::start(slow).await.expect("environment starts");
+    env.create_plugin("broken-updater", &capstan_e2e::plugin("broken_updater"))
+        .await
+        .expect("create updater plugin");
+    let deadline = 4;
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            "broken-updater",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"progressDeadlineSeconds": deadline}})),
+        )
+        .await
+        .expect("set the updater's progress deadline");
+    start_as_installed(&mut env).await;
+    wait_plugin(&env, "broken-updater", true).await;
+    create(
+        &env,
+        &deployment(&env, "fake", 1, 0, 1, InPlaceFallback::None),
+    )
+    .await;
+    env.wait_rolled_out(NS, "fake", LONG).await;
+    create_check(&env, "fake").await;
+    let name = env.machines(NS).await[0].name_any();
+    patch_md(
+        &env,
+        "fake",
+        serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+    )
+    .await;
+
+    let machines_api: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    let (m, c) = eventually("the faked update judged stalled", LONG, async || {
+        let m = machines_api.get_opt(&name).await.ok()??;
+        let c = capstan_api::condition(
+            &m.status.as_ref()?.conditions,
+            capstan_api::machine_conditions::HEALTH_CHECK_SUCCEEDED,
+        )?
+        .clone();
+        (c.status == "False").then_some((m, c))
+    })
+    .await;
+    assert_eq!(c.reason, "InPlaceUpdateStalled", "{}", c.message);
+    let step = m
+        .status
+        .as_ref()
+        .unwrap()
+        .in_place_update
+        .as_ref()
+        .unwrap()
+        .steps[0]
+        .clone();
+    assert_eq!(
+        step.fields,
+        ["version"],
+        "failureDomain, claimed but neither declared nor changed, is ignored"
+    );
+    assert_eq!(
+        step.state, "Updating",
+        "the updater still says it is working"
+    );
+    let progress = step.last_progress_time.expect("progress time recorded");
+    let waited = c.last_transition_time.0.as_second() - progress.0.as_second();
+    assert!(
+        waited >= i64::from(deadline) - 1,
+        "judged {waited}s after the last rising percent; the deadline is {deadline}s"
+    );
+    assert!(
+        step.percent.is_some_and(|p| p < 100),
+        "the percent fell after its peak: {:?}",
+        step.percent
+    );
+    eventually("the stalled machine remediated", LONG, async || {
+        machines_api
+            .get_opt(&name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
 }
