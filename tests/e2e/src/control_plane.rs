@@ -89,8 +89,8 @@ impl ControlPlaneOptions {
 /// The user name of [`ControlPlane::second_admin_kubeconfig`].
 pub const SECOND_ADMIN: &str = "capstan-admin-2";
 
-/// The API server's audit flags: writes only, metadata level, to
-/// `audit.log` in `dir`.
+/// The API server's audit flags: writes, and lists of pods (how often a
+/// drain reads a Node's pods), at metadata level, to `audit.log` in `dir`.
 fn audit_args(dir: &std::path::Path, on: bool) -> Result<Vec<String>, String> {
     if !on {
         return Ok(vec![]);
@@ -98,7 +98,7 @@ fn audit_args(dir: &std::path::Path, on: bool) -> Result<Vec<String>, String> {
     let policy = dir.join("audit-policy.yaml");
     std::fs::write(
         &policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: None\n",
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: Metadata\n  verbs: [list]\n  resources: [{group: \"\", resources: [pods]}]\n- level: None\n",
     )
     .map_err(|e| e.to_string())?;
     Ok(vec![
@@ -408,6 +408,25 @@ impl ControlPlane {
     /// object per request (`verb`, `user.username`, `objectRef`,
     /// `requestReceivedTimestamp`, `responseStatus.code`).
     pub fn audit_writes(&self) -> Result<Vec<serde_json::Value>, String> {
+        const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+        Ok(self
+            .audit_entries()?
+            .into_iter()
+            .filter(|e| e["verb"].as_str().is_some_and(|v| WRITES.contains(&v)))
+            .collect())
+    }
+
+    /// The audit log's lists of pods (with `audit: true`), each with its
+    /// `requestURI` (the field selector) and `user`.
+    pub fn audit_pod_lists(&self) -> Result<Vec<serde_json::Value>, String> {
+        Ok(self
+            .audit_entries()?
+            .into_iter()
+            .filter(|e| e["verb"] == "list" && e["objectRef"]["resource"] == "pods")
+            .collect())
+    }
+
+    fn audit_entries(&self) -> Result<Vec<serde_json::Value>, String> {
         let text = std::fs::read_to_string(self.dir.join("audit.log"))
             .map_err(|e| format!("no audit log (start with audit: true): {e}"))?;
         Ok(text

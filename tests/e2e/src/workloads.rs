@@ -223,6 +223,15 @@ pub async fn create_pdb(
         .map_err(|e| format!("cannot create PodDisruptionBudget {namespace}/{name}: {e}"))
 }
 
+/// Delete a PodDisruptionBudget.
+pub async fn delete_pdb(client: &Client, namespace: &str, name: &str) -> Result<(), String> {
+    pdbs(client, namespace)
+        .delete(name, &Default::default())
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("cannot delete PodDisruptionBudget {namespace}/{name}: {e}"))
+}
+
 /// Wait until the disruption controller says a PDB allows `allowed`
 /// disruptions (it has seen the current pods).
 pub async fn wait_pdb_allows(

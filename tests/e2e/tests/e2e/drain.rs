@@ -2,7 +2,8 @@
 //! the real Eviction API (PodDisruptionBudgets enforced by the API server),
 //! DaemonSet pods left alone, `nodeDrainTimeoutSeconds`, the exclude
 //! annotation, the pre-drain / pre-terminate hooks, MachineDrainRules and
-//! the pod drain label, and the wait for volumes to detach.
+//! the pod drain label, the wait for volumes to detach, and how often a
+//! held drain reads from the API server.
 
 use crate::logs;
 use capstan_api::{Machine, MachineDeployment, MachineDrainRule, condition};
@@ -644,4 +645,114 @@ async fn the_volume_of_a_pod_the_drain_leaves_is_not_waited_for() {
     )
     .await;
     assert!(!env.instance_exists(&instance_of(&machine)).await);
+}
+
+/// Drains at fleet speed: a drain a budget holds for several rounds reads
+/// the Node's pods from the controller's cache each round and lists them
+/// from the API server only to confirm the Node is empty (the API server's
+/// audit log counts both), so a fleet of deleting machines does not LIST
+/// pods once per machine per round. The controller runs as the generated
+/// ServiceAccount, which tells its requests from the test's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
+    logs();
+    let mut options = capstan_e2e::env::EnvOptions::new(Faults {
+        boot_latency_ms: 200,
+        ..Default::default()
+    });
+    options.control_plane.audit = true;
+    let mut env = Env::start_with(options).await.expect("environment");
+    let config = capstan_e2e::install::controller_config(&env).await;
+    env.start_controllers_as(
+        config,
+        capstan_controllers::Providers::default(),
+        capstan_controllers::Options::default(),
+    )
+    .await;
+    let md = capstan_e2e::env::sample_deployment(
+        "pool",
+        capstan_e2e::env::SIM_PLUGIN,
+        &env.cloud.url(),
+        2,
+        "v1.30.0",
+    );
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&Default::default(), &md)
+        .await
+        .expect("create md/pool");
+    env.wait_rolled_out(NS, "pool", LONG).await;
+    let client = env.client.clone();
+    workloads::create(
+        &client,
+        &workloads::one_per_node(workloads::deployment(NS, "web", 2, 1)),
+    )
+    .await
+    .unwrap();
+    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
+        .await;
+    workloads::create_pdb(&client, NS, "web-budget", "web", json!(2))
+        .await
+        .unwrap();
+    workloads::wait_pdb_allows(&client, NS, "web-budget", 0, LONG)
+        .await
+        .unwrap();
+
+    scale(&env, 1).await;
+    let victim = deleting_machine(&env).await;
+    let node = node_of(&victim);
+    let controller = "system:serviceaccount:capstan-system:capstan-controller";
+    let evictions = || {
+        env.control_plane
+            .audit_writes()
+            .unwrap()
+            .iter()
+            .filter(|w| {
+                w["user"]["username"] == controller
+                    && w["objectRef"]["subresource"] == "eviction"
+                    && w["objectRef"]["namespace"] == NS
+            })
+            .count()
+    };
+    env.eventually("three drain rounds held by the budget", LONG, async || {
+        (evictions() >= 3).then_some(())
+    })
+    .await;
+    workloads::delete_pdb(&client, NS, "web-budget")
+        .await
+        .unwrap();
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
+    env.eventually(
+        "the drain completes and the machine goes",
+        LONG,
+        async || {
+            machines
+                .get_opt(&victim.name_any())
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let rounds = evictions();
+    let lists: Vec<String> = env
+        .control_plane
+        .audit_pod_lists()
+        .unwrap()
+        .iter()
+        .filter(|l| l["user"]["username"] == controller)
+        .filter_map(|l| l["requestURI"].as_str().map(str::to_string))
+        .filter(|uri| uri.contains(&format!("spec.nodeName%3D{node}")))
+        .collect();
+    eprintln!(
+        "drain of {node}: {rounds} evictions, {} lists of its pods",
+        lists.len()
+    );
+    assert!(rounds >= 4, "held rounds and the last one: {rounds}");
+    // One list confirms the Node is empty (seeing it also shows the audit
+    // log records the controller's lists); none per held round.
+    assert!(
+        (1..=2).contains(&lists.len()),
+        "the Node's pods are listed only to confirm it is empty, not per round: {lists:#?}"
+    );
 }
