@@ -16,11 +16,11 @@ use capstan_planner::deletion::{
     AttachedVolume, PodView, RuleSays, plan_drain, volumes_to_wait_for,
 };
 use http_body_util::BodyExt;
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The Eviction API as the drain uses it: a client without kube-rs's
@@ -205,7 +205,7 @@ async fn pod_views(
         views.push(PodView {
             namespace: p.namespace().unwrap_or_default(),
             name: p.name_any(),
-            daemon_set: daemon_set_alive(kube, p).await?,
+            daemon_set: daemon_set_alive(kube, p),
             mirror: p.annotations().contains_key("kubernetes.io/config.mirror"),
             deleting_for: p
                 .metadata
@@ -282,25 +282,23 @@ fn rule_for(kube: &Kube, rules: &[MachineDrainRule], pod: &Pod) -> Option<RuleSa
     })
 }
 
-/// Whether the pod is controlled by a DaemonSet that still exists (an
-/// orphan would never be replaced, so it is drained like any pod).
-async fn daemon_set_alive(kube: &Kube, pod: &Pod) -> Result<bool, Error> {
+/// Whether the pod is controlled by a DaemonSet that still exists, from
+/// the shared cache (no request per pod per round). The uid must match:
+/// a pod whose DaemonSet was deleted and another made under its name is an
+/// orphan, never replaced, so it is drained like any pod.
+fn daemon_set_alive(kube: &Kube, pod: &Pod) -> bool {
     let Some(owner) = pod
         .owner_references()
         .iter()
         .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
     else {
-        return Ok(false);
+        return false;
     };
     let namespace = pod.namespace().unwrap_or_default();
-    let api: Api<DaemonSet> = Api::namespaced(kube.client.clone(), &namespace);
-    api.get_opt(&owner.name)
-        .await
-        .map(|ds| ds.is_some())
-        .map_err(kube_err(format!(
-            "cannot read DaemonSet {namespace}/{}",
-            owner.name
-        )))
+    kube.stores
+        .daemon_sets
+        .get(&ObjectRef::new(&owner.name).within(&namespace))
+        .is_some_and(|ds| ds.uid().as_deref() == Some(owner.uid.as_str()))
 }
 
 /// The volumes the deletion still waits for: those attached to the Node

@@ -113,10 +113,10 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
-        why: "machine (drain): whether a DaemonSet pod's DaemonSet still exists (orphans are drained)",
+        why: "machine (drain): whether a DaemonSet pod's DaemonSet still exists (orphans are drained), from a shared cache",
         group: "apps",
         resources: &["daemonsets"],
-        verbs: &["get"],
+        verbs: &["list", "watch"],
         scope: Scope::Cluster,
     },
     Rule {

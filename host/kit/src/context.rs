@@ -6,6 +6,7 @@
 
 use crate::Metrics;
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
 use kube::runtime::events::Recorder;
@@ -68,6 +69,8 @@ pub struct Stores {
     pub namespaces: Store<Namespace>,
     /// Pods scheduled to a Node (the drain's view of a Node).
     pub pods: Store<Pod>,
+    /// DaemonSets.
+    pub daemon_sets: Store<DaemonSet>,
 }
 
 impl std::fmt::Debug for Stores {

@@ -10,6 +10,7 @@
 use crate::{Error, Kind, Metrics, Stores};
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
@@ -227,6 +228,8 @@ pub struct Watches {
     pub namespaces: Shared<Namespace>,
     /// Pods scheduled to a Node.
     pub pods: Shared<Pod>,
+    /// DaemonSets (a drain leaves their pods alone while they exist).
+    pub daemon_sets: Shared<DaemonSet>,
 }
 
 impl Watches {
@@ -249,6 +252,7 @@ impl Watches {
             // Pods not yet scheduled are no drain's business (the
             // scheduler's own filter for assigned pods).
             pods: Shared::with_fields(Api::all(client.clone()), None, Some("spec.nodeName!=")),
+            daemon_sets: Shared::new(Api::all(client.clone()), None),
         };
         watches.plugins.check("plugins.capstan.dev").await?;
         watches.machines.check("machines.capstan.dev").await?;
@@ -280,6 +284,7 @@ impl Watches {
             addons: self.addons.store(),
             namespaces: self.namespaces.store(),
             pods: self.pods.store(),
+            daemon_sets: self.daemon_sets.store(),
         }
     }
 
@@ -287,7 +292,7 @@ impl Watches {
     /// listed. Abort the task to stop them.
     pub fn start(&mut self, metrics: &Metrics) -> tokio::task::JoinHandle<()> {
         let listed = Arc::new(Listed {
-            remaining: std::sync::atomic::AtomicUsize::new(9),
+            remaining: std::sync::atomic::AtomicUsize::new(10),
             metrics: metrics.clone(),
         });
         let reflectors = futures::stream::select_all([
@@ -305,7 +310,8 @@ impl Watches {
                 .boxed(),
             self.addons.start("addons", listed.clone()).boxed(),
             self.namespaces.start("namespaces", listed.clone()).boxed(),
-            self.pods.start("pods", listed).boxed(),
+            self.pods.start("pods", listed.clone()).boxed(),
+            self.daemon_sets.start("daemonsets", listed).boxed(),
         ]);
         tokio::spawn(reflectors.for_each(|_| async {}))
     }

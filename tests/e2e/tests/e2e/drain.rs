@@ -696,6 +696,21 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
     workloads::wait_pdb_allows(&client, NS, "web-budget", 0, LONG)
         .await
         .unwrap();
+    // A node agent whose DaemonSet exists (its pods stay), and one whose
+    // DaemonSet was deleted leaving its pods behind (orphans, drained).
+    for name in ["agent", "leftover"] {
+        workloads::create(&client, &workloads::daemonset(NS, name, 1))
+            .await
+            .unwrap();
+        env.or_describe(workloads::wait_daemonset_ready(&client, NS, name, LONG).await)
+            .await;
+    }
+    let daemon_sets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(client.clone(), NS);
+    daemon_sets
+        .delete("leftover", &DeleteParams::orphan())
+        .await
+        .unwrap();
 
     scale(&env, 1).await;
     let victim = deleting_machine(&env).await;
@@ -709,7 +724,9 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
             .filter(|w| {
                 w["user"]["username"] == controller
                     && w["objectRef"]["subresource"] == "eviction"
-                    && w["objectRef"]["namespace"] == NS
+                    && w["objectRef"]["name"]
+                        .as_str()
+                        .is_some_and(|p| p.starts_with("web-"))
             })
             .count()
     };
@@ -735,6 +752,24 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
     )
     .await;
     let rounds = evictions();
+    let evicted: Vec<String> = env
+        .control_plane
+        .audit_writes()
+        .unwrap()
+        .iter()
+        .filter(|w| {
+            w["user"]["username"] == controller && w["objectRef"]["subresource"] == "eviction"
+        })
+        .filter_map(|w| w["objectRef"]["name"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        evicted.iter().any(|p| p.starts_with("leftover-")),
+        "the orphaned DaemonSet pod is drained: {evicted:?}"
+    );
+    assert!(
+        !evicted.iter().any(|p| p.starts_with("agent-")),
+        "a live DaemonSet's pod is left alone: {evicted:?}"
+    );
     let lists: Vec<String> = env
         .control_plane
         .audit_pod_lists()
@@ -745,10 +780,10 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
         .filter(|uri| uri.contains(&format!("spec.nodeName%3D{node}")))
         .collect();
     eprintln!(
-        "drain of {node}: {rounds} evictions, {} lists of its pods",
+        "drain of {node}: {rounds} evictions of the budgeted pod, {} lists of its pods",
         lists.len()
     );
-    assert!(rounds >= 4, "held rounds and the last one: {rounds}");
+    assert!(rounds >= 4, "held rounds and the last ones: {rounds}");
     // One list confirms the Node is empty (seeing it also shows the audit
     // log records the controller's lists); none per held round.
     assert!(
