@@ -48,6 +48,21 @@ async fn patch_md(env: &Env, name: &str, patch: serde_json::Value) {
         .expect("patch machinedeployment");
 }
 
+/// A template change was carried in place: still one MachineSet, and no
+/// instance launched beyond the `launched` the pool started with.
+async fn assert_changed_in_place(env: &Env, launched: u64) {
+    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(sets.items.len(), 1, "no new MachineSet");
+    assert_eq!(
+        env.cloud.stats().instances_launched,
+        launched,
+        "no new instance"
+    );
+}
+
 fn provider_ids(machines: &[Machine]) -> BTreeSet<String> {
     machines
         .iter()
@@ -1069,12 +1084,7 @@ async fn template_labels_reach_machines_and_nodes_in_place() {
             "a label not granted never reaches the Node"
         );
     }
-    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
-        .list(&Default::default())
-        .await
-        .unwrap();
-    assert_eq!(sets.items.len(), 1, "no new MachineSet");
-    assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
+    assert_changed_in_place(&env, 2).await;
 
     // Removed from the template: removed from machines and Nodes; the
     // label someone else put there stays.
@@ -1263,12 +1273,7 @@ async fn template_taints_reach_nodes_in_place_and_leave_others_alone() {
         names(&before),
         "the same machines"
     );
-    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
-        .list(&Default::default())
-        .await
-        .unwrap();
-    assert_eq!(sets.items.len(), 1, "no new MachineSet");
-    assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
+    assert_changed_in_place(&env, 2).await;
 
     // Someone removes the Always taint from a Node: it comes back. A new
     // value replaces the old; then it leaves the template: it leaves the
@@ -1395,12 +1400,7 @@ async fn readiness_gates_and_min_ready_seconds_reach_machines_in_place() {
         (md.status?.ready_replicas == 0).then_some(())
     })
     .await;
-    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
-        .list(&Default::default())
-        .await
-        .unwrap();
-    assert_eq!(sets.items.len(), 1, "no new MachineSet");
-    assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
+    assert_changed_in_place(&env, 2).await;
 
     // A driver installer reports on the first machine, as its own field
     // manager on the status subresource.

@@ -65,6 +65,19 @@ fn moment<'a>(timeline: &'a [Moment], event: &str, subject: &str) -> Option<&'a 
         .find(|m| m.event == event && m.subject == subject)
 }
 
+/// `replicas` web pods, one per Node (grace period 1 s), available.
+async fn web_on_every_node(env: &Env, replicas: i32) {
+    let client = &env.client;
+    workloads::create(
+        client,
+        &workloads::one_per_node(workloads::deployment(NS, "web", replicas, 1)),
+    )
+    .await
+    .unwrap();
+    env.or_describe(workloads::wait_deployment_available(client, NS, "web", LONG).await)
+        .await;
+}
+
 async fn deleting_machine(env: &Env) -> Machine {
     env.eventually("a machine being deleted", LONG, async || {
         env.machines(NS)
@@ -275,14 +288,7 @@ async fn hooks_hold_deletion_and_the_exclude_annotation_skips_the_drain() {
     let env = start(2).await;
     let client = env.client.clone();
     let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
-    workloads::create(
-        &client,
-        &workloads::one_per_node(workloads::deployment(NS, "web", 2, 1)),
-    )
-    .await
-    .unwrap();
-    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
-        .await;
+    web_on_every_node(&env, 2).await;
     // A budget that forbids any eviction: only a skipped drain lets a
     // machine with a web pod go.
     workloads::create_pdb(&client, NS, "web-budget", "web", json!(2))
@@ -682,14 +688,7 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
         .expect("create md/pool");
     env.wait_rolled_out(NS, "pool", LONG).await;
     let client = env.client.clone();
-    workloads::create(
-        &client,
-        &workloads::one_per_node(workloads::deployment(NS, "web", 2, 1)),
-    )
-    .await
-    .unwrap();
-    env.or_describe(workloads::wait_deployment_available(&client, NS, "web", LONG).await)
-        .await;
+    web_on_every_node(&env, 2).await;
     workloads::create_pdb(&client, NS, "web-budget", "web", json!(2))
         .await
         .unwrap();

@@ -50,6 +50,27 @@ async fn env_with(faults: Faults, updaters: &[(&str, &str)]) -> Env {
     env
 }
 
+/// An environment with one updater Plugin (name, component file stem)
+/// whose admin set `spec.progressDeadlineSeconds`, Ready, and the
+/// controllers running as the generated ServiceAccount.
+async fn env_with_deadline(faults: Faults, (name, stem): (&str, &str), deadline: u32) -> Env {
+    let mut env = Env::start(faults).await.expect("environment starts");
+    env.create_plugin(name, &capstan_e2e::plugin(stem))
+        .await
+        .expect("create updater plugin");
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"progressDeadlineSeconds": deadline}})),
+        )
+        .await
+        .expect("set the updater's progress deadline");
+    start_as_installed(&mut env).await;
+    wait_plugin(&env, name, true).await;
+    env
+}
+
 /// Start the controllers as the ServiceAccount `capstan install`
 /// generates: in-place updates patch Machines and Nodes, evict pods and
 /// call updaters with credentials, all within those rights.
@@ -631,25 +652,12 @@ async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes()
         update_latency_ms: 3_600_000,
         ..Default::default()
     };
-    let mut env = Env::start(hung.clone()).await.expect("environment starts");
-    env.create_plugin("sim-updater", &capstan_e2e::plugin("sim_updater"))
-        .await
-        .expect("create updater plugin");
     // The admin's deadline for this updater: 20 s without progress. The
     // Node (going silent below) would be judged unhealthy after about
     // 12 s (10 s grace, then 2 s); an update-aware check waits for the
     // updater's deadline instead.
     let deadline = 20;
-    Api::<Plugin>::all(env.client.clone())
-        .patch(
-            "sim-updater",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"progressDeadlineSeconds": deadline}})),
-        )
-        .await
-        .expect("set the updater's progress deadline");
-    start_as_installed(&mut env).await;
-    wait_plugin(&env, "sim-updater", true).await;
+    let env = env_with_deadline(hung.clone(), ("sim-updater", "sim_updater"), deadline).await;
     create(
         &env,
         &deployment(&env, "hung", 2, 0, 1, InPlaceFallback::None),
@@ -934,21 +942,8 @@ async fn a_hostile_updater_faking_progress_is_judged_stalled_and_remediated() {
         update_latency_ms: 120_000,
         ..Default::default()
     };
-    let mut env = Env::start(slow).await.expect("environment starts");
-    env.create_plugin("broken-updater", &capstan_e2e::plugin("broken_updater"))
-        .await
-        .expect("create updater plugin");
     let deadline = 4;
-    Api::<Plugin>::all(env.client.clone())
-        .patch(
-            "broken-updater",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"progressDeadlineSeconds": deadline}})),
-        )
-        .await
-        .expect("set the updater's progress deadline");
-    start_as_installed(&mut env).await;
-    wait_plugin(&env, "broken-updater", true).await;
+    let env = env_with_deadline(slow, ("broken-updater", "broken_updater"), deadline).await;
     create(
         &env,
         &deployment(&env, "fake", 1, 0, 1, InPlaceFallback::None),
