@@ -72,6 +72,14 @@ pub struct MachineSpec {
     pub readiness_gates: Vec<MachineReadinessGate>,
 }
 
+impl MachineSpec {
+    /// How long the machine stays Ready before it is Available: its own
+    /// `minReadySeconds`, else its set's.
+    pub fn min_ready_seconds_or(&self, set: i32) -> i32 {
+        self.min_ready_seconds.unwrap_or(set).max(0)
+    }
+}
+
 /// A condition of the Machine that must hold for it to be Ready (Cluster
 /// API's `MachineReadinessGate`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

@@ -292,10 +292,10 @@ impl Watches {
     /// listed. Abort the task to stop them.
     pub fn start(&mut self, metrics: &Metrics) -> tokio::task::JoinHandle<()> {
         let listed = Arc::new(Listed {
-            remaining: std::sync::atomic::AtomicUsize::new(10),
+            remaining: std::sync::atomic::AtomicUsize::new(0),
             metrics: metrics.clone(),
         });
-        let reflectors = futures::stream::select_all([
+        let reflectors = [
             self.plugins.start("plugins", listed.clone()).boxed(),
             self.machines.start("machines", listed.clone()).boxed(),
             self.machine_sets
@@ -311,8 +311,13 @@ impl Watches {
             self.addons.start("addons", listed.clone()).boxed(),
             self.namespaces.start("namespaces", listed.clone()).boxed(),
             self.pods.start("pods", listed.clone()).boxed(),
-            self.daemon_sets.start("daemonsets", listed).boxed(),
-        ]);
+            self.daemon_sets.start("daemonsets", listed.clone()).boxed(),
+        ];
+        // The streams are lazy: nothing has listed before this count is set.
+        listed
+            .remaining
+            .store(reflectors.len(), std::sync::atomic::Ordering::Release);
+        let reflectors = futures::stream::select_all(reflectors);
         tokio::spawn(reflectors.for_each(|_| async {}))
     }
 }

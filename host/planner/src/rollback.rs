@@ -146,21 +146,15 @@ pub fn decide(view: &View<'_>) -> Decision {
     if let Some(held) = held {
         return Decision::Held { trigger, held };
     }
-    // The newest earlier template that did not fail before.
-    let failed_before = |t: &str| view.record.as_ref().is_some_and(|r| r.from == t);
-    match view
-        .earlier
-        .iter()
-        .find(|t| **t != view.current && !failed_before(t))
-    {
+    match candidate(view) {
         // Refused before acting: a template the deployment may no longer
         // run is not written back (nor is an older one chosen instead).
-        Some(to) if view.refused.contains(to) => Decision::Held {
+        Some(to) if view.refused.contains(&to) => Decision::Held {
             trigger,
             held: Held::EarlierRevisionRefused,
         },
         Some(to) => Decision::RollBack {
-            to: (*to).to_string(),
+            to: to.to_string(),
             trigger,
         },
         None => Decision::Held {
@@ -168,6 +162,16 @@ pub fn decide(view: &View<'_>) -> Decision {
             held: Held::NoEarlierRevision,
         },
     }
+}
+
+/// The template a rollback would return to: the newest earlier one that
+/// was not rolled back from before.
+pub fn candidate<'a>(view: &View<'a>) -> Option<&'a str> {
+    let failed_before = |t: &str| view.record.as_ref().is_some_and(|r| r.from == t);
+    view.earlier
+        .iter()
+        .copied()
+        .find(|t| *t != view.current && !failed_before(t))
 }
 
 /// The first trigger that fired, if any.

@@ -159,12 +159,10 @@ impl Rollout {
     /// Why a triggered rollback is held, in words (with the refusal, when
     /// the revision to return to may no longer run).
     pub(super) fn held_message(&self, trigger: &rollback::Trigger, held: rollback::Held) -> String {
-        // The revision the decision would return to: the newest earlier
-        // one not rolled back from before.
-        let failed_before = |hash: &str| self.record.as_ref().is_some_and(|r| r.from == hash);
         let refusal = (held == rollback::Held::EarlierRevisionRefused)
             .then(|| {
-                let (to, _) = self.earlier.iter().find(|(h, _)| !failed_before(h))?;
+                let view = self.view();
+                let to = rollback::candidate(&view)?;
                 self.refused.iter().find(|(h, _)| h == to)
             })
             .flatten()

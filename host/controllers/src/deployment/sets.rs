@@ -41,7 +41,7 @@ pub(super) async fn write_sets(
     hash: &str,
     revision: i64,
 ) -> Result<SetsWritten, Error> {
-    let in_place_fields = InPlaceFields::of(&md.spec.template.spec);
+    let in_place_fields = crate::machineset::carried_in_place(&md.spec.template.spec);
     let new_name = observed
         .new_set
         .as_ref()
@@ -171,16 +171,6 @@ fn template_metadata(md: &MachineDeployment, set: &MachineSet) -> capstan_api::T
     metadata
 }
 
-/// The template fields every set of a deployment takes in place (no new
-/// set, no new machines): [`carried_in_place`](crate::machineset::carried_in_place).
-pub(super) struct InPlaceFields([(&'static str, Option<serde_json::Value>); 4]);
-
-impl InPlaceFields {
-    fn of(spec: &capstan_api::MachineSpec) -> Self {
-        InPlaceFields(crate::machineset::carried_in_place(spec))
-    }
-}
-
 /// Patch a set's replicas, `minReadySeconds`, template metadata and
 /// annotations (`None` removes one) to these values, writing only what
 /// differs.
@@ -191,7 +181,7 @@ pub(super) async fn sync_set(
     set: &MachineSet,
     replicas: i32,
     min_ready_seconds: i32,
-    fields: &InPlaceFields,
+    fields: &crate::machineset::CarriedInPlace,
     in_place: Option<Option<&InPlaceStrategy>>,
     template_metadata: Option<&capstan_api::TemplateMeta>,
     annotations: &[(&str, Option<&str>)],
@@ -224,16 +214,13 @@ pub(super) async fn sync_set(
             policy.map(|p| json!(p)),
         );
     }
-    let present = serde_json::to_value(&set.spec.template.spec).unwrap_or_default();
     let have = crate::machineset::carried_in_place(&set.spec.template.spec);
-    for ((field, have), (_, want)) in have.iter().zip(&fields.0) {
+    for ((field, have), (_, want)) in have.iter().zip(fields) {
+        // `have` is `None` only for an absent or empty field: nothing to
+        // remove then.
         if have != want {
-            put(
-                &mut ops,
-                &format!("/spec/template/spec/{field}"),
-                present.get(field).is_some(),
-                want.clone(),
-            );
+            let path = format!("/spec/template/spec/{field}");
+            put(&mut ops, &path, have.is_some(), want.clone());
         }
     }
     if let Some(metadata) = template_metadata

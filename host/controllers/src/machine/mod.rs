@@ -479,7 +479,7 @@ impl<'a> Pass<'a> {
                 .get(&ObjectRef::new(&name).within(&namespace))
         });
         status::Owners {
-            min_ready_seconds: i64::from(set.spec.min_ready_seconds.max(0)),
+            min_ready_seconds: set.spec.min_ready_seconds,
             up_to_date: deployment.map(|md| {
                 if crate::deployment::set_is_current(&md, &set, self.t.0.as_second()) {
                     Ok(())

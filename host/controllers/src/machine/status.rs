@@ -23,7 +23,7 @@ use kube::ResourceExt;
 #[derive(Debug, Clone, Default)]
 pub(super) struct Owners {
     /// The owning set's `minReadySeconds`.
-    pub(super) min_ready_seconds: i64,
+    pub(super) min_ready_seconds: i32,
     /// Whether its set is its deployment's current one (`Err`: why not);
     /// `None` without an owning deployment.
     pub(super) up_to_date: Option<Result<(), String>>,
@@ -137,8 +137,8 @@ pub(super) fn settle(
                     instance,
                     node,
                     gates,
-                    t,
                     generation,
+                    t,
                 );
             }
         }
@@ -219,10 +219,7 @@ fn up_to_date(
 /// How long the machine stays Ready before it is Available: its own
 /// `spec.minReadySeconds`, else its set's.
 pub(super) fn min_ready_seconds(machine: &Machine, owners: &Owners) -> i64 {
-    machine
-        .spec
-        .min_ready_seconds
-        .map_or(owners.min_ready_seconds, |s| i64::from(s.max(0)))
+    i64::from(machine.spec.min_ready_seconds_or(owners.min_ready_seconds))
 }
 
 /// How long until the machine counts as available, if it is Ready but not
@@ -381,8 +378,8 @@ fn settle_observed(
     instance: &Instance,
     node: Option<&Node>,
     gates: &[MachineReadinessGate],
-    t: &capstan_api::Time,
     generation: Option<i64>,
+    t: &capstan_api::Time,
 ) {
     let set = condition_setter(generation, t);
     status.addresses = observed
@@ -462,7 +459,7 @@ fn settle_observed(
 /// unhealthy (`False`), then the first readiness gate that does not hold
 /// (`False` when its condition has the wrong status, `Unknown` when the
 /// condition is `Unknown` or not reported yet). `None`: nothing does.
-pub(super) fn unmet_gate(
+fn unmet_gate(
     conditions: &[capstan_api::Condition],
     gates: &[MachineReadinessGate],
 ) -> Option<(&'static str, &'static str, String)> {

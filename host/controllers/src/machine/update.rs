@@ -153,7 +153,7 @@ async fn plan(
                 updater: &s.updater,
                 fields: &s.fields,
                 deadline: registered.map(|(_, r)| r.progress_deadline),
-                disruption: crate::inplace::disruption_of(&updaters, &s.updater),
+                disruption: registered.map(|(_, r)| r.disruption).unwrap_or_default(),
             }
         })
         .collect::<Vec<_>>();

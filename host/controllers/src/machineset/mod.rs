@@ -102,7 +102,7 @@ fn owning_sets(sets: &Store<MachineSet>, machine: &Machine) -> Vec<ObjectRef<Mac
 /// long until it counts as available: Ready for its own
 /// `spec.minReadySeconds`, else for `min_ready_seconds` (its set's).
 pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, Option<Duration>) {
-    let min_ready_seconds = machine.spec.min_ready_seconds.unwrap_or(min_ready_seconds);
+    let min_ready_seconds = machine.spec.min_ready_seconds_or(min_ready_seconds);
     let Some(status) = machine.status.as_ref() else {
         return (Health::NotReady, None);
     };
@@ -659,12 +659,13 @@ async fn create_machines(
     Ok(names)
 }
 
+/// [`carried_in_place`]'s answer.
+pub(crate) type CarriedInPlace = [(&'static str, Option<serde_json::Value>); 4];
+
 /// A machine spec's [`CARRIED_IN_PLACE`](capstan_planner::inplace::CARRIED_IN_PLACE)
 /// fields by JSON name, in that order, each `None` when nothing is set (so
 /// an empty `deletion: {}` and no `deletion` compare equal).
-pub(crate) fn carried_in_place(
-    spec: &capstan_api::MachineSpec,
-) -> [(&'static str, Option<serde_json::Value>); 4] {
+pub(crate) fn carried_in_place(spec: &capstan_api::MachineSpec) -> CarriedInPlace {
     use serde_json::json;
     [
         ("deletion", in_place_deletion(spec).map(|d| json!(d))),
