@@ -17,7 +17,6 @@ use capstan_planner::deletion::{
 };
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -323,17 +322,15 @@ pub(crate) async fn attached_volumes(
         .flatten()
         .map(|v| v.name.clone())
         .collect();
-    let api: Api<VolumeAttachment> = Api::all(kube.client.clone());
-    // From the API server's watch cache (resourceVersion 0), not a quorum
-    // read of etcd: every deleting machine asks each pass, and a cache a
-    // moment behind can only still show an attachment that is going, so it
-    // errs on the side of waiting.
-    let from_attachments: Vec<String> = api
-        .list(&ListParams::default().match_any())
-        .await
-        .map_err(kube_err("cannot list VolumeAttachments"))?
-        .items
-        .into_iter()
+    // From the controller's cache, not a list per deleting machine per
+    // pass (at fleet scale, every attachment in the cluster read N times a
+    // round). A cache a moment behind can only still show an attachment
+    // that is going, so it errs on the side of waiting.
+    let from_attachments: Vec<String> = kube
+        .stores
+        .volume_attachments
+        .state()
+        .iter()
         .filter(|va| va.spec.node_name == name && va.status.as_ref().is_some_and(|s| s.attached))
         .map(|va| {
             let pv = va.spec.source.persistent_volume_name.clone();

@@ -120,10 +120,10 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
-        why: "machine (deletion): volumes still attached to a Node",
+        why: "machine (deletion): volumes still attached to a Node, from a shared cache",
         group: "storage.k8s.io",
         resources: &["volumeattachments"],
-        verbs: &["list"],
+        verbs: &["list", "watch"],
         scope: Scope::Cluster,
     },
     Rule {

@@ -8,6 +8,7 @@ use crate::Metrics;
 use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::Api;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
@@ -71,6 +72,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     /// DaemonSets.
     pub daemon_sets: Store<DaemonSet>,
+    /// VolumeAttachments (what a deleting machine's volume wait reads).
+    pub volume_attachments: Store<VolumeAttachment>,
 }
 
 impl std::fmt::Debug for Stores {

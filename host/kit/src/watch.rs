@@ -12,6 +12,7 @@ use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, Machine
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -230,6 +231,8 @@ pub struct Watches {
     pub pods: Shared<Pod>,
     /// DaemonSets (a drain leaves their pods alone while they exist).
     pub daemon_sets: Shared<DaemonSet>,
+    /// VolumeAttachments (a deleting machine waits for its Node's to go).
+    pub volume_attachments: Shared<VolumeAttachment>,
 }
 
 impl Watches {
@@ -253,6 +256,7 @@ impl Watches {
             // scheduler's own filter for assigned pods).
             pods: Shared::with_fields(Api::all(client.clone()), None, Some("spec.nodeName!=")),
             daemon_sets: Shared::new(Api::all(client.clone()), None),
+            volume_attachments: Shared::new(Api::all(client.clone()), None),
         };
         watches.plugins.check("plugins.capstan.dev").await?;
         watches.machines.check("machines.capstan.dev").await?;
@@ -285,6 +289,7 @@ impl Watches {
             namespaces: self.namespaces.store(),
             pods: self.pods.store(),
             daemon_sets: self.daemon_sets.store(),
+            volume_attachments: self.volume_attachments.store(),
         }
     }
 
@@ -312,6 +317,9 @@ impl Watches {
             self.namespaces.start("namespaces", listed.clone()).boxed(),
             self.pods.start("pods", listed.clone()).boxed(),
             self.daemon_sets.start("daemonsets", listed.clone()).boxed(),
+            self.volume_attachments
+                .start("volumeattachments", listed.clone())
+                .boxed(),
         ];
         // The streams are lazy: nothing has listed before this count is set.
         listed

@@ -89,8 +89,9 @@ impl ControlPlaneOptions {
 /// The user name of [`ControlPlane::second_admin_kubeconfig`].
 pub const SECOND_ADMIN: &str = "capstan-admin-2";
 
-/// The API server's audit flags: writes, and lists of pods (how often a
-/// drain reads a Node's pods), at metadata level, to `audit.log` in `dir`.
+/// The API server's audit flags: writes, and lists of pods and
+/// VolumeAttachments (how often a deleting machine reads its Node's), at
+/// metadata level, to `audit.log` in `dir`.
 fn audit_args(dir: &std::path::Path, on: bool) -> Result<Vec<String>, String> {
     if !on {
         return Ok(vec![]);
@@ -98,7 +99,7 @@ fn audit_args(dir: &std::path::Path, on: bool) -> Result<Vec<String>, String> {
     let policy = dir.join("audit-policy.yaml");
     std::fs::write(
         &policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: Metadata\n  verbs: [list]\n  resources: [{group: \"\", resources: [pods]}]\n- level: None\n",
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: Metadata\n  verbs: [list]\n  resources: [{group: \"\", resources: [pods]}, {group: storage.k8s.io, resources: [volumeattachments]}]\n- level: None\n",
     )
     .map_err(|e| e.to_string())?;
     Ok(vec![
@@ -416,13 +417,14 @@ impl ControlPlane {
             .collect())
     }
 
-    /// The audit log's lists of pods (with `audit: true`), each with its
-    /// `requestURI` (the field selector) and `user`.
-    pub fn audit_pod_lists(&self) -> Result<Vec<serde_json::Value>, String> {
+    /// The audit log's lists of `resource` (`pods` or `volumeattachments`,
+    /// with `audit: true`), each with its `requestURI` (the field selector)
+    /// and `user`.
+    pub fn audit_lists(&self, resource: &str) -> Result<Vec<serde_json::Value>, String> {
         Ok(self
             .audit_entries()?
             .into_iter()
-            .filter(|e| e["verb"] == "list" && e["objectRef"]["resource"] == "pods")
+            .filter(|e| e["verb"] == "list" && e["objectRef"]["resource"] == resource)
             .collect())
     }
 

@@ -653,14 +653,16 @@ async fn the_volume_of_a_pod_the_drain_leaves_is_not_waited_for() {
     assert!(!env.instance_exists(&instance_of(&machine)).await);
 }
 
-/// Drains at fleet speed: a drain a budget holds for several rounds reads
-/// the Node's pods from the controller's cache each round and lists them
-/// from the API server only to confirm the Node is empty (the API server's
-/// audit log counts both), so a fleet of deleting machines does not LIST
-/// pods once per machine per round. The controller runs as the generated
-/// ServiceAccount, which tells its requests from the test's.
+/// Deletions at fleet speed: a drain a budget holds for several rounds
+/// reads the Node's pods from the controller's cache each round and lists
+/// them from the API server only to confirm the Node is empty, and the
+/// wait for an attached volume reads VolumeAttachments from the cache (the
+/// API server's audit log counts the lists), so a fleet of deleting
+/// machines does not LIST pods or attachments once per machine per round.
+/// The controller runs as the generated ServiceAccount, which tells its
+/// requests from the test's (and proves its RBAC lets it watch both).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
+async fn a_held_drain_and_volume_wait_read_the_cache_not_a_list_per_round() {
     logs();
     let mut options = capstan_e2e::env::EnvOptions::new(Faults {
         boot_latency_ms: 200,
@@ -710,6 +712,12 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
         .delete("leftover", &DeleteParams::orphan())
         .await
         .unwrap();
+    // A volume attached to every Node: whichever machine goes waits for it.
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    for m in env.machines(NS).await {
+        let node = node_of(&m);
+        attach_volume(&attachments, &node, &node, &format!("pv-{node}")).await;
+    }
 
     scale(&env, 1).await;
     let victim = deleting_machine(&env).await;
@@ -737,6 +745,28 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
         .await
         .unwrap();
     let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
+    let attachment_lists = || {
+        env.control_plane
+            .audit_lists("volumeattachments")
+            .unwrap()
+            .iter()
+            .filter(|l| l["user"]["username"] == controller)
+            .count()
+    };
+    env.eventually(
+        "the drained machine waits for its volume",
+        LONG,
+        async || {
+            let m = machines.get_opt(&victim.name_any()).await.ok()??;
+            deleting(&m).filter(|(reason, _)| reason == "WaitingForVolumeDetach")
+        },
+    )
+    .await;
+    let lists_when_waiting = attachment_lists();
+    // The volume wait looks again every 2 s: two or three more looks.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let lists_after_waiting = attachment_lists();
+    set_attached(&attachments, &node, false).await;
     env.eventually(
         "the drain completes and the machine goes",
         LONG,
@@ -771,7 +801,7 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
     );
     let lists: Vec<String> = env
         .control_plane
-        .audit_pod_lists()
+        .audit_lists("pods")
         .unwrap()
         .iter()
         .filter(|l| l["user"]["username"] == controller)
@@ -788,5 +818,13 @@ async fn a_held_drain_reads_pods_from_the_cache_not_a_list_per_round() {
     assert!(
         (1..=2).contains(&lists.len()),
         "the Node's pods are listed only to confirm it is empty, not per round: {lists:#?}"
+    );
+    eprintln!(
+        "volume wait on {node}: {lists_when_waiting} VolumeAttachment lists when it began, {lists_after_waiting} 5 s later"
+    );
+    // The watch's own first list (two if it had to list again), none per look.
+    assert!(
+        (1..=2).contains(&lists_after_waiting) && lists_after_waiting == lists_when_waiting,
+        "VolumeAttachments come from the cache, not a list per look: {lists_when_waiting} then {lists_after_waiting}"
     );
 }
