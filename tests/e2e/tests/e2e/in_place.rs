@@ -643,6 +643,31 @@ async fn create_check(env: &Env, pool: &str) {
         .expect("create mhc");
 }
 
+/// The machine's first in-place step (the tests here have one updater).
+fn first_step(m: &Machine) -> &capstan_api::InPlaceStep {
+    &m.status
+        .as_ref()
+        .unwrap()
+        .in_place_update
+        .as_ref()
+        .unwrap()
+        .steps[0]
+}
+
+/// The machine and its `HealthCheckSucceeded` condition, once that is False.
+async fn judged_unhealthy(
+    machines: &Api<Machine>,
+    name: &str,
+) -> Option<(Machine, capstan_api::Condition)> {
+    let m = machines.get_opt(name).await.ok()??;
+    let c = capstan_api::condition(
+        &m.status.as_ref()?.conditions,
+        capstan_api::machine_conditions::HEALTH_CHECK_SUCCEEDED,
+    )?
+    .clone();
+    (c.status == "False").then_some((m, c))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes() {
     // Updates take an hour: the updater's percent never moves.
@@ -683,15 +708,10 @@ async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes()
     })
     .await;
     let name = updating.name_any();
-    let step = &updating
-        .status
-        .as_ref()
-        .unwrap()
-        .in_place_update
-        .as_ref()
-        .unwrap()
-        .steps[0];
-    assert_eq!(step.progress_deadline_seconds, Some(deadline));
+    assert_eq!(
+        first_step(&updating).progress_deadline_seconds,
+        Some(deadline)
+    );
     // The update takes the Node down (its kubelet goes silent).
     let node = capstan_e2e::env::node_of(&updating);
     let (code, body) = env
@@ -716,13 +736,7 @@ async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes()
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status != "True");
         }
-        let m = machines_api.get_opt(&name).await.ok()??;
-        let c = capstan_api::condition(
-            &m.status.as_ref()?.conditions,
-            capstan_api::machine_conditions::HEALTH_CHECK_SUCCEEDED,
-        )?
-        .clone();
-        (c.status == "False").then_some((m, c))
+        judged_unhealthy(&machines_api, &name).await
     })
     .await;
     let (m, c) = judged;
@@ -737,14 +751,7 @@ async fn a_hung_update_is_remediated_after_its_updaters_deadline_not_the_nodes()
         "the Node went unready well before the deadline, and that alone did not remediate it"
     );
     // Judged against the updater's deadline, counted from its last progress.
-    let progress = m
-        .status
-        .as_ref()
-        .unwrap()
-        .in_place_update
-        .as_ref()
-        .unwrap()
-        .steps[0]
+    let progress = first_step(&m)
         .last_progress_time
         .clone()
         .expect("progress time recorded");
@@ -961,25 +968,11 @@ async fn a_hostile_updater_faking_progress_is_judged_stalled_and_remediated() {
 
     let machines_api: Api<Machine> = Api::namespaced(env.client.clone(), NS);
     let (m, c) = eventually("the faked update judged stalled", LONG, async || {
-        let m = machines_api.get_opt(&name).await.ok()??;
-        let c = capstan_api::condition(
-            &m.status.as_ref()?.conditions,
-            capstan_api::machine_conditions::HEALTH_CHECK_SUCCEEDED,
-        )?
-        .clone();
-        (c.status == "False").then_some((m, c))
+        judged_unhealthy(&machines_api, &name).await
     })
     .await;
     assert_eq!(c.reason, "InPlaceUpdateStalled", "{}", c.message);
-    let step = m
-        .status
-        .as_ref()
-        .unwrap()
-        .in_place_update
-        .as_ref()
-        .unwrap()
-        .steps[0]
-        .clone();
+    let step = first_step(&m).clone();
     assert_eq!(
         step.fields,
         ["version"],
