@@ -119,6 +119,12 @@ pub struct Args {
     /// Concurrent plugin loads (each compiles a component on a cache miss).
     #[arg(long, env = "CAPSTAN_PLUGIN_CONCURRENCY", default_value_t = 2)]
     pub plugin_concurrency: u16,
+    /// Threads plugin calls run on, each with its own executor and outbound
+    /// connection pool (default: one per core). A call's tasks then stay on
+    /// one thread, and a busy plugin never holds up the controllers'
+    /// executor (Lease renewals, watches); 0 runs calls on that executor.
+    #[arg(long, env = "CAPSTAN_PLUGIN_CALL_THREADS", default_value_t = capstan_runtime::default_call_threads())]
+    pub plugin_call_threads: usize,
     /// How often a booting or deleting instance is polled, e.g. `1s`, `500ms`.
     #[arg(long, env = "CAPSTAN_POLL_INTERVAL", default_value = "1s", value_parser = crate::options::parse_duration)]
     pub poll_interval: Duration,
@@ -297,6 +303,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let namespace = own_namespace(args.namespace.as_deref());
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir: Some(args.code_cache.clone().unwrap_or_else(default_code_cache)),
+        call_threads: args.plugin_call_threads,
         ..RuntimeConfig::default()
     })
     .context("cannot start the plugin runtime")?;

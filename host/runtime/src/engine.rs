@@ -16,6 +16,15 @@ pub struct RuntimeConfig {
     pub max_memory_bytes: usize,
     /// Epoch tick: the granularity of call deadlines.
     pub epoch_tick: Duration,
+    /// Threads plugin calls run on, each a current-thread executor with its
+    /// own outbound connection pool (see the `workers` module); 0 runs
+    /// calls on the caller's executor.
+    pub call_threads: usize,
+}
+
+/// The default number of call threads: one per core.
+pub fn default_call_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 impl Default for RuntimeConfig {
@@ -25,6 +34,7 @@ impl Default for RuntimeConfig {
             max_concurrent_calls: 256,
             max_memory_bytes: 1024 * 1024 * 1024,
             epoch_tick: Duration::from_millis(5),
+            call_threads: default_call_threads(),
         }
     }
 }
@@ -48,6 +58,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) calls: Arc<tokio::sync::Semaphore>,
     /// Where calls spent their time, summed.
     pub(crate) profile: crate::profile::Totals,
+    /// Where calls run.
+    pub(crate) call_threads: crate::workers::CallThreads,
 }
 
 impl std::fmt::Debug for RuntimeInner {
@@ -145,6 +157,7 @@ impl Runtime {
             .map(CodeCache::open)
             .transpose()?;
 
+        let call_threads = crate::workers::CallThreads::start(config.call_threads)?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let engine = engine.clone();
@@ -169,12 +182,13 @@ impl Runtime {
                 linker,
                 cache,
                 engine_hash,
-                config,
                 ticker_stop,
                 ticker: Mutex::new(Some(ticker)),
                 http_client,
                 calls: Arc::new(tokio::sync::Semaphore::new(n as usize)),
                 profile: Default::default(),
+                call_threads,
+                config,
             }),
         })
     }

@@ -9,10 +9,12 @@
 //!
 //! - a wall-clock deadline (epoch interruption while running Wasm, a timer
 //!   around waits on HTTP), at most [`limits::MAX_CALL_TIMEOUT`];
-//! - no host thread held: running Wasm yields to the executor at every
-//!   epoch tick, so a CPU-bound plugin never starves leader election,
-//!   health probes or other calls; and at most `max_concurrent_calls`
-//!   calls run at once, host-wide (later ones wait their turn);
+//! - no host thread held: calls run on the runtime's own call threads
+//!   (`RuntimeConfig::call_threads`, one per core by default), not the
+//!   controllers' executor, and running Wasm yields at every epoch tick,
+//!   so a CPU-bound plugin never starves leader election, health probes
+//!   or other calls; and at most `max_concurrent_calls` calls run at once,
+//!   host-wide (later ones wait their turn);
 //! - a memory cap over every memory and table of the instance (a store
 //!   limiter), and host-side objects within a per-call budget;
 //! - bounded stdout/stderr and log volume, and a bounded return value;
@@ -36,6 +38,7 @@
 //! | `worlds` | typed handles per world, one method per contract function |
 //! | `call` | what one call holds: store state, log host, memory limiter, return sizes |
 //! | `http` | the egress gate every outbound request passes |
+//! | `workers` | the call threads calls run on (one executor and connection pool each) |
 //! | [`profile`] | where calls spend their time ([`Runtime::call_profile`]) |
 //! | [`grants`] | what an admin granted, and the gate's decision |
 //! | `credentials` | credentials attached by the host (Authorization, AWS SigV4) |
@@ -53,6 +56,7 @@ mod http;
 pub mod limits;
 mod plugin;
 pub mod profile;
+mod workers;
 mod worlds;
 
 pub use cache::CodeCache;
@@ -138,7 +142,7 @@ pub use limits::MAX_RESOURCES_PER_CALL;
 
 use call::{CallState, MemoryLimiter, ReturnSize};
 use engine::RuntimeInner;
-pub use engine::{LoadPath, Runtime, RuntimeConfig, digest};
+pub use engine::{LoadPath, Runtime, RuntimeConfig, default_call_threads, digest};
 pub use plugin::Plugin;
 use plugin::PluginInner;
 pub use worlds::{AddonPlugin, ProviderPlugin, UpdaterPlugin};

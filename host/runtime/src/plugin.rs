@@ -138,7 +138,8 @@ impl Plugin {
                 max_total: limits.max_requests_per_call,
                 in_flight: Arc::default(),
                 sent: 0,
-                client: inner.runtime.http_client.clone(),
+                client: crate::workers::thread_client()
+                    .unwrap_or_else(|| inner.runtime.http_client.clone()),
                 waited: Arc::default(),
             },
             memory: MemoryLimiter {

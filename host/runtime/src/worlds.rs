@@ -1,8 +1,26 @@
 //! Typed handles per world ([`ProviderPlugin`], [`UpdaterPlugin`],
 //! [`AddonPlugin`]): one method per contract function, each a call through
-//! [`Plugin`]'s per-call path.
+//! [`Plugin`]'s per-call path on one of the runtime's call threads.
 
 use super::*;
+
+/// Run one contract call on a call thread (`crate::workers`). The call
+/// may run on another thread than its caller's, so it takes owned copies
+/// of the named arguments (a few strings each; cloning is cheap next to a
+/// call) and the body borrows those.
+macro_rules! on_call_thread {
+    ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $body:expr) => {{
+        let this = $handle.clone();
+        $(let $arg = $arg.to_owned();)*
+        $handle
+            .plugin
+            .inner
+            .runtime
+            .call_threads
+            .run(async move { this.call($name, async |$s, $p| $body).await })
+            .await
+    }};
+}
 
 /// A typed handle on a plugin of one world: the struct, its constructor
 /// (world check and export type check) and `call`, which instantiates the
@@ -93,68 +111,78 @@ world_handle!(
 impl AddonPlugin {
     /// `versions`: the versions it knows and their channels.
     pub async fn versions(&self) -> Result<Vec<VersionInfo>, Error> {
-        self.call("versions", async |s, p| p.call_versions(s).await)
-            .await
+        on_call_thread!(self, "versions", [], async |s, p| p.call_versions(s).await)
     }
 
     /// `render`: the objects (JSON text each) for `spec`.
     pub async fn render(&self, spec: &AddonSpec) -> Result<Vec<String>, Error> {
-        self.call("render", async |s, p| p.call_render(s, spec).await)
-            .await
+        on_call_thread!(self, "render", [spec], async |s, p| p
+            .call_render(s, &spec)
+            .await)
     }
 
     /// `assess`: health judged from the observed objects (JSON text each).
     pub async fn assess(&self, spec: &AddonSpec, observed: &[String]) -> Result<Health, Error> {
-        self.call("assess", async |s, p| {
-            p.call_assess(s, spec, observed).await
-        })
-        .await
+        on_call_thread!(self, "assess", [spec, observed], async |s, p| p
+            .call_assess(s, &spec, &observed)
+            .await)
     }
 }
 
 impl ProviderPlugin {
     /// `validate(config)`.
     pub async fn validate(&self, config: &str) -> Result<(), Error> {
-        self.call("validate", async |s, p| p.call_validate(s, config).await)
-            .await
+        on_call_thread!(self, "validate", [config], async |s, p| p
+            .call_validate(s, &config)
+            .await)
     }
 
     /// `create(machine)`.
     pub async fn create(&self, machine: &Machine) -> Result<MachineStatus, Error> {
-        self.call("create", async |s, p| p.call_create(s, machine).await)
-            .await
+        on_call_thread!(self, "create", [machine], async |s, p| p
+            .call_create(s, &machine)
+            .await)
     }
 
     /// `get(machine)`.
     pub async fn get(&self, machine: &Machine) -> Result<MachineStatus, Error> {
-        self.call("get", async |s, p| p.call_get(s, machine).await)
-            .await
+        on_call_thread!(self, "get", [machine], async |s, p| p
+            .call_get(s, &machine)
+            .await)
     }
 
     /// `delete(machine)`.
     pub async fn delete(&self, machine: &Machine) -> Result<Deletion, Error> {
-        self.call("delete", async |s, p| p.call_delete(s, machine).await)
-            .await
+        on_call_thread!(self, "delete", [machine], async |s, p| p
+            .call_delete(s, &machine)
+            .await)
     }
 
     /// `list-instances(config)`; `None` when the plugin does not list.
     pub async fn list(&self, config: &str) -> Result<Option<Vec<MachineStatus>>, Error> {
-        self.call("list-instances", async |s, p| {
-            p.call_list_instances(s, config).await
-        })
-        .await
+        on_call_thread!(self, "list-instances", [config], async |s, p| p
+            .call_list_instances(s, &config)
+            .await)
     }
 
     /// Instantiate in a fresh store and call nothing: measures the per-call
     /// setup cost (benchmarks).
     pub async fn instantiate_only(&self) -> Result<(), Error> {
-        let pre = &self.pre;
+        let this = self.clone();
         self.plugin
-            .invoke("instantiate", async |store| {
-                let started = std::time::Instant::now();
-                pre.instantiate_async(&mut *store).await?;
-                store.data_mut().instantiate = started.elapsed();
-                Ok(Ok(()))
+            .inner
+            .runtime
+            .call_threads
+            .run(async move {
+                let pre = &this.pre;
+                this.plugin
+                    .invoke("instantiate", async |store| {
+                        let started = std::time::Instant::now();
+                        pre.instantiate_async(&mut *store).await?;
+                        store.data_mut().instantiate = started.elapsed();
+                        Ok(Ok(()))
+                    })
+                    .await
             })
             .await
     }
@@ -168,10 +196,14 @@ impl UpdaterPlugin {
         desired: &Machine,
         changed_fields: &[String],
     ) -> Result<Vec<String>, Error> {
-        self.call("can-update", async |s, p| {
-            p.call_can_update(s, current, desired, changed_fields).await
-        })
-        .await
+        on_call_thread!(
+            self,
+            "can-update",
+            [current, desired, changed_fields],
+            async |s, p| p
+                .call_can_update(s, &current, &desired, &changed_fields)
+                .await
+        )
     }
 
     /// `update`: apply the claimed fields (re-entrant).
@@ -181,9 +213,11 @@ impl UpdaterPlugin {
         desired: &Machine,
         claimed_fields: &[String],
     ) -> Result<UpdateProgress, Error> {
-        self.call("update", async |s, p| {
-            p.call_update(s, current, desired, claimed_fields).await
-        })
-        .await
+        on_call_thread!(
+            self,
+            "update",
+            [current, desired, claimed_fields],
+            async |s, p| p.call_update(s, &current, &desired, &claimed_fields).await
+        )
     }
 }

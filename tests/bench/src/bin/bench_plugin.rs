@@ -8,13 +8,19 @@
 //! - `validate_*_us_*`: a pure call (no I/O): Wasm, native in-process, HTTPS webhook;
 //! - `create_*_us_*`: `create` against the simulated cloud on loopback, the
 //!   same three ways; every path keeps its connections alive (the runtime
-//!   pools the plugins' outbound connections, as native clients do);
+//!   pools the plugins' outbound connections, as native clients do); the
+//!   cloud runs on a thread and executor of its own, as a remote cloud
+//!   shares nothing with its caller;
+//! - `*_wasm_on_caller_*`: the Wasm path again with no call threads
+//!   (`RuntimeConfig::call_threads` 0: calls run on the caller's
+//!   multi-thread executor, as before call threads), to show what they save;
 //! - `ratio_*`: the ratios of the medians above;
 //! - with `--breakdown`, `breakdown_{validate,create}_wasm_<phase>_us`:
 //!   where a Wasm call's time goes, the mean per call of each phase of
 //!   [`capstan_runtime::profile`] (slot, store, instantiate, run, outbound,
-//!   finish, total), next to `breakdown_create_native_us` (the native
-//!   call, outbound round trip included).
+//!   finish, total), the same for the on-caller path, next to
+//!   `breakdown_create_native_us` (the native call, outbound round trip
+//!   included).
 
 use anyhow::{Context, ensure};
 use capstan_bench::webhook::{Webhook, WebhookRequest, call_webhook};
@@ -50,6 +56,9 @@ pub struct Args {
     /// Also print where a Wasm call's time goes, phase by phase (means).
     #[arg(long)]
     pub breakdown: bool,
+    /// Call threads of the measured runtime (default: one per core).
+    #[arg(long, default_value_t = capstan_runtime::default_call_threads())]
+    pub call_threads: usize,
 }
 
 const TOKEN: &str = "bench-token";
@@ -128,17 +137,27 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     println!(
-        "# capstan-bench-plugin: {} ({} bytes), {} calls per path",
+        "# capstan-bench-plugin: {} ({} bytes), {} calls per path, {} call threads",
         path.display(),
         bytes.len(),
-        args.calls
+        args.calls,
+        args.call_threads
     );
 
-    let cloud = SimCloud::start(SimCloudConfig {
-        token: Some(TOKEN.into()),
-        ..Default::default()
-    })
-    .await?;
+    // The cloud gets a thread and executor of its own: a real cloud shares
+    // no executor with its caller, and its tasks would otherwise wake on
+    // the same workers as the paths measured.
+    let cloud_executor = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sim-cloud")
+        .enable_all()
+        .build()?;
+    let cloud = cloud_executor
+        .spawn(SimCloud::start(SimCloudConfig {
+            token: Some(TOKEN.into()),
+            ..Default::default()
+        }))
+        .await??;
     let mut grants = Grants {
         http: vec![cloud.url().parse()?],
         ..Default::default()
@@ -163,6 +182,13 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = Runtime::new(RuntimeConfig {
         cache_dir: Some(cache_dir.clone()),
         max_concurrent_calls: 64,
+        call_threads: args.call_threads,
+        ..Default::default()
+    })?;
+    let on_caller = Runtime::new(RuntimeConfig {
+        cache_dir: Some(cache_dir.clone()),
+        max_concurrent_calls: 64,
+        call_threads: 0,
         ..Default::default()
     })?;
     rt.load("bench", &bytes, Limits::default(), grants.clone())?;
@@ -181,8 +207,11 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         compile.us(50) / load.us(50),
     );
 
-    let plugin = rt.load("bench", &bytes, Limits::default(), grants)?;
+    let plugin = rt.load("bench", &bytes, Limits::default(), grants.clone())?;
     let provider = plugin.provider()?;
+    let provider_on_caller = on_caller
+        .load("bench", &bytes, Limits::default(), grants)?
+        .provider()?;
     let mut inst = Vec::with_capacity(args.instantiations);
     for _ in 0..args.instantiations {
         let t = Instant::now();
@@ -202,8 +231,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Three interleaved rounds, so drift on a shared machine hits all paths alike.
     let rounds = 3;
     let per_round = args.calls.div_ceil(rounds);
-    let mut results: [[Vec<Duration>; 3]; 2] = Default::default();
-    let mut profiles = [CallProfile::default(); 2];
+    // Per operation: Wasm, native, webhook, Wasm on the caller's executor.
+    let mut results: [[Vec<Duration>; 4]; 2] = Default::default();
+    let mut profiles = [[CallProfile::default(); 2]; 2];
     for round in 0..rounds {
         for (op, kind) in ["validate", "create"].iter().enumerate() {
             // Distinct machine uids per path: every create launches an instance.
@@ -214,17 +244,27 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             let before = rt.call_profile();
             results[op][0].extend(wasm_calls(&provider, kind, &batch("wasm")).await?);
-            profiles[op] = profiles[op] + rt.call_profile().since(&before);
+            profiles[op][0] = profiles[op][0] + rt.call_profile().since(&before);
             results[op][1].extend(native_calls(&native, kind, &batch("native")).await?);
             results[op][2].extend(webhook_calls(&agent, &url, kind, &batch("webhook")).await?);
+            let before = on_caller.call_profile();
+            let machines = batch("wasm-on-caller");
+            results[op][3].extend(wasm_calls(&provider_on_caller, kind, &machines).await?);
+            profiles[op][1] = profiles[op][1] + on_caller.call_profile().since(&before);
         }
     }
     let native_create = &results[1][1];
     let native_create_mean_us = native_create.iter().sum::<Duration>().as_secs_f64() * 1e6
         / native_create.len().max(1) as f64;
     for (op, kind) in ["validate", "create"].iter().enumerate() {
-        let [wasm, native, hook] = std::mem::take(&mut results[op]).map(Samples);
-        for (path, s) in [("wasm", &wasm), ("native", &native), ("webhook", &hook)] {
+        let [wasm, native, hook, caller] = std::mem::take(&mut results[op]).map(Samples);
+        let paths = [
+            ("wasm", &wasm),
+            ("native", &native),
+            ("webhook", &hook),
+            ("wasm_on_caller", &caller),
+        ];
+        for (path, s) in paths {
             line(&format!("{kind}_{path}_us_p50"), s.us(50));
             line(&format!("{kind}_{path}_us_p99"), s.us(99));
         }
@@ -236,17 +276,23 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             &format!("ratio_{kind}_webhook_vs_wasm_p50"),
             hook.us(50) / wasm.us(50),
         );
+        line(
+            &format!("ratio_{kind}_wasm_on_caller_vs_wasm_p50"),
+            caller.us(50) / wasm.us(50),
+        );
     }
     if args.breakdown {
         for (op, kind) in ["validate", "create"].iter().enumerate() {
-            for (phase, us) in profiles[op].mean_us() {
-                line(&format!("breakdown_{kind}_wasm_{phase}_us"), us);
+            for (variant, path) in ["wasm", "wasm_on_caller"].iter().enumerate() {
+                let p = &profiles[op][variant];
+                for (phase, us) in p.mean_us() {
+                    line(&format!("breakdown_{kind}_{path}_{phase}_us"), us);
+                }
+                line(
+                    &format!("breakdown_{kind}_{path}_requests_per_call"),
+                    p.requests as f64 / p.calls.max(1) as f64,
+                );
             }
-            let p = &profiles[op];
-            line(
-                &format!("breakdown_{kind}_wasm_requests_per_call"),
-                p.requests as f64 / p.calls.max(1) as f64,
-            );
         }
         line("breakdown_create_native_us", native_create_mean_us);
     }
@@ -256,7 +302,8 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         stats.requests, stats.instances_launched
     );
     drop(webhook);
-    cloud.shutdown().await;
+    cloud_executor.spawn(cloud.shutdown()).await?;
+    cloud_executor.shutdown_background();
     let _ = std::fs::remove_dir_all(&cache_dir);
     Ok(ExitCode::SUCCESS)
 }

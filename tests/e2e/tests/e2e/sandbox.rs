@@ -258,12 +258,27 @@ async fn infinite_loop_hits_the_deadline() {
 /// deadline, a fifth call waiting for the only call slot, and a 10 ms
 /// ticker standing in for leader election and health probes: the ticker
 /// is never late by much more than an epoch tick, and the waiting call
-/// runs when a slot frees.
+/// runs when a slot frees. Calls run on that executor here (no call
+/// threads), so only the epoch yields keep it free.
 #[tokio::test(flavor = "current_thread")]
 async fn cpu_bound_calls_never_hold_the_executor_and_calls_share_a_host_wide_cap() {
+    cpu_bound_calls(0).await;
+}
+
+/// The same with the calls on one call thread (the default runs one per
+/// core): the four spinning calls share that thread and take turns at
+/// every epoch tick, so all reach their own deadline together rather than
+/// one after another, and the caller's executor is not touched at all.
+#[tokio::test(flavor = "current_thread")]
+async fn cpu_bound_calls_on_one_call_thread_take_turns_and_leave_the_caller_alone() {
+    cpu_bound_calls(1).await;
+}
+
+async fn cpu_bound_calls(call_threads: usize) {
     let cloud = cloud().await;
     let rt = Runtime::new(RuntimeConfig {
         max_concurrent_calls: 4,
+        call_threads,
         ..Default::default()
     })
     .unwrap();
@@ -284,7 +299,10 @@ async fn cpu_bound_calls_never_hold_the_executor_and_calls_share_a_host_wide_cap
         worst
     });
     let started = std::time::Instant::now();
-    let spinning = futures::future::join_all((0..4).map(|_| p.create(&spin)));
+    let spinning = async {
+        let results = futures::future::join_all((0..4).map(|_| p.create(&spin))).await;
+        (results, started.elapsed())
+    };
     // The fifth call waits for a slot: its deadline only starts then.
     let fifth = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -292,15 +310,20 @@ async fn cpu_bound_calls_never_hold_the_executor_and_calls_share_a_host_wide_cap
         let r = p.create(&spin).await;
         (r, waited.elapsed())
     };
-    let (results, (fifth, fifth_took)) = futures::future::join(spinning, fifth).await;
+    let ((results, spun), (fifth, fifth_took)) = futures::future::join(spinning, fifth).await;
     let worst = ticker.await.unwrap();
     eprintln!(
-        "4 CPU-bound calls on one thread for {:?}: worst ticker delay {worst:?} (epoch tick 5 ms); a 5th call over the cap of 4 took {fifth_took:?}",
-        started.elapsed()
+        "4 CPU-bound calls ({call_threads} call threads) done in {spun:?}: worst ticker delay {worst:?} (epoch tick 5 ms); a 5th call over the cap of 4 took {fifth_took:?}",
     );
     for r in results {
         assert!(matches!(r, Err(Error::DeadlineExceeded { .. })), "{r:?}");
     }
+    // Taking turns, all four end at their 1.5 s deadline; one after
+    // another they would take 6 s.
+    assert!(
+        spun < Duration::from_millis(3500),
+        "the spinning calls took turns: {spun:?}"
+    );
     assert!(
         matches!(fifth, Err(Error::DeadlineExceeded { .. })),
         "{fifth:?}"
