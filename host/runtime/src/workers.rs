@@ -38,7 +38,6 @@ pub(crate) fn thread_client() -> Option<PooledClient> {
 /// The call threads of one [`crate::Runtime`].
 pub(crate) struct CallThreads {
     threads: Vec<CallThread>,
-    next: AtomicUsize,
 }
 
 struct CallThread {
@@ -57,10 +56,7 @@ impl CallThreads {
         for i in 0..count {
             threads.push(CallThread::start(i)?);
         }
-        Ok(CallThreads {
-            threads,
-            next: AtomicUsize::new(0),
-        })
+        Ok(CallThreads { threads })
     }
 
     /// Run `call` on the least busy call thread and wait for its result.
@@ -85,16 +81,13 @@ impl CallThreads {
         }
     }
 
-    /// The thread with the fewest calls, starting the search one further
-    /// each time so ties are spread.
+    /// The thread with the fewest calls; among equals the first, so calls
+    /// one after another stay on one thread and find its caches warm
+    /// (measured: a pure call took 14.7 µs inside the sandbox when
+    /// sequential calls alternated between two threads, 11.5 µs on one).
     fn pick(&self) -> Option<&CallThread> {
-        let n = self.threads.len();
-        if n == 0 {
-            return None;
-        }
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        (0..n)
-            .map(|i| &self.threads[(start + i) % n])
+        self.threads
+            .iter()
             .min_by_key(|t| t.load.load(Ordering::Relaxed))
     }
 }
@@ -188,12 +181,29 @@ mod tests {
     #[tokio::test]
     async fn calls_run_on_the_call_threads_and_spread_over_them() {
         let threads = CallThreads::start(2).unwrap();
-        let name = || async { Ok(std::thread::current().name().map(str::to_string)) };
+        // Two calls that can only finish together: the second finds the
+        // first thread busy.
+        let both = Arc::new(tokio::sync::Barrier::new(2));
+        let name = || {
+            let both = both.clone();
+            async move {
+                both.wait().await;
+                Ok(std::thread::current().name().map(str::to_string))
+            }
+        };
         let (a, b) = tokio::join!(threads.run(name()), threads.run(name()));
         let mut names = vec![a.unwrap().unwrap(), b.unwrap().unwrap()];
         names.sort();
         assert_eq!(names, ["capstan-calls-0", "capstan-calls-1"]);
         assert!(thread_client().is_none(), "the caller is no call thread");
+        // One after another, calls stay on the first thread.
+        for _ in 0..3 {
+            let here = threads
+                .run(async { Ok(std::thread::current().name().map(str::to_string)) })
+                .await
+                .unwrap();
+            assert_eq!(here.as_deref(), Some("capstan-calls-0"));
+        }
     }
 
     #[tokio::test]
