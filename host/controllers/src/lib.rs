@@ -209,6 +209,7 @@ pub async fn run(
             evictions: nodedrain::Evictions::new(eviction_client),
             poll: options.poll,
             instance_check: options.instance_check,
+            unseen_writes: Default::default(),
         }),
         concurrency.machines,
         shutdown.clone(),

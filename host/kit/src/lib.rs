@@ -12,6 +12,7 @@
 //!   every write a controller makes goes through one of these;
 //! - [`Conditions`]: sets conditions with one generation and time;
 //! - [`Expectations`]: creations and deletions the cache has not shown yet;
+//!   [`unseen::UnseenWrites`]: own writes it has not shown yet;
 //! - [`owners`]: owner references and adopting orphans;
 //! - [`registry`] and [`provider`]: what the Plugin controller loaded, and
 //!   whether a namespace may use a Plugin now;
@@ -31,6 +32,7 @@ pub mod owners;
 pub mod provider;
 pub mod ratelimit;
 pub mod registry;
+pub mod unseen;
 pub mod watch;
 pub mod write;
 

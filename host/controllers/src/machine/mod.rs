@@ -75,6 +75,8 @@ pub(crate) struct Context {
     /// How often a Running machine's instance is looked at through its
     /// provider's `get` (jittered by a tenth).
     pub(crate) instance_check: Duration,
+    /// Machines whose status a pass wrote and the cache has not shown yet.
+    pub(crate) unseen_writes: capstan_kit::unseen::UnseenWrites,
 }
 
 impl AsRef<Kube> for Context {
@@ -158,6 +160,14 @@ fn machines_where(
 /// ([`capstan_planner::machine::next_step`]) until the planner ends the
 /// pass, then derive the status once and write it at most once.
 async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // A pass on a status older than the last one written would repeat its
+    // steps; the write's own watch event brings the next pass.
+    if let Some(wait) = ctx.unseen_writes.wait(
+        &machine.uid().unwrap_or_default(),
+        &machine.resource_version().unwrap_or_default(),
+    ) {
+        return Ok(Action::requeue(wait));
+    }
     let mut pass = Pass::observe(&machine, &ctx);
     let end = loop {
         match next_step(&pass.view) {
@@ -371,6 +381,7 @@ impl<'a> Pass<'a> {
             }
             MachineStep::RemoveFinalizer => {
                 remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
+                ctx.unseen_writes.forget(&machine.uid().unwrap_or_default());
                 self.view.has_finalizer = false;
             }
             MachineStep::End(_) => {}
@@ -519,6 +530,12 @@ impl<'a> Pass<'a> {
             }
             None => false,
         };
+        if changed {
+            ctx.unseen_writes.wrote(
+                &machine.uid().unwrap_or_default(),
+                &machine.resource_version().unwrap_or_default(),
+            );
+        }
         match &end.outcome {
             Outcome::Failed { reason, message } if changed => {
                 record_event(

@@ -7,8 +7,10 @@
 //! test): time to all Ready, controller CPU seconds, controller peak RSS, API
 //! writes per machine (and by controller and verb, as comments), the API
 //! server's CPU seconds, the time to delete them all (every instance
-//! released, the deployment gone), the Wasm/native ratio of each, and the writes and the API server's and etcd's CPU during an
-//! idle period after convergence. `--shards K` adds the Wasm run split over
+//! released, the deployment gone) with the writes per machine and the API
+//! server's CPU seconds that took, the Wasm/native ratio of each, and the
+//! writes and the API server's and etcd's CPU during an idle period after
+//! convergence. `--shards K` adds the Wasm run split over
 //! K watch-filtered controllers, `--kube-api-qps Q/B` the Wasm run under a
 //! client-side rate limit; `--svg` draws the figures against N.
 //!
@@ -152,6 +154,11 @@ struct Figures {
     writes_by_kind: Vec<(String, f64)>,
     apiserver_cpu_seconds: f64,
     seconds_to_all_deleted: f64,
+    /// Controller writes per machine from the deletion request until every
+    /// instance is released, and by `controller` and `verb`.
+    deletion_writes_per_machine: f64,
+    deletion_writes_by_kind: Vec<(String, f64)>,
+    apiserver_cpu_seconds_deleting: f64,
     idle_writes: f64,
     idle_apiserver_cpu_percent: f64,
     idle_etcd_cpu_percent: f64,
@@ -160,7 +167,7 @@ struct Figures {
 
 impl Figures {
     /// The figures printed for every run and compared as ratios, named.
-    fn compared(&self) -> [(&'static str, f64); 6] {
+    fn compared(&self) -> [(&'static str, f64); 8] {
         [
             ("seconds_to_all_ready", self.seconds_to_ready),
             ("controller_cpu_seconds", self.cpu_seconds),
@@ -168,6 +175,14 @@ impl Figures {
             ("api_writes_per_machine", self.writes_per_machine),
             ("apiserver_cpu_seconds", self.apiserver_cpu_seconds),
             ("seconds_to_all_deleted", self.seconds_to_all_deleted),
+            (
+                "api_writes_per_machine_deleting",
+                self.deletion_writes_per_machine,
+            ),
+            (
+                "apiserver_cpu_seconds_deleting",
+                self.apiserver_cpu_seconds_deleting,
+            ),
         ]
     }
 }
@@ -279,6 +294,28 @@ impl Controllers {
         }
         Ok(out)
     }
+    /// Writes per machine by `controller` and `verb` since `before` (a
+    /// [`Controllers::writes_by_kind`] reading), largest first.
+    fn writes_by_kind_since(
+        &self,
+        before: &[(String, f64)],
+        per_machine: f64,
+    ) -> anyhow::Result<Vec<(String, f64)>> {
+        let mut since: Vec<(String, f64)> = self
+            .writes_by_kind()?
+            .into_iter()
+            .map(|(labels, after)| {
+                let was = before
+                    .iter()
+                    .find(|(l, _)| *l == labels)
+                    .map_or(0.0, |(_, v)| *v);
+                (labels, (after - was) / per_machine)
+            })
+            .filter(|(_, v)| *v > 0.0)
+            .collect();
+        since.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Ok(since)
+    }
     fn logs(&self) -> String {
         let logs: Vec<String> = self.0.iter().map(|c| c.log.display().to_string()).collect();
         logs.join(", ")
@@ -388,19 +425,7 @@ async fn run_variant(
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes = controllers.writes()? - writes_before;
     let per_machine = f64::from(machines.max(1));
-    let mut writes_by_kind: Vec<(String, f64)> = controllers
-        .writes_by_kind()?
-        .into_iter()
-        .map(|(labels, after)| {
-            let before = kinds_before
-                .iter()
-                .find(|(l, _)| *l == labels)
-                .map_or(0.0, |(_, v)| *v);
-            (labels, (after - before) / per_machine)
-        })
-        .filter(|(_, v)| *v > 0.0)
-        .collect();
-    writes_by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let writes_by_kind = controllers.writes_by_kind_since(&kinds_before, per_machine)?;
     eprintln!(
         "# {label}: all Ready after {seconds_to_ready:.1}s; idle for {}s",
         args.idle.as_secs()
@@ -421,10 +446,14 @@ async fn run_variant(
     let idle_kubelet_writes = kubelet_writes(env) - kubelet_idle;
 
     eprintln!("# {label}: deleting the fleet and waiting for every instance to be released");
+    let (deletion_writes_before, deletion_kinds_before) =
+        (controllers.writes()?, controllers.writes_by_kind()?);
+    let apiserver_before_deleting = plane_cpu(env, "kube-apiserver")?;
     let deleting = Instant::now();
     for (name, _) in &fleet {
         mds.delete(name, &DeleteParams::foreground()).await?;
     }
+    let mut last_print = Instant::now();
     let deadline = deleting + Duration::from_secs(900);
     // Deleted: every instance released and the deployments gone (foreground
     // deletion removes each after its sets and machines).
@@ -439,9 +468,23 @@ async fn run_variant(
         if Instant::now() > deadline {
             bail!("{label}: instances not released after 15 minutes");
         }
+        if last_print.elapsed() > Duration::from_secs(10) {
+            eprintln!(
+                "# {label}: deleting, {:.0}s: cloud {} instances",
+                deleting.elapsed().as_secs_f64(),
+                env.cloud.instances().len()
+            );
+            last_print = Instant::now();
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let seconds_to_all_deleted = deleting.elapsed().as_secs_f64();
+    let apiserver_cpu_seconds_deleting =
+        plane_cpu(env, "kube-apiserver")? - apiserver_before_deleting;
+    let deletion_writes_per_machine =
+        (controllers.writes()? - deletion_writes_before) / per_machine;
+    let deletion_writes_by_kind =
+        controllers.writes_by_kind_since(&deletion_kinds_before, per_machine)?;
     for mut c in controllers.0 {
         c.stop();
     }
@@ -453,6 +496,9 @@ async fn run_variant(
         writes_by_kind,
         apiserver_cpu_seconds,
         seconds_to_all_deleted,
+        deletion_writes_per_machine,
+        deletion_writes_by_kind,
+        apiserver_cpu_seconds_deleting,
         idle_writes,
         idle_apiserver_cpu_percent,
         idle_etcd_cpu_percent,
@@ -596,6 +642,9 @@ fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: &Figures) {
     for (variant, f) in [("wasm", wasm), ("native", native)] {
         for (kind, per) in &f.writes_by_kind {
             println!("# writes per machine, {variant}, {kind}: {per:.3}");
+        }
+        for (kind, per) in &f.deletion_writes_by_kind {
+            println!("# writes per machine deleting, {variant}, {kind}: {per:.3}");
         }
     }
     for (variant, f) in [("wasm", wasm), ("native", native)] {
