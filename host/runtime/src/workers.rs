@@ -111,8 +111,9 @@ impl CallThread {
                 THREAD_CLIENT.with(|c| {
                     let _ = c.set(client);
                 });
-                // Runs the calls handed over until the runtime is dropped;
-                // calls still running then are cancelled with the executor.
+                // Runs the calls handed over until the stop sender goes
+                // (with the Runtime); calls still running then are
+                // cancelled as the executor is dropped.
                 let _ = executor.block_on(stopped);
             })
             .map_err(io)?;
