@@ -15,6 +15,7 @@
 //!
 //! Versions are only compared for equality, as the API asks.
 
+use kube::Resource;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -29,19 +30,28 @@ pub struct UnseenWrites {
 }
 
 impl UnseenWrites {
-    /// A pass that read `resource_version` of object `uid` wrote it.
-    pub fn wrote(&self, uid: &str, resource_version: &str) {
+    /// A pass that read `obj` (at its resourceVersion) wrote it.
+    pub fn wrote(&self, obj: &impl Resource) {
+        self.record(&uid(obj), &version(obj));
+    }
+
+    /// How long to wait before reconciling `obj` as the cache has it:
+    /// `None` once the cache has moved past the last write (or the wait is
+    /// over), and the entry is gone.
+    pub fn wait(&self, obj: &impl Resource) -> Option<Duration> {
+        self.wait_at(&uid(obj), &version(obj), Instant::now())
+    }
+
+    /// `obj` is gone (its finalizer removed): nothing to wait for.
+    pub fn forget(&self, obj: &impl Resource) {
+        self.lock().remove(&uid(obj));
+    }
+
+    fn record(&self, uid: &str, resource_version: &str) {
         self.lock().insert(
             uid.to_string(),
             (resource_version.to_string(), Instant::now()),
         );
-    }
-
-    /// How long to wait before reconciling object `uid`, found at
-    /// `resource_version` in the cache: `None` once the cache has moved
-    /// past the last write (or the wait is over), and the entry is gone.
-    pub fn wait(&self, uid: &str, resource_version: &str) -> Option<Duration> {
-        self.wait_at(uid, resource_version, Instant::now())
     }
 
     fn wait_at(&self, uid: &str, resource_version: &str, now: Instant) -> Option<Duration> {
@@ -55,60 +65,65 @@ impl UnseenWrites {
         None
     }
 
-    /// Object `uid` is gone (its finalizer removed): nothing to wait for.
-    pub fn forget(&self, uid: &str) {
-        self.lock().remove(uid);
-    }
-
-    /// Objects waited for (metrics, tests).
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether no write is waited for.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
         self.read.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+fn uid(obj: &impl Resource) -> String {
+    obj.meta().uid.clone().unwrap_or_default()
+}
+
+fn version(obj: &impl Resource) -> String {
+    obj.meta().resource_version.clone().unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn wait(w: &UnseenWrites, uid: &str, version: &str) -> Option<Duration> {
+        w.wait_at(uid, version, Instant::now())
+    }
+
+    fn is_empty(w: &UnseenWrites) -> bool {
+        w.lock().is_empty()
+    }
+
     #[test]
     fn a_pass_on_the_version_it_wrote_from_waits_and_a_newer_one_goes_on() {
         let w = UnseenWrites::default();
-        assert_eq!(w.wait("u1", "10"), None, "nothing written");
-        w.wrote("u1", "10");
-        let left = w.wait("u1", "10").expect("cache still at the read version");
+        assert_eq!(wait(&w, "u1", "10"), None, "nothing written");
+        w.record("u1", "10");
+        let left = wait(&w, "u1", "10").expect("cache still at the read version");
         assert!(left <= UNSEEN_WAIT && left > Duration::from_secs(4));
-        assert_eq!(w.wait("u2", "10"), None, "other objects are not held");
+        assert_eq!(wait(&w, "u2", "10"), None, "other objects are not held");
         assert_eq!(
-            w.wait("u1", "11"),
+            wait(&w, "u1", "11"),
             None,
             "the write (or a later one) is seen"
         );
-        assert!(w.is_empty(), "seen writes are forgotten");
-        assert_eq!(w.wait("u1", "10"), None);
+        assert!(is_empty(&w), "seen writes are forgotten");
+        assert_eq!(wait(&w, "u1", "10"), None);
     }
 
     #[test]
     fn the_wait_is_bounded_and_a_gone_object_is_forgotten() {
         let w = UnseenWrites::default();
-        w.wrote("u1", "10");
+        w.record("u1", "10");
         let later = Instant::now() + UNSEEN_WAIT;
         assert_eq!(
             w.wait_at("u1", "10", later),
             None,
             "the cache is trusted again"
         );
-        assert!(w.is_empty());
-        w.wrote("u2", "7");
-        w.forget("u2");
-        assert_eq!(w.wait("u2", "7"), None);
+        assert!(is_empty(&w));
+        let mut gone = k8s_openapi::api::core::v1::ConfigMap::default();
+        gone.metadata.uid = Some("u2".into());
+        gone.metadata.resource_version = Some("7".into());
+        w.wrote(&gone);
+        assert!(w.wait(&gone).is_some());
+        w.forget(&gone);
+        assert_eq!(w.wait(&gone), None);
     }
 }

@@ -162,10 +162,7 @@ fn machines_where(
 async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
     // A pass on a status older than the last one written would repeat its
     // steps; the write's own watch event brings the next pass.
-    if let Some(wait) = ctx.unseen_writes.wait(
-        &machine.uid().unwrap_or_default(),
-        &machine.resource_version().unwrap_or_default(),
-    ) {
+    if let Some(wait) = ctx.unseen_writes.wait(&*machine) {
         return Ok(Action::requeue(wait));
     }
     let mut pass = Pass::observe(&machine, &ctx);
@@ -381,7 +378,7 @@ impl<'a> Pass<'a> {
             }
             MachineStep::RemoveFinalizer => {
                 remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
-                ctx.unseen_writes.forget(&machine.uid().unwrap_or_default());
+                ctx.unseen_writes.forget(machine);
                 self.view.has_finalizer = false;
             }
             MachineStep::End(_) => {}
@@ -531,10 +528,7 @@ impl<'a> Pass<'a> {
             None => false,
         };
         if changed {
-            ctx.unseen_writes.wrote(
-                &machine.uid().unwrap_or_default(),
-                &machine.resource_version().unwrap_or_default(),
-            );
+            ctx.unseen_writes.wrote(machine);
         }
         match &end.outcome {
             Outcome::Failed { reason, message } if changed => {
