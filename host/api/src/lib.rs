@@ -116,6 +116,15 @@ pub const ANNOTATION_IN_PLACE_FROM: &str = "capstan.dev/in-place-from";
 /// Finalizer the Machine controller puts on every Machine so the cloud
 /// instance is released before the object goes.
 pub const MACHINE_FINALIZER: &str = "capstan.dev/machine";
+/// Finalizer the MachineSet controller puts on every MachineSet: a deleted
+/// set deletes its Machines itself and goes when the last one is gone (as
+/// Cluster API's `cluster.x-k8s.io/machineset`).
+pub const MACHINESET_FINALIZER: &str = "capstan.dev/machineset";
+/// Finalizer the MachineDeployment controller puts on every
+/// MachineDeployment: a deleted deployment deletes its MachineSets itself
+/// and goes when the last one is gone (as Cluster API's
+/// `cluster.x-k8s.io/machinedeployment`).
+pub const MACHINEDEPLOYMENT_FINALIZER: &str = "capstan.dev/machinedeployment";
 /// Annotation on a Machine: present (any value) means its Node is not
 /// drained before the machine is deleted.
 pub const ANNOTATION_EXCLUDE_NODE_DRAINING: &str = "machine.capstan.dev/exclude-node-draining";

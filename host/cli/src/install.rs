@@ -610,6 +610,42 @@ where
     Ok(())
 }
 
+/// Remove `finalizer` (the controller's own, and only it) from every object
+/// of `api` that carries it. A missing CRD means there is nothing to release.
+async fn release_finalizers<K>(api: Api<K>, finalizer: &str) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let kind = K::kind(&()).to_lowercase();
+    let items = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot list {kind}s")),
+    };
+    for obj in items {
+        // Tested first, so a list someone else changed meanwhile is not
+        // overwritten (the next uninstall tries again).
+        let change = capstan_kit::write::FinalizerChange::Remove;
+        let Some(patch) = capstan_kit::write::finalizer_patch(obj.finalizers(), finalizer, change)
+        else {
+            continue;
+        };
+        let ns = obj.namespace().unwrap_or_default();
+        let name = obj.name_any();
+        Api::<K>::namespaced(api.clone().into_client(), &ns)
+            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+            .with_context(|| {
+                format!("cannot remove the finalizer {finalizer} of {kind} {ns}/{name}")
+            })?;
+        println!("{kind}/{name} ({ns}): finalizer {finalizer} removed");
+    }
+    Ok(())
+}
+
 /// `capstan uninstall`.
 pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
     let client = crate::controller::client(args.kubeconfig.as_ref()).await?;
@@ -696,6 +732,15 @@ pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
     delete(Api::<ClusterRoleBinding>::all(client.clone()), NAME).await?;
     delete(Api::<ClusterRole>::all(client.clone()), NAME).await?;
     delete(Api::<ServiceAccount>::namespaced(client.clone(), ns), NAME).await?;
+    // No Machine is held any more (checked above), so the sets' and
+    // deployments' finalizers guard nothing; with the controller and its
+    // rights gone, nobody would remove them and the CRDs would never go.
+    let finalizer = capstan_api::MACHINESET_FINALIZER;
+    let sets = Api::<capstan_api::MachineSet>::all(client.clone());
+    release_finalizers(sets, finalizer).await?;
+    let finalizer = capstan_api::MACHINEDEPLOYMENT_FINALIZER;
+    let deployments = Api::<capstan_api::MachineDeployment>::all(client.clone());
+    release_finalizers(deployments, finalizer).await?;
     for crd in capstan_api::crds() {
         delete(
             Api::<CustomResourceDefinition>::all(client.clone()),

@@ -217,6 +217,7 @@ pub async fn run(
     let set_controller = machineset::controller(
         watches.machine_sets.subscribe(),
         watches.machines.subscribe(),
+        watches.machines.deletions(),
         Arc::new(machineset::Context {
             kube: kube.clone(),
             expectations: capstan_kit::Expectations::default(),
@@ -228,6 +229,7 @@ pub async fn run(
     let deployment_controller = deployment::controller(
         watches.deployments.subscribe(),
         watches.machine_sets.subscribe(),
+        watches.machine_sets.deletions(),
         Arc::new(deployment::Context {
             kube: kube.clone(),
             updaters,

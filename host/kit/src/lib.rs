@@ -13,7 +13,8 @@
 //! - [`Conditions`]: sets conditions with one generation and time;
 //! - [`Expectations`]: creations and deletions the cache has not shown yet;
 //!   [`unseen::UnseenWrites`]: own writes it has not shown yet;
-//! - [`owners`]: owner references and adopting orphans;
+//! - [`owners`]: owner references and adopting orphans; [`cascade`]: a
+//!   deleting owner deletes what it controls before it goes;
 //! - [`registry`] and [`provider`]: what the Plugin controller loaded, and
 //!   whether a namespace may use a Plugin now;
 //! - [`metrics`], [`leader`] (election and the write fence) and
@@ -21,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cascade;
 pub mod conditions;
 pub mod context;
 pub mod controller;

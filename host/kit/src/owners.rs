@@ -5,6 +5,7 @@
 use crate::{Error, Kind, Kube, key_of, kube_err};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 /// The controller-owner key (`namespace/name`) of an object, if it has one
@@ -41,6 +42,25 @@ pub fn controlled_by(machine: &impl Resource, uid: &str) -> bool {
         .iter()
         .flatten()
         .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// The object that controls `obj`, if it is of kind `O`: the one to wake
+/// when `obj` changes or goes.
+pub fn controller_of<O: Resource<DynamicType = ()>>(obj: &impl Resource) -> Option<ObjectRef<O>> {
+    let owner = obj
+        .meta()
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    if owner.kind != O::kind(&()) {
+        return None;
+    }
+    let reference = ObjectRef::new(&owner.name);
+    Some(match obj.meta().namespace.as_deref() {
+        Some(namespace) => reference.within(namespace),
+        None => reference,
+    })
 }
 
 /// The controller owner reference for objects `owner` creates or adopts.

@@ -10,16 +10,17 @@
 use crate::machineset::health;
 use capstan_api::{
     ANNOTATION_IN_PLACE_TO, ANNOTATION_REVISION, DeploymentPhase, InPlaceStrategy, IntOrString,
-    LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, Machine, MachineDeployment,
-    MachineDeploymentStatus, MachineSet, MachineTemplateSpec, StrategyType, selector_mismatch,
-    selector_string,
+    LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, MACHINEDEPLOYMENT_FINALIZER, Machine,
+    MachineDeployment, MachineDeploymentStatus, MachineSet, MachineTemplateSpec, StrategyType,
+    selector_mismatch, selector_string,
 };
 use capstan_kit::controller::Spec;
-use capstan_kit::owners::{claim, controlled_by};
-use capstan_kit::write::apply_status;
+use capstan_kit::owners::{claim, controlled_by, controller_of};
+use capstan_kit::write::{add_finalizer, apply_status};
 use capstan_kit::{Conditions, Error, Kube, now, owner_key};
 use capstan_planner::rollout::{self, SetView, Strategy};
 use capstan_planner::{Bound, Bounds, Health};
+use futures::StreamExt as _;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -63,6 +64,7 @@ impl AsRef<Kube> for Context {
 pub(crate) async fn controller(
     deployments: ReflectHandle<MachineDeployment>,
     sets: ReflectHandle<MachineSet>,
+    deleted_sets: impl futures::Stream<Item = Arc<MachineSet>> + Send + 'static,
     ctx: Arc<Context>,
     concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -70,37 +72,43 @@ pub(crate) async fn controller(
     let store = ctx.kube.stores.deployments.clone();
     let deployments_store = store.clone();
     let metrics = ctx.kube.metrics.clone();
+    // A set that is gone wakes its deployment at once (shared streams pass
+    // on only changes): a deleting deployment is waiting for it.
+    let gone = deleted_sets
+        .filter_map(|set| futures::future::ready(controller_of::<MachineDeployment>(set.as_ref())));
     let watches = move |controller: Controller<MachineDeployment>| {
-        controller.watches_shared_stream(sets, move |set: Arc<MachineSet>| {
-            let namespace = set.namespace().unwrap_or_default();
-            let Some(key) = owner_key(set.as_ref(), "MachineDeployment") else {
-                // An orphan: the deployments that would adopt it.
-                if set
+        controller
+            .reconcile_on(gone)
+            .watches_shared_stream(sets, move |set: Arc<MachineSet>| {
+                let namespace = set.namespace().unwrap_or_default();
+                let Some(key) = owner_key(set.as_ref(), "MachineDeployment") else {
+                    // An orphan: the deployments that would adopt it.
+                    if set
+                        .owner_references()
+                        .iter()
+                        .any(|o| o.controller == Some(true))
+                    {
+                        return Vec::new();
+                    }
+                    return deployments_store
+                        .state()
+                        .iter()
+                        .filter(|d| {
+                            d.namespace().as_deref() == Some(namespace.as_str())
+                                && capstan_api::selector_matches(&d.spec.selector, set.labels())
+                        })
+                        .map(|d| ObjectRef::from_obj(d.as_ref()))
+                        .collect();
+                };
+                metrics.enqueued(CONTROLLER, key);
+                let owner = set
                     .owner_references()
                     .iter()
-                    .any(|o| o.controller == Some(true))
-                {
-                    return Vec::new();
-                }
-                return deployments_store
-                    .state()
-                    .iter()
-                    .filter(|d| {
-                        d.namespace().as_deref() == Some(namespace.as_str())
-                            && capstan_api::selector_matches(&d.spec.selector, set.labels())
-                    })
-                    .map(|d| ObjectRef::from_obj(d.as_ref()))
-                    .collect();
-            };
-            metrics.enqueued(CONTROLLER, key);
-            let owner = set
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true))
-                .map(|o| o.name.clone())
-                .unwrap_or_default();
-            vec![ObjectRef::new(&owner).within(&namespace)]
-        })
+                    .find(|o| o.controller == Some(true))
+                    .map(|o| o.name.clone())
+                    .unwrap_or_default();
+                vec![ObjectRef::new(&owner).within(&namespace)]
+            })
     };
     let spec = Spec::new(CONTROLLER, deployments, store, concurrency);
     capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
@@ -180,10 +188,29 @@ fn revision_of(set: &MachineSet) -> i64 {
 /// gather (and adopt) its sets, observe them, decide the rollout, write
 /// the sets, prune history, then derive the status and write it once.
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
-    // A paused deployment is left as it is until the annotation goes.
-    if md.metadata.deletion_timestamp.is_some() || capstan_kit::paused(md.as_ref()) {
+    // A paused deployment is left as it is until the annotation goes,
+    // deleting or not (as Cluster API's).
+    if capstan_kit::paused(md.as_ref()) {
         return Ok(Action::await_change());
     }
+    if md.metadata.deletion_timestamp.is_some() {
+        let sets = ctx.kube.stores.machine_sets.state();
+        return capstan_kit::cascade::run(
+            &ctx.kube,
+            CONTROLLER,
+            md.as_ref(),
+            MACHINEDEPLOYMENT_FINALIZER,
+            &sets,
+        )
+        .await;
+    }
+    add_finalizer(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        MACHINEDEPLOYMENT_FINALIZER,
+    )
+    .await?;
     let namespace = md.namespace().unwrap_or_default();
     let generation = md.metadata.generation;
     let current = md.status.clone();

@@ -7,7 +7,7 @@ use super::{CONTROLLER, Context, DEFAULT_REVISION_HISTORY_LIMIT, Decision, Kind,
 use capstan_api::{
     ANNOTATION_CHANGE_CAUSE, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED,
     ANNOTATION_REVISION, InPlaceStrategy, LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH,
-    LabelSelector, MachineDeployment, MachineSet, MachineSetSpec,
+    LabelSelector, MACHINESET_FINALIZER, MachineDeployment, MachineSet, MachineSetSpec,
 };
 use capstan_kit::owners::{controlled_by, owner_reference};
 use capstan_kit::{Error, key_of, kube_err};
@@ -323,6 +323,9 @@ pub(super) async fn create_set(
             labels: Some(labels),
             annotations: Some(annotations),
             owner_references: Some(vec![owner_reference(md)]),
+            // Born with the set controller's finalizer, as machines are
+            // born with theirs: no second write to add it.
+            finalizers: Some(vec![MACHINESET_FINALIZER.to_string()]),
             ..Default::default()
         },
         spec: MachineSetSpec {

@@ -13,13 +13,13 @@ use remediation::{remediate, unhealthy};
 use capstan_api::set_conditions::AVAILABLE;
 use capstan_api::{
     ANNOTATION_IN_PLACE_FROM, ANNOTATION_IN_PLACE_TO, ANNOTATION_REPLACE_DELETED,
-    ANNOTATION_TEMPLATE_METADATA, DeletePolicy, LABEL_SET_NAME, MACHINE_FINALIZER, Machine,
-    MachineSet, MachineSetStatus, machine_conditions, selector_matches, selector_mismatch,
-    selector_string, status as cond,
+    ANNOTATION_TEMPLATE_METADATA, DeletePolicy, LABEL_SET_NAME, MACHINE_FINALIZER,
+    MACHINESET_FINALIZER, Machine, MachineSet, MachineSetStatus, machine_conditions,
+    selector_matches, selector_mismatch, selector_string, status as cond,
 };
 use capstan_kit::controller::Spec;
-use capstan_kit::owners::{claim, controlled_by, owner_reference};
-use capstan_kit::write::apply_status;
+use capstan_kit::owners::{claim, controlled_by, controller_of, owner_reference};
+use capstan_kit::write::{add_finalizer, apply_status};
 use capstan_kit::{Conditions, Error, Expectations, Kube, Seen, key_of, kube_err, now};
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
@@ -56,6 +56,7 @@ impl AsRef<Kube> for Context {
 pub(crate) async fn controller(
     sets: ReflectHandle<MachineSet>,
     machines: ReflectHandle<Machine>,
+    deleted_machines: impl futures::Stream<Item = Arc<Machine>> + Send + 'static,
     ctx: Arc<Context>,
     concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -63,14 +64,21 @@ pub(crate) async fn controller(
     let store = ctx.kube.stores.machine_sets.clone();
     let set_store = store.clone();
     let metrics = ctx.kube.metrics.clone();
+    // A machine that is gone wakes its set at once (shared streams pass on
+    // only changes): a scale-down or a deleting set is waiting for it.
+    let gone = deleted_machines.filter_map(|machine| {
+        futures::future::ready(controller_of::<MachineSet>(machine.as_ref()))
+    });
     let watches = move |controller: Controller<MachineSet>| {
-        controller.watches_shared_stream(machines, move |machine: Arc<Machine>| {
-            capstan_kit::controller::enqueue(
-                &metrics,
-                CONTROLLER,
-                owning_sets(&set_store, &machine),
-            )
-        })
+        controller
+            .watches_shared_stream(machines, move |machine: Arc<Machine>| {
+                capstan_kit::controller::enqueue(
+                    &metrics,
+                    CONTROLLER,
+                    owning_sets(&set_store, &machine),
+                )
+            })
+            .reconcile_on(gone)
     };
     let spec = Spec::new(CONTROLLER, sets, store, concurrency);
     capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
@@ -137,16 +145,28 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
 /// pass did, delete machines handed over for remediation, scale (hand
 /// over, create, delete), then derive the status and write it once.
 async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if set.metadata.deletion_timestamp.is_some() || capstan_kit::paused(set.as_ref()) {
-        if set.metadata.deletion_timestamp.is_some() {
+    // A paused set is left as it is until the annotation goes, deleting or
+    // not (as Cluster API's).
+    if capstan_kit::paused(set.as_ref()) {
+        return Ok(Action::await_change());
+    }
+    if set.metadata.deletion_timestamp.is_some() {
+        {
             let uid = set.uid().unwrap_or_default();
             let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
             counted.remove(&uid);
         }
-        // Owner references hand the machines to the garbage collector; a
-        // paused set is left as it is until the annotation goes.
-        return Ok(Action::await_change());
+        let machines = ctx.kube.stores.machines.state();
+        return capstan_kit::cascade::run(
+            &ctx.kube,
+            CONTROLLER,
+            set.as_ref(),
+            MACHINESET_FINALIZER,
+            &machines,
+        )
+        .await;
     }
+    add_finalizer(&ctx.kube, CONTROLLER, set.as_ref(), MACHINESET_FINALIZER).await?;
     let namespace = set.namespace().unwrap_or_default();
     let uid = set.uid().unwrap_or_default();
     let generation = set.metadata.generation;

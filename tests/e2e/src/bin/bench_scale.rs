@@ -7,8 +7,9 @@
 //! test): time to all Ready, controller CPU seconds, controller peak RSS, API
 //! writes per machine (and by controller and verb, as comments), the API
 //! server's CPU seconds, the time to delete them all (every instance
-//! released, the deployment gone) with the writes per machine and the API
-//! server's CPU seconds that took, the Wasm/native ratio of each, and the
+//! released, the deployment gone; deleted as `kubectl delete` does,
+//! background propagation, unless `--delete-propagation foreground`) with
+//! the writes per machine and the API server's CPU seconds that took, the Wasm/native ratio of each, and the
 //! writes and the API server's and etcd's CPU during an idle period after
 //! convergence. `--shards K` adds the Wasm run split over
 //! K watch-filtered controllers, `--kube-api-qps Q/B` the Wasm run under a
@@ -32,12 +33,14 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
-    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--kube-api-qps Q/B] [--svg PATH]
+    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--kube-api-qps Q/B] [--delete-propagation background|foreground] [--svg PATH]
   --machines N[,N...]       machines to scale to (default 1000); several sizes run one after another
   --kube-api-qps Q/B        also run the Wasm variant with the controller limited to Q requests per second
                             and bursts of B (its --kube-api-qps and --kube-api-burst; default: not run)
   --shards K                also run the Wasm variant as K controllers with --watch-filter, each owning a labelled
                             deployment with its share of the machines (default 1: not run)
+  --delete-propagation P    how the deployments are deleted at the end: background (default, as kubectl
+                            does) or foreground (the garbage collector deletes the sets and machines too)
   --svg PATH                also write time to Ready, controller CPU and writes per machine against N as an SVG chart
   --idle-seconds S          idle period after convergence in which writes and CPU are counted (default 60)
   --boot-latency-ms MS      simulated instance boot time (default 1000)
@@ -52,6 +55,7 @@ struct Args {
     idle: Duration,
     boot_latency_ms: u64,
     heartbeat_interval_ms: u64,
+    foreground: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -63,6 +67,7 @@ fn parse_args() -> anyhow::Result<Args> {
         idle: Duration::from_secs(60),
         boot_latency_ms: 1000,
         heartbeat_interval_ms: 0,
+        foreground: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -103,6 +108,15 @@ fn parse_args() -> anyhow::Result<Args> {
                 args.rate = Some(parsed.with_context(|| {
                     format!("--kube-api-qps {v:?}: expected QPS/BURST, both positive, e.g. 50/100")
                 })?);
+            }
+            "--delete-propagation" => {
+                args.foreground = match it.next().as_deref() {
+                    Some("background") => false,
+                    Some("foreground") => true,
+                    other => {
+                        bail!("--delete-propagation {other:?}: expected background or foreground")
+                    }
+                }
             }
             "--svg" => args.svg = Some(it.next().context("--svg needs a path")?.into()),
             "--idle-seconds" => args.idle = Duration::from_secs(value("--idle-seconds")?),
@@ -451,12 +465,17 @@ async fn run_variant(
     let apiserver_before_deleting = plane_cpu(env, "kube-apiserver")?;
     let deleting = Instant::now();
     for (name, _) in &fleet {
-        mds.delete(name, &DeleteParams::foreground()).await?;
+        let params = if args.foreground {
+            DeleteParams::foreground()
+        } else {
+            DeleteParams::background()
+        };
+        mds.delete(name, &params).await?;
     }
     let mut last_print = Instant::now();
     let deadline = deleting + Duration::from_secs(900);
-    // Deleted: every instance released and the deployments gone (foreground
-    // deletion removes each after its sets and machines).
+    // Deleted: every instance released and the deployments gone (each
+    // deployment's finalizer keeps it until its sets and machines are gone).
     loop {
         let mut left = !env.cloud.instances().is_empty();
         for (name, _) in &fleet {
@@ -611,13 +630,18 @@ fn print_beside(suffix: &str, one: &Figures, other: &Figures) {
 fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: &Figures) {
     let heartbeat = Duration::from_millis(args.heartbeat_interval_ms);
     println!(
-        "# capstan-bench-scale: 0 -> {} machines, boot latency {} ms, controller --machine-concurrency=64, kubelet heartbeats {}",
+        "# capstan-bench-scale: 0 -> {} machines, boot latency {} ms, controller --machine-concurrency=64, kubelet heartbeats {}, deleted with {} propagation",
         machines,
         args.boot_latency_ms,
         if heartbeat.is_zero() {
             "off".to_string()
         } else {
             format!("every {heartbeat:?}")
+        },
+        if args.foreground {
+            "foreground"
+        } else {
+            "background"
         }
     );
     for ((name, w), (_, n)) in wasm.compared().into_iter().zip(native.compared()) {

@@ -1475,3 +1475,100 @@ async fn readiness_gates_and_min_ready_seconds_reach_machines_in_place() {
     .await;
     assert_eq!(env.cloud.stats().instances_launched, 2, "no new instance");
 }
+
+/// As Cluster API's controllers do, a deleted MachineDeployment deletes its
+/// MachineSets and a deleted set its Machines, each keeping its finalizer
+/// (and so its status) until what it controls is gone; the garbage
+/// collector deletes none of them. Deleted the way `kubectl delete` does by
+/// default (background), with the controller running as the generated
+/// ServiceAccount, whose requests the audit log tells apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_deployment_deletes_its_sets_and_machines_itself_and_goes_last() {
+    let mut options = capstan_e2e::env::EnvOptions::new(Faults {
+        boot_latency_ms: 100,
+        // Instances take a while to go, so the order can be seen.
+        delete_latency_ms: 1500,
+        ..Default::default()
+    });
+    options.control_plane.audit = true;
+    let mut env = Env::start_with(options).await.expect("env");
+    let config = capstan_e2e::install::controller_config(&env).await;
+    env.start_controllers_as(config, Providers::default(), fast_options())
+        .await;
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), NS);
+    let sets: Api<MachineSet> = Api::namespaced(env.client.clone(), NS);
+    apply(
+        &env,
+        &sample_deployment("fleet", SIM_PLUGIN, &env.cloud.url(), 3, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "fleet", LONG).await;
+    let md = mds.get("fleet").await.unwrap();
+    assert!(
+        md.finalizers()
+            .contains(&capstan_api::MACHINEDEPLOYMENT_FINALIZER.to_string()),
+        "{:?}",
+        md.finalizers()
+    );
+    let set = sets.list(&Default::default()).await.unwrap().items;
+    assert_eq!(set.len(), 1);
+    assert_eq!(
+        set[0].finalizers(),
+        [capstan_api::MACHINESET_FINALIZER],
+        "a set is born with its finalizer"
+    );
+
+    mds.delete("fleet", &DeleteParams::background())
+        .await
+        .unwrap();
+    // While the instances are being released, the deployment and its set
+    // are still there, marked deleting, and every machine is deleting.
+    eventually(
+        "machines deleting under their set and deployment",
+        LONG,
+        async || {
+            let md = mds.get_opt("fleet").await.ok()??;
+            let set = sets.get_opt(&set[0].name_any()).await.ok()??;
+            let machines = env.machines(NS).await;
+            (md.metadata.deletion_timestamp.is_some()
+                && set.metadata.deletion_timestamp.is_some()
+                && machines.len() == 3
+                && machines
+                    .iter()
+                    .all(|m| m.metadata.deletion_timestamp.is_some()))
+            .then_some(())
+        },
+    )
+    .await;
+    eventually("everything gone", LONG, async || {
+        (env.machines(NS).await.is_empty()
+            && env.cloud.instances().is_empty()
+            && sets.list(&Default::default()).await.ok()?.items.is_empty()
+            && mds.get_opt("fleet").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+
+    let controller = "system:serviceaccount:capstan-system:capstan-controller";
+    let deletes = |resource: &str| -> Vec<String> {
+        env.control_plane
+            .audit_writes()
+            .unwrap()
+            .iter()
+            .filter(|w| w["verb"] == "delete" && w["objectRef"]["resource"] == resource)
+            .map(|w| w["user"]["username"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let machine_deletes = deletes("machines");
+    assert_eq!(
+        machine_deletes,
+        vec![controller; 3],
+        "each machine deleted once, by the set's controller"
+    );
+    assert_eq!(
+        deletes("machinesets"),
+        vec![controller],
+        "the set deleted by the deployment's controller"
+    );
+    env.stop_controllers().await;
+}

@@ -10,8 +10,8 @@ use crate::logs;
 use capstan_api::{Machine, MachineDeployment, MachineHealthCheck, Plugin, condition};
 use capstan_e2e::cli;
 use capstan_e2e::env::{
-    CAPSTAN_NAMESPACE, ControllerProcess, Env, SIM_PLUGIN, capstan_bin, sample_deployment,
-    sim_plugin_spec,
+    CAPSTAN_NAMESPACE, ControllerProcess, Env, SIM_PLUGIN, capstan_bin, eventually,
+    sample_deployment, sim_plugin_spec,
 };
 use capstan_e2e::install::{kubectl_apply, rbac_docs, service_account_kubeconfig};
 use capstan_e2e::sim_cloud::Faults;
@@ -131,6 +131,33 @@ async fn install_is_accepted_and_uninstall_removes_it() {
         .create(&PostParams::default(), &machine)
         .await
         .unwrap();
+    // A deployment and a set holding the controllers' finalizers, with no
+    // controller left to remove them: uninstall releases them so the CRDs
+    // can go.
+    let mut md = sample_deployment("held", SIM_PLUGIN, &env.cloud.url(), 0, "v1.30.0");
+    md.metadata.finalizers = Some(vec![capstan_api::MACHINEDEPLOYMENT_FINALIZER.into()]);
+    let set: capstan_api::MachineSet = serde_json::from_value(json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "MachineSet",
+        "metadata": {
+            "name": "held", "namespace": NS,
+            "finalizers": [capstan_api::MACHINESET_FINALIZER],
+        },
+        "spec": {
+            "replicas": 0,
+            "selector": md.spec.selector,
+            "template": md.spec.template,
+        },
+    }))
+    .unwrap();
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    Api::<capstan_api::MachineSet>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &set)
+        .await
+        .unwrap();
     let uninstall = |extra: &[&'static str]| -> Vec<String> {
         [
             "uninstall",
@@ -158,8 +185,18 @@ async fn install_is_accepted_and_uninstall_removes_it() {
             "clusterrole/capstan-controller deleted",
             "customresourcedefinition/machines.capstan.dev deleted",
             "namespace/capstan-install deleted",
+            "machineset/held (default): finalizer capstan.dev/machineset removed",
+            "machinedeployment/held (default): finalizer capstan.dev/machinedeployment removed",
         ],
     );
+    eventually("every Capstan CRD gone", LONG, async || {
+        let crds = env
+            .control_plane
+            .kubectl(&["get", "crds", "-o", "name"], None)
+            .ok()?;
+        (!crds.contains("capstan.dev")).then_some(())
+    })
+    .await;
     let roles = env
         .control_plane
         .kubectl(&["get", "clusterroles", "-o", "name"], None)
