@@ -15,8 +15,10 @@
 //!
 //! `kubectl delete --cascade=orphan` is honoured: the collector's `orphan`
 //! finalizer means the children stay, so the owner lets go at once. Only
-//! children whose controller owner reference carries the owner's uid are
-//! deleted: never another owner's objects, whatever their labels say.
+//! children in the owner's namespace whose controller owner reference
+//! carries the owner's uid are deleted: never another owner's objects,
+//! whatever their labels say, nor an object elsewhere that names the
+//! owner's uid.
 //!
 //! [`step`] decides (pure, tested here); [`run`] does it.
 
@@ -65,9 +67,12 @@ where
         return Step::LetGo;
     }
     let uid = owner.uid().unwrap_or_default();
+    let namespace = owner.namespace();
+    // Owner references never cross namespaces; one that claims to is
+    // someone else's object, not this owner's child.
     let children: Vec<&C> = candidates
         .into_iter()
-        .filter(|c| !uid.is_empty() && controlled_by(*c, &uid))
+        .filter(|c| !uid.is_empty() && controlled_by(*c, &uid) && c.namespace() == namespace)
         .collect();
     if children.is_empty() {
         return Step::LetGo;
@@ -228,6 +233,21 @@ mod tests {
             names(step(&owner(&[FINALIZER]), FINALIZER, &children)),
             ["mine"]
         );
+    }
+
+    #[test]
+    fn an_object_in_another_namespace_naming_the_owner_is_not_its_child() {
+        let mut o = owner(&[FINALIZER]);
+        o.metadata.namespace = Some("team-a".into());
+        let mut elsewhere = child("elsewhere", "owner-uid", true, false);
+        elsewhere.metadata.namespace = Some("team-b".into());
+        let mut mine = child("mine", "owner-uid", true, false);
+        mine.metadata.namespace = Some("team-a".into());
+        assert_eq!(
+            names(step(&o, FINALIZER, &[elsewhere.clone(), mine])),
+            ["mine"]
+        );
+        assert_eq!(step(&o, FINALIZER, &[elsewhere]), Step::LetGo);
     }
 
     #[test]
