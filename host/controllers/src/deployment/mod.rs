@@ -101,13 +101,7 @@ pub(crate) async fn controller(
                         .collect();
                 };
                 metrics.enqueued(CONTROLLER, key);
-                let owner = set
-                    .owner_references()
-                    .iter()
-                    .find(|o| o.controller == Some(true))
-                    .map(|o| o.name.clone())
-                    .unwrap_or_default();
-                vec![ObjectRef::new(&owner).within(&namespace)]
+                controller_of(set.as_ref()).into_iter().collect()
             })
     };
     let spec = Spec::new(CONTROLLER, deployments, store, concurrency);

@@ -88,15 +88,12 @@ pub(crate) async fn controller(
 /// adopt it.
 fn owning_sets(sets: &Store<MachineSet>, machine: &Machine) -> Vec<ObjectRef<MachineSet>> {
     let namespace = machine.namespace().unwrap_or_default();
-    if let Some(owner) = machine
+    if machine
         .owner_references()
         .iter()
-        .find(|o| o.controller == Some(true))
+        .any(|o| o.controller == Some(true))
     {
-        if owner.kind == "MachineSet" {
-            return vec![ObjectRef::new(&owner.name).within(&namespace)];
-        }
-        return vec![];
+        return controller_of(machine).into_iter().collect();
     }
     sets.state()
         .iter()
