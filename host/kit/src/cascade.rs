@@ -20,10 +20,11 @@
 //! whatever their labels say, nor an object elsewhere that names the
 //! owner's uid.
 //!
-//! [`step`] decides (pure, tested here); [`run`] does it.
+//! [`step`] decides (pure, tested here); [`run`] does it; [`start_pass`]
+//! puts both finalizers' handling at the start of an owner's reconcile.
 
 use crate::owners::controlled_by;
-use crate::write::remove_finalizer;
+use crate::write::{add_finalizer, remove_finalizer};
 use crate::{Error, Kind, Kube, ScopeApi, key_of, kube_err};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
@@ -91,6 +92,33 @@ where
 /// How long a deleting owner waits before it looks again on its own: its
 /// children's watch events wake it sooner as they go.
 const RECHECK: Duration = Duration::from_secs(5);
+
+/// The start of an owner's pass: a paused owner waits (deleting or not, as
+/// in Cluster API), a deleting one takes its [`run`] step, any other gets
+/// `finalizer` (if it lacks it) and goes on with its pass (`None`).
+/// `children` is read only when the owner is deleting.
+pub async fn start_pass<O, C>(
+    kube: &Kube,
+    controller: &'static str,
+    owner: &O,
+    finalizer: &str,
+    children: impl FnOnce() -> Vec<std::sync::Arc<C>>,
+) -> Result<Option<Action>, Error>
+where
+    O: Kind,
+    C: Kind,
+{
+    if crate::paused(owner) {
+        return Ok(Some(Action::await_change()));
+    }
+    if owner.meta().deletion_timestamp.is_some() {
+        return run(kube, controller, owner, finalizer, &children())
+            .await
+            .map(Some);
+    }
+    add_finalizer(kube, controller, owner, finalizer).await?;
+    Ok(None)
+}
 
 /// Take the next step for a deleting `owner`; the action is the reconcile's
 /// result (nothing more to do once the owner is let go).

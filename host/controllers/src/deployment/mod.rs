@@ -14,9 +14,10 @@ use capstan_api::{
     MachineDeployment, MachineDeploymentStatus, MachineSet, MachineTemplateSpec, StrategyType,
     selector_mismatch, selector_string,
 };
+use capstan_kit::cascade::start_pass;
 use capstan_kit::controller::Spec;
 use capstan_kit::owners::{claim, controlled_by, controller_of};
-use capstan_kit::write::{add_finalizer, apply_status};
+use capstan_kit::write::apply_status;
 use capstan_kit::{Conditions, Error, Kube, now, owner_key};
 use capstan_planner::rollout::{self, SetView, Strategy};
 use capstan_planner::{Bound, Bounds, Health};
@@ -182,29 +183,11 @@ fn revision_of(set: &MachineSet) -> i64 {
 /// gather (and adopt) its sets, observe them, decide the rollout, write
 /// the sets, prune history, then derive the status and write it once.
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
-    // A paused deployment is left as it is until the annotation goes,
-    // deleting or not (as Cluster API's).
-    if capstan_kit::paused(md.as_ref()) {
-        return Ok(Action::await_change());
+    let sets = || ctx.kube.stores.machine_sets.state();
+    let finalizer = MACHINEDEPLOYMENT_FINALIZER;
+    if let Some(action) = start_pass(&ctx.kube, CONTROLLER, md.as_ref(), finalizer, sets).await? {
+        return Ok(action);
     }
-    if md.metadata.deletion_timestamp.is_some() {
-        let sets = ctx.kube.stores.machine_sets.state();
-        return capstan_kit::cascade::run(
-            &ctx.kube,
-            CONTROLLER,
-            md.as_ref(),
-            MACHINEDEPLOYMENT_FINALIZER,
-            &sets,
-        )
-        .await;
-    }
-    add_finalizer(
-        &ctx.kube,
-        CONTROLLER,
-        md.as_ref(),
-        MACHINEDEPLOYMENT_FINALIZER,
-    )
-    .await?;
     let namespace = md.namespace().unwrap_or_default();
     let generation = md.metadata.generation;
     let current = md.status.clone();

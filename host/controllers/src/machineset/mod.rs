@@ -17,9 +17,10 @@ use capstan_api::{
     MACHINESET_FINALIZER, Machine, MachineSet, MachineSetStatus, machine_conditions,
     selector_matches, selector_mismatch, selector_string, status as cond,
 };
+use capstan_kit::cascade::start_pass;
 use capstan_kit::controller::Spec;
 use capstan_kit::owners::{claim, controlled_by, controller_of, owner_reference};
-use capstan_kit::write::{add_finalizer, apply_status};
+use capstan_kit::write::apply_status;
 use capstan_kit::{Conditions, Error, Expectations, Kube, Seen, key_of, kube_err, now};
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
@@ -142,28 +143,18 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
 /// pass did, delete machines handed over for remediation, scale (hand
 /// over, create, delete), then derive the status and write it once.
 async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    // A paused set is left as it is until the annotation goes, deleting or
-    // not (as Cluster API's).
-    if capstan_kit::paused(set.as_ref()) {
-        return Ok(Action::await_change());
-    }
     if set.metadata.deletion_timestamp.is_some() {
-        {
-            let uid = set.uid().unwrap_or_default();
-            let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
-            counted.remove(&uid);
-        }
-        let machines = ctx.kube.stores.machines.state();
-        return capstan_kit::cascade::run(
-            &ctx.kube,
-            CONTROLLER,
-            set.as_ref(),
-            MACHINESET_FINALIZER,
-            &machines,
-        )
-        .await;
+        let uid = set.uid().unwrap_or_default();
+        let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
+        counted.remove(&uid);
     }
-    add_finalizer(&ctx.kube, CONTROLLER, set.as_ref(), MACHINESET_FINALIZER).await?;
+    let machines = || ctx.kube.stores.machines.state();
+    let finalizer = MACHINESET_FINALIZER;
+    if let Some(action) =
+        start_pass(&ctx.kube, CONTROLLER, set.as_ref(), finalizer, machines).await?
+    {
+        return Ok(action);
+    }
     let namespace = set.namespace().unwrap_or_default();
     let uid = set.uid().unwrap_or_default();
     let generation = set.metadata.generation;
