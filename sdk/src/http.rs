@@ -228,9 +228,17 @@ pub fn split_url(url: &str) -> Result<UrlParts<'_>, HttpError> {
     })
 }
 
+/// The most `blocking-write-and-flush` takes in one call (WASI 0.2).
+#[cfg(target_arch = "wasm32")]
+const MAX_WRITE_AND_FLUSH_BYTES: usize = 4096;
+
+/// The most one read of a response body asks for.
+#[cfg(target_arch = "wasm32")]
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
 #[cfg(target_arch = "wasm32")]
 fn wasi_send(request: &Request) -> Result<Response, HttpError> {
-    use std::io::{Read, Write as _};
+    use std::io::Write as _;
     use wasip2::http::outgoing_handler;
     use wasip2::http::types::{
         ErrorCode, Fields, IncomingBody, Method as WMethod, OutgoingBody, OutgoingRequest, Scheme,
@@ -289,12 +297,18 @@ fn wasi_send(request: &Request) -> Result<Response, HttpError> {
         let mut stream = body
             .write()
             .map_err(|_| HttpError::Transport("request body stream unavailable".into()))?;
-        stream
-            .write_all(&request.body)
-            .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
         // Once the host has read `content-length` bytes it may close the
         // stream: `closed` on the final flush means everything was delivered.
-        match stream.blocking_flush() {
+        let flushed = if request.body.len() <= MAX_WRITE_AND_FLUSH_BYTES {
+            // One host call instead of check-write, write and flush.
+            stream.blocking_write_and_flush(&request.body)
+        } else {
+            stream
+                .write_all(&request.body)
+                .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
+            stream.blocking_flush()
+        };
+        match flushed {
             Ok(()) | Err(wasip2::io::streams::StreamError::Closed) => {}
             Err(wasip2::io::streams::StreamError::LastOperationFailed(e)) => {
                 return Err(HttpError::Transport(format!(
@@ -307,12 +321,15 @@ fn wasi_send(request: &Request) -> Result<Response, HttpError> {
     OutgoingBody::finish(body, None)
         .map_err(|e| HttpError::Transport(format!("finishing request body: {e:?}")))?;
 
+    // The response is hardly ever there yet: wait first, then take it (one
+    // host call fewer than asking first).
     let response = loop {
+        future.subscribe().block();
         match future.get() {
             Some(Ok(Ok(r))) => break r,
             Some(Ok(Err(e))) => return Err(denied_or(e)),
             Some(Err(())) => return Err(HttpError::Transport("response already taken".into())),
-            None => future.subscribe().block(),
+            None => {}
         }
     };
     let status = response.status();
@@ -330,10 +347,24 @@ fn wasi_send(request: &Request) -> Result<Response, HttpError> {
         let stream = incoming
             .stream()
             .map_err(|_| HttpError::Transport("response body stream unavailable".into()))?;
-        stream
-            .take(MAX_RESPONSE_BYTES as u64 + 1)
-            .read_to_end(&mut body)
-            .map_err(|e| HttpError::Transport(format!("reading response body: {e}")))?;
+        // Large reads: a small body comes in one host call and the end in
+        // a second (`read_to_end` starts with small probing reads).
+        loop {
+            let room = (MAX_RESPONSE_BYTES + 1 - body.len()).min(READ_CHUNK_BYTES);
+            match stream.blocking_read(room as u64) {
+                Ok(chunk) => body.extend_from_slice(&chunk),
+                Err(wasip2::io::streams::StreamError::Closed) => break,
+                Err(wasip2::io::streams::StreamError::LastOperationFailed(e)) => {
+                    return Err(HttpError::Transport(format!(
+                        "reading response body: {}",
+                        e.to_debug_string()
+                    )));
+                }
+            }
+            if body.len() > MAX_RESPONSE_BYTES {
+                break;
+            }
+        }
     }
     let _ = IncomingBody::finish(incoming);
     if body.len() > MAX_RESPONSE_BYTES {

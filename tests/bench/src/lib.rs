@@ -79,9 +79,116 @@ impl HttpClient for NativeHttp {
     }
 }
 
+/// The HTTP stack the sandbox sends a plugin's requests through, without
+/// the sandbox: hyper-util's pooled keep-alive client (no Nagle delay) on a
+/// current-thread executor, as on a call thread
+/// (`capstan_runtime::workers`). The provider logic over this client is
+/// `capstan-bench-plugin`'s `native_hyper` path: against the `wasm` path it
+/// tells the sandbox's cost from the HTTP stack's and its scheduling.
+/// Plain `http` only (the benchmark's cloud); the runtime wraps the same
+/// connector in TLS for `https`.
+#[derive(Debug)]
+pub struct HyperHttp {
+    /// Taken on drop (see there).
+    executor: Option<tokio::runtime::Runtime>,
+    client: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Full<bytes::Bytes>,
+    >,
+    token: Option<String>,
+}
+
+impl HyperHttp {
+    /// A client that sends `Authorization: Bearer <token>` itself. Call
+    /// [`HttpClient::send`] from a thread that is not in a tokio context:
+    /// it drives its own executor while it waits.
+    pub fn new(token: Option<String>) -> std::io::Result<Self> {
+        let executor = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_nodelay(true);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .build(connector);
+        Ok(HyperHttp {
+            executor: Some(executor),
+            client,
+            token,
+        })
+    }
+}
+
+impl Default for HyperHttp {
+    /// Without a token; panics if the OS refuses an executor (epoll,
+    /// eventfd), as a benchmark cannot go on then.
+    fn default() -> Self {
+        Self::new(None).expect("cannot start a current-thread executor")
+    }
+}
+
+impl Drop for HyperHttp {
+    fn drop(&mut self) {
+        // A runtime dropped the ordinary way blocks, which tokio refuses on
+        // an async thread; this one may be dropped on either kind.
+        if let Some(executor) = self.executor.take() {
+            executor.shutdown_background();
+        }
+    }
+}
+
+impl HttpClient for HyperHttp {
+    fn send(&self, request: &Request) -> Result<Response, HttpError> {
+        use http_body_util::BodyExt;
+        let mut builder = hyper::Request::builder()
+            .method(request.method.as_str())
+            .uri(&request.url);
+        for (k, v) in &request.headers {
+            builder = builder.header(k, v);
+        }
+        if let Some(token) = &self.token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        let req = builder
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                request.body.clone(),
+            )))
+            .map_err(|e| HttpError::InvalidUrl(e.to_string()))?;
+        let transport = |e: &dyn std::fmt::Display| HttpError::Transport(e.to_string());
+        let executor = self.executor.as_ref().ok_or(HttpError::Unavailable)?;
+        executor.block_on(async {
+            let resp = self.client.request(req).await.map_err(|e| transport(&e))?;
+            let status = resp.status().as_u16();
+            let headers = resp
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| transport(&e))?
+                .to_bytes()
+                .to_vec();
+            Ok(Response {
+                status,
+                headers,
+                body,
+            })
+        })
+    }
+}
+
 /// Call `create` natively, parsing the config per call as the plugin does.
-pub fn native_create(
-    provider: &SimProvider<NativeHttp>,
+pub fn native_create<C: HttpClient + Default>(
+    provider: &SimProvider<C>,
     machine: &Machine,
 ) -> Result<MachineStatus, String> {
     let config: SimConfig = capstan_sdk::parse_config("provider config", &machine.provider_config)
@@ -93,7 +200,10 @@ pub fn native_create(
 }
 
 /// Call `validate` natively (pure logic, no I/O).
-pub fn native_validate(provider: &SimProvider<NativeHttp>, config: &str) -> Result<(), String> {
+pub fn native_validate<C: HttpClient + Default>(
+    provider: &SimProvider<C>,
+    config: &str,
+) -> Result<(), String> {
     let config: SimConfig =
         capstan_sdk::parse_config("provider config", config).map_err(|e| format!("{e:?}"))?;
     provider.validate(&config).map_err(|e| format!("{e:?}"))

@@ -11,6 +11,11 @@
 //!   pools the plugins' outbound connections, as native clients do); the
 //!   cloud runs on a thread and executor of its own, as a remote cloud
 //!   shares nothing with its caller;
+//! - `create_native_hyper_*`: the native logic again, its request sent
+//!   through the sandbox's HTTP stack alone (hyper-util's pooled client on
+//!   a current-thread executor, as on a call thread, on a thread of its
+//!   own): what of the Wasm path's `outbound` is that stack and its
+//!   wake-ups rather than the sandbox;
 //! - `*_wasm_on_caller_*`: the Wasm path again with no call threads
 //!   (`RuntimeConfig::call_threads` 0: calls run on the caller's
 //!   multi-thread executor, as before call threads), to show what they save;
@@ -24,7 +29,7 @@
 
 use anyhow::{Context, ensure};
 use capstan_bench::webhook::{Webhook, WebhookRequest, call_webhook};
-use capstan_bench::{NativeHttp, native_create, native_validate};
+use capstan_bench::{HyperHttp, NativeHttp, native_create, native_validate};
 use capstan_runtime::types::Machine;
 use capstan_runtime::{
     CallProfile, Credential, Grants, Limits, ProviderPlugin, Runtime, RuntimeConfig,
@@ -226,6 +231,10 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let agent = webhook.client()?;
     let url = webhook.url();
     let native = SimProvider::with_client(NativeHttp::new(Some(TOKEN.into())));
+    let native_hyper = std::sync::Arc::new(SimProvider::with_client(HyperHttp::new(Some(
+        TOKEN.into(),
+    ))?));
+    let mut hyper_create = Vec::new();
     let endpoint = cloud.url();
 
     // Three interleaved rounds, so drift on a shared machine hits all paths alike.
@@ -246,6 +255,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             results[op][0].extend(wasm_calls(&provider, kind, &batch("wasm")).await?);
             profiles[op][0] = profiles[op][0] + rt.call_profile().since(&before);
             results[op][1].extend(native_calls(&native, kind, &batch("native")).await?);
+            if *kind == "create" {
+                hyper_create.extend(native_hyper_creates(&native_hyper, &batch("hyper")).await?);
+            }
             results[op][2].extend(webhook_calls(&agent, &url, kind, &batch("webhook")).await?);
             let before = on_caller.call_profile();
             let machines = batch("wasm-on-caller");
@@ -253,6 +265,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             profiles[op][1] = profiles[op][1] + on_caller.call_profile().since(&before);
         }
     }
+    let hyper_create = Samples(hyper_create);
+    line("create_native_hyper_us_p50", hyper_create.us(50));
+    line("create_native_hyper_us_p99", hyper_create.us(99));
     let native_create = &results[1][1];
     let native_create_mean_us = native_create.iter().sum::<Duration>().as_secs_f64() * 1e6
         / native_create.len().max(1) as f64;
@@ -280,6 +295,12 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             &format!("ratio_{kind}_wasm_on_caller_vs_wasm_p50"),
             caller.us(50) / wasm.us(50),
         );
+        if *kind == "create" {
+            line(
+                "ratio_create_wasm_vs_native_hyper_p50",
+                wasm.us(50) / hyper_create.us(50),
+            );
+        }
     }
     if args.breakdown {
         for (op, kind) in ["validate", "create"].iter().enumerate() {
@@ -350,6 +371,29 @@ async fn native_calls(
         Ok(out)
     })
     .await?
+}
+
+/// `create` natively over [`HyperHttp`], on a thread outside any tokio
+/// context (the client drives its own current-thread executor).
+async fn native_hyper_creates(
+    provider: &std::sync::Arc<SimProvider<HyperHttp>>,
+    machines: &[Machine],
+) -> anyhow::Result<Vec<Duration>> {
+    let provider = provider.clone();
+    let machines: Vec<capstan_sdk::Machine> = machines.iter().map(sdk_machine).collect();
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let timed = machines
+            .iter()
+            .map(|m| {
+                let t = Instant::now();
+                native_create(&provider, m).map_err(anyhow::Error::msg)?;
+                Ok(t.elapsed())
+            })
+            .collect::<anyhow::Result<Vec<_>>>();
+        let _ = done.send(timed);
+    });
+    result.await.context("the native hyper thread stopped")?
 }
 
 async fn webhook_calls(
