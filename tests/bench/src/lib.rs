@@ -40,33 +40,13 @@ impl Default for NativeHttp {
 
 impl HttpClient for NativeHttp {
     fn send(&self, request: &Request) -> Result<Response, HttpError> {
-        let mut builder = ureq::http::Request::builder()
-            .method(request.method.as_str())
-            .uri(&request.url);
-        for (k, v) in &request.headers {
-            builder = builder.header(k, v);
-        }
-        if let Some(token) = &self.token {
-            builder = builder.header("authorization", format!("Bearer {token}"));
-        }
-        let req = builder
-            .body(request.body.clone())
-            .map_err(|e| HttpError::InvalidUrl(e.to_string()))?;
+        let req = http_request(request, self.token.as_deref())?;
         let mut resp = self
             .agent
             .run(req)
             .map_err(|e| HttpError::Transport(e.to_string()))?;
         let status = resp.status().as_u16();
-        let headers = resp
-            .headers()
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
+        let headers = header_pairs(resp.headers());
         let body = resp
             .body_mut()
             .read_to_vec()
@@ -77,6 +57,39 @@ impl HttpClient for NativeHttp {
             body,
         })
     }
+}
+
+/// `request` as an `http` request, with `Authorization: Bearer <token>`
+/// when there is a token (in the sandbox the host attaches it).
+fn http_request(
+    request: &Request,
+    token: Option<&str>,
+) -> Result<ureq::http::Request<Vec<u8>>, HttpError> {
+    let mut builder = ureq::http::Request::builder()
+        .method(request.method.as_str())
+        .uri(&request.url);
+    for (k, v) in &request.headers {
+        builder = builder.header(k, v);
+    }
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    builder
+        .body(request.body.clone())
+        .map_err(|e| HttpError::InvalidUrl(e.to_string()))
+}
+
+/// Response headers as the SDK's name-value pairs.
+fn header_pairs(headers: &ureq::http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
 }
 
 /// The HTTP stack the sandbox sends a plugin's requests through, without
@@ -141,35 +154,14 @@ impl Drop for HyperHttp {
 impl HttpClient for HyperHttp {
     fn send(&self, request: &Request) -> Result<Response, HttpError> {
         use http_body_util::BodyExt;
-        let mut builder = hyper::Request::builder()
-            .method(request.method.as_str())
-            .uri(&request.url);
-        for (k, v) in &request.headers {
-            builder = builder.header(k, v);
-        }
-        if let Some(token) = &self.token {
-            builder = builder.header("authorization", format!("Bearer {token}"));
-        }
-        let req = builder
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                request.body.clone(),
-            )))
-            .map_err(|e| HttpError::InvalidUrl(e.to_string()))?;
+        let req = http_request(request, self.token.as_deref())?
+            .map(|body| http_body_util::Full::new(bytes::Bytes::from(body)));
         let transport = |e: &dyn std::fmt::Display| HttpError::Transport(e.to_string());
         let executor = self.executor.as_ref().ok_or(HttpError::Unavailable)?;
         executor.block_on(async {
             let resp = self.client.request(req).await.map_err(|e| transport(&e))?;
             let status = resp.status().as_u16();
-            let headers = resp
-                .headers()
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
-                .collect();
+            let headers = header_pairs(resp.headers());
             let body = resp
                 .into_body()
                 .collect()
