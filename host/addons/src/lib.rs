@@ -137,6 +137,176 @@ pub struct AddonGrants {
     pub patches: Vec<(PatchRule, bool)>,
     /// Existing objects Addons may take over.
     pub adopt: Vec<ObjectPattern>,
+    /// ServiceAccounts rendered pods may run as without the render creating
+    /// them: (namespace, or any namespace of the pod; name).
+    pub service_accounts: Vec<(Option<String>, String)>,
+    /// What RBAC the render may hand out beyond its own objects.
+    pub rbac: RbacLent,
+    /// Objects a tenant's Addon may render outside its own namespace.
+    pub tenant_objects: Vec<ObjectPattern>,
+    /// Where the pod spec is in custom workload kinds.
+    pub pod_spec_paths: Vec<PodSpecPath>,
+}
+
+/// The parsed `spec.grants.rbac`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RbacLent {
+    /// Roles outside the render bindings may reference.
+    pub role_refs: Vec<NamedRef>,
+    /// Subjects outside the render bindings may name.
+    pub subjects: Vec<NamedRef>,
+    /// Escalation routes roles may carry.
+    pub powers: Vec<RbacPower>,
+}
+
+/// A role or subject by kind, namespace (for namespaced kinds) and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedRef {
+    /// `ClusterRole`, `Role`, `ServiceAccount`, `User` or `Group`.
+    pub kind: String,
+    /// For `Role` and `ServiceAccount`.
+    pub namespace: Option<String>,
+    /// The name.
+    pub name: String,
+}
+
+impl NamedRef {
+    /// Parse `KIND/NAME` or, for namespaced kinds, `KIND/NAMESPACE/NAME`.
+    fn parse(field: &str, text: &str, kinds: &[(&str, bool)]) -> Result<NamedRef, String> {
+        let (kind, rest) = text.split_once('/').unwrap_or((text, ""));
+        let Some((_, namespaced)) = kinds.iter().find(|(k, _)| *k == kind) else {
+            let known: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
+            return Err(format!(
+                "{field}: {text:?} starts with {kind:?}; write one of {} followed by /NAME",
+                known.join(", ")
+            ));
+        };
+        let (namespace, name) = match (namespaced, rest.split_once('/')) {
+            (true, Some((ns, name))) if !ns.is_empty() => (Some(ns.to_string()), name),
+            (true, _) => {
+                return Err(format!(
+                    "{field}: {text:?}: a {kind} is namespaced; write {kind}/NAMESPACE/NAME"
+                ));
+            }
+            // Group and user names may contain `/`.
+            (false, _) => (None, rest),
+        };
+        if name.is_empty() || (*namespaced && name.contains('/')) {
+            return Err(format!(
+                "{field}: {text:?} names no {kind}; write {kind}/NAME"
+            ));
+        }
+        Ok(NamedRef {
+            kind: kind.to_string(),
+            namespace,
+            name: name.to_string(),
+        })
+    }
+}
+
+/// An RBAC escalation route a role can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RbacPower {
+    /// The `escalate` verb on roles: write rules one does not hold.
+    Escalate,
+    /// The `bind` verb on roles: bind roles one does not hold.
+    Bind,
+    /// The `impersonate` verb: act as another user, group or ServiceAccount.
+    Impersonate,
+    /// `nodes/proxy`: the kubelet API, which runs commands in any pod of a Node.
+    NodesProxy,
+    /// `pods/exec` or `pods/attach`: run commands in pods.
+    Exec,
+    /// `serviceaccounts/token`: mint tokens for ServiceAccounts.
+    ServiceAccountTokens,
+    /// Reading every Secret (`get`, `list` or `watch` on `secrets` without
+    /// `resourceNames`).
+    Secrets,
+}
+
+impl RbacPower {
+    /// Every route, in the order refusals list them.
+    pub const ALL: [RbacPower; 7] = [
+        RbacPower::Escalate,
+        RbacPower::Bind,
+        RbacPower::Impersonate,
+        RbacPower::NodesProxy,
+        RbacPower::Exec,
+        RbacPower::ServiceAccountTokens,
+        RbacPower::Secrets,
+    ];
+
+    /// How `spec.grants.rbac.powers` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RbacPower::Escalate => "escalate",
+            RbacPower::Bind => "bind",
+            RbacPower::Impersonate => "impersonate",
+            RbacPower::NodesProxy => "nodes/proxy",
+            RbacPower::Exec => "exec",
+            RbacPower::ServiceAccountTokens => "serviceaccounts/token",
+            RbacPower::Secrets => "secrets",
+        }
+    }
+
+    /// What it lends, in words.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            RbacPower::Escalate => "write role rules its holder does not have",
+            RbacPower::Bind => "bind roles its holder does not have",
+            RbacPower::Impersonate => "act as other users, groups or ServiceAccounts",
+            RbacPower::NodesProxy => "the kubelet API, commands in any pod of a Node",
+            RbacPower::Exec => "commands in running pods",
+            RbacPower::ServiceAccountTokens => "tokens of ServiceAccounts",
+            RbacPower::Secrets => "every Secret it can list",
+        }
+    }
+}
+
+/// Where the pod spec is in a custom workload kind (`spec.grants.podSpecPaths`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSpecPath {
+    /// API group.
+    pub group: String,
+    /// Kind.
+    pub kind: String,
+    /// JSON pointer to the pod spec.
+    pub pointer: String,
+}
+
+impl std::str::FromStr for PodSpecPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let wrong = || {
+            format!(
+                "{s:?}: write GROUP/KIND=/json/pointer, for example example.com/Agent=/spec/template/spec"
+            )
+        };
+        let (kind, pointer) = s.split_once('=').ok_or_else(wrong)?;
+        let (group, kind) = kind.rsplit_once('/').ok_or_else(wrong)?;
+        if group.is_empty() || kind.is_empty() || !pointer.starts_with('/') {
+            return Err(wrong());
+        }
+        Ok(PodSpecPath {
+            group: group.to_string(),
+            kind: kind.to_string(),
+            pointer: pointer.to_string(),
+        })
+    }
+}
+
+/// Whether a patch grant's path is too broad to grant: the whole object,
+/// any top-level field, or metadata beyond labels and annotations (a patch
+/// there could rewrite owner references, finalizers, the name).
+fn too_broad(path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    match segments.as_slice() {
+        [] | [""] => true,
+        [first, ..] if *first == "*" || *first == "apiVersion" || *first == "kind" => true,
+        ["metadata"] => true,
+        ["metadata", second, ..] => *second != "labels" && *second != "annotations",
+        _ => false,
+    }
 }
 
 impl AddonGrants {
@@ -167,6 +337,11 @@ impl AddonGrants {
                     "spec.grants.patches[{i}].paths: {bad:?} is not a JSON pointer; write it like /spec/replicas"
                 ));
             }
+            if let Some(bad) = g.paths.iter().find(|p| too_broad(p)) {
+                return Err(format!(
+                    "spec.grants.patches[{i}].paths: {bad:?} would let a patch rewrite the whole object or its identity (owner references, finalizers, name); name the fields, for example /spec/replicas or /metadata/labels"
+                ));
+            }
             patches.push((
                 PatchRule {
                     objects,
@@ -185,11 +360,47 @@ impl AddonGrants {
             }
             adopt.push(p);
         }
+        let mut service_accounts = Vec::new();
+        for (i, text) in grants.service_accounts.iter().enumerate() {
+            let account = match text.split_once('/') {
+                None => (None, text.as_str()),
+                Some((ns, name)) => (Some(ns.to_string()), name),
+            };
+            if account.1.is_empty() || account.1.contains('/') || account.0.as_deref() == Some("") {
+                return Err(format!(
+                    "spec.grants.serviceAccounts[{i}]: {text:?}: write NAME or NAMESPACE/NAME"
+                ));
+            }
+            service_accounts.push((account.0, account.1.to_string()));
+        }
+        let rbac = match &grants.rbac {
+            None => RbacLent::default(),
+            Some(r) => rbac_lent(r)?,
+        };
+        let tenant_objects = grants
+            .tenant_objects
+            .iter()
+            .enumerate()
+            .map(|(i, t)| pattern(format!("spec.grants.tenantObjects[{i}]"), t))
+            .collect::<Result<_, _>>()?;
+        let pod_spec_paths = grants
+            .pod_spec_paths
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.parse()
+                    .map_err(|e| format!("spec.grants.podSpecPaths[{i}]: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(AddonGrants {
             objects,
             pod_security: grants.pod_security.unwrap_or_default(),
             patches,
             adopt,
+            service_accounts,
+            rbac,
+            tenant_objects,
+            pod_spec_paths,
         })
     }
 
@@ -202,6 +413,50 @@ impl AddonGrants {
             .map(|(rule, _)| rule.clone())
             .collect()
     }
+}
+
+fn rbac_lent(rbac: &capstan_api::RbacGrant) -> Result<RbacLent, String> {
+    let mut lent = RbacLent::default();
+    for (i, text) in rbac.role_refs.iter().enumerate() {
+        let r = NamedRef::parse(
+            &format!("spec.grants.rbac.roleRefs[{i}]"),
+            text,
+            &[("ClusterRole", false), ("Role", true)],
+        )?;
+        if r.kind == "ClusterRole" && r.name == "cluster-admin" {
+            return Err(format!(
+                "spec.grants.rbac.roleRefs[{i}]: ClusterRole/cluster-admin is never granted to an addon"
+            ));
+        }
+        lent.role_refs.push(r);
+    }
+    for (i, text) in rbac.subjects.iter().enumerate() {
+        let s = NamedRef::parse(
+            &format!("spec.grants.rbac.subjects[{i}]"),
+            text,
+            &[("ServiceAccount", true), ("User", false), ("Group", false)],
+        )?;
+        if s.kind == "Group" && s.name == "system:masters" {
+            return Err(format!(
+                "spec.grants.rbac.subjects[{i}]: Group/system:masters is never granted to an addon"
+            ));
+        }
+        lent.subjects.push(s);
+    }
+    for (i, text) in rbac.powers.iter().enumerate() {
+        let power = RbacPower::ALL
+            .into_iter()
+            .find(|p| p.name() == text)
+            .ok_or_else(|| {
+                let known: Vec<&str> = RbacPower::ALL.iter().map(|p| p.name()).collect();
+                format!(
+                    "spec.grants.rbac.powers[{i}]: {text:?} is not an escalation route; known: {}",
+                    known.join(", ")
+                )
+            })?;
+        lent.powers.push(power);
+    }
+    Ok(lent)
 }
 
 /// Fields of some objects that an Addon's patches may change (one
@@ -274,24 +529,53 @@ pub struct Refusal {
     pub object: String,
     /// The pattern that would cover it.
     pub needs: String,
-    /// Whether the plugin's manifest declares its kind at all.
-    pub declared: bool,
+    /// Why it is refused.
+    pub reason: RefusalReason,
+}
+
+/// Why a rendered object is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// The plugin's manifest does not declare its kind.
+    Undeclared,
+    /// No `spec.grants.objects` entry covers it.
+    Ungranted,
+    /// A tenant's Addon rendered it outside the tenant's namespace (named)
+    /// and no `spec.grants.tenantObjects` entry covers it.
+    OutsideTenantNamespace(String),
+}
+
+impl Refusal {
+    fn new(object: &Object, reason: RefusalReason) -> Refusal {
+        let mut needs = ObjectPattern::for_object(&object.key());
+        if reason == RefusalReason::Undeclared {
+            // Manifests declare kinds; a name would mislead here.
+            needs.name = None;
+        }
+        Refusal {
+            object: object.entry().to_string(),
+            needs: needs.to_string(),
+            reason,
+        }
+    }
 }
 
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.declared {
-            write!(
+        let (object, needs) = (&self.object, &self.needs);
+        match &self.reason {
+            RefusalReason::Ungranted => write!(
                 f,
-                "{} is outside spec.grants.objects (it needs a grant covering {})",
-                self.object, self.needs
-            )
-        } else {
-            write!(
+                "{object} is outside spec.grants.objects (it needs a grant covering {needs})"
+            ),
+            RefusalReason::Undeclared => write!(
                 f,
-                "{} is outside what the plugin declares (capabilities.objects has no {}), so it cannot be granted",
-                self.object, self.needs
-            )
+                "{object} is outside what the plugin declares (capabilities.objects has no {needs}), so it cannot be granted"
+            ),
+            RefusalReason::OutsideTenantNamespace(ns) => write!(
+                f,
+                "{object} is outside namespace {ns}: an Addon outside Capstan's namespace renders only into its own namespace unless the Plugin's spec.grants.tenantObjects covers the object ({needs})"
+            ),
         }
     }
 }
@@ -645,7 +929,27 @@ impl std::str::FromStr for ImageRewrite {
     }
 }
 
-/// Where the pod spec is in workload kinds.
+/// The JSON pointer to the pod spec of a pod-bearing object: the built-in
+/// workload kinds by group and kind, custom ones where `custom` says.
+pub(crate) fn pod_spec_pointer(object: &Object, custom: &[PodSpecPath]) -> Option<String> {
+    let builtin = match (object.group(), object.kind.as_str()) {
+        ("", "Pod") => Some("/spec"),
+        ("", "PodTemplate") => Some("/template/spec"),
+        ("", "ReplicationController")
+        | ("apps", "Deployment" | "DaemonSet" | "StatefulSet" | "ReplicaSet")
+        | ("batch", "Job") => Some("/spec/template/spec"),
+        ("batch", "CronJob") => Some("/spec/jobTemplate/spec/template/spec"),
+        _ => None,
+    };
+    builtin.map(str::to_string).or_else(|| {
+        custom
+            .iter()
+            .find(|p| p.group == object.group() && p.kind == object.kind)
+            .map(|p| p.pointer.clone())
+    })
+}
+
+/// Where the pod spec is in workload kinds (for image rewrites).
 pub(crate) fn pod_spec_path(kind: &str) -> Option<&'static [&'static str]> {
     Some(match kind {
         "Pod" => &["spec"],
@@ -703,43 +1007,72 @@ pub fn rewrite_images(objects: &mut [Object], rules: &[ImageRewrite]) -> Vec<Ima
 }
 
 /// Refuse the render unless every object is within a declared kind and a
-/// granted pattern, and nothing breaks the host's floor at the Pod Security
-/// level granted. All offending objects are named at once.
+/// granted pattern, a tenant's (`tenant`: its namespace) within its
+/// namespace or `tenantObjects`, and nothing breaks the host's
+/// [`floor`] as far as the grants lend. All offending objects are named at
+/// once.
 pub fn check_grants(
     objects: &[Object],
     declared: &[ObjectPattern],
-    granted: &[ObjectPattern],
-    pod_security: capstan_api::PodSecurityLevel,
+    grants: &AddonGrants,
+    tenant: Option<&str>,
 ) -> Result<(), AddonError> {
     let refusals: Vec<Refusal> = objects
         .iter()
         .filter_map(|o| {
             let key = o.key();
-            let in_declared = declared.iter().any(|p| p.matches(&key));
-            let in_granted = granted.iter().any(|p| p.matches(&key));
-            (!in_declared || !in_granted).then(|| {
-                let mut needs = ObjectPattern::for_object(&key);
-                if !in_declared {
-                    // Manifests declare kinds; a name would mislead here.
-                    needs.name = None;
-                }
-                Refusal {
-                    object: o.entry().to_string(),
-                    needs: needs.to_string(),
-                    declared: in_declared,
-                }
-            })
+            let reason = if !declared.iter().any(|p| p.matches(&key)) {
+                RefusalReason::Undeclared
+            } else if !grants.objects.iter().any(|p| p.matches(&key)) {
+                RefusalReason::Ungranted
+            } else if let Some(ns) = tenant
+                && o.namespace.as_deref() != Some(ns)
+                && !grants.tenant_objects.iter().any(|p| p.matches(&key))
+            {
+                RefusalReason::OutsideTenantNamespace(ns.to_string())
+            } else {
+                return None;
+            };
+            Some(Refusal::new(o, reason))
         })
         .collect();
     if !refusals.is_empty() {
         return Err(AddonError::Refused(refusals));
     }
-    let below = floor::violations(objects, pod_security);
+    let below = floor::violations(objects, grants);
     if below.is_empty() {
         Ok(())
     } else {
         Err(AddonError::Floor(below))
     }
+}
+
+/// Whether an inventory entry is still within the grants: prune and delete
+/// act only on objects the Addon could render now (a grant narrowed since
+/// leaves the object alone), a tenant's (`tenant`: its namespace) only in
+/// its namespace or `tenantObjects`.
+pub fn still_granted(entry: &InventoryEntry, grants: &AddonGrants, tenant: Option<&str>) -> bool {
+    let key = ObjectKey {
+        group: group_of(&entry.api_version),
+        kind: &entry.kind,
+        namespace: entry.namespace.as_deref(),
+        name: &entry.name,
+    };
+    grants.objects.iter().any(|p| p.matches(&key))
+        && tenant.is_none_or(|ns| {
+            entry.namespace.as_deref() == Some(ns)
+                || grants.tenant_objects.iter().any(|p| p.matches(&key))
+        })
+}
+
+/// The rendered objects whose kind the plugin's manifest does not declare
+/// (what the conformance kit checks: the declaration, not the grants).
+pub fn undeclared(objects: &[Object], declared: &[ObjectPattern]) -> Vec<Refusal> {
+    objects
+        .iter()
+        .filter(|o| !declared.iter().any(|p| p.matches(&o.key())))
+        .map(|o| Refusal::new(o, RefusalReason::Undeclared))
+        .collect()
 }
 
 fn rank(object: &Object) -> u8 {

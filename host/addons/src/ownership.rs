@@ -6,6 +6,14 @@
 //! take-over, no fight between two Addons rendering the same object),
 //! unless the Plugin's `spec.grants.adopt` names it. Prune and delete then
 //! act only on the recorded uid, and never on an adopted object.
+//!
+//! The inventory lives in the Addon's status, which whoever may write
+//! `addons/status` can forge. So the object itself must show it is this
+//! Addon's before it is deleted or recovered: it carries this Addon's
+//! labels *and* this Addon's field manager ([`applied_by`]), which nobody
+//! can put on an object they may not write. A create this Addon made but
+//! never recorded (the pass ended between the two) is recovered the same
+//! way.
 
 use crate::Object;
 use capstan_api::{InventoryEntry, LABEL_ADDON_NAME, LABEL_ADDON_NAMESPACE};
@@ -52,32 +60,53 @@ pub fn managers(live: &Value) -> Vec<String> {
     names
 }
 
+/// This Addon: its namespace and name, and its field manager.
+#[derive(Debug, Clone, Copy)]
+pub struct Me<'a> {
+    /// Namespace and name.
+    pub addon: (&'a str, &'a str),
+    /// The field manager it applies under.
+    pub manager: &'a str,
+}
+
+/// Whether the live object shows it was applied by this Addon: its labels
+/// and its field manager.
+pub fn applied_by(live: &Value, me: Me<'_>) -> bool {
+    labelled_by(live, me.addon) && managers(live).iter().any(|m| m == me.manager)
+}
+
 /// Decide for `object`, given the live object (if any), this Addon's
 /// inventory and the Plugin's adopt grants.
 pub fn decide(
     object: &Object,
     live: Option<&Value>,
     inventory: &[InventoryEntry],
-    addon: (&str, &str),
+    me: Me<'_>,
     adopt: &[ObjectPattern],
 ) -> Ownership {
     let Some(live) = live else {
         return Ownership::Create;
     };
     let uid = text(live, "/metadata/uid").unwrap_or_default().to_string();
-    if let Some(entry) = inventory.iter().find(|e| object.is(e)) {
-        let ours = match &entry.uid {
-            Some(recorded) => *recorded == uid,
-            // Inventories written before uids were recorded: the labels
-            // this Addon put on the object are all there is to go by.
-            None => labelled_by(live, addon),
-        };
-        if ours {
+    // The object must show this Addon applied it: a forged inventory entry
+    // naming someone else's object gives it nothing.
+    let proven = applied_by(live, me);
+    match inventory.iter().find(|e| object.is(e)) {
+        // Inventories written before uids were recorded have only the proof.
+        Some(entry) if proven && entry.uid.as_ref().is_none_or(|r| *r == uid) => {
             return Ownership::Owned {
                 uid,
                 adopted: entry.adopted,
             };
         }
+        // Created by this Addon in a pass that ended before it was recorded.
+        None if proven => {
+            return Ownership::Owned {
+                uid,
+                adopted: false,
+            };
+        }
+        _ => {}
     }
     if adopt.iter().any(|p| p.matches(&object.key())) {
         return Ownership::Adopt { uid };
@@ -103,16 +132,17 @@ pub fn labelled_by(live: &Value, (namespace, name): (&str, &str)) -> bool {
 }
 
 /// Whether deleting the Addon (or pruning `entry`) may delete the live
-/// object: it is the object recorded (by uid, or by this Addon's labels for
-/// inventories without uids), it was created rather than adopted, and a
-/// Namespace only when its uid proves this Addon created it.
-pub fn may_delete(entry: &InventoryEntry, live: &Value, addon: (&str, &str)) -> bool {
-    if entry.adopted {
+/// object: it is the object recorded (by uid; inventories without uids
+/// never a Namespace), it was created rather than adopted, and the object
+/// itself shows this Addon applied it ([`applied_by`]), whatever the
+/// inventory says.
+pub fn may_delete(entry: &InventoryEntry, live: &Value, me: Me<'_>) -> bool {
+    if entry.adopted || !applied_by(live, me) {
         return false;
     }
     match &entry.uid {
         Some(uid) => text(live, "/metadata/uid") == Some(uid.as_str()),
-        None => entry.kind != "Namespace" && labelled_by(live, addon),
+        None => entry.kind != "Namespace",
     }
 }
 
@@ -121,7 +151,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const ADDON: (&str, &str) = ("team-a", "exporter");
+    const ADDON: Me<'static> = Me {
+        addon: ("team-a", "exporter"),
+        manager: "capstan-addon/team-a/exporter",
+    };
 
     fn namespace() -> Object {
         Object::from_value(
@@ -142,6 +175,16 @@ mod tests {
         v
     }
 
+    /// `live`, applied by this Addon: its labels and its field manager.
+    fn ours(uid: &str) -> Value {
+        let mut v = live(uid, true);
+        v["metadata"]["managedFields"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"manager": ADDON.manager, "operation": "Apply"}));
+        v
+    }
+
     fn entry(uid: Option<&str>, adopted: bool) -> InventoryEntry {
         InventoryEntry {
             uid: uid.map(String::from),
@@ -156,7 +199,7 @@ mod tests {
         assert_eq!(decide(&ns, None, &[], ADDON, &[]), Ownership::Create);
         let owned = decide(
             &ns,
-            Some(&live("u1", true)),
+            Some(&ours("u1")),
             &[entry(Some("u1"), false)],
             ADDON,
             &[],
@@ -209,7 +252,7 @@ mod tests {
 
     #[test]
     fn only_created_objects_with_the_recorded_uid_are_deleted() {
-        let object = live("u1", true);
+        let object = ours("u1");
         assert!(may_delete(&entry(Some("u1"), false), &object, ADDON));
         assert!(!may_delete(&entry(Some("u0"), false), &object, ADDON));
         assert!(
@@ -222,5 +265,63 @@ mod tests {
         cm.kind = "ConfigMap".into();
         assert!(may_delete(&cm, &object, ADDON));
         assert!(!may_delete(&cm, &live("u1", false), ADDON));
+    }
+
+    #[test]
+    fn a_forged_inventory_entry_deletes_nothing() {
+        // Someone who may write this Addon's status records another
+        // object's uid: the object does not show this Addon applied it.
+        let theirs = live("victim", false);
+        assert!(!may_delete(&entry(Some("victim"), false), &theirs, ADDON));
+        // Even with this Addon's labels copied on, without its manager.
+        assert!(!may_delete(
+            &entry(Some("u1"), false),
+            &live("u1", true),
+            ADDON
+        ));
+        let other = Me {
+            addon: ("team-b", "x"),
+            manager: "capstan-addon/team-b/x",
+        };
+        assert!(!may_delete(&entry(Some("u1"), false), &ours("u1"), other));
+    }
+
+    #[test]
+    fn a_forged_inventory_entry_takes_nothing_over() {
+        // The entry names another Addon's object by its uid.
+        let theirs = live("victim", true);
+        assert!(matches!(
+            decide(
+                &namespace(),
+                Some(&theirs),
+                &[entry(Some("victim"), false)],
+                ADDON,
+                &[]
+            ),
+            Ownership::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn a_create_that_was_never_recorded_is_recovered() {
+        let ns = namespace();
+        assert_eq!(
+            decide(&ns, Some(&ours("u7")), &[], ADDON, &[]),
+            Ownership::Owned {
+                uid: "u7".into(),
+                adopted: false
+            }
+        );
+        // Recorded with another uid: replaced by someone, not recovered.
+        assert!(matches!(
+            decide(
+                &ns,
+                Some(&ours("u7")),
+                &[entry(Some("u1"), false)],
+                ADDON,
+                &[]
+            ),
+            Ownership::Refuse(_)
+        ));
     }
 }

@@ -247,14 +247,51 @@ fn objects_outside_the_declared_or_granted_kinds_refuse_the_whole_render() {
             .parse()
             .unwrap(),
     ];
-    let e = check_grants(&o, &declared, &granted, PodSecurityLevel::Baseline).unwrap_err();
+    let granted = AddonGrants {
+        objects: granted,
+        ..Default::default()
+    };
+    let e = check_grants(&o, &declared, &granted, None).unwrap_err();
     assert_eq!(
         e.to_string(),
         "refused the whole render, nothing was applied: \
          Deployment kube-system/coredns is outside spec.grants.objects (it needs a grant covering apps/Deployment@kube-system); \
          ClusterRoleBinding greedy is outside what the plugin declares (capabilities.objects has no rbac.authorization.k8s.io/ClusterRoleBinding), so it cannot be granted"
     );
-    assert!(check_grants(&o[..1], &declared, &granted, PodSecurityLevel::Baseline).is_ok());
+    assert!(check_grants(&o[..1], &declared, &granted, None).is_ok());
+}
+
+#[test]
+fn a_tenants_render_stays_in_its_namespace_unless_tenant_objects_cover_it() {
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                      "metadata": {"name": "system:coredns"}, "rules": []});
+    let o = objects(vec![config_map(), role]);
+    let all: Vec<ObjectPattern> = vec![
+        "ConfigMap@*".parse().unwrap(),
+        "rbac.authorization.k8s.io/ClusterRole".parse().unwrap(),
+    ];
+    let mut grants = AddonGrants {
+        objects: all.clone(),
+        ..Default::default()
+    };
+    // The admin's Addon (not a tenant): as granted.
+    assert!(check_grants(&o, &all, &grants, None).is_ok());
+    // In its own namespace, a tenant gets the same.
+    assert!(check_grants(&o[..1], &all, &grants, Some("kube-system")).is_ok());
+    let e = check_grants(&o, &all, &grants, Some("team-a")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "refused the whole render, nothing was applied: \
+         ConfigMap kube-system/coredns is outside namespace team-a: an Addon outside Capstan's namespace renders only into its own namespace unless the Plugin's spec.grants.tenantObjects covers the object (ConfigMap@kube-system); \
+         ClusterRole system:coredns is outside namespace team-a: an Addon outside Capstan's namespace renders only into its own namespace unless the Plugin's spec.grants.tenantObjects covers the object (rbac.authorization.k8s.io/ClusterRole/system:coredns)"
+    );
+    grants.tenant_objects = vec![
+        "rbac.authorization.k8s.io/ClusterRole/system:coredns"
+            .parse()
+            .unwrap(),
+    ];
+    let e = check_grants(&o, &all, &grants, Some("team-a")).unwrap_err();
+    assert!(!e.to_string().contains("ClusterRole"), "{e}");
 }
 
 #[test]
@@ -318,10 +355,15 @@ fn patches_change_only_granted_paths_and_the_grant_check_sees_the_patched_object
     let mut o = objects(vec![deployment()]);
     apply_patches(&mut o, &[hostile], &any_patch(), false).unwrap();
     let declared: Vec<ObjectPattern> = vec!["apps/Deployment@*".parse().unwrap()];
-    let e = check_grants(&o, &declared, &declared, PodSecurityLevel::Baseline).unwrap_err();
+    let mut grants = AddonGrants {
+        objects: declared.clone(),
+        ..Default::default()
+    };
+    let e = check_grants(&o, &declared, &grants, None).unwrap_err();
     assert!(matches!(e, AddonError::Floor(_)), "{e}");
     assert!(e.to_string().contains("hostPID: true"), "{e}");
-    assert!(check_grants(&o, &declared, &declared, PodSecurityLevel::Privileged).is_ok());
+    grants.pod_security = PodSecurityLevel::Privileged;
+    assert!(check_grants(&o, &declared, &grants, None).is_ok());
 }
 
 #[test]
@@ -495,4 +537,108 @@ fn grants_of_rights_handing_kinds_and_adoptions_must_name_objects() {
         parsed.patch_rules(true).is_empty(),
         "tenants get no admin-only rule"
     );
+}
+
+#[test]
+fn broad_patch_grants_are_refused_and_named_fields_pass() {
+    let grant = |path: &str| capstan_api::PluginGrants {
+        patches: vec![capstan_api::PatchGrant {
+            objects: "apps/Deployment@kube-system".into(),
+            paths: vec![path.into()],
+            tenants: false,
+        }],
+        ..Default::default()
+    };
+    for broad in [
+        "/",
+        "/*",
+        "/metadata",
+        "/metadata/ownerReferences",
+        "/metadata/*",
+        "/kind",
+    ] {
+        let e = AddonGrants::from_spec(&grant(broad)).unwrap_err();
+        assert!(
+            e.starts_with(&format!(
+                "spec.grants.patches[0].paths: {broad:?} would let a patch rewrite"
+            )),
+            "{e}"
+        );
+    }
+    let e = AddonGrants::from_spec(&grant("")).unwrap_err();
+    assert!(e.contains("is not a JSON pointer"), "{e}");
+    for named in [
+        "/spec/replicas",
+        "/metadata/labels",
+        "/metadata/annotations/x",
+        "/data",
+    ] {
+        assert!(AddonGrants::from_spec(&grant(named)).is_ok(), "{named}");
+    }
+}
+
+#[test]
+fn what_grants_lend_is_parsed_and_mistakes_name_the_field() {
+    let grants = capstan_api::PluginGrants {
+        service_accounts: vec!["coredns".into(), "monitoring/prometheus".into()],
+        rbac: Some(capstan_api::RbacGrant {
+            role_refs: vec!["ClusterRole/view".into(), "Role/kube-system/reader".into()],
+            subjects: vec![
+                "Group/oidc:ops".into(),
+                "ServiceAccount/monitoring/prometheus".into(),
+            ],
+            powers: vec!["nodes/proxy".into()],
+        }),
+        tenant_objects: vec!["rbac.authorization.k8s.io/ClusterRole/system:coredns".into()],
+        pod_spec_paths: vec!["example.com/Agent=/spec/template/spec".into()],
+        ..Default::default()
+    };
+    let parsed = AddonGrants::from_spec(&grants).unwrap();
+    assert_eq!(
+        parsed.service_accounts,
+        vec![
+            (None, "coredns".to_string()),
+            (Some("monitoring".to_string()), "prometheus".to_string())
+        ]
+    );
+    assert_eq!(
+        parsed.rbac.role_refs[1].namespace.as_deref(),
+        Some("kube-system")
+    );
+    assert_eq!(parsed.rbac.subjects[0].name, "oidc:ops");
+    assert_eq!(parsed.rbac.powers, vec![crate::RbacPower::NodesProxy]);
+    assert_eq!(parsed.pod_spec_paths[0].kind, "Agent");
+
+    let wrong = |edit: &dyn Fn(&mut capstan_api::PluginGrants)| {
+        let mut g = grants.clone();
+        edit(&mut g);
+        AddonGrants::from_spec(&g).unwrap_err()
+    };
+    let e =
+        wrong(&|g| g.rbac.as_mut().unwrap().role_refs = vec!["ClusterRole/cluster-admin".into()]);
+    assert!(
+        e.contains("roleRefs[0]: ClusterRole/cluster-admin is never granted"),
+        "{e}"
+    );
+    let e = wrong(&|g| g.rbac.as_mut().unwrap().role_refs = vec!["Role/reader".into()]);
+    assert!(e.contains("write Role/NAMESPACE/NAME"), "{e}");
+    let e = wrong(&|g| g.rbac.as_mut().unwrap().subjects = vec!["Group/system:masters".into()]);
+    assert!(
+        e.contains("subjects[0]: Group/system:masters is never granted"),
+        "{e}"
+    );
+    let e = wrong(&|g| g.rbac.as_mut().unwrap().subjects = vec!["Robot/r2".into()]);
+    assert!(
+        e.contains("write one of ServiceAccount, User, Group"),
+        "{e}"
+    );
+    let e = wrong(&|g| g.rbac.as_mut().unwrap().powers = vec!["root".into()]);
+    assert!(
+        e.contains("powers[0]: \"root\" is not an escalation route; known: escalate, bind"),
+        "{e}"
+    );
+    let e = wrong(&|g| g.service_accounts = vec!["a/b/c".into()]);
+    assert!(e.starts_with("spec.grants.serviceAccounts[0]"), "{e}");
+    let e = wrong(&|g| g.pod_spec_paths = vec!["Agent=spec".into()]);
+    assert!(e.starts_with("spec.grants.podSpecPaths[0]"), "{e}");
 }

@@ -87,30 +87,66 @@ pub struct AllowedNamespaces {
     /// Namespace names; `*` allows every namespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<String>,
-    /// Namespaces whose labels match (an empty selector matches none).
+    /// Namespaces whose labels match (an empty selector matches none). Only
+    /// labels a tenant cannot set count: `kubernetes.io/metadata.name` (the
+    /// API server sets it) and keys under `tenancy.capstan.dev/` (protect
+    /// them with an admission policy); a selector on any other key matches
+    /// no namespace, since whoever may label their namespace (a namespace
+    /// admin under Capsule or HNC, say) would opt themselves in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
 }
 
+/// Namespace label keys an `allowedNamespaces` selector may use.
+pub const TRUSTED_NAMESPACE_LABEL: &str = "kubernetes.io/metadata.name";
+/// The admin-only label prefix an `allowedNamespaces` selector may use.
+pub const TRUSTED_NAMESPACE_LABEL_PREFIX: &str = "tenancy.capstan.dev/";
+
+impl AllowedNamespaces {
+    /// The selector's keys that a tenant might be able to set (those make
+    /// the selector match nothing).
+    pub fn untrusted_selector_keys(&self) -> Vec<String> {
+        let Some(selector) = &self.selector else {
+            return vec![];
+        };
+        let keys = selector
+            .match_labels
+            .iter()
+            .flat_map(|m| m.keys().cloned())
+            .chain(
+                selector
+                    .match_expressions
+                    .iter()
+                    .flatten()
+                    .map(|e| e.key.clone()),
+            );
+        keys.filter(|k| {
+            k != TRUSTED_NAMESPACE_LABEL && !k.starts_with(TRUSTED_NAMESPACE_LABEL_PREFIX)
+        })
+        .collect()
+    }
+}
+
 impl Plugin {
-    /// Whether objects in `namespace` (with these labels) may use this
-    /// plugin. `own` is Capstan's own namespace, always allowed when
+    /// Whether objects in `namespace` may use this plugin. `labels` are the
+    /// namespace's, `None` when it is not in the cache (then only a name
+    /// allows it). `own` is Capstan's own namespace, always allowed when
     /// `allowedNamespaces` is unset; `None` (an embedded host with no
     /// namespace of its own) leaves an unset list unscoped.
     pub fn allows_namespace(
         &self,
         namespace: &str,
-        labels: &std::collections::BTreeMap<String, String>,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
         own: Option<&str>,
     ) -> bool {
         match &self.spec.allowed_namespaces {
             None => own.is_none_or(|own| own == namespace),
             Some(allowed) => {
                 allowed.names.iter().any(|n| n == "*" || n == namespace)
-                    || allowed
-                        .selector
-                        .as_ref()
-                        .is_some_and(|s| selector_matches(s, labels))
+                    || allowed.selector.as_ref().is_some_and(|s| {
+                        allowed.untrusted_selector_keys().is_empty()
+                            && labels.is_some_and(|labels| selector_matches(s, labels))
+                    })
             }
         }
     }
@@ -123,8 +159,22 @@ impl Plugin {
             (None, Some(own)) => format!(" (unset: only Capstan's namespace {own:?})"),
             _ => String::new(),
         };
+        let untrusted = self
+            .spec
+            .allowed_namespaces
+            .as_ref()
+            .map(AllowedNamespaces::untrusted_selector_keys)
+            .unwrap_or_default();
+        let selector = if untrusted.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (its selector matches no namespace: it uses {}, which a tenant may be able to set; select on {TRUSTED_NAMESPACE_LABEL} or {TRUSTED_NAMESPACE_LABEL_PREFIX}… labels)",
+                untrusted.join(", ")
+            )
+        };
         format!(
-            "plugin {name:?} is not allowed in namespace {namespace:?}: its spec.allowedNamespaces{default} does not include it; a cluster admin can add the namespace there"
+            "plugin {name:?} is not allowed in namespace {namespace:?}: its spec.allowedNamespaces{default} does not include it{selector}; a cluster admin can add the namespace there"
         )
     }
 }
@@ -173,11 +223,36 @@ pub struct PluginGrants {
     /// object.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<String>,
-    /// Addon plugins: the highest Pod Security level of the pods they
-    /// render (default `Baseline`: no privileged containers, host
-    /// namespaces, hostPath volumes, host ports or added capabilities).
+    /// Addon plugins: the Pod Security Standards level every rendered pod
+    /// must meet (default `Baseline`, checked control by control as the
+    /// upstream `pod-security-admission` does; `Restricted` is stricter,
+    /// `Privileged` lifts the pod checks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<PodSecurityLevel>,
+    /// Addon plugins: ServiceAccounts that rendered pods may run as although
+    /// the render does not create them, as `NAMESPACE/NAME` or `NAME` (in
+    /// the pod's own namespace). A pod may always run as a ServiceAccount
+    /// its own render creates, or as its namespace's `default`; any other
+    /// would borrow rights nobody granted the plugin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_accounts: Vec<String>,
+    /// Addon plugins: the RBAC a render may hand out beyond its own objects
+    /// (by default a binding may only reference roles and ServiceAccounts
+    /// the same render creates, and no role may carry an escalation route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbac: Option<RbacGrant>,
+    /// Addon plugins: objects that Addons outside Capstan's namespace may
+    /// render outside their own namespace (object patterns, as `objects`).
+    /// Without an entry here a tenant's render stays in its namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenant_objects: Vec<String>,
+    /// Addon plugins: where the pod spec is in custom workload kinds, as
+    /// `GROUP/KIND=/json/pointer` (`example.com/Agent=/spec/template/spec`),
+    /// so the Pod Security check covers them too. Built-in workload kinds
+    /// (Pod, PodTemplate, Deployment, DaemonSet, StatefulSet, ReplicaSet,
+    /// ReplicationController, Job, CronJob) need no entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_spec_paths: Vec<String>,
     /// Addon plugins: which fields an Addon's `spec.patches` may change.
     /// Without an entry here a patch is refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -201,6 +276,12 @@ pub struct PluginGrants {
     /// Machine may be a tenant, so an admin says which.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_labels: Vec<String>,
+    /// Providers: whether its machines may be linked to Nodes with a
+    /// control-plane role (`node-role.kubernetes.io/control-plane` or
+    /// `…/master`). Default false: a provider that names a control-plane
+    /// Node's providerID gets no taint, drain or deletion of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control_plane_nodes: bool,
 }
 
 /// Pod Security Standards levels (as the Kubernetes Pod Security admission
@@ -209,9 +290,52 @@ pub struct PluginGrants {
 pub enum PodSecurityLevel {
     /// No restriction: host namespaces, hostPath, privileged containers.
     Privileged,
-    /// The Baseline level's pod fields.
+    /// The Baseline level's controls.
     #[default]
     Baseline,
+    /// Baseline's controls and the Restricted level's (non-root, no
+    /// privilege escalation, a seccomp profile, capabilities dropped).
+    Restricted,
+}
+
+impl PodSecurityLevel {
+    /// The level's name as Pod Security admission labels spell it.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            PodSecurityLevel::Privileged => "privileged",
+            PodSecurityLevel::Baseline => "baseline",
+            PodSecurityLevel::Restricted => "restricted",
+        }
+    }
+
+    /// How strict: Privileged 0, Baseline 1, Restricted 2.
+    pub fn strictness(self) -> u8 {
+        match self {
+            PodSecurityLevel::Privileged => 0,
+            PodSecurityLevel::Baseline => 1,
+            PodSecurityLevel::Restricted => 2,
+        }
+    }
+}
+
+/// What RBAC an addon render may hand out beyond its own objects.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RbacGrant {
+    /// Roles outside the render that its bindings may reference:
+    /// `ClusterRole/NAME` or `Role/NAMESPACE/NAME` (`cluster-admin` never).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub role_refs: Vec<String>,
+    /// Subjects outside the render that its bindings may name:
+    /// `ServiceAccount/NAMESPACE/NAME`, `User/NAME` or `Group/NAME`
+    /// (`system:masters` never).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subjects: Vec<String>,
+    /// Escalation routes its roles may carry: `escalate`, `bind`,
+    /// `impersonate`, `nodes/proxy`, `exec` (`pods/exec`, `pods/attach`),
+    /// `serviceaccounts/token`, `secrets` (reading every Secret).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub powers: Vec<String>,
 }
 
 /// Fields an Addon's patches may change.
@@ -353,4 +477,57 @@ pub struct PluginStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn plugin(selector: serde_json::Value) -> Plugin {
+        let spec: PluginSpec = serde_json::from_value(serde_json::json!({
+            "source": "file:///p.wasm",
+            "allowedNamespaces": {"names": ["named"], "selector": selector}
+        }))
+        .unwrap();
+        Plugin::new("p", spec)
+    }
+
+    #[test]
+    fn selectors_count_only_labels_a_tenant_cannot_set() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let trusted =
+            plugin(serde_json::json!({"matchLabels": {"tenancy.capstan.dev/tier": "gold"}}));
+        let gold = labels(&[("tenancy.capstan.dev/tier", "gold")]);
+        assert!(trusted.allows_namespace("team-a", Some(&gold), None));
+        assert!(!trusted.allows_namespace("team-a", Some(&labels(&[])), None));
+        // Not in the cache: only a name allows it.
+        assert!(!trusted.allows_namespace("team-a", None, None));
+        assert!(trusted.allows_namespace("named", None, None));
+        let by_name = plugin(serde_json::json!({"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]}));
+        assert!(by_name.allows_namespace(
+            "team-a",
+            Some(&labels(&[("kubernetes.io/metadata.name", "team-a")])),
+            None
+        ));
+
+        // A label the namespace's own admin may set opts nobody in.
+        let loose = plugin(serde_json::json!({"matchLabels": {"team": "a"}}));
+        let opted = labels(&[("team", "a")]);
+        assert!(!loose.allows_namespace("team-a", Some(&opted), None));
+        let message = loose.not_allowed_message("team-a", None);
+        assert!(
+            message.contains(
+                "its selector matches no namespace: it uses team, which a tenant may be able to set"
+            ),
+            "{message}"
+        );
+        assert!(loose.allows_namespace("named", Some(&opted), None));
+    }
 }

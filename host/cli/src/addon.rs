@@ -26,8 +26,10 @@ pub enum Command {
     Without --grant or --grants-from the render is checked against the kinds the plugin\n\
     declares only (the controller also checks the Plugin's spec.grants.objects), at Pod\n\
     Security level Baseline, and spec.patches may change nothing. --grants-from PLUGIN.yaml\n\
-    checks with exactly that Plugin's spec.grants (objects, podSecurity, patches), as for an\n\
-    Addon in Capstan's own namespace.")]
+    checks with exactly that Plugin's spec.grants (objects, podSecurity, serviceAccounts, rbac,\n\
+    patches, tenantObjects, podSpecPaths), as for an Addon in Capstan's own namespace;\n\
+    --tenant checks as for an Addon in another namespace (a tenant's): only patch grants\n\
+    marked for tenants, and only objects in the Addon's namespace or spec.grants.tenantObjects.")]
 pub struct RenderArgs {
     /// The Addon (YAML or JSON; `-` for standard input).
     pub addon: PathBuf,
@@ -42,6 +44,12 @@ pub struct RenderArgs {
     /// controller would.
     #[arg(long = "grants-from", value_name = "PLUGIN.yaml")]
     pub grants_from: Option<PathBuf>,
+    /// Check as for an Addon outside Capstan's namespace (a tenant's):
+    /// only objects in the Addon's own namespace (`metadata.namespace`,
+    /// default `default`) or covered by `spec.grants.tenantObjects`, and
+    /// only patch grants marked `tenants: true`.
+    #[arg(long)]
+    pub tenant: bool,
     /// An image rewrite rule FROM=TO, as the controller's `--image-rewrite`.
     #[arg(long = "image-rewrite", value_name = "FROM=TO")]
     pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
@@ -109,8 +117,15 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         objects,
         rewrites,
         ..
-    } = capstan_addons::engine::render(&plugin, &addon, &grants, false, &args.image_rewrites, None)
-        .await?;
+    } = capstan_addons::engine::render(
+        &plugin,
+        &addon,
+        &grants,
+        args.tenant,
+        &args.image_rewrites,
+        None,
+    )
+    .await?;
     let channel = resolved
         .channel
         .map(|c| format!(" (channel {c})"))

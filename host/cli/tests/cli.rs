@@ -425,8 +425,9 @@ fn checks(report: &serde_json::Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// `capstan plugin conformance STEM.wasm --world addon -o json`: (exit code, report).
-async fn addon_conformance(stem: &str) -> (Option<i32>, serde_json::Value) {
+/// `capstan plugin conformance STEM.wasm --world addon --config CONFIG -o json`:
+/// (exit code, report).
+async fn addon_conformance(stem: &str, config: &str) -> (Option<i32>, serde_json::Value) {
     let path = plugin(stem).display().to_string();
     let args = [
         "plugin",
@@ -434,6 +435,8 @@ async fn addon_conformance(stem: &str) -> (Option<i32>, serde_json::Value) {
         &path,
         "--world",
         "addon",
+        "--config",
+        config,
         "-o",
         "json",
     ];
@@ -446,12 +449,27 @@ async fn addon_conformance(stem: &str) -> (Option<i32>, serde_json::Value) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn addon_conformance_passes_both_sample_addons_and_fails_the_greedy_one_precisely() {
-    for stem in ["coredns_addon", "node_exporter_addon"] {
-        let (code, report) = addon_conformance(stem).await;
+    // Every text field of their configs is tried with newlines, braces and
+    // quotes: refused or kept whole, never pasted into a Corefile.
+    for (stem, config) in [
+        (
+            "coredns_addon",
+            r#"{"namespace": "kube-system", "clusterDomain": "cluster.local", "upstreams": ["10.0.0.2", "/etc/resolv.conf"], "clusterIP": "10.96.0.10"}"#,
+        ),
+        ("node_exporter_addon", r#"{"namespace": "monitoring"}"#),
+    ] {
+        let (code, report) = addon_conformance(stem, config).await;
         assert_eq!(code, Some(0), "{stem}: {report:#}");
-        assert_eq!(checks(&report).len(), 13, "{report:#}");
+        let checks = checks(&report);
+        assert_eq!(checks.len(), 14, "{report:#}");
+        assert!(
+            checks.iter().any(|(n, r, _)| n
+                == "config text is checked, never pasted into rendered text"
+                && r == "pass"),
+            "{report:#}"
+        );
     }
-    let (code, report) = addon_conformance("greedy_addon").await;
+    let (code, report) = addon_conformance("greedy_addon", "{}").await;
     assert_eq!(code, Some(1));
     let failed: Vec<(String, String)> = checks(&report)
         .into_iter()
@@ -605,4 +623,120 @@ spec:
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Issue 40's findings, rendered as their author did: with the README's
+/// coredns grants, each is refused with exit 1 naming the rule, and
+/// nothing is printed.
+#[tokio::test(flavor = "multi_thread")]
+async fn addon_render_refuses_borrowed_identities_injected_config_and_tenants_outside_their_namespace()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let path = plugin("coredns_addon").display().to_string();
+    let plugin_yaml = dir.path().join("plugin.yaml");
+    std::fs::write(
+        &plugin_yaml,
+        "apiVersion: capstan.dev/v1alpha1
+kind: Plugin
+metadata: {name: coredns}
+spec:
+  source: file:///coredns.wasm
+  grants:
+    objects: [ServiceAccount@*, ConfigMap@*, Service@*, apps/Deployment@*,
+      rbac.authorization.k8s.io/ClusterRole/system:coredns,
+      rbac.authorization.k8s.io/ClusterRoleBinding/system:coredns]
+    patches:
+    - objects: apps/Deployment@kube-system
+      paths: [/spec/template/spec/serviceAccountName]
+      tenants: true
+",
+    )
+    .unwrap();
+    let grants = plugin_yaml.display().to_string();
+    let render = async |addon_yaml: &str, extra: &[&str]| {
+        let addon = dir.path().join("addon.yaml");
+        std::fs::write(&addon, addon_yaml).unwrap();
+        let a = addon.display().to_string();
+        let mut args = vec![
+            "addon",
+            "render",
+            &a,
+            "--plugin",
+            &path,
+            "--grants-from",
+            &grants,
+        ];
+        args.extend_from_slice(extra);
+        let out = run(capstan(&args)).await;
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let header = "apiVersion: capstan.dev/v1alpha1\nkind: Addon\nmetadata: {name: dns, namespace: capstan-system}\n";
+
+    // The admin's own render passes.
+    let (code, stdout, stderr) = render(
+        &format!("{header}spec: {{plugin: coredns, channel: stable}}\n"),
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("kind: Deployment"), "{stdout}");
+
+    // A break-glass patch that runs CoreDNS as a controller's identity.
+    let (code, stdout, stderr) = render(
+        &format!(
+            "{header}spec:
+  plugin: coredns
+  channel: stable
+  patches:
+  - target: {{kind: Deployment, name: coredns}}
+    patch: {{spec: {{template: {{spec: {{serviceAccountName: clusterrole-aggregation-controller}}}}}}}}
+"
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(stdout.is_empty());
+    assert!(
+        stderr.contains("Deployment kube-system/coredns: runs as ServiceAccount kube-system/clusterrole-aggregation-controller, which the render does not create and spec.grants.serviceAccounts does not name"),
+        "{stderr}"
+    );
+
+    // A tenant's upstream that adds a server block hijacking the API's name.
+    let (code, stdout, stderr) = render(
+        &format!(
+            "{header}spec:
+  plugin: coredns
+  channel: stable
+  config:
+    upstreams: [\"8.8.8.8 {{\\n}}\\nkubernetes.default.svc:53 {{\\n hosts {{\\n 6.6.6.6 kubernetes.default.svc\\n }}\\n}}\\n. {{\"]
+"
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(stdout.is_empty());
+    assert!(
+        stderr.contains("upstreams[0]: \"8.8.8.8 {\\n}")
+            && stderr.contains("is not an upstream resolver"),
+        "{stderr}"
+    );
+
+    // A tenant's Addon rendering kube-system and cluster-wide objects.
+    let tenant = "apiVersion: capstan.dev/v1alpha1\nkind: Addon\nmetadata: {name: dns, namespace: team-a}\nspec: {plugin: coredns, channel: stable}\n";
+    let (code, stdout, stderr) = render(tenant, &["--tenant"]).await;
+    assert_eq!(code, Some(1));
+    assert!(stdout.is_empty());
+    for object in [
+        "ServiceAccount kube-system/coredns",
+        "ClusterRole system:coredns",
+        "ClusterRoleBinding system:coredns",
+        "Deployment kube-system/coredns",
+    ] {
+        assert!(
+            stderr.contains(&format!("{object} is outside namespace team-a")),
+            "{object}: {stderr}"
+        );
+    }
 }

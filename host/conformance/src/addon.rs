@@ -3,7 +3,8 @@
 //!
 //! In order: `versions` lists each version once and answers the same twice;
 //! every version renders valid, distinct Kubernetes objects, the same ones
-//! twice, all within the kinds the manifest declares; every channel
+//! twice, all within the kinds the manifest declares; no text value of the
+//! config is pasted into a longer rendered text; every channel
 //! resolves to a version; a version the plugin does not list is a typed
 //! error; `assess` answers (healthy or not, or a typed error) for any
 //! input — nothing, the freshly rendered objects, garbage — and never traps.
@@ -86,16 +87,17 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
             Ok(objects) => (
                 Outcome::Pass,
                 Some(
-                    // The declaration, not the floor: the Pod Security
-                    // level is the admin's grant to choose.
-                    match capstan_addons::check_grants(
-                        &objects,
-                        &declared,
-                        &declared,
-                        capstan_addons::PodSecurityLevel::Privileged,
-                    ) {
-                        Ok(()) => Outcome::Pass,
-                        Err(e) => Outcome::Fail(e.to_string()),
+                    // The declaration, not the grants or the floor: what
+                    // an addon may hand out is the admin's grant to choose.
+                    match capstan_addons::undeclared(&objects, &declared).as_slice() {
+                        [] => Outcome::Pass,
+                        refused => Outcome::Fail(
+                            refused
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join("; "),
+                        ),
                     },
                 ),
             ),
@@ -122,6 +124,13 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
         if sample.is_empty() {
             sample = rendered;
         }
+    }
+
+    if let Some(version) = unique.first() {
+        record(
+            "config text is checked, never pasted into rendered text".into(),
+            injection(addon, config, version).await,
+        );
     }
 
     let mut channels: Vec<String> = known.iter().flat_map(|(_, c)| c.clone()).collect();
@@ -173,6 +182,92 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
         );
     }
     report(addon, checks)
+}
+
+/// A config value with newlines, braces and quotes: a plugin that pastes
+/// it into a larger text (a Corefile, a script, a config file) lets
+/// whoever writes the Addon add directives of their own.
+const HOSTILE_TEXT: &str = "capstan\n}\n\"'{ injected";
+
+/// Each string in `config`, in turn replaced by [`HOSTILE_TEXT`]: the
+/// plugin must refuse the config (a typed error), or render the value only
+/// as a whole field of its own, never inside a longer text.
+async fn injection(addon: &AddonPlugin, config: &str, version: &str) -> Outcome {
+    let Ok(config) = serde_json::from_str::<serde_json::Value>(config) else {
+        return Outcome::Skip("the config is not JSON".into());
+    };
+    let mut pointers = Vec::new();
+    string_pointers(&config, String::new(), &mut pointers);
+    if pointers.is_empty() {
+        return Outcome::Skip(
+            "the config has no text values to try; pass --config with the plugin's text fields"
+                .into(),
+        );
+    }
+    let mut pasted = Vec::new();
+    for pointer in &pointers {
+        let mut hostile = config.clone();
+        if let Some(value) = hostile.pointer_mut(pointer) {
+            *value = HOSTILE_TEXT.into();
+        }
+        let spec = AddonSpec {
+            name: "conformance".into(),
+            namespace: "default".into(),
+            version: Some(version.to_string()),
+            channel: None,
+            config: hostile.to_string(),
+        };
+        match addon.render(&spec).await {
+            Err(Error::Plugin { .. }) => {}
+            Err(e) => return Outcome::Fail(format!("config {pointer}: {}", brief(&e))),
+            Ok(objects) => {
+                let inside = objects.iter().position(|text| {
+                    serde_json::from_str::<serde_json::Value>(text)
+                        .is_ok_and(|object| pasted_into_text(&object))
+                });
+                if let Some(i) = inside {
+                    pasted.push(format!("config {pointer} is pasted into object {i}"));
+                }
+            }
+        }
+    }
+    if pasted.is_empty() {
+        Outcome::Pass
+    } else {
+        Outcome::Fail(format!(
+            "{}; check the value against its grammar (or escape it) before rendering",
+            pasted.join(", ")
+        ))
+    }
+}
+
+fn string_pointers(value: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::String(_) => out.push(at),
+        serde_json::Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                string_pointers(item, format!("{at}/{i}"), out);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (key, item) in map {
+                let key = key.replace('~', "~0").replace('/', "~1");
+                string_pointers(item, format!("{at}/{key}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether some text field of `value` holds [`HOSTILE_TEXT`] inside a
+/// longer text.
+fn pasted_into_text(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s != HOSTILE_TEXT && s.contains(HOSTILE_TEXT),
+        serde_json::Value::Array(items) => items.iter().any(pasted_into_text),
+        serde_json::Value::Object(map) => map.values().any(pasted_into_text),
+        _ => false,
+    }
 }
 
 fn first_difference(a: &[String], b: &[String]) -> String {

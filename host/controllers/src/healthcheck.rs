@@ -55,14 +55,18 @@ pub(crate) async fn controller(
     let (by_machine, by_node, checks_of_deleted) = (store.clone(), store.clone(), store.clone());
     let machine_store = ctx.stores.machines.clone();
     let machines_of_deleted = machine_store.clone();
+    let ids = ctx.stores.machine_ids.clone();
+    let ids_of_deleted = ids.clone();
     // Deletions reach the checks at once: a machine whose Node is gone,
     // or one fewer machine to count.
     let deletions = deleted.flat_map(move |gone| {
         let refs = match gone {
-            crate::Deleted::Node(node) => machines_of_node(&machines_of_deleted, &node)
-                .iter()
-                .flat_map(|m| checks_selecting(&checks_of_deleted, m))
-                .collect::<Vec<_>>(),
+            crate::Deleted::Node(node) => {
+                machines_of_node(&machines_of_deleted, &ids_of_deleted, &node)
+                    .iter()
+                    .flat_map(|m| checks_selecting(&checks_of_deleted, m))
+                    .collect::<Vec<_>>()
+            }
             crate::Deleted::Machine(machine) => checks_selecting(&checks_of_deleted, &machine),
         };
         futures::stream::iter(refs)
@@ -73,7 +77,7 @@ pub(crate) async fn controller(
                 checks_selecting(&by_machine, &machine)
             })
             .watches_shared_stream(nodes, move |node: Arc<Node>| {
-                machines_of_node(&machine_store, &node)
+                machines_of_node(&machine_store, &ids, &node)
                     .iter()
                     .flat_map(|m| checks_selecting(&by_node, m))
                     .collect::<Vec<_>>()
@@ -355,10 +359,9 @@ fn judge_all(kube: &Kube, live: &[&Arc<Machine>], checks: &Checks, now_s: i64) -
     let mut judged = Judged::default();
     for m in live {
         let machine_status = m.status.clone().unwrap_or_default();
-        let node = machine_status
-            .provider_id
-            .as_deref()
-            .and_then(|id| crate::machine::find_node(&kube.stores.nodes, id));
+        // The Node the Machine controller took as this machine's (its
+        // claim checked), never merely one that names the provider ID.
+        let node = crate::machine::own_node(&kube.stores.nodes, &machine_status);
         let target = Target {
             name: m.name_any(),
             created: m.creation_timestamp().map_or(now_s, |c| c.0.as_second()),

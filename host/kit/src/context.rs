@@ -56,6 +56,8 @@ pub struct Stores {
     pub plugins: Store<Plugin>,
     /// Machines.
     pub machines: Store<Machine>,
+    /// Machines by the provider ID their status records.
+    pub machine_ids: std::sync::Arc<crate::claims::ProviderIds>,
     /// MachineSets.
     pub machine_sets: Store<MachineSet>,
     /// MachineDeployments.

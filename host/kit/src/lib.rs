@@ -13,6 +13,8 @@
 //! - [`Conditions`]: sets conditions with one generation and time;
 //! - [`Expectations`]: creations and deletions the cache has not shown yet;
 //!   [`unseen::UnseenWrites`]: own writes it has not shown yet;
+//! - [`claims`]: Machines by provider ID (an index), for the Node claim
+//!   check and for finding a Node's machines;
 //! - [`owners`]: owner references and adopting orphans; [`cascade`]: a
 //!   deleting owner deletes what it controls before it goes;
 //! - [`registry`] and [`provider`]: what the Plugin controller loaded, and
@@ -23,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cascade;
+pub mod claims;
 pub mod conditions;
 pub mod context;
 pub mod controller;

@@ -31,15 +31,21 @@ pub fn paused<K: Resource>(obj: &K) -> bool {
         .is_some_and(|a| a.contains_key(capstan_api::ANNOTATION_PAUSED))
 }
 
-/// The machines whose instance backs `node` (same provider ID).
-pub fn machines_of_node(machines: &Store<Machine>, node: &Node) -> Vec<Arc<Machine>> {
+/// The machines that report `node`'s provider ID (looked up in the index,
+/// read from the cache).
+pub fn machines_of_node(
+    machines: &Store<Machine>,
+    ids: &crate::claims::ProviderIds,
+    node: &Node,
+) -> Vec<Arc<Machine>> {
     let Some(id) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) else {
         return vec![];
     };
-    machines
-        .state()
+    ids.machines(id)
         .into_iter()
-        .filter(|m| m.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id))
+        .filter_map(|(namespace, name)| {
+            machines.get(&kube::runtime::reflector::ObjectRef::new(&name).within(&namespace))
+        })
         .collect()
 }
 

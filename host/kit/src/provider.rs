@@ -80,6 +80,11 @@ impl ProviderError {
 pub trait MachineProvider: Send + Sync + std::fmt::Debug {
     /// `sha256:…` of the code acting on machines (recorded in their status).
     fn digest(&self) -> &str;
+    /// How the provider IDs of its instances begin, as its signed manifest
+    /// declares (`None`: not declared, not checked).
+    fn provider_id_prefix(&self) -> Option<&str> {
+        None
+    }
     /// Check a provider config.
     fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
     /// Create (idempotent by machine uid).
@@ -117,6 +122,14 @@ impl WasmProvider {
 impl MachineProvider for WasmProvider {
     fn digest(&self) -> &str {
         &self.digest
+    }
+
+    fn provider_id_prefix(&self) -> Option<&str> {
+        self.plugin
+            .plugin()
+            .manifest()
+            .provider_id_prefix
+            .as_deref()
     }
     fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move { Ok(self.plugin.validate(config).await?) })

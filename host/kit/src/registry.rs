@@ -97,13 +97,17 @@ impl<T> ByPlugin<T> {
 /// `spec.allowedNamespaces` against the namespace's labels (unset: only
 /// Capstan's own namespace).
 pub fn allowed_in(kube: &Kube, plugin: &Plugin, namespace: &str) -> bool {
+    // A namespace the cache does not show yet is allowed by name only.
     let labels = kube
         .stores
         .namespaces
         .get(&ObjectRef::new(namespace))
-        .and_then(|n| n.metadata.labels.clone())
-        .unwrap_or_default();
-    plugin.allows_namespace(namespace, &labels, kube.secrets_namespace.as_deref())
+        .map(|n| n.metadata.labels.clone().unwrap_or_default());
+    plugin.allows_namespace(
+        namespace,
+        labels.as_ref(),
+        kube.secrets_namespace.as_deref(),
+    )
 }
 
 /// Why objects in `namespace` may not use the Plugin named `name`, if they

@@ -56,7 +56,12 @@ pub struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
     /// applied objects on but not deleted ones, and a relist drops vanished
     /// objects silently; both reach subscribers of [`Shared::deletions`].
     deleted: tokio::sync::broadcast::Sender<Arc<K>>,
+    /// Sees every event after the cache applied it (an index kept beside
+    /// the cache).
+    observer: Option<Observer<K>>,
 }
+
+type Observer<K> = Arc<dyn Fn(&watcher::Event<K>) + Send + Sync>;
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> std::fmt::Debug for Shared<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -84,7 +89,13 @@ where
             selector,
             fields,
             deleted,
+            observer: None,
         }
+    }
+
+    fn observed_by(mut self, observer: Observer<K>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The cache.
@@ -128,6 +139,7 @@ where
         let mut first = true;
         let deleted = self.deleted.clone();
         let store = self.store.clone();
+        let observer = self.observer.clone();
         // What the cache held when a relist began: whatever of it the
         // relist does not bring back was deleted while the watch was down.
         let mut before_relist: Vec<Arc<K>> = Vec::new();
@@ -146,6 +158,9 @@ where
             .modify(|object| object.meta_mut().managed_fields = None)
             .reflect_shared(writer)
             .filter_map(move |event| {
+                if let (Some(observe), Ok(event)) = (&observer, &event) {
+                    observe(event);
+                }
                 match event {
                     Err(error) => tracing::warn!(watch = name, %error, "watch error; retrying"),
                     Ok(watcher::Event::Delete(object)) => {
@@ -215,6 +230,8 @@ pub struct Watches {
     pub plugins: Shared<Plugin>,
     /// Machines.
     pub machines: Shared<Machine>,
+    /// Machines by provider ID, kept from the Machine watch.
+    pub machine_ids: Arc<crate::claims::ProviderIds>,
     /// MachineSets.
     pub machine_sets: Shared<MachineSet>,
     /// MachineDeployments.
@@ -243,9 +260,13 @@ impl Watches {
     /// are every shard's.
     pub async fn new(client: &Client, watch_filter: Option<&str>) -> Result<Self, Error> {
         let owned = || watch_filter.map(|value| format!("{LABEL_WATCH_FILTER}={value}"));
+        let machine_ids = Arc::new(crate::claims::ProviderIds::default());
+        let index = machine_ids.clone();
         let watches = Watches {
             plugins: Shared::new(Api::all(client.clone()), None),
-            machines: Shared::new(Api::all(client.clone()), owned()),
+            machines: Shared::new(Api::all(client.clone()), owned())
+                .observed_by(Arc::new(move |event| index.observe(event))),
+            machine_ids,
             machine_sets: Shared::new(Api::all(client.clone()), owned()),
             deployments: Shared::new(Api::all(client.clone()), owned()),
             nodes: Shared::new(Api::all(client.clone()), None),
@@ -281,6 +302,7 @@ impl Watches {
         Stores {
             plugins: self.plugins.store(),
             machines: self.machines.store(),
+            machine_ids: self.machine_ids.clone(),
             machine_sets: self.machine_sets.store(),
             deployments: self.deployments.store(),
             nodes: self.nodes.store(),

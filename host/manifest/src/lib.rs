@@ -129,6 +129,17 @@ pub struct PluginManifest {
     /// update counts against `maxUnavailable`, as in Cluster API).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption: Option<Disruption>,
+    /// Providers: how the provider IDs of its instances begin (`aws:///`,
+    /// `sim://`). The host links a Machine to a Node only when the Node's
+    /// `spec.providerID` begins so: a plugin cannot claim another
+    /// provider's Nodes. Unset (manifests written before it existed): the
+    /// prefix is not checked, the other claim checks still are.
+    #[serde(
+        default,
+        rename = "providerIDPrefix",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id_prefix: Option<String>,
 }
 
 /// What an updater's step does to the machine's workloads, as its signed
@@ -310,6 +321,31 @@ impl PluginManifest {
             }
             check_progress_deadline(seconds)
                 .map_err(|message| invalid("progressDeadlineSeconds", message))?;
+        }
+        if let Some(prefix) = &self.provider_id_prefix {
+            if self.world != World::Provider {
+                return Err(invalid(
+                    "providerIDPrefix",
+                    format!(
+                        "only providers declare a provider ID prefix; this is a {} plugin",
+                        self.world
+                    ),
+                ));
+            }
+            let scheme_ok = prefix.split_once("://").is_some_and(|(scheme, _)| {
+                !scheme.is_empty()
+                    && scheme
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+            });
+            if !scheme_ok || prefix.len() > 128 || prefix.chars().any(char::is_whitespace) {
+                return Err(invalid(
+                    "providerIDPrefix",
+                    format!(
+                        "`{prefix}` is not the start of a provider ID; write its scheme and what follows, such as `aws:///` or `sim://`"
+                    ),
+                ));
+            }
         }
         if let Some(disruption) = self.disruption {
             if self.world != World::Updater {

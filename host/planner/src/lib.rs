@@ -12,7 +12,8 @@
 //! updater applies which changed field, and [`rollout::plan_in_place`] paces
 //! an in-place rollout; [`rollback::decide`] says whether a failing rollout
 //! returns to the previous revision by itself; [`taints::carry`] keeps a
-//! Machine's taints on its Node. The controllers (`capstan-controllers`) observe the
+//! Machine's taints on its Node; [`node_claim::check`] says whether a
+//! Machine may take the Node its plugin names. The controllers (`capstan-controllers`) observe the
 //! cluster, call these, and write the result.
 
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ pub mod inplace;
 pub mod machine;
 pub mod machineset;
 pub mod metadata;
+pub mod node_claim;
 pub mod rollback;
 pub mod rollout;
 pub mod taints;

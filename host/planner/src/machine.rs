@@ -93,6 +93,14 @@ pub enum NodeSeen {
     NotReady(String),
     /// The Node exists and is Ready.
     Ready(String),
+    /// A Node carries the provider ID but the Machine may not take it
+    /// ([`crate::node_claim`]): its name, and why.
+    Refused {
+        /// The Node.
+        node: String,
+        /// The rule that refused it.
+        why: String,
+    },
 }
 
 /// The instance as this pass's `create` or `get` reported it.

@@ -50,6 +50,10 @@ impl Default for Config {
     }
 }
 
+/// Config values end up inside the Corefile, where a newline or a brace
+/// would start a directive or a server block of the Addon author's
+/// choosing (a `hosts` entry for `kubernetes.default.svc`, say): every
+/// value is checked against its grammar, never escaped.
 fn config(spec: &AddonSpec) -> Result<Config, PluginError> {
     let config: Config = parse_config("addon config", &spec.config)?;
     if config.upstreams.is_empty() {
@@ -57,13 +61,55 @@ fn config(spec: &AddonSpec) -> Result<Config, PluginError> {
             "upstreams: list at least one upstream resolver (an address or /etc/resolv.conf)",
         ));
     }
-    if config.cluster_domain.is_empty() || config.cluster_domain.contains(char::is_whitespace) {
+    for (i, upstream) in config.upstreams.iter().enumerate() {
+        if !is_upstream(upstream) {
+            return Err(PluginError::invalid_config(format!(
+                "upstreams[{i}]: {upstream:?} is not an upstream resolver; write an IP address, IP:PORT, [IPv6]:PORT or /etc/resolv.conf"
+            )));
+        }
+    }
+    if !is_dns_name(&config.cluster_domain) {
         return Err(PluginError::invalid_config(format!(
-            "clusterDomain: {:?} is not a DNS domain",
+            "clusterDomain: {:?} is not a DNS domain (dot-separated labels of a-z, 0-9 and '-', such as cluster.local)",
             config.cluster_domain
         )));
     }
+    if !is_dns_label(&config.namespace) {
+        return Err(PluginError::invalid_config(format!(
+            "namespace: {:?} is not a namespace name (a DNS label: a-z, 0-9 and '-', at most 63)",
+            config.namespace
+        )));
+    }
+    if let Some(ip) = &config.cluster_ip
+        && ip.parse::<std::net::IpAddr>().is_err()
+    {
+        return Err(PluginError::invalid_config(format!(
+            "clusterIP: {ip:?} is not an IP address"
+        )));
+    }
     Ok(config)
+}
+
+fn is_upstream(text: &str) -> bool {
+    use std::net::{IpAddr, SocketAddr};
+    text == "/etc/resolv.conf"
+        || text.parse::<IpAddr>().is_ok()
+        || text.parse::<SocketAddr>().is_ok()
+}
+
+/// An RFC 1123 label: what Kubernetes accepts as a namespace name.
+fn is_dns_label(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-')
+}
+
+fn is_dns_name(text: &str) -> bool {
+    text.len() <= 253 && text.split('.').all(is_dns_label)
 }
 
 fn corefile(config: &Config) -> String {
@@ -197,6 +243,38 @@ mod tests {
         assert_eq!(new.len(), 6);
         assert!(old.iter().any(|o| o.contains("coredns-metrics")));
         assert!(new.iter().any(|o| o.contains("coredns:v1.11.3")));
+    }
+
+    #[test]
+    fn config_that_would_change_the_corefile_is_refused() {
+        for (config, field) in [
+            (
+                r#"{"upstreams": ["8.8.8.8 {\n}\nkubernetes.default.svc:53 {\n hosts {\n 6.6.6.6 kubernetes.default.svc\n }\n}\n. {"]}"#,
+                "upstreams[0]",
+            ),
+            (r#"{"upstreams": ["10.0.0.2 10.0.0.3"]}"#, "upstreams[0]"),
+            (r#"{"upstreams": ["/etc/shadow"]}"#, "upstreams[0]"),
+            (
+                r#"{"clusterDomain": "cluster.local {\n}"}"#,
+                "clusterDomain",
+            ),
+            (r#"{"clusterDomain": "Cluster.local"}"#, "clusterDomain"),
+            (r#"{"clusterDomain": "a..b"}"#, "clusterDomain"),
+            (r#"{"namespace": "kube-system\"x"}"#, "namespace"),
+            (r#"{"clusterIP": "10.0.0.10 }"}"#, "clusterIP"),
+        ] {
+            let e = CoreDns::render(spec("1.11.3", config)).unwrap_err();
+            assert!(
+                matches!(&e, PluginError::InvalidConfig(m) if m.starts_with(field)),
+                "{config}: {e:?}"
+            );
+        }
+        for fine in [
+            r#"{"upstreams": ["10.0.0.2:5353", "[fd00::53]:53", "fd00::54", "/etc/resolv.conf"]}"#,
+            r#"{"clusterDomain": "k8s.example-corp.internal", "clusterIP": "10.96.0.10"}"#,
+        ] {
+            assert!(CoreDns::render(spec("1.11.3", fine)).is_ok(), "{fine}");
+        }
     }
 
     #[test]

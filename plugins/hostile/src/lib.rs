@@ -22,6 +22,7 @@
 //! | `long-error` | fails with a 200 KiB terminal error | plugin text bounded in status and Events |
 //! | `request-serial` | GETs `target` 1,000 times, one after another | requests-per-call limit |
 //! | `probe-credentials` | reports its environment and what `target` (an echo) received, then GETs `endpoint` | no secret in what it saw; `endpoint` never contacted |
+//! | `claim-node` | reports `target` as its instance's provider ID (create and get) | the Node with that ID is never linked, tainted, drained or deleted |
 //! | `none` | behaves (validate/get/delete always work) | nothing |
 
 // The plugin is only exported (and so only used) in its wasm build.
@@ -71,6 +72,9 @@ impl Provider for Hostile {
         let http = WasiHttp;
         match config.attack.as_str() {
             "none" => {}
+            "claim-node" => {
+                return Ok(MachineStatus::new(target(config)?, InstanceState::Running));
+            }
             "infinite-loop" => {
                 let mut n: u64 = 0;
                 loop {
@@ -206,6 +210,9 @@ impl Provider for Hostile {
     }
 
     fn get(&self, machine: &Machine, config: &Config) -> Result<MachineStatus, PluginError> {
+        if config.attack == "claim-node" {
+            return Ok(MachineStatus::new(target(config)?, InstanceState::Running));
+        }
         if config.attack == "long-message" {
             let mut status = MachineStatus::new("hostile://long", InstanceState::Pending);
             status.message = Some("m".repeat(200 * 1024));

@@ -9,7 +9,7 @@ use crate::ownership;
 use capstan_api::{Addon, InventoryEntry};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use kube::{Client, ResourceExt};
 
@@ -173,6 +173,42 @@ pub(super) async fn read_live(
         .map(|o| serde_json::to_value(o).unwrap_or_default()))
 }
 
+/// Create an object the ownership check found missing, with a create
+/// request: of two Addons that both found it missing only one succeeds,
+/// and the other is refused as `ObjectExists` (a forced apply would let
+/// both record it as theirs). Returns the live object.
+pub(super) async fn create(
+    ctx: &Context,
+    target: &Target,
+    resource: &ApiResource,
+    object: &Object,
+    manager: &str,
+) -> Result<serde_json::Value, Failure> {
+    let api = api_for(target, resource, object.namespace.as_deref());
+    let dynamic: DynamicObject = serde_json::from_value(object.value.clone())
+        .map_err(|e| fail(APPLIED, "InvalidRender", format!("{}: {e}", object.entry())))?;
+    let params = PostParams {
+        field_manager: Some(manager.to_string()),
+        ..Default::default()
+    };
+    match api.create(&params, &dynamic).await {
+        Ok(created) => {
+            ctx.kube.metrics.wrote(CONTROLLER, "create");
+            tracing::info!(object = %object.entry(), target = %target.shown, "created addon object");
+            Ok(serde_json::to_value(created).unwrap_or_default())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(fail(
+            APPLIED,
+            "ObjectExists",
+            format!(
+                "refused the whole render: {} was created by someone else while this Addon was creating it; Capstan never takes over an object it did not create",
+                object.entry()
+            ),
+        )),
+        Err(e) => Err(apply_failed(target, object, "create", e)),
+    }
+}
+
 /// Server-side apply the rendered object (under this Addon's own field
 /// manager) only when the live one is missing or no longer carries it.
 /// Returns the live object.
@@ -226,12 +262,24 @@ pub(super) async fn apply_if_drifted(
 }
 
 /// Delete one inventory object if it is still there and still ours.
+/// `grants`: the Plugin's, when it is registered (an entry outside them is
+/// left alone); without them the object's own proof ([`ownership::may_delete`])
+/// still decides.
 pub(super) async fn delete_entry(
     ctx: &Context,
     target: &Target,
     entry: &InventoryEntry,
     addon: &Addon,
+    grants: Option<&crate::AddonGrants>,
 ) -> Result<Deleted, String> {
+    let ns = addon.namespace().unwrap_or_default();
+    let tenant = super::is_tenant(ctx, addon).then_some(ns.as_str());
+    if let Some(grants) = grants
+        && !crate::still_granted(entry, grants, tenant)
+    {
+        tracing::warn!(object = %entry, addon = %capstan_kit::key_of(addon), "leaving an inventory object outside the Plugin's current grants");
+        return Ok(Deleted::Gone);
+    }
     let (resource, _) = match kind_of(ctx, target, &entry.api_version, &entry.kind).await {
         Ok(k) => k,
         // The kind itself is gone (its CRD was removed): so is the object.
@@ -245,9 +293,13 @@ pub(super) async fn delete_entry(
     let Some(live) = live else {
         return Ok(Deleted::Gone);
     };
-    let ns = addon.namespace().unwrap_or_default();
     let value = serde_json::to_value(&live).unwrap_or_default();
-    if !ownership::may_delete(entry, &value, (&ns, &addon.name_any())) {
+    let (name, manager) = (addon.name_any(), super::field_manager(addon));
+    let me = ownership::Me {
+        addon: (&ns, &name),
+        manager: &manager,
+    };
+    if !ownership::may_delete(entry, &value, me) {
         tracing::info!(object = %entry, adopted = entry.adopted, "leaving an inventory object this Addon did not create (or that was replaced)");
         return Ok(Deleted::Gone);
     }

@@ -327,7 +327,9 @@ async fn converge(
     let applied = apply_all(ctx, addon, status, &target, &objects, &kinds, decisions).await?;
     let previous = std::mem::take(&mut status.inventory);
     for entry in crate::pruned(&previous, &objects) {
-        if let Err(message) = delete_entry(ctx, &target, &entry, addon).await {
+        if let Err(message) =
+            delete_entry(ctx, &target, &entry, addon, Some(&registered.grants)).await
+        {
             status.inventory = previous;
             return Err(fail(APPLIED, "PruneFailed", message));
         }
@@ -405,7 +407,12 @@ async fn ownership_of(
     objects: &[Object],
     kinds: &[ApiResource],
 ) -> Result<Vec<Decided>, Failure> {
-    let me = (addon.namespace().unwrap_or_default(), addon.name_any());
+    let (namespace, name) = (addon.namespace().unwrap_or_default(), addon.name_any());
+    let manager = field_manager(addon);
+    let me = ownership::Me {
+        addon: (&namespace, &name),
+        manager: &manager,
+    };
     let mut decisions = Vec::with_capacity(objects.len());
     let mut refused = Vec::new();
     for (object, resource) in objects.iter().zip(kinds) {
@@ -414,7 +421,7 @@ async fn ownership_of(
             object,
             live.as_ref(),
             &status.inventory,
-            (&me.0, &me.1),
+            me,
             &registered.grants.adopt,
         );
         if let Ownership::Refuse(message) = &decision {
@@ -473,6 +480,18 @@ async fn apply_all(
             addon.metadata.uid.clone().unwrap_or_default(),
             format!("{}@{}", object.entry(), target.key),
         );
+        let live = match (&decision, live) {
+            (Ownership::Create, None) => {
+                match cluster::create(ctx, target, resource, object, &manager).await {
+                    Ok(created) => Some(created),
+                    Err(f) => {
+                        record_applied(status, applied);
+                        return Err(f);
+                    }
+                }
+            }
+            (_, live) => live,
+        };
         match apply_if_drifted(ctx, target, resource, object, live, &manager, key).await {
             Ok(live) => {
                 let uid = uid.or_else(|| {
@@ -488,10 +507,7 @@ async fn apply_all(
                 observed.push(crate::assess_view(&object.value, &live).to_string());
             }
             Err(f) => {
-                for done in applied {
-                    status.inventory.retain(|e| !crate::same_object(e, &done));
-                    status.inventory.push(done);
-                }
+                record_applied(status, applied);
                 return Err(f);
             }
         }
@@ -503,6 +519,15 @@ async fn apply_all(
         observed,
         watching,
     })
+}
+
+/// Keep what a failed attempt did apply in the inventory, so a later render
+/// that drops it still prunes it.
+fn record_applied(status: &mut AddonStatus, applied: Vec<InventoryEntry>) {
+    for done in applied {
+        status.inventory.retain(|e| !crate::same_object(e, &done));
+        status.inventory.push(done);
+    }
 }
 
 /// Record the plugin's health verdict: `healthy`, its details (bounded as
@@ -544,7 +569,7 @@ fn plugin_text(error: &capstan_runtime::Error) -> String {
 }
 
 /// Whether an Addon is a tenant's: outside Capstan's own namespace.
-fn is_tenant(ctx: &Context, addon: &Addon) -> bool {
+pub(super) fn is_tenant(ctx: &Context, addon: &Addon) -> bool {
     ctx.kube
         .secrets_namespace
         .as_ref()
@@ -553,7 +578,7 @@ fn is_tenant(ctx: &Context, addon: &Addon) -> bool {
 
 /// The field manager an Addon applies under: its own, so that no two
 /// Addons share the ownership of a field.
-fn field_manager(addon: &Addon) -> String {
+pub(super) fn field_manager(addon: &Addon) -> String {
     let named = format!(
         "{ADDON_FIELD_MANAGER}/{}/{}",
         addon.namespace().unwrap_or_default(),
@@ -633,8 +658,10 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
             ))
         }
         Ok(target) => {
+            let registered = plugin_of(addon, ctx).ok();
+            let grants = registered.as_ref().map(|r| &r.grants);
             for entry in inventory.iter().rev() {
-                match delete_entry(ctx, &target, entry, addon).await {
+                match delete_entry(ctx, &target, entry, addon, grants).await {
                     Ok(Deleted::Gone) => {}
                     // A Namespace ends only when the namespace controller
                     // has emptied it, which can take long; its deletion

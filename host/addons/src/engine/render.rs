@@ -41,7 +41,8 @@ pub enum RenderError {
 /// Resolve the version with the plugin, render, and run the pure steps
 /// (label, patch within the patch grants — only those granted to tenants
 /// when `tenant` —, rewrite images, check the objects against the kinds the
-/// plugin's manifest declares, the grants and the host's floor, order). The controller
+/// plugin's manifest declares, the grants (a tenant's within its namespace)
+/// and the host's floor, order). The controller
 /// applies what this returns; `capstan addon render` prints it.
 pub async fn render(
     plugin: &capstan_runtime::AddonPlugin,
@@ -94,7 +95,8 @@ pub async fn render(
     let rewrites = crate::rewrite_images(&mut objects, rewrites);
     let declared = &plugin.plugin().manifest().capabilities.objects;
     // On the objects as they will be applied: patched and rewritten.
-    crate::check_grants(&objects, declared, &grants.objects, grants.pod_security)?;
+    let tenant_namespace = tenant.then_some(spec.namespace.as_str());
+    crate::check_grants(&objects, declared, grants, tenant_namespace)?;
     crate::apply_order(&mut objects);
     Ok(Rendered {
         resolved,

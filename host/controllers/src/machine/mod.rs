@@ -22,9 +22,9 @@ mod node;
 mod status;
 pub(crate) mod update;
 
-pub(crate) use node::find_node;
+pub(crate) use node::own_node;
 pub(crate) use node::wanted_taints;
-use node::{carry_labels_to_node, carry_taints_to_node, node_is_ready, own_node};
+use node::{carry_labels_to_node, carry_taints_to_node, claimed_node, node_is_ready};
 use status::settle;
 
 use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
@@ -99,13 +99,15 @@ pub(crate) async fn controller(
     let store = ctx.kube.stores.machines.clone();
     let (by_plugin, by_node, by_deleted_node) = (store.clone(), store.clone(), store.clone());
     let by_deployment = store.clone();
+    let ids = ctx.kube.stores.machine_ids.clone();
+    let ids_of_deleted = ids.clone();
     // A deployment's spec change (a new generation) reaches its machines'
     // `UpToDate` at once; its status changes do not wake them.
     let generations = std::sync::Mutex::new(std::collections::HashMap::<String, i64>::new());
     // A deleted Node reaches its machine at once: its instance may be gone.
     let node_deletions = deleted_nodes.flat_map(move |node| {
         futures::stream::iter(
-            machines_of_node(&by_deleted_node, &node)
+            machines_of_node(&by_deleted_node, &ids_of_deleted, &node)
                 .iter()
                 .map(|m| ObjectRef::from_obj(m.as_ref()))
                 .collect::<Vec<_>>(),
@@ -120,7 +122,7 @@ pub(crate) async fn controller(
                 })
             })
             .watches_shared_stream(nodes, move |node: Arc<Node>| {
-                machines_of_node(&by_node, &node)
+                machines_of_node(&by_node, &ids, &node)
                     .iter()
                     .map(|m| ObjectRef::from_obj(m.as_ref()))
                     .collect::<Vec<_>>()
@@ -191,9 +193,12 @@ struct Pass<'a> {
     provider: Option<Arc<dyn MachineProvider>>,
     /// What `create` or `get` reported.
     observed: Option<PluginStatus>,
-    /// The machine's Node: found by provider ID while alive, the one it
-    /// recorded (same uid and instance) while deleting.
+    /// The machine's Node: found by provider ID while alive (if the claim
+    /// holds), the one it recorded (same uid and instance) while deleting.
     node: Option<Arc<Node>>,
+    /// The Node that carries the machine's provider ID but that it may not
+    /// take, and why.
+    refused: Option<(String, String)>,
     /// A skipped drain or volume wait was reported (once per machine: both
     /// ends recorded means it was reported when they were, and once per
     /// pass).
@@ -297,6 +302,7 @@ impl<'a> Pass<'a> {
             provider,
             observed: None,
             node,
+            refused: None,
             t,
         }
     }
@@ -342,7 +348,8 @@ impl<'a> Pass<'a> {
             MachineStep::AdvanceInPlace => {
                 let node = self.node.clone().or_else(|| {
                     let id = self.draft.provider_id.as_deref()?;
-                    find_node(&ctx.kube.stores.nodes, id)
+                    let prefix = self.provider.as_ref()?.provider_id_prefix();
+                    claimed_node(&ctx.kube, machine, prefix, id).ok().flatten()
                 });
                 let drain = update::Drainer {
                     kube: &ctx.kube,
@@ -417,7 +424,12 @@ impl<'a> Pass<'a> {
                     self.draft.provider_plugin = Some(plugin_name.to_string());
                 }
                 self.draft.plugin_digest = Some(provider.digest().to_string());
-                self.node = find_node(&ctx.kube.stores.nodes, &observed.provider_id);
+                let prefix = provider.provider_id_prefix();
+                (self.node, self.refused) =
+                    match claimed_node(&ctx.kube, machine, prefix, &observed.provider_id) {
+                        Ok(node) => (node, None),
+                        Err(refused) => (None, Some(refused)),
+                    };
                 if let Some(node) = &self.node {
                     // The next pass tries again; the instance is what this
                     // pass is about.
@@ -448,6 +460,12 @@ impl<'a> Pass<'a> {
     /// when it is deleted, so a health check sees "NodeDeleted" rather than
     /// a machine still booting.
     fn node_seen(&self) -> NodeSeen {
+        if let Some((node, why)) = &self.refused {
+            return NodeSeen::Refused {
+                node: node.clone(),
+                why: why.clone(),
+            };
+        }
         match &self.node {
             Some(n) if node_is_ready(n) => NodeSeen::Ready(n.name_any()),
             Some(n) => NodeSeen::NotReady(n.name_any()),

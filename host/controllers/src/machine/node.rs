@@ -1,5 +1,6 @@
 //! The machine's Node as the Machine controller handles it: finding it
-//! (by providerID while alive, by its recorded uid while deleting), keeping
+//! (by providerID while alive, if the claim holds; by its recorded uid
+//! while deleting), keeping
 //! the granted managed labels and its taints on it, and deleting it after
 //! the instance.
 
@@ -8,8 +9,9 @@ use capstan_api::{
     ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_TAINTS_FROM_MACHINE, ANNOTATION_TAINTS_INITIALIZED,
     Machine, MachineSpec, MachineStatus, TaintPropagation,
 };
-use capstan_kit::{Error, key_of, kube_err};
+use capstan_kit::{Error, Kube, key_of, kube_err};
 use capstan_planner::metadata::carry_to_node;
+use capstan_planner::node_claim;
 use capstan_planner::taints::{self, Taint, Wanted};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -228,7 +230,7 @@ pub(super) async fn delete_node(ctx: &Context, node: &Node) -> Result<(), Error>
 /// same uid (`status.nodeRef.uid`) and this machine's providerID. A Node
 /// re-registered under a reused name (EC2 names follow reused IPs) belongs
 /// to another instance and is never drained or deleted for this machine.
-pub(super) fn own_node(nodes: &Store<Node>, status: &MachineStatus) -> Option<Arc<Node>> {
+pub(crate) fn own_node(nodes: &Store<Node>, status: &MachineStatus) -> Option<Arc<Node>> {
     let recorded = status.node_ref.as_ref()?;
     let node = nodes.get(&ObjectRef::new(&recorded.name))?;
     let same_uid = recorded.uid.is_none() || node.uid() == recorded.uid;
@@ -238,7 +240,57 @@ pub(super) fn own_node(nodes: &Store<Node>, status: &MachineStatus) -> Option<Ar
     (same_uid && same_instance).then_some(node)
 }
 
-pub(crate) fn find_node(nodes: &Store<Node>, provider_id: &str) -> Option<Arc<Node>> {
+/// The Node that carries `provider_id`, if `machine` may take it as its
+/// own ([`capstan_planner::node_claim`]); `Err((node, why))` when a Node
+/// carries it and the claim is refused. `prefix` is what the Plugin's
+/// manifest declares.
+pub(super) fn claimed_node(
+    kube: &Kube,
+    machine: &Machine,
+    prefix: Option<&str>,
+    provider_id: &str,
+) -> Result<Option<Arc<Node>>, (String, String)> {
+    let Some(node) = find_node(&kube.stores.nodes, provider_id) else {
+        return Ok(None);
+    };
+    let linked = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.node_ref.as_ref())
+        .is_some_and(|r| r.name == node.name_any() && r.uid.is_some() && r.uid == node.uid());
+    let control_plane_granted = kube
+        .stores
+        .plugins
+        .get(&ObjectRef::new(machine.instance_plugin()))
+        .is_some_and(|p| p.spec.grants.control_plane_nodes);
+    let seconds = |t: Option<capstan_api::Time>| t.map_or(0, |t| t.0.as_second());
+    let claim = node_claim::Claim {
+        provider_id,
+        // The Machine that took the Node first keeps it: a second one
+        // naming the same ID cannot take it away (nor, by a health check,
+        // have the first one remediated).
+        shared: !linked
+            && kube
+                .stores
+                .machine_ids
+                .claimed_by_another(provider_id, machine),
+        declared_prefix: prefix,
+        control_plane_node: node_claim::CONTROL_PLANE_LABELS
+            .iter()
+            .any(|l| node.labels().contains_key(*l)),
+        control_plane_granted,
+        node_created: seconds(node.creation_timestamp()),
+        machine_created: seconds(machine.creation_timestamp()),
+    };
+    match node_claim::check(&claim) {
+        Ok(()) => Ok(Some(node)),
+        Err(refused) => Err((node.name_any(), refused.to_string())),
+    }
+}
+
+/// The Node whose `spec.providerID` is `provider_id` (a scan of the Node
+/// cache; whether a Machine may take it is [`claimed_node`]'s question).
+fn find_node(nodes: &Store<Node>, provider_id: &str) -> Option<Arc<Node>> {
     nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
 }
 

@@ -435,6 +435,13 @@ fn settle_observed(
             format!("no Node with spec.providerID {} yet", instance.provider_id),
         ),
         (NodeSeen::NotReady(name), true) => ("NodeNotReady", format!("Node {name} is not Ready")),
+        (NodeSeen::Refused { node, why }, true) => (
+            "NodeClaimRefused",
+            format!(
+                "Node {node} carries spec.providerID {} but is not taken as this Machine's (nothing is done to it): {why}",
+                instance.provider_id
+            ),
+        ),
         (NodeSeen::Ready(_), true) => ("NodeReady", String::new()),
     };
     let (ready, reason, message) = if !(node_ready && running) {

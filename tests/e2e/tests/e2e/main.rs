@@ -13,6 +13,7 @@ mod image;
 mod in_cluster;
 mod in_place;
 mod interop;
+mod node_claims;
 mod nodes;
 mod oci_plugins;
 mod plot;

@@ -260,8 +260,9 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
         "{message}"
     );
 
-    // An existing Namespace is not taken over, and deleting the Addon
-    // deletes nothing it did not create.
+    // A tenant's render stays in its namespace: the exporter's objects in
+    // `monitoring` are refused although the Plugin's object grants cover
+    // them, until the admin marks them for tenants.
     create_addon(
         &tenant,
         &addon(
@@ -271,6 +272,29 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
         ),
     )
     .await;
+    let message = applied_reason(&env, TENANT_NS, "exporter", "ObjectsNotGranted").await;
+    assert!(
+        message.contains("Namespace monitoring is outside namespace team-a")
+            && message.contains("apps/DaemonSet@monitoring"),
+        "{message}"
+    );
+    assert_eq!(
+        resource_version(&namespaces, "monitoring").await,
+        monitoring_version
+    );
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            "exporter",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"grants": {"tenantObjects": [
+                "Namespace/monitoring", "ServiceAccount@monitoring", "Service@monitoring",
+                "apps/DaemonSet@monitoring"]}}})),
+        )
+        .await
+        .unwrap();
+
+    // An existing Namespace is not taken over, and deleting the Addon
+    // deletes nothing it did not create.
     let message = applied_reason(&env, TENANT_NS, "exporter", "ObjectExists").await;
     assert!(
         message.contains("Namespace monitoring already exists (managed by")
@@ -329,40 +353,73 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
 async fn a_second_addon_rendering_the_same_object_is_refused_without_a_fight() {
     let env = installed(vec![("exporter", exporter(None))]).await;
     let admin = env.client.clone();
-    create_addon(
-        &admin,
-        &addon(
-            CAPSTAN_NAMESPACE,
-            "first",
-            json!({"plugin": "exporter", "channel": "stable"}),
-        ),
-    )
-    .await;
-    applied_reason(&env, CAPSTAN_NAMESPACE, "first", "Applied").await;
-    create_addon(
-        &admin,
-        &addon(
-            CAPSTAN_NAMESPACE,
-            "second",
-            json!({"plugin": "exporter", "channel": "stable"}),
-        ),
-    )
-    .await;
-    let message = applied_reason(&env, CAPSTAN_NAMESPACE, "second", "ObjectExists").await;
-    assert!(
-        message.contains("(managed by capstan-addon/capstan-system/first)"),
-        "{message}"
-    );
+    // Both in one `kubectl apply`: both find the objects missing, and a
+    // create request lets only one of them make each.
+    let both: Vec<Value> = ["first", "second"]
+        .iter()
+        .map(|name| {
+            serde_json::to_value(addon(
+                CAPSTAN_NAMESPACE,
+                name,
+                json!({"plugin": "exporter", "channel": "stable"}),
+            ))
+            .unwrap()
+        })
+        .collect();
+    kubectl_apply(&env, &both);
+    let addons: Api<Addon> = Api::namespaced(admin.clone(), CAPSTAN_NAMESPACE);
+    let (winner, loser) = env
+        .eventually("one Addon applied, the other refused", LONG, async || {
+            let reason = async |name: &str| {
+                let status = addons.get(name).await.ok()?.status?;
+                Some(condition(&status.conditions, APPLIED)?.reason.clone())
+            };
+            match (
+                reason("first").await?.as_str(),
+                reason("second").await?.as_str(),
+            ) {
+                ("Applied", "ObjectExists") => Some(("first", "second")),
+                ("ObjectExists", "Applied") => Some(("second", "first")),
+                _ => None,
+            }
+        })
+        .await;
     let daemonsets: Api<DaemonSet> = Api::namespaced(admin.clone(), "monitoring");
     let before = daemonsets.get("node-exporter").await.unwrap();
+    let recorded = |status: Option<AddonStatus>| {
+        status
+            .map(|s| {
+                s.inventory
+                    .iter()
+                    .filter_map(|e| e.uid.clone())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        recorded(addons.get(winner).await.unwrap().status)
+            .contains(before.metadata.uid.as_ref().unwrap())
+    );
+    assert!(
+        recorded(addons.get(loser).await.unwrap().status).is_empty(),
+        "exactly one Addon recorded the objects"
+    );
     tokio::time::sleep(Duration::from_secs(20)).await;
     let after = daemonsets.get("node-exporter").await.unwrap();
     assert_eq!(
         after.metadata.generation, before.metadata.generation,
         "no fight"
     );
-    // Deleting the refused Addon leaves the first one's objects alone.
-    delete_addon(&env, &admin, CAPSTAN_NAMESPACE, "second").await;
+    // Whoever may write addons/status forges the loser's inventory with the
+    // winner's DaemonSet; deleting the loser still deletes nothing of it.
+    let forged = json!({"status": {"inventory": [{
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "namespace": "monitoring",
+        "name": "node-exporter", "uid": before.metadata.uid}]}});
+    addons
+        .patch_status(loser, &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+        .unwrap();
+    delete_addon(&env, &admin, CAPSTAN_NAMESPACE, loser).await;
     let still = daemonsets.get("node-exporter").await.unwrap();
     assert!(still.metadata.deletion_timestamp.is_none());
     assert_eq!(still.metadata.uid, before.metadata.uid);
