@@ -1,5 +1,6 @@
 use super::*;
-use capstan_api::{PatchTarget, PodSecurityLevel};
+use capstan_api::{AddonPatch, PatchTarget, PatchType, PodSecurityLevel};
+use capstan_manifest::ObjectPattern;
 use proptest::prelude::*;
 use serde_json::json;
 

@@ -36,14 +36,19 @@ use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpH
 
 /// The host's outbound connection pool.
 pub(crate) type PooledClient = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    hyper_rustls::HttpsConnector<
+        hyper_util::client::legacy::connect::HttpConnector<crate::resolve::GrantedNames>,
+    >,
     WasiBody,
 >;
 
 /// Build the pool: http and https (ring, Web PKI roots), HTTP/1.1,
-/// keep-alive with idle connections closed after 30 s.
+/// keep-alive with idle connections closed after 30 s; names never resolve
+/// to internal addresses ([`crate::resolve`]).
 pub(crate) fn pooled_client() -> Result<PooledClient, String> {
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(
+        crate::resolve::GrantedNames::new(),
+    );
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
@@ -177,6 +182,20 @@ impl WasiHttpHooks for HttpGate {
             Ok((d, _)) => decide(&self.declared, &self.grants, d),
             Err(e) => HttpDecision::Deny { reason: e.clone() },
         };
+        // A credential goes only with ordinary methods: TRACE echoes the
+        // request (its Authorization header included) back to the plugin,
+        // CONNECT tunnels past the gate.
+        let verdict = match verdict {
+            HttpDecision::Allow {
+                credential: Some(_),
+            } if matches!(request.method().as_str(), "TRACE" | "CONNECT") => HttpDecision::Deny {
+                reason: format!(
+                    "{} requests never carry a granted credential",
+                    request.method()
+                ),
+            },
+            verdict => verdict,
+        };
         match (verdict, dest) {
             (HttpDecision::Allow { credential }, Ok((_, authority))) => {
                 let credential = credential.cloned();
@@ -227,7 +246,13 @@ impl WasiHttpHooks for HttpGate {
                     );
                     let response = response.map_err(|e| {
                         tracing::debug!(%plugin, error = %e, "outbound request failed");
-                        if e.is_connect() {
+                        if let Some(reason) = crate::resolve::refusal(&e) {
+                            denial
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get_or_insert(reason);
+                            HttpError::HttpRequestDenied
+                        } else if e.is_connect() {
                             HttpError::ConnectionRefused
                         } else {
                             HttpError::HttpProtocolError

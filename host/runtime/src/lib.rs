@@ -38,6 +38,7 @@
 //! | `worlds` | typed handles per world, one method per contract function |
 //! | `call` | what one call holds: store state, log host, memory limiter, return sizes |
 //! | `http` | the egress gate every outbound request passes |
+//! | `resolve` | name resolution of that gate: granted names never reach internal addresses |
 //! | `workers` | the call threads calls run on (one executor and connection pool each) |
 //! | [`profile`] | where calls spend their time ([`Runtime::call_profile`]) |
 //! | [`grants`] | what an admin granted, and the gate's decision |
@@ -56,6 +57,7 @@ mod http;
 pub mod limits;
 mod plugin;
 pub mod profile;
+mod resolve;
 mod workers;
 mod worlds;
 

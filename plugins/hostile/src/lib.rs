@@ -22,6 +22,7 @@
 //! | `long-error` | fails with a 200 KiB terminal error | plugin text bounded in status and Events |
 //! | `request-serial` | GETs `target` 1,000 times, one after another | requests-per-call limit |
 //! | `probe-credentials` | reports its environment and what `target` (an echo) received, then GETs `endpoint` | no secret in what it saw; `endpoint` never contacted |
+//! | `trace` | sends a TRACE request to `target` (granted, with a credential) to have its Authorization header echoed back | capability denied: credentials never go with TRACE |
 //! | `claim-node` | reports `target` as its instance's provider ID (create and get) | the Node with that ID is never linked, tainted, drained or deleted |
 //! | `none` | behaves (validate/get/delete always work) | nothing |
 
@@ -129,6 +130,9 @@ impl Provider for Hostile {
                 return Err(PluginError::terminal(format!(
                     "forged host outcome: {resp:?}"
                 )));
+            }
+            "trace" => {
+                return Err(PluginError::terminal(trace(target(config)?)));
             }
             "trap" => panic!("hostile plugin panicked on purpose"),
             "escape" => {
@@ -267,6 +271,39 @@ impl Provider for Hostile {
             _ => Ok(Deletion::InProgress(100)),
         }
     }
+}
+
+/// Send one TRACE request (a method the SDK does not offer) and report
+/// what came back.
+#[cfg(target_arch = "wasm32")]
+fn trace(url: &str) -> String {
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{Fields, Method, OutgoingRequest, Scheme};
+    let Ok(parts) = capstan_sdk::http::split_url(url) else {
+        return format!("bad target {url}");
+    };
+    let request = OutgoingRequest::new(Fields::new());
+    let _ = request.set_method(&Method::Trace);
+    let _ = request.set_scheme(Some(&Scheme::Http));
+    let _ = request.set_authority(Some(parts.authority));
+    let _ = request.set_path_with_query(Some(&parts.path_and_query));
+    match outgoing_handler::handle(request, None) {
+        Err(e) => format!("trace refused: {e:?}"),
+        Ok(future) => {
+            let outcome = loop {
+                match future.get() {
+                    Some(r) => break r,
+                    None => future.subscribe().block(),
+                }
+            };
+            format!("trace outcome: {outcome:?}")
+        }
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn trace(url: &str) -> String {
+    format!("trace of {url} needs the sandbox")
 }
 
 /// Start 400 requests without waiting for any, then wait for them all

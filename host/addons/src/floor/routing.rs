@@ -55,16 +55,15 @@ pub(super) fn check(
                 service_in_render("it", service, render, refuse);
             }
         }
-        ("", "Service") => {
+        ("", "Service")
             if value["spec"]["externalIPs"]
                 .as_array()
-                .is_some_and(|ips| !ips.is_empty())
-            {
-                refuse(
-                    "sets spec.externalIPs, which would intercept traffic to those addresses from every pod; no addon grant allows it"
-                        .into(),
-                );
-            }
+                .is_some_and(|ips| !ips.is_empty()) =>
+        {
+            refuse(
+                "sets spec.externalIPs, which would intercept traffic to those addresses from every pod; no addon grant allows it"
+                    .into(),
+            );
         }
         ("", "Namespace") => {
             let label = "pod-security.kubernetes.io/enforce";

@@ -28,7 +28,7 @@ fn claimer(name: &str, provider_id: &str) -> Machine {
         "metadata": {"name": name, "namespace": NS},
         "spec": {
             "provider": {"plugin": "hostile", "config": {"attack": "claim-node", "target": provider_id}},
-            "taints": [{"key": "hostile.example.com/mine", "value": "yes", "effect": "NoSchedule"}]
+            "taints": [{"key": "hostile.example.com/mine", "value": "yes", "effect": "NoSchedule", "propagation": "Always"}]
         }
     }))
     .unwrap()

@@ -504,6 +504,29 @@ async fn a_forged_host_header_never_leaves_the_sandbox() {
 }
 
 #[tokio::test]
+async fn a_trace_request_never_carries_the_granted_credential() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let p = hostile(&rt, &cloud, Limits::default());
+    let target = format!("{}/v1/instances", cloud.url());
+    let err = p
+        .create(&machine(
+            "trace",
+            serde_json::json!({ "attack": "trace", "target": target }),
+        ))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::CapabilityDenied { detail, .. } => assert!(
+            detail.contains("TRACE requests never carry a granted credential"),
+            "{detail}"
+        ),
+        other => panic!("expected capability denied, got {other}"),
+    }
+    assert_eq!(cloud.stats().requests, 0, "nothing reached the cloud");
+}
+
+#[tokio::test]
 async fn a_panic_is_a_trap_naming_plugin_and_call() {
     let cloud = cloud().await;
     let rt = runtime();
