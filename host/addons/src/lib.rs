@@ -469,6 +469,140 @@ pub fn conforms(desired: &Value, live: &Value) -> bool {
     }
 }
 
+/// Annotation on a rendered object: the fields (JSON pointers, separated by
+/// commas) the Addon keeps applying even after another manager took them
+/// over. A plugin sets it for fields it must own; a break-glass patch adds
+/// the fields it changes.
+pub const ANNOTATION_OWNED_FIELDS: &str = "capstan.dev/owned-fields";
+
+/// Annotation on an applied object: the `spec.replicas` its render set
+/// ([`note_replicas`]). While the render still says the same, a different
+/// live count is someone's scaling (an HPA, `kubectl scale`), not drift.
+pub const ANNOTATION_RENDERED_REPLICAS: &str = "capstan.dev/rendered-replicas";
+
+/// Record each rendered object's `spec.replicas` in
+/// [`ANNOTATION_RENDERED_REPLICAS`].
+pub fn note_replicas(objects: &mut [Object]) {
+    for object in objects {
+        let Some(replicas) = object.value.pointer("/spec/replicas").cloned() else {
+            continue;
+        };
+        let Some(metadata) = object.value["metadata"].as_object_mut() else {
+            continue;
+        };
+        let annotations = metadata
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(annotations) = annotations.as_object_mut() {
+            annotations.insert(
+                ANNOTATION_RENDERED_REPLICAS.into(),
+                replicas.to_string().into(),
+            );
+        }
+    }
+}
+
+/// The rendered fields someone else scaled, which the Addon leaves to them:
+/// `spec.replicas` when the render still sets what it set when last
+/// applied ([`ANNOTATION_RENDERED_REPLICAS`]) and the live count differs,
+/// and (API servers from 1.22 record it) any rendered field another
+/// manager owns through the `scale` subresource. Fields listed in
+/// [`ANNOTATION_OWNED_FIELDS`] are never yielded. Any other edit of a
+/// rendered field is drift, undone. JSON pointers.
+pub fn taken_over(rendered: &Value, live: &Value, manager: &str) -> Vec<String> {
+    let owned: Vec<&str> = rendered
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(ANNOTATION_OWNED_FIELDS))
+        .and_then(Value::as_str)
+        .map(|list| list.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let noted = |v: &Value| {
+        v.pointer("/metadata/annotations")
+            .and_then(|a| a.get(ANNOTATION_RENDERED_REPLICAS))
+            .cloned()
+    };
+    let mut yielded = Vec::new();
+    if let Some(replicas) = rendered.pointer("/spec/replicas")
+        && noted(rendered).is_some()
+        && noted(rendered) == noted(live)
+        && live
+            .pointer("/spec/replicas")
+            .is_some_and(|l| l != replicas)
+    {
+        yielded.push("/spec/replicas".to_string());
+    }
+    let scalers: Vec<&Value> = live
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| e["manager"] != manager && e["subresource"] == "scale")
+        .collect();
+    let holds = |entry: &Value, path: &[String]| {
+        let mut at = &entry["fieldsV1"];
+        path.iter().all(|segment| {
+            at = &at[format!("f:{segment}")];
+            !at.is_null()
+        })
+    };
+    let mine: Vec<&Value> = live
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| e["manager"] == manager)
+        .collect();
+    let mut leaves = Vec::new();
+    map_leaves(rendered, &mut Vec::new(), &mut leaves);
+    for path in leaves {
+        if matches!(
+            path.first().map(String::as_str),
+            Some("metadata" | "apiVersion" | "kind")
+        ) {
+            continue;
+        }
+        if scalers.iter().any(|e| holds(e, &path)) && !mine.iter().any(|e| holds(e, &path)) {
+            let pointer: String = path
+                .iter()
+                .map(|s| format!("/{}", s.replace('~', "~0").replace('/', "~1")))
+                .collect();
+            if !yielded.contains(&pointer) {
+                yielded.push(pointer);
+            }
+        }
+    }
+    yielded.retain(|p| !owned.contains(&p.as_str()));
+    yielded
+}
+
+/// The paths to the scalar values of `value` reached through objects only.
+fn map_leaves(value: &Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                at.push(key.clone());
+                map_leaves(item, at, out);
+                at.pop();
+            }
+        }
+        Value::Array(_) => {}
+        _ => out.push(at.clone()),
+    }
+}
+
+/// `rendered` without the fields at `pointers`.
+pub fn without(rendered: &Value, pointers: &[String]) -> Value {
+    let mut value = rendered.clone();
+    for pointer in pointers {
+        if let Some((parent, key)) = pointer.rsplit_once('/')
+            && let Some(Value::Object(map)) = value.pointer_mut(parent)
+        {
+            map.remove(&key.replace("~1", "/").replace("~0", "~"));
+        }
+    }
+    value
+}
+
 /// The live values at the fields `rendered` sets (the rendered object's
 /// shape, filled from `live`). Projected right after an apply it is what
 /// the server made of the render — `cpu: 0.1` stored as `100m` — so drift

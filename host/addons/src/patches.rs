@@ -145,9 +145,11 @@ pub fn apply_patches(
                         .into(),
             });
         }
-        let refused: Vec<String> = changed_paths(&objects[i].value, &patched.value)
-            .into_iter()
+        let changed = changed_paths(&objects[i].value, &patched.value);
+        let refused: Vec<String> = changed
+            .iter()
             .filter(|path| !granted.iter().any(|rule| rule.allows(&objects[i], path)))
+            .cloned()
             .collect();
         if !refused.is_empty() {
             return Err(AddonError::PatchNotGranted {
@@ -157,9 +159,40 @@ pub fn apply_patches(
                 tenant,
             });
         }
+        let mut patched = patched;
+        own_fields(&mut patched.value, &changed);
         objects[i] = patched;
     }
     Ok(())
+}
+
+/// Record `paths` in the object's [`crate::ANNOTATION_OWNED_FIELDS`]: what
+/// an admin's break-glass patch sets is applied even over a field another
+/// manager has taken over.
+fn own_fields(object: &mut Value, paths: &[String]) {
+    let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(annotations) = annotations.as_object_mut() else {
+        return;
+    };
+    let mut owned: Vec<String> = annotations
+        .get(crate::ANNOTATION_OWNED_FIELDS)
+        .and_then(Value::as_str)
+        .map(|list| list.split(',').map(|p| p.trim().to_string()).collect())
+        .unwrap_or_default();
+    for path in paths {
+        if !owned.contains(path) {
+            owned.push(path.clone());
+        }
+    }
+    annotations.insert(
+        crate::ANNOTATION_OWNED_FIELDS.into(),
+        owned.join(",").into(),
+    );
 }
 
 /// RFC 7386 merge of `patch` into `target`; with `by_name`, lists whose

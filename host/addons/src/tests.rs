@@ -643,3 +643,59 @@ fn what_grants_lend_is_parsed_and_mistakes_name_the_field() {
     let e = wrong(&|g| g.pod_spec_paths = vec!["Agent=spec".into()]);
     assert!(e.starts_with("spec.grants.podSpecPaths[0]"), "{e}");
 }
+
+#[test]
+fn fields_someone_scaled_are_yielded_unless_owned() {
+    let mut o = objects(vec![json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system"},
+        "spec": {"replicas": 1, "strategy": {"type": "RollingUpdate"}}})]);
+    note_replicas(&mut o);
+    let rendered = o[0].value.clone();
+    assert_eq!(
+        rendered["metadata"]["annotations"][ANNOTATION_RENDERED_REPLICAS],
+        "1"
+    );
+    let mine = "capstan-addon/kube-system/dns";
+    let live = |replicas: i64, noted: &str, managed: Value| {
+        json!({"metadata": {"name": "coredns", "managedFields": managed,
+                            "annotations": {ANNOTATION_RENDERED_REPLICAS: noted}},
+               "spec": {"replicas": replicas, "strategy": {"type": "RollingUpdate"}}})
+    };
+    // Applied with 1, scaled to 2 (1.20 records no manager for it).
+    let scaled = live(2, "1", json!([]));
+    assert_eq!(taken_over(&rendered, &scaled, mine), vec!["/spec/replicas"]);
+    let calm = without(&rendered, &["/spec/replicas".to_string()]);
+    assert!(calm["spec"].get("replicas").is_none());
+    assert_eq!(calm["spec"]["strategy"]["type"], "RollingUpdate");
+    // The render now asks for another count: applied.
+    assert!(taken_over(&rendered, &live(2, "3", json!([])), mine).is_empty());
+    // Not scaled: nothing to yield.
+    assert!(taken_over(&rendered, &live(1, "1", json!([])), mine).is_empty());
+    // Owned outright (a plugin's annotation, or a break-glass patch).
+    let mut owning = rendered.clone();
+    owning["metadata"]["annotations"][ANNOTATION_OWNED_FIELDS] = json!("/spec/replicas");
+    assert!(taken_over(&owning, &scaled, mine).is_empty());
+    // From 1.22 a scale writer is named: any field it holds is its own.
+    let by_scale = live(
+        1,
+        "1",
+        json!([
+            {"manager": mine, "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+            {"manager": "kube-controller-manager", "operation": "Update", "subresource": "scale",
+             "fieldsV1": {"f:spec": {"f:strategy": {"f:type": {}}}}}
+        ]),
+    );
+    assert_eq!(
+        taken_over(&rendered, &by_scale, mine),
+        vec!["/spec/strategy/type"]
+    );
+    // A hand edit of the resource itself is drift, not a take-over.
+    let edited = live(
+        1,
+        "1",
+        json!([
+            {"manager": "kubectl-edit", "operation": "Update", "fieldsV1": {"f:spec": {"f:strategy": {"f:type": {}}}}}
+        ]),
+    );
+    assert!(taken_over(&rendered, &edited, mine).is_empty());
+}

@@ -102,6 +102,25 @@ pub(super) async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failu
     })
 }
 
+/// Why discovery found no API resource for a kind.
+#[derive(Debug)]
+pub(super) enum KindError {
+    /// The cluster answered: it does not serve the kind (its group or
+    /// version is gone, or the kind is not in it).
+    NotServed(String),
+    /// Discovery itself failed (a connection, a timeout, a 5xx): nothing is
+    /// known about the kind.
+    Failed(String),
+}
+
+impl std::fmt::Display for KindError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KindError::NotServed(m) | KindError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
 /// The API resource of a kind in a target cluster and whether it is
 /// namespaced (discovery, remembered per cluster).
 pub(super) async fn kind_of(
@@ -109,7 +128,7 @@ pub(super) async fn kind_of(
     target: &Target,
     api_version: &str,
     kind: &str,
-) -> Result<(ApiResource, bool), String> {
+) -> Result<(ApiResource, bool), KindError> {
     let cache_key = (target.key.clone(), format!("{api_version}/{kind}"));
     if let Some(found) = ctx.state.kinds.lock().expect("kinds lock").get(&cache_key) {
         return Ok(found.clone());
@@ -122,10 +141,19 @@ pub(super) async fn kind_of(
     let (resource, caps) = kube::discovery::pinned_kind(&target.client, &gvk)
         .await
         .map_err(|e| {
-            format!(
-                "{target} does not serve {kind} {api_version}: {e}",
-                target = target.shown
-            )
+            let not_served = matches!(&e, kube::Error::Api(s) if s.code == 404)
+                || matches!(&e, kube::Error::Discovery(_));
+            if not_served {
+                KindError::NotServed(format!(
+                    "{target} does not serve {kind} {api_version}: {e}",
+                    target = target.shown
+                ))
+            } else {
+                KindError::Failed(format!(
+                    "cannot discover {kind} {api_version} on {target}: {e}",
+                    target = target.shown
+                ))
+            }
         })?;
     let found = (resource, caps.scope == kube::discovery::Scope::Namespaced);
     ctx.state
@@ -222,6 +250,23 @@ pub(super) async fn apply_if_drifted(
     key: (String, String),
 ) -> Result<serde_json::Value, Failure> {
     let api = api_for(target, resource, object.namespace.as_deref());
+    // Fields another manager took over (an HPA, `kubectl scale`) are left
+    // to it: neither drift nor applied.
+    let yielded = live
+        .as_ref()
+        .map(|l| crate::taken_over(&object.value, l, manager))
+        .unwrap_or_default();
+    let calm;
+    let object = if yielded.is_empty() {
+        object
+    } else {
+        tracing::debug!(object = %object.entry(), fields = ?yielded, "leaving fields another manager took over");
+        calm = Object {
+            value: crate::without(&object.value, &yielded),
+            ..object.clone()
+        };
+        &calm
+    };
     if let Some(live) = &live {
         let expected = ctx
             .state
@@ -283,7 +328,9 @@ pub(super) async fn delete_entry(
     let (resource, _) = match kind_of(ctx, target, &entry.api_version, &entry.kind).await {
         Ok(k) => k,
         // The kind itself is gone (its CRD was removed): so is the object.
-        Err(_) => return Ok(Deleted::Gone),
+        Err(KindError::NotServed(_)) => return Ok(Deleted::Gone),
+        // Nothing is known: the entry stays, and the next pass tries again.
+        Err(KindError::Failed(m)) => return Err(m),
     };
     let api = api_for(target, &resource, entry.namespace.as_deref());
     let live = api

@@ -372,7 +372,10 @@ async fn discover(
     for object in objects {
         let (resource, namespaced) = kind_of(ctx, target, &object.api_version, &object.kind)
             .await
-            .map_err(|m| fail(APPLIED, "UnknownKind", m))?;
+            .map_err(|e| match e {
+                cluster::KindError::NotServed(m) => fail(APPLIED, "UnknownKind", m),
+                cluster::KindError::Failed(m) => fail(APPLIED, "DiscoveryFailed", m),
+            })?;
         if namespaced != object.namespace.is_some() {
             return Err(fail(
                 APPLIED,

@@ -93,6 +93,7 @@ pub async fn render(
         tenant,
     )?;
     let rewrites = crate::rewrite_images(&mut objects, rewrites);
+    crate::note_replicas(&mut objects);
     let declared = &plugin.plugin().manifest().capabilities.objects;
     // On the objects as they will be applied: patched and rewritten.
     let tenant_namespace = tenant.then_some(spec.namespace.as_str());

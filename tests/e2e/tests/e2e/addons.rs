@@ -421,6 +421,46 @@ async fn hand_edits_are_undone_and_patches_apply_or_fail_loudly() {
         Some(3),
         "the failed render changed nothing"
     );
+
+    // Without patches the render's replicas (1) apply again; then someone
+    // scales by hand (as an HPA would): that field is theirs now, and a
+    // drift pass (the Corefile edited again) leaves it alone.
+    patch_spec(&env, "dns", json!({"patches": []})).await;
+    let replicas = async || deployments.get("coredns").await.ok()?.spec?.replicas;
+    eventually("replicas back to the render's", LONG, async || {
+        (replicas().await? == 1).then_some(())
+    })
+    .await;
+    env.control_plane
+        .kubectl(
+            &[
+                "scale",
+                "-n",
+                "kube-system",
+                "deployment/coredns",
+                "--replicas=2",
+            ],
+            None,
+        )
+        .unwrap();
+    config_maps
+        .patch(
+            "coredns",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"Corefile": ".:53 { whoami }"}})),
+        )
+        .await
+        .unwrap();
+    eventually("the Corefile restored again", LONG, async || {
+        let cm = config_maps.get("coredns").await.ok()?;
+        cm.data?
+            .get("Corefile")?
+            .contains("forward . 10.0.0.10")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(replicas().await, Some(2), "the hand scale stays");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
