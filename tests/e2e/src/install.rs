@@ -4,7 +4,8 @@
 //! (a user with namespace RBAC only, impersonated by the admin).
 
 use crate::cli;
-use crate::env::{CAPSTAN_NAMESPACE, Env};
+use crate::env::{CAPSTAN_NAMESPACE, Env, EnvOptions};
+use crate::sim_cloud::Faults;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -132,4 +133,21 @@ pub fn make_tenant(env: &Env, namespace: &str, user: &str) {
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
     ];
     kubectl_apply(env, &docs);
+}
+
+/// An environment whose API server writes an audit log, with the
+/// controllers running as the ServiceAccount `capstan install` generates:
+/// the log tells their requests from the test's.
+pub async fn audited_as_installed(faults: Faults) -> Env {
+    let mut options = EnvOptions::new(faults);
+    options.control_plane.audit = true;
+    let mut env = Env::start_with(options).await.expect("environment");
+    let config = controller_config(&env).await;
+    env.start_controllers_as(
+        config,
+        capstan_controllers::Providers::default(),
+        capstan_controllers::Options::default(),
+    )
+    .await;
+    env
 }

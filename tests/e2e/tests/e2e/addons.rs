@@ -335,6 +335,27 @@ async fn coredns_installs_from_its_channel_upgrades_with_pruning_and_is_removed(
     assert!(!exists::<ClusterRoleBinding>(&env.client, None, "system:coredns").await);
 }
 
+/// Edit the Corefile by hand and wait until drift correction puts the
+/// render's back (a pass of the Addon ran after the edit).
+async fn edit_corefile_and_see_it_restored(config_maps: &Api<ConfigMap>) {
+    config_maps
+        .patch(
+            "coredns",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"Corefile": ".:53 { whoami }"}})),
+        )
+        .await
+        .unwrap();
+    eventually("the Corefile restored", LONG, async || {
+        let cm = config_maps.get("coredns").await.ok()?;
+        cm.data?
+            .get("Corefile")?
+            .contains("forward . 10.0.0.10")
+            .then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hand_edits_are_undone_and_patches_apply_or_fail_loudly() {
     let env = env_with(
@@ -352,22 +373,7 @@ async fn hand_edits_are_undone_and_patches_apply_or_fail_loudly() {
         .delete("coredns", &DeleteParams::default())
         .await
         .unwrap();
-    config_maps
-        .patch(
-            "coredns",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"Corefile": ".:53 { whoami }"}})),
-        )
-        .await
-        .unwrap();
-    eventually("the Corefile restored", LONG, async || {
-        let cm = config_maps.get("coredns").await.ok()?;
-        cm.data?
-            .get("Corefile")?
-            .contains("forward . 10.0.0.10")
-            .then_some(())
-    })
-    .await;
+    edit_corefile_and_see_it_restored(&config_maps).await;
     eventually("the Deployment back", LONG, async || {
         let d = deployments.get("coredns").await.ok()?;
         d.metadata.deletion_timestamp.is_none().then_some(())
@@ -443,22 +449,7 @@ async fn hand_edits_are_undone_and_patches_apply_or_fail_loudly() {
             None,
         )
         .unwrap();
-    config_maps
-        .patch(
-            "coredns",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"Corefile": ".:53 { whoami }"}})),
-        )
-        .await
-        .unwrap();
-    eventually("the Corefile restored again", LONG, async || {
-        let cm = config_maps.get("coredns").await.ok()?;
-        cm.data?
-            .get("Corefile")?
-            .contains("forward . 10.0.0.10")
-            .then_some(())
-    })
-    .await;
+    edit_corefile_and_see_it_restored(&config_maps).await;
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     assert_eq!(replicas().await, Some(2), "the hand scale stays");
 }

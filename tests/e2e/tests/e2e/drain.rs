@@ -664,18 +664,10 @@ async fn the_volume_of_a_pod_the_drain_leaves_is_not_waited_for() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_drain_and_volume_wait_read_the_cache_not_a_list_per_round() {
     logs();
-    let mut options = capstan_e2e::env::EnvOptions::new(Faults {
+    let env = capstan_e2e::install::audited_as_installed(Faults {
         boot_latency_ms: 200,
         ..Default::default()
-    });
-    options.control_plane.audit = true;
-    let mut env = Env::start_with(options).await.expect("environment");
-    let config = capstan_e2e::install::controller_config(&env).await;
-    env.start_controllers_as(
-        config,
-        capstan_controllers::Providers::default(),
-        capstan_controllers::Options::default(),
-    )
+    })
     .await;
     let md = capstan_e2e::env::sample_deployment(
         "pool",

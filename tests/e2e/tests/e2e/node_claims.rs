@@ -8,7 +8,7 @@
 use crate::logs;
 use capstan_api::machine_conditions::READY;
 use capstan_api::{Machine, MachineDeployment, condition};
-use capstan_e2e::env::{Env, EnvOptions, SIM_PLUGIN, node_of, sample_deployment};
+use capstan_e2e::env::{Env, SIM_PLUGIN, node_of, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -53,22 +53,14 @@ fn writes_to(env: &Env, nodes: &[&str]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_naming_nodes_not_its_own_touches_none_of_them() {
     logs();
-    let mut options = EnvOptions::new(Faults {
+    let env = capstan_e2e::install::audited_as_installed(Faults {
         boot_latency_ms: 200,
         ..Default::default()
-    });
-    options.control_plane.audit = true;
-    let mut env = Env::start_with(options).await.expect("environment");
+    })
+    .await;
     env.create_plugin("hostile", &capstan_e2e::plugin("hostile_plugin"))
         .await
         .unwrap();
-    let config = capstan_e2e::install::controller_config(&env).await;
-    env.start_controllers_as(
-        config,
-        capstan_controllers::Providers::default(),
-        capstan_controllers::Options::default(),
-    )
-    .await;
     // The victim: a machine of the sim provider, its Node joined.
     let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 1, "v1.30.0");
     Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
