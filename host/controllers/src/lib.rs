@@ -46,7 +46,6 @@ pub use capstan_kit::{
 use capstan_kit::Kube;
 use capstan_kit::watch::Watches;
 use futures::StreamExt;
-use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,8 +159,9 @@ pub async fn run(
     let rate = options
         .kube_api_rate
         .map(|(qps, burst)| ratelimit::RateLimit::new(qps, burst));
-    let eviction_client = fenced_client(no_retries, options.write_fence.as_ref(), rate.as_ref())?;
-    let client = fenced_client(config, options.write_fence.as_ref(), rate.as_ref())?;
+    let eviction_client =
+        leader::fenced_client(no_retries, options.write_fence.as_ref(), rate.as_ref())?;
+    let client = leader::fenced_client(config, options.write_fence.as_ref(), rate.as_ref())?;
     let mut watches = Watches::new(&client, options.watch_filter.as_deref()).await?;
     let kube = Kube {
         recorder: Recorder::new(
@@ -176,6 +176,7 @@ pub async fn run(
         metrics: metrics.clone(),
         resync: options.resync,
         secrets_namespace: options.secrets_namespace.clone(),
+        fence: options.write_fence.clone(),
     };
     // What the Plugin controller loads and the others use.
     let updaters = capstan_kit::registry::Updaters::default();
@@ -276,34 +277,4 @@ pub async fn run(
     reflectors.abort();
     metrics.set_ready(false);
     Ok(())
-}
-
-/// A client for `config`, its writes behind `fence` when there is one and
-/// every request paced by `rate` when there is one (inside the fence, so
-/// time spent waiting for a token counts against the leadership left).
-fn fenced_client(
-    config: kube::Config,
-    fence: Option<&Arc<leader::Fence>>,
-    rate: Option<&Arc<ratelimit::RateLimit>>,
-) -> Result<Client, Error> {
-    let built = match fence {
-        // Connection tasks stop at the fence too: they, not the callers,
-        // write requests to the socket.
-        Some(f) => {
-            kube::client::ClientBuilder::try_from((config, leader::FencedExecutor(f.clone())))
-        }
-        None => kube::client::ClientBuilder::try_from(config),
-    };
-    let builder = built.map_err(|source| Error::Kube {
-        what: "cannot build a Kubernetes client".into(),
-        source,
-    })?;
-    let fence = fence.map(|f| leader::FenceLayer(f.clone()));
-    let rate = rate.map(|r| ratelimit::RateLimitLayer(r.clone()));
-    Ok(match (fence, rate) {
-        (Some(fence), Some(rate)) => builder.with_layer(&rate).with_layer(&fence).build(),
-        (Some(fence), None) => builder.with_layer(&fence).build(),
-        (None, Some(rate)) => builder.with_layer(&rate).build(),
-        (None, None) => builder.build(),
-    })
 }

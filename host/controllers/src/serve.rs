@@ -98,6 +98,12 @@ async fn lead_and_run(
     // With an election, every write of the controllers is fenced by it.
     let fence = process.election.as_ref().map(|_| Fence::new());
     process.options.write_fence = fence.clone();
+    // Plugin calls send nothing past the fence either (a call running
+    // when the replica was stopped must not reach the cloud on resuming).
+    if let (Some(runtime), Some(fence)) = (&process.runtime, &fence) {
+        let fence = fence.clone();
+        runtime.gate_outbound(move || fence.allows_writes());
+    }
     // Futures are lazy: nothing runs until it is awaited, after the Lease.
     let controllers = crate::run(
         process.config.clone(),

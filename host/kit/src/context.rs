@@ -32,6 +32,9 @@ pub struct Kube {
     /// only objects in it, and credential Secrets are read only from it
     /// (`None`: any namespace, for embedding and tests).
     pub secrets_namespace: Option<String>,
+    /// Leader election's write fence (`None`: no election): clients made
+    /// for workload clusters are put behind it too.
+    pub fence: Option<std::sync::Arc<crate::leader::Fence>>,
 }
 
 impl std::fmt::Debug for Kube {

@@ -181,6 +181,36 @@ impl hyper::rt::Executor<Task> for FencedExecutor {
     }
 }
 
+/// A client for `config`, its writes behind `fence` when there is one and
+/// every request paced by `rate` when there is one (inside the fence, so
+/// time spent waiting for a token counts against the leadership left).
+/// Every client that writes for the controllers is made here: the
+/// management cluster's and each workload cluster's.
+pub fn fenced_client(
+    config: kube::Config,
+    fence: Option<&Arc<Fence>>,
+    rate: Option<&Arc<crate::ratelimit::RateLimit>>,
+) -> Result<Client, Error> {
+    let built = match fence {
+        // Connection tasks stop at the fence too: they, not the callers,
+        // write requests to the socket.
+        Some(f) => kube::client::ClientBuilder::try_from((config, FencedExecutor(f.clone()))),
+        None => kube::client::ClientBuilder::try_from(config),
+    };
+    let builder = built.map_err(|source| Error::Kube {
+        what: "cannot build a Kubernetes client".into(),
+        source,
+    })?;
+    let fence = fence.map(|f| FenceLayer(f.clone()));
+    let rate = rate.map(|r| crate::ratelimit::RateLimitLayer(r.clone()));
+    Ok(match (fence, rate) {
+        (Some(fence), Some(rate)) => builder.with_layer(&rate).with_layer(&fence).build(),
+        (Some(fence), None) => builder.with_layer(&fence).build(),
+        (None, Some(rate)) => builder.with_layer(&rate).build(),
+        (None, None) => builder.build(),
+    })
+}
+
 /// Timing and identity of the election.
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {

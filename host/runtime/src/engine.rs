@@ -60,7 +60,13 @@ pub(crate) struct RuntimeInner {
     pub(crate) profile: crate::profile::Totals,
     /// Where calls run.
     pub(crate) call_threads: crate::workers::CallThreads,
+    /// Asked before every outbound request of every call
+    /// ([`Runtime::gate_outbound`]).
+    pub(crate) outbound: std::sync::OnceLock<OutboundGate>,
 }
+
+/// Whether plugin calls may send requests now.
+pub type OutboundGate = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl std::fmt::Debug for RuntimeInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,6 +117,16 @@ pub enum LoadPath {
 }
 
 impl Runtime {
+    /// Have every outbound request of every plugin call ask `may_send`
+    /// first; while it says no, requests are refused as a capability
+    /// violation and nothing leaves. The controller ties it to its leader
+    /// election's write fence, so a replica that lost the Lease (stopped,
+    /// paused, cut off) sends nothing to a cloud even from a call that was
+    /// already running. Set once; a second gate is ignored (`false`).
+    pub fn gate_outbound(&self, may_send: impl Fn() -> bool + Send + Sync + 'static) -> bool {
+        self.inner.outbound.set(Arc::new(may_send)).is_ok()
+    }
+
     /// Build the engine, the sandbox linker and the cache, and start the
     /// epoch ticker that enforces deadlines.
     pub fn new(config: RuntimeConfig) -> Result<Self, Error> {
@@ -188,6 +204,7 @@ impl Runtime {
                 calls: Arc::new(tokio::sync::Semaphore::new(n as usize)),
                 profile: Default::default(),
                 call_threads,
+                outbound: std::sync::OnceLock::new(),
                 config,
             }),
         })

@@ -84,6 +84,8 @@ pub(crate) struct HttpGate {
     /// Nanoseconds this call's requests waited for their response headers
     /// (summed; requests may overlap and run on other tasks).
     pub(crate) waited: Arc<std::sync::atomic::AtomicU64>,
+    /// The runtime's outbound gate, if it has one.
+    pub(crate) may_send: Option<crate::OutboundGate>,
 }
 
 /// Holds one slot of the in-flight budget until dropped (with the response
@@ -172,6 +174,15 @@ impl WasiHttpHooks for HttpGate {
         fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> ResponseFuture {
         drop(fut);
+        if let Some(may_send) = &self.may_send
+            && !may_send()
+        {
+            self.deny(
+                "this replica may not act now (it is not the leader, or could not renew its Lease in time): nothing is sent"
+                    .into(),
+            );
+            return Box::new(async { Err(HttpError::HttpRequestDenied) });
+        }
         let uri = request.uri();
         let dest = match (uri.scheme_str(), uri.authority()) {
             (Some(scheme), Some(authority)) => Destination::new(scheme, authority.as_str())

@@ -141,6 +141,7 @@ impl Plugin {
                 client: crate::workers::thread_client()
                     .unwrap_or_else(|| inner.runtime.http_client.clone()),
                 waited: Arc::default(),
+                may_send: inner.runtime.outbound.get().cloned(),
             },
             memory: MemoryLimiter {
                 limit: limits.memory_bytes,

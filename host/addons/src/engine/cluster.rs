@@ -89,7 +89,10 @@ pub(super) async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failu
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| bad(e.to_string()))?;
-    let client = Client::try_from(config).map_err(|e| bad(e.to_string()))?;
+    // Behind the leader's fence like the controllers' own client: a
+    // replica that lost the Lease writes nothing to a workload cluster.
+    let client = capstan_kit::leader::fenced_client(config, ctx.kube.fence.as_ref(), None)
+        .map_err(|e| bad(e.to_string()))?;
     ctx.state
         .clients
         .lock()

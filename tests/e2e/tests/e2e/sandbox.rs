@@ -526,6 +526,35 @@ async fn a_trace_request_never_carries_the_granted_credential() {
     assert_eq!(cloud.stats().requests, 0, "nothing reached the cloud");
 }
 
+/// The controller ties the runtime's outbound gate to its leader fence: a
+/// replica past its renew deadline sends nothing from any plugin call, and
+/// sends again once it leads.
+#[tokio::test]
+async fn a_closed_outbound_gate_lets_no_plugin_request_leave() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cloud = cloud().await;
+    let rt = runtime();
+    let leading = Arc::new(AtomicBool::new(false));
+    let gate = leading.clone();
+    assert!(rt.gate_outbound(move || gate.load(Ordering::SeqCst)));
+    assert!(!rt.gate_outbound(|| true), "the gate is set once");
+    let sim = sim_provider(&rt, &cloud);
+    let m = machine("fenced", serde_json::json!({ "endpoint": cloud.url() }));
+    let err = sim.create(&m).await.unwrap_err();
+    match &err {
+        Error::CapabilityDenied { detail, .. } => {
+            assert!(detail.contains("this replica may not act now"), "{detail}")
+        }
+        other => panic!("expected capability denied, got {other}"),
+    }
+    assert_eq!(cloud.stats().requests, 0, "nothing reached the cloud");
+    leading.store(true, Ordering::SeqCst);
+    let status = sim.create(&m).await.expect("sends once leading");
+    assert!(status.provider_id.starts_with("sim://"));
+    assert_eq!(cloud.stats().instances_launched, 1);
+}
+
 #[tokio::test]
 async fn a_panic_is_a_trap_naming_plugin_and_call() {
     let cloud = cloud().await;
