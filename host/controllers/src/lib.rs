@@ -235,6 +235,7 @@ pub async fn run(
             kube: kube.clone(),
             updaters,
             plans: Default::default(),
+            expectations: capstan_kit::Expectations::default(),
         }),
         concurrency.deployments,
         shutdown.clone(),

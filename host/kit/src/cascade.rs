@@ -25,7 +25,7 @@
 
 use crate::owners::controlled_by;
 use crate::write::{add_finalizer, remove_finalizer};
-use crate::{Error, Kind, Kube, ScopeApi, key_of, kube_err};
+use crate::{Error, Expectations, Kind, Kube, ScopeApi, Seen, key_of, kube_err};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
@@ -102,6 +102,7 @@ pub async fn start_pass<O, C>(
     controller: &'static str,
     owner: &O,
     finalizer: &str,
+    expectations: &Expectations,
     children: impl FnOnce() -> Vec<std::sync::Arc<C>>,
 ) -> Result<Option<Action>, Error>
 where
@@ -112,27 +113,51 @@ where
         return Ok(Some(Action::await_change()));
     }
     if owner.meta().deletion_timestamp.is_some() {
-        return run(kube, controller, owner, finalizer, &children())
-            .await
-            .map(Some);
+        return run(
+            kube,
+            controller,
+            owner,
+            finalizer,
+            expectations,
+            &children(),
+        )
+        .await
+        .map(Some);
     }
     add_finalizer(kube, controller, owner, finalizer).await?;
     Ok(None)
 }
 
 /// Take the next step for a deleting `owner`; the action is the reconcile's
-/// result (nothing more to do once the owner is let go).
+/// result (nothing more to do once the owner is let go). Deletions it sent
+/// are awaited in `expectations` (the owner's, by uid): a child's event can
+/// wake the owner before the cache shows its other children deleting, and
+/// they must not be deleted twice.
 pub async fn run<O, C>(
     kube: &Kube,
     controller: &'static str,
     owner: &O,
     finalizer: &str,
+    expectations: &Expectations,
     candidates: &[std::sync::Arc<C>],
 ) -> Result<Action, Error>
 where
     O: Kind,
     C: Kind,
 {
+    let key = owner.uid().unwrap_or_default();
+    let namespace = owner.namespace();
+    let seen = |name: &str| match candidates
+        .iter()
+        .find(|c| c.name_any() == name && c.namespace() == namespace)
+    {
+        None => Seen::Absent,
+        Some(c) if c.meta().deletion_timestamp.is_some() => Seen::Deleting,
+        Some(_) => Seen::Present,
+    };
+    if !expectations.satisfied(&key, seen) {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     match step(owner, finalizer, candidates.iter().map(AsRef::as_ref)) {
         Step::NotOurs => Ok(Action::await_change()),
         Step::LetGo => {
@@ -150,7 +175,11 @@ where
                 for child in chunk {
                     deletes.push(delete_child(kube, controller, owner, *child));
                 }
-                for result in futures::future::join_all(deletes).await {
+                let results = futures::future::join_all(deletes).await;
+                // Recorded before an error is returned: what was sent is
+                // awaited either way.
+                expectations.expect(&key, vec![], chunk.iter().map(|c| c.name_any()).collect());
+                for result in results {
                     result?;
                 }
             }

@@ -54,6 +54,8 @@ pub(crate) struct Context {
     pub(crate) updaters: capstan_kit::registry::Updaters,
     /// What the updaters would claim of each machine, cached.
     pub(crate) plans: in_place::PlanCache,
+    /// Sets a deleting deployment deleted that the cache has not shown yet.
+    pub(crate) expectations: capstan_kit::Expectations,
 }
 
 impl AsRef<Kube> for Context {
@@ -185,7 +187,16 @@ fn revision_of(set: &MachineSet) -> i64 {
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let sets = || ctx.kube.stores.machine_sets.state();
     let finalizer = MACHINEDEPLOYMENT_FINALIZER;
-    if let Some(action) = start_pass(&ctx.kube, CONTROLLER, md.as_ref(), finalizer, sets).await? {
+    if let Some(action) = start_pass(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        finalizer,
+        &ctx.expectations,
+        sets,
+    )
+    .await?
+    {
         return Ok(action);
     }
     let namespace = md.namespace().unwrap_or_default();

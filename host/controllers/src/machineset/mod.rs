@@ -150,8 +150,16 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     }
     let machines = || ctx.kube.stores.machines.state();
     let finalizer = MACHINESET_FINALIZER;
-    if let Some(action) =
-        start_pass(&ctx.kube, CONTROLLER, set.as_ref(), finalizer, machines).await?
+    let expectations = &ctx.expectations;
+    if let Some(action) = start_pass(
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        finalizer,
+        expectations,
+        machines,
+    )
+    .await?
     {
         return Ok(action);
     }
