@@ -24,7 +24,8 @@
 //! it alone. Afterwards [`conforms`] says whether a live object still
 //! carries what was applied (drift), [`pruned`] which objects of the
 //! previous inventory are no longer rendered, and [`assess_view`] what of a
-//! live object the plugin's `assess` may see. [`target::check_kubeconfig`]
+//! live object the plugin's `assess` may see. [`identity::actor`] says
+//! whose rights apply a tenant's objects. [`target::check_kubeconfig`]
 //! keeps a workload cluster's kubeconfig to inline credentials.
 
 #![forbid(unsafe_code)]
@@ -32,6 +33,7 @@
 pub mod engine;
 pub mod floor;
 mod grants;
+pub mod identity;
 pub mod ownership;
 mod patches;
 pub mod target;

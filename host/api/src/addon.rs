@@ -63,6 +63,13 @@ pub struct AddonSpec {
     /// Paused addons are neither applied nor pruned nor corrected.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// The ServiceAccount of this Addon's namespace whose rights apply,
+    /// read, prune and delete its objects (Capstan impersonates it, as Flux
+    /// and Argo CD do). Required for an Addon outside Capstan's namespace
+    /// unless the controller names a default (`--tenant-service-account`);
+    /// in Capstan's namespace, optional (unset: Capstan's own rights).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
 }
 
 /// One patch of rendered objects.

@@ -192,6 +192,12 @@ pub struct Args {
         value_name = "FROM=TO"
     )]
     pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
+    /// The ServiceAccount an Addon outside Capstan's namespace is applied as
+    /// when its spec.serviceAccountName is unset, in the Addon's own
+    /// namespace (impersonated: its RBAC decides what the Addon may write).
+    /// Unset: such an Addon is refused (ServiceAccountRequired).
+    #[arg(long, env = "CAPSTAN_TENANT_SERVICE_ACCOUNT", value_name = "NAME")]
+    pub tenant_service_account: Option<String>,
 }
 
 impl Args {
@@ -211,6 +217,14 @@ impl Args {
             "--kube-api-qps {} must be a number of requests per second, 0 or more (0: unlimited)",
             self.kube_api_qps
         );
+        if let Some(name) = &self.tenant_service_account
+            && let Err(why) = capstan_addons::identity::actor("", Some(name), true, None)
+        {
+            anyhow::bail!(
+                "--tenant-service-account: {}",
+                why.replace("spec.serviceAccountName ", "")
+            );
+        }
         let policy = match &self.trust_policy {
             Some(path) => Some(capstan_registry::policy::TrustPolicy::load(path)?),
             None => None,
@@ -243,6 +257,7 @@ impl Args {
             supply: Some(std::sync::Arc::new(supply)),
             secrets_namespace: Some(namespace.to_string()),
             image_rewrites: self.image_rewrites.clone(),
+            tenant_service_account: self.tenant_service_account.clone(),
             unsigned_plugin_dirs,
             // Set by `serve` when there is an election.
             write_fence: None,

@@ -35,6 +35,8 @@ use std::process::ExitCode;
 
 /// Name of the ServiceAccount, roles, bindings and Deployment.
 pub const NAME: &str = "capstan-controller";
+/// Name of the RoleBinding in each `--tenant-namespace`.
+pub const TENANT_BINDING: &str = "capstan-controller-tenant";
 /// Field manager of `install --apply`.
 const FIELD_MANAGER: &str = "capstan-install";
 const METRICS_PORT: i32 = 9090;
@@ -127,6 +129,14 @@ pub struct InstallArgs {
     /// ConfigMap `capstan-trust-policy` and passed as `--trust-policy`.
     #[arg(long, value_name = "FILE")]
     pub trust_policy: Option<PathBuf>,
+    /// Let Capstan apply the Addons of this namespace as the ServiceAccount
+    /// each names (spec.serviceAccountName): a RoleBinding there of the
+    /// ClusterRole capstan-controller-tenants (`impersonate` on
+    /// ServiceAccounts). Repeatable; the namespace must exist. Without it,
+    /// Addons there fail with ImpersonationForbidden; a namespace admin may
+    /// create the same RoleBinding instead.
+    #[arg(long = "tenant-namespace", value_name = "NAMESPACE")]
+    pub tenant_namespaces: Vec<String>,
     /// Apply the objects to the cluster (server-side apply) instead of
     /// printing them.
     #[arg(long)]
@@ -173,6 +183,11 @@ pub struct Manifests {
     pub role: Role,
     /// Binds them to the ServiceAccount.
     pub role_binding: RoleBinding,
+    /// Rules for tenant namespaces (impersonating their ServiceAccounts),
+    /// bound only by `tenant_bindings`.
+    pub tenant_role: ClusterRole,
+    /// One RoleBinding of `tenant_role` per `--tenant-namespace`.
+    pub tenant_bindings: Vec<RoleBinding>,
     /// The controller replicas.
     pub deployment: Deployment,
     /// The trust policy, when one was given.
@@ -478,8 +493,25 @@ pub fn manifests(args: &InstallArgs, image: &str, policy: Option<&TrustPolicy>) 
         role_binding: RoleBinding {
             metadata: meta(NAME, Some(ns)),
             role_ref: role_ref("Role"),
-            subjects: Some(vec![subject]),
+            subjects: Some(vec![subject.clone()]),
         },
+        tenant_role: ClusterRole {
+            metadata: meta(capstan_addons::engine::TENANT_ROLE, None),
+            rules: Some(policy_rules(Scope::TenantNamespaces)),
+            ..Default::default()
+        },
+        tenant_bindings: args
+            .tenant_namespaces
+            .iter()
+            .map(|tenant| RoleBinding {
+                metadata: meta(TENANT_BINDING, Some(tenant)),
+                role_ref: RoleRef {
+                    name: capstan_addons::engine::TENANT_ROLE.into(),
+                    ..role_ref("ClusterRole")
+                },
+                subjects: Some(vec![subject.clone()]),
+            })
+            .collect(),
         deployment: deployment(args, image, policy.is_some()),
         trust_policy: policy.map(|p| ConfigMap {
             metadata: meta(TRUST_POLICY_CONFIG_MAP, Some(ns)),
@@ -508,6 +540,7 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
         let scope = match rule.scope {
             Scope::Cluster => "cluster",
             Scope::OwnNamespace => "own namespace",
+            Scope::TenantNamespaces => "tenant namespaces, by --tenant-namespace",
         };
         out.push_str(&format!(
             "#   {}/{} [{}] ({scope}): {}\n",
@@ -530,6 +563,10 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
     yaml(&mut out, &m.cluster_role_binding)?;
     yaml(&mut out, &m.role)?;
     yaml(&mut out, &m.role_binding)?;
+    yaml(&mut out, &m.tenant_role)?;
+    for binding in &m.tenant_bindings {
+        yaml(&mut out, binding)?;
+    }
     if let Some(policy) = &m.trust_policy {
         yaml(&mut out, policy)?;
     }
@@ -587,6 +624,13 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     apply(Api::all(client.clone()), &m.cluster_role_binding).await?;
     apply(Api::namespaced(client.clone(), ns), &m.role).await?;
     apply(Api::namespaced(client.clone(), ns), &m.role_binding).await?;
+    apply(Api::all(client.clone()), &m.tenant_role).await?;
+    for binding in &m.tenant_bindings {
+        let tenant = binding.namespace().unwrap_or_default();
+        apply(Api::namespaced(client.clone(), &tenant), binding)
+            .await
+            .with_context(|| format!("--tenant-namespace {tenant}: does the namespace exist?"))?;
+    }
     if let Some(policy) = &m.trust_policy {
         apply(Api::namespaced(client.clone(), ns), policy).await?;
     }
@@ -731,6 +775,24 @@ pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
     delete(Api::<Role>::namespaced(client.clone(), ns), NAME).await?;
     delete(Api::<ClusterRoleBinding>::all(client.clone()), NAME).await?;
     delete(Api::<ClusterRole>::all(client.clone()), NAME).await?;
+    // The tenant namespaces' bindings, wherever they were made.
+    let bindings = Api::<RoleBinding>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={TENANT_BINDING}")))
+        .await
+        .context("cannot list the tenant namespaces' RoleBindings")?;
+    for binding in bindings.items {
+        let tenant = binding.namespace().unwrap_or_default();
+        delete(
+            Api::<RoleBinding>::namespaced(client.clone(), &tenant),
+            TENANT_BINDING,
+        )
+        .await?;
+    }
+    delete(
+        Api::<ClusterRole>::all(client.clone()),
+        capstan_addons::engine::TENANT_ROLE,
+    )
+    .await?;
     delete(Api::<ServiceAccount>::namespaced(client.clone(), ns), NAME).await?;
     // No Machine is held any more (checked above), so the sets' and
     // deployments' finalizers guard nothing; with the controller and its
@@ -835,6 +897,66 @@ mod tests {
         assert_eq!(
             (subject.name.as_str(), subject.namespace.as_deref()),
             (NAME, Some("ops"))
+        );
+    }
+
+    #[test]
+    fn impersonation_is_bound_only_in_the_tenant_namespaces_named() {
+        let m = built(&args(&["--namespace", "ops"]), None);
+        assert!(m.tenant_bindings.is_empty());
+        assert!(
+            m.cluster_role
+                .rules
+                .unwrap()
+                .iter()
+                .all(|r| !r.verbs.contains(&"impersonate".into())),
+            "no cluster-wide impersonation"
+        );
+        let tenants = [
+            "--namespace",
+            "ops",
+            "--tenant-namespace",
+            "team-a",
+            "--tenant-namespace",
+            "team-b",
+        ];
+        let m = built(&args(&tenants), None);
+        let rules = m.tenant_role.rules.unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["serviceaccounts".to_string()][..])
+        );
+        assert_eq!(rules[0].verbs, ["impersonate"]);
+        let bound: Vec<_> = m
+            .tenant_bindings
+            .iter()
+            .map(|b| {
+                let subject = &b.subjects.as_ref().unwrap()[0];
+                (
+                    b.metadata.namespace.as_deref().unwrap(),
+                    b.role_ref.kind.as_str(),
+                    b.role_ref.name.as_str(),
+                    subject.namespace.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            bound,
+            [
+                (
+                    "team-a",
+                    "ClusterRole",
+                    capstan_addons::engine::TENANT_ROLE,
+                    "ops"
+                ),
+                (
+                    "team-b",
+                    "ClusterRole",
+                    capstan_addons::engine::TENANT_ROLE,
+                    "ops"
+                ),
+            ]
         );
     }
 

@@ -75,6 +75,10 @@ pub struct Options {
     /// Image rewrite rules applied to the pod templates addons render
     /// (`--image-rewrite registry.k8s.io/=mirror.local/`).
     pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
+    /// The ServiceAccount a tenant's Addon (outside `secrets_namespace`)
+    /// that names none in `spec.serviceAccountName` is applied as, in its
+    /// own namespace (`--tenant-service-account`; `None`: refused).
+    pub tenant_service_account: Option<String>,
     /// `file://` directories whose plugins load unsigned
     /// (`--allow-unsigned-dir`, for development). Every other source is
     /// verified under the host's trust policy.
@@ -101,6 +105,7 @@ impl Default for Options {
             supply: None,
             secrets_namespace: None,
             image_rewrites: Vec::new(),
+            tenant_service_account: None,
             unsigned_plugin_dirs: Vec::new(),
             write_fence: None,
             kube_api_rate: None,
@@ -254,11 +259,10 @@ pub async fn run(
     let addon_controller = capstan_addons::engine::controller(
         watches.addons.subscribe(),
         watches.plugins.subscribe(),
-        Arc::new(capstan_addons::engine::Context::new(
-            kube,
-            addons,
-            options.image_rewrites.clone(),
-        )),
+        Arc::new(
+            capstan_addons::engine::Context::new(kube, addons, options.image_rewrites.clone())
+                .with_tenant_service_account(options.tenant_service_account.clone()),
+        ),
         concurrency.deployments,
         shutdown.clone(),
     );

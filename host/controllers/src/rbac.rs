@@ -1,8 +1,9 @@
 //! The Kubernetes permissions the controllers need, as one list.
 //!
 //! `capstan install` turns [`RULES`] into a ClusterRole (rules with
-//! [`Scope::Cluster`]) and a Role in Capstan's own namespace (rules with
-//! [`Scope::OwnNamespace`]). Each rule names the controller that needs it,
+//! [`Scope::Cluster`]), a Role in Capstan's own namespace (rules with
+//! [`Scope::OwnNamespace`]) and a ClusterRole bound only in the tenant
+//! namespaces an admin names (rules with [`Scope::TenantNamespaces`]). Each rule names the controller that needs it,
 //! so a new controller adds its rules here next to the others; the
 //! in-cluster e2e test runs the controllers under exactly these roles, so a
 //! missing rule fails a scenario.
@@ -14,6 +15,11 @@ pub enum Scope {
     Cluster,
     /// Only Capstan's own namespace (a Role there).
     OwnNamespace,
+    /// Only the tenant namespaces an admin opts in: a ClusterRole
+    /// (`capstan-controller-tenants`) that RoleBindings in those namespaces
+    /// bind, never a ClusterRoleBinding (`capstan install
+    /// --tenant-namespace NS`).
+    TenantNamespaces,
 }
 
 /// One RBAC rule.
@@ -169,6 +175,13 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
+        why: "addon: apply a tenant's Addon as the ServiceAccount it names in its own namespace (impersonated, so that ServiceAccount's RBAC decides what it may write); bound per tenant namespace, so kube-system's ServiceAccounts stay out of reach",
+        group: "",
+        resources: &["serviceaccounts"],
+        verbs: &["impersonate"],
+        scope: Scope::TenantNamespaces,
+    },
+    Rule {
         why: "leader election: the Lease only one replica holds",
         group: "coordination.k8s.io",
         resources: &["leases"],
@@ -190,10 +203,13 @@ mod tests {
     fn no_rule_grants_wildcards_or_escalation() {
         for rule in RULES {
             for verb in rule.verbs {
-                assert!(
-                    !["*", "escalate", "bind", "impersonate"].contains(verb),
-                    "{rule:?}"
-                );
+                assert!(!["*", "escalate", "bind"].contains(verb), "{rule:?}");
+                // Impersonation only where an admin binds it, namespace by
+                // namespace, and only of ServiceAccounts.
+                if *verb == "impersonate" {
+                    assert_eq!(rule.scope, Scope::TenantNamespaces, "{rule:?}");
+                    assert_eq!(rule.resources, ["serviceaccounts"], "{rule:?}");
+                }
             }
             assert!(!rule.resources.contains(&"*"), "{rule:?}");
         }

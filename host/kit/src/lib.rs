@@ -19,6 +19,7 @@
 //!   deleting owner deletes what it controls before it goes;
 //! - [`registry`] and [`provider`]: what the Plugin controller loaded, and
 //!   whether a namespace may use a Plugin now;
+//! - [`impersonate`]: a client that acts as a tenant's ServiceAccount;
 //! - [`metrics`], [`leader`] (election and the write fence) and
 //!   [`ratelimit`] (client-side QPS).
 
@@ -30,6 +31,7 @@ pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod expectations;
+pub mod impersonate;
 pub mod leader;
 pub mod metrics;
 pub mod objects;
@@ -79,6 +81,9 @@ pub enum Error {
     /// This replica lost the leader Lease and stopped reconciling.
     #[error("lost the leader Lease: {0}")]
     LeadershipLost(String),
+    /// An identity to act as cannot be used (the text says why).
+    #[error("{0}")]
+    Identity(String),
     /// A watch failed at startup.
     #[error(
         "cannot watch {0}: check the CRDs are installed (`capstan crds | kubectl apply -f -`) and RBAC allows list/watch"

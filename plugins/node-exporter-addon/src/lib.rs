@@ -3,7 +3,8 @@
 //!
 //! Two versions, one per channel: `1.7.0` (`stable`) and `1.8.2`
 //! (`rapid`). Config (all optional): `namespace` (`monitoring`), `port`
-//! (9100). Health is the DaemonSet's rollout: every Node that should run it
+//! (9100), `createNamespace` (`true`; `false` renders into an existing
+//! namespace, such as a tenant's own). Health is the DaemonSet's rollout: every Node that should run it
 //! runs an updated, ready pod ([`capstan_sdk::addon::daemonset_health`]).
 
 // The addon is only exported (and so only used) in its wasm build.
@@ -27,6 +28,7 @@ const NAME: &str = "node-exporter";
 struct Config {
     namespace: String,
     port: u16,
+    create_namespace: bool,
 }
 
 impl Default for Config {
@@ -34,6 +36,7 @@ impl Default for Config {
         Config {
             namespace: "monitoring".into(),
             port: 9100,
+            create_namespace: true,
         }
     }
 }
@@ -49,8 +52,12 @@ fn objects(version: &str, config: &Config) -> Vec<Value> {
     if version != "1.7.0" {
         args.push("--collector.systemd".into());
     }
-    vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+    let mut objects = vec![];
+    if config.create_namespace {
+        objects.push(namespace);
+    }
+    objects.extend([
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": {"name": NAME, "namespace": ns}}),
         json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -80,7 +87,8 @@ fn objects(version: &str, config: &Config) -> Vec<Value> {
                "metadata": {"name": NAME, "namespace": ns, "labels": labels},
                "spec": {"selector": labels, "clusterIP": "None",
                         "ports": [{"name": "metrics", "port": config.port, "targetPort": config.port, "protocol": "TCP"}]}}),
-    ]
+    ]);
+    objects
 }
 
 struct NodeExporter;
@@ -135,5 +143,20 @@ mod tests {
             );
             assert!(r.iter().any(|o| o.contains(":9200")));
         }
+    }
+
+    #[test]
+    fn an_existing_namespace_is_rendered_into_not_created() {
+        let spec = AddonSpec {
+            name: "ne".into(),
+            namespace: "team-a".into(),
+            version: Some("1.7.0".into()),
+            channel: None,
+            config: r#"{"namespace": "team-a", "createNamespace": false}"#.into(),
+        };
+        let r = NodeExporter::render(spec).unwrap();
+        assert_eq!(r.len(), 3);
+        assert!(r.iter().all(|o| !o.contains("\"kind\":\"Namespace\"")));
+        assert!(r.iter().all(|o| o.contains("\"namespace\":\"team-a\"")));
     }
 }

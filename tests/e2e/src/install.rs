@@ -21,6 +21,25 @@ pub fn install_docs() -> Vec<Value> {
         .collect()
 }
 
+/// The RoleBinding `capstan install --tenant-namespace NAMESPACE` makes:
+/// Capstan may act as ServiceAccounts of `namespace` (and of no other).
+pub fn tenant_binding_docs(namespace: &str) -> Vec<Value> {
+    let text = cli::ok(&[
+        "install",
+        "--namespace",
+        CAPSTAN_NAMESPACE,
+        "--tenant-namespace",
+        namespace,
+    ]);
+    let docs: Vec<Value> = text
+        .split("\n---\n")
+        .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
+        .filter(|d| d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == namespace)
+        .collect();
+    assert_eq!(docs.len(), 1, "one RoleBinding in {namespace}");
+    docs
+}
+
 /// `kubectl apply` these objects as the admin (none: nothing to do).
 pub fn kubectl_apply(env: &Env, docs: &[Value]) {
     if docs.is_empty() {

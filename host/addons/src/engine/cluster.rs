@@ -5,6 +5,7 @@
 
 use super::{APPLIED, CONTROLLER, Context, Failure, fail};
 use crate::Object;
+use crate::identity::Actor;
 use crate::ownership;
 use capstan_api::{Addon, InventoryEntry};
 use k8s_openapi::api::core::v1::Secret;
@@ -16,7 +17,13 @@ use kube::{Client, ResourceExt};
 /// A cluster objects are applied to.
 #[derive(Clone)]
 pub(super) struct Target {
+    /// Capstan's own client there: discovery and drift watches.
     pub(super) client: Client,
+    /// The client the Addon's objects are read, written and deleted with:
+    /// `client`, or the same impersonating the Addon's ServiceAccount.
+    pub(super) writer: Client,
+    /// Whose rights `writer` has.
+    pub(super) actor: Actor,
     /// Identifies the cluster and credentials (watches and discovery are
     /// kept per key).
     pub(super) key: String,
@@ -24,15 +31,32 @@ pub(super) struct Target {
     pub(super) shown: String,
 }
 
-/// This cluster, or the workload cluster of the Addon's kubeconfig Secret.
-pub(super) async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failure> {
+/// This cluster, or the workload cluster of the Addon's kubeconfig Secret,
+/// written to as `actor`.
+pub(super) async fn target(addon: &Addon, ctx: &Context, actor: &Actor) -> Result<Target, Failure> {
     let Some(t) = &addon.spec.target else {
+        let client = ctx.kube.client.clone();
+        let writer = match actor.user() {
+            None => client.clone(),
+            Some(user) => impersonated(ctx, &client, &user)?,
+        };
         return Ok(Target {
-            client: ctx.kube.client.clone(),
+            client,
+            writer,
+            actor: actor.clone(),
             key: "in-cluster".into(),
             shown: "in-cluster".into(),
         });
     };
+    if *actor != Actor::Capstan {
+        // The ServiceAccount lives in this cluster; a workload cluster's
+        // kubeconfig carries its own identity.
+        return Err(fail(
+            APPLIED,
+            "InvalidSpec",
+            "spec.serviceAccountName applies to the cluster Capstan runs in; with spec.target the kubeconfig's own credentials apply: unset one of them",
+        ));
+    }
     let ns = addon.namespace().unwrap_or_default();
     let secret_ref = &t.kubeconfig_secret_ref;
     let key_name = secret_ref.key.as_deref().unwrap_or("value");
@@ -62,6 +86,8 @@ pub(super) async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failu
     {
         return Ok(Target {
             client: client.clone(),
+            writer: client.clone(),
+            actor: Actor::Capstan,
             key: format!("{key}@{version}"),
             shown,
         });
@@ -99,10 +125,25 @@ pub(super) async fn target(addon: &Addon, ctx: &Context) -> Result<Target, Failu
         .expect("clients lock")
         .insert(key.clone(), (version.clone(), client.clone()));
     Ok(Target {
+        writer: client.clone(),
         client,
+        actor: Actor::Capstan,
         key: format!("{key}@{version}"),
         shown,
     })
+}
+
+/// `base` acting as `user`, made once per user and kept.
+fn impersonated(ctx: &Context, base: &Client, user: &str) -> Result<Client, Failure> {
+    let key = format!("as {user}");
+    let mut clients = ctx.state.clients.lock().expect("clients lock");
+    if let Some((_, client)) = clients.get(&key) {
+        return Ok(client.clone());
+    }
+    let client = capstan_kit::impersonate::impersonating(base, user)
+        .map_err(|e| fail(APPLIED, "ServiceAccountRequired", e.to_string()))?;
+    clients.insert(key, (String::new(), client.clone()));
+    Ok(client)
 }
 
 /// Why discovery found no API resource for a kind.
@@ -173,8 +214,8 @@ pub(super) fn api_for(
     namespace: Option<&str>,
 ) -> Api<DynamicObject> {
     match namespace {
-        Some(ns) => Api::namespaced_with(target.client.clone(), ns, resource),
-        None => Api::all_with(target.client.clone(), resource),
+        Some(ns) => Api::namespaced_with(target.writer.clone(), ns, resource),
+        None => Api::all_with(target.writer.clone(), resource),
     }
 }
 
@@ -184,12 +225,60 @@ pub(super) fn apply_failed(
     what: &str,
     e: kube::Error,
 ) -> Failure {
-    fail(
-        APPLIED,
-        "ApplyFailed",
-        format!("cannot {what} {} ({}): {e}", object.entry(), target.shown),
-    )
+    let (reason, message) = denied(target, &format!("{what} {}", object.entry()), &e)
+        .unwrap_or_else(|| {
+            (
+                "ApplyFailed",
+                format!("cannot {what} {} ({}): {e}", object.entry(), target.shown),
+            )
+        });
+    fail(APPLIED, reason, message)
 }
+
+/// A 403 for an Addon applied as a ServiceAccount, explained: either
+/// Capstan may not act as it (`ImpersonationForbidden`), or it may not do
+/// `what` (`Forbidden`). `None` for any other error or identity.
+pub(super) fn denied(
+    target: &Target,
+    what: &str,
+    e: &kube::Error,
+) -> Option<(&'static str, String)> {
+    let kube::Error::Api(status) = e else {
+        return None;
+    };
+    let Actor::ServiceAccount { namespace, name } = &target.actor else {
+        return None;
+    };
+    if status.code != 403 {
+        return None;
+    }
+    Some(if status.message.contains("cannot impersonate") {
+        (
+            "ImpersonationForbidden",
+            format!(
+                "Capstan may not act as ServiceAccount {namespace}/{name}: the API server said: {}. \
+                 Bind ClusterRole {TENANT_ROLE} to Capstan's ServiceAccount in namespace {namespace} \
+                 (`capstan install --tenant-namespace {namespace}`)",
+                status.message
+            ),
+        )
+    } else {
+        (
+            "Forbidden",
+            format!(
+                "ServiceAccount {namespace}/{name} may not {what}: the API server said: {}. \
+                 The Addon's objects are written with that ServiceAccount's rights: bind it a Role \
+                 that allows this, or render only what it may write",
+                status.message
+            ),
+        )
+    })
+}
+
+/// The ClusterRole `capstan install` makes for acting as tenants'
+/// ServiceAccounts; a RoleBinding in a tenant namespace lets Capstan do so
+/// there only.
+pub const TENANT_ROLE: &str = "capstan-controller-tenants";
 
 /// The live object a rendered one would be applied over, if it exists.
 pub(super) async fn read_live(
@@ -336,10 +425,12 @@ pub(super) async fn delete_entry(
         Err(KindError::Failed(m)) => return Err(m),
     };
     let api = api_for(target, &resource, entry.namespace.as_deref());
-    let live = api
-        .get_opt(&entry.name)
-        .await
-        .map_err(|e| format!("cannot read {entry}: {e}"))?;
+    let live = api.get_opt(&entry.name).await.map_err(|e| {
+        match denied(target, &format!("read {entry}"), &e) {
+            Some((_, m)) => m,
+            None => format!("cannot read {entry}: {e}"),
+        }
+    })?;
     let Some(live) = live else {
         return Ok(Deleted::Gone);
     };
@@ -368,7 +459,12 @@ pub(super) async fn delete_entry(
     match api.delete(&entry.name, &params).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Deleted::Gone),
-        Err(e) => return Err(format!("cannot delete {entry}: {e}")),
+        Err(e) => {
+            return Err(match denied(target, &format!("delete {entry}"), &e) {
+                Some((_, m)) => m,
+                None => format!("cannot delete {entry}: {e}"),
+            });
+        }
     }
     ctx.kube.metrics.wrote(CONTROLLER, "delete");
     tracing::info!(object = %entry, target = %target.shown, "deleted addon object");

@@ -47,6 +47,7 @@ mod cluster;
 mod drift;
 mod render;
 
+pub use cluster::TENANT_ROLE;
 pub use render::{RenderError, Rendered, render};
 
 use cluster::{Deleted, Target, apply_if_drifted, delete_entry, kind_of, read_live, target};
@@ -89,6 +90,9 @@ pub struct Context {
     state: AddonState,
     /// The host's image rewrite rules (`--image-rewrite`).
     image_rewrites: Vec<ImageRewrite>,
+    /// The ServiceAccount a tenant's Addon that names none is applied as
+    /// (`--tenant-service-account`; `None`: such an Addon is refused).
+    tenant_service_account: Option<String>,
 }
 
 impl AsRef<Kube> for Context {
@@ -106,7 +110,15 @@ impl Context {
             addons,
             state: AddonState::default(),
             image_rewrites,
+            tenant_service_account: None,
         }
+    }
+
+    /// Apply tenants' Addons that name no ServiceAccount as `name` of their
+    /// namespace (default: refuse them).
+    pub fn with_tenant_service_account(mut self, name: Option<String>) -> Self {
+        self.tenant_service_account = name;
+        self
     }
 }
 
@@ -293,6 +305,8 @@ async fn converge(
     let t = now();
     let registered = plugin_of(addon, ctx)?;
     let tenant = is_tenant(ctx, addon);
+    // Before any plugin call: whose rights will apply it.
+    let actor = actor_of(addon, ctx)?;
     let rendered = render(
         &registered.plugin,
         addon,
@@ -319,7 +333,7 @@ async fn converge(
     if addon.spec.paused {
         return Ok(None);
     }
-    let target = target(addon, ctx).await?;
+    let target = target(addon, ctx, &actor).await?;
     status.target = Some(target.shown.clone());
 
     let kinds = discover(ctx, &target, &objects).await?;
@@ -571,6 +585,17 @@ fn plugin_text(error: &capstan_runtime::Error) -> String {
     capstan_api::bounded(&error.to_string(), capstan_api::MAX_PLUGIN_TEXT)
 }
 
+/// Whose rights apply the Addon's objects ([`crate::identity::actor`]).
+fn actor_of(addon: &Addon, ctx: &Context) -> Result<crate::identity::Actor, Failure> {
+    crate::identity::actor(
+        &addon.namespace().unwrap_or_default(),
+        addon.spec.service_account_name.as_deref(),
+        is_tenant(ctx, addon),
+        ctx.tenant_service_account.as_deref(),
+    )
+    .map_err(|m| fail(APPLIED, "ServiceAccountRequired", m))
+}
+
 /// Whether an Addon is a tenant's: outside Capstan's own namespace.
 pub(super) fn is_tenant(ctx: &Context, addon: &Addon) -> bool {
     ctx.kube
@@ -653,7 +678,11 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
     let inventory = status.inventory.clone();
     let mut remaining = 0;
     let mut problem = None;
-    match target(addon, ctx).await {
+    let target = match actor_of(addon, ctx) {
+        Ok(actor) => target(addon, ctx, &actor).await,
+        Err(f) => Err(f),
+    };
+    match target {
         Err(f) => {
             problem = Some(format!(
                 "{}; the Addon keeps its finalizer until what it applied can be deleted (fix the target, or remove finalizer {ADDON_FINALIZER} to leave the objects behind)",

@@ -2,7 +2,10 @@
 //! run under the ServiceAccount `capstan install` generates (plus a
 //! ClusterRole for the kinds the addon Plugins are granted, as docs/addons.md
 //! tells an admin to bind); the tenant `alice` has a Role in `team-a` only
-//! and acts through impersonation, so only her own RBAC applies. Each
+//! and acts through impersonation, so only her own RBAC applies. Her
+//! Addons are applied as the ServiceAccount `deployer` of `team-a`, which
+//! Capstan may impersonate there (`capstan install --tenant-namespace
+//! team-a`) and nowhere else. Each
 //! refusal is a condition with its reason, and the objects it would have
 //! touched keep their resourceVersions; plugin calls are counted.
 
@@ -11,7 +14,9 @@ use capstan_addons::engine::APPLIED;
 use capstan_api::{Addon, AddonStatus, Machine, Plugin, PluginSpec, condition};
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::env::{CAPSTAN_NAMESPACE, Env, SIM_PLUGIN, sample_deployment};
-use capstan_e2e::install::{client_as, controller_config, kubectl_apply, make_tenant};
+use capstan_e2e::install::{
+    client_as, controller_config, kubectl_apply, make_tenant, tenant_binding_docs,
+};
 use capstan_e2e::sim_cloud::Faults;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -22,6 +27,8 @@ use std::time::{Duration, Instant};
 
 const TENANT_NS: &str = "team-a";
 const TENANT: &str = "alice";
+/// The ServiceAccount of `team-a` the tenant's Addons are applied as.
+const DEPLOYER: &str = "deployer";
 const LONG: Duration = Duration::from_secs(90);
 
 fn options() -> Options {
@@ -63,6 +70,10 @@ fn coredns() -> PluginSpec {
     }))
 }
 
+/// The verbs docs/addons.md names for the addon kinds (never `*`: on
+/// ServiceAccounts that includes `impersonate`).
+const ADDON_VERBS: [&str; 6] = ["get", "list", "watch", "create", "patch", "delete"];
+
 /// What docs/addons.md asks an admin to bind for the granted addon kinds: a
 /// role over `rules`, cluster-wide (`namespace` None) or in one namespace.
 fn addon_rbac(namespace: Option<&str>, rules: Value) -> Vec<Value> {
@@ -91,8 +102,8 @@ async fn installed(plugins: Vec<(&str, PluginSpec)>) -> Env {
     let cluster_wide = addon_rbac(
         None,
         json!([
-            {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts", "services", "configmaps"], "verbs": ["*"]},
-            {"apiGroups": ["apps"], "resources": ["daemonsets", "deployments"], "verbs": ["*"]}]),
+            {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts", "services", "configmaps"], "verbs": ADDON_VERBS},
+            {"apiGroups": ["apps"], "resources": ["daemonsets", "deployments"], "verbs": ADDON_VERBS}]),
     );
     installed_with(plugins, &cluster_wide, &[]).await
 }
@@ -115,6 +126,12 @@ async fn installed_with(
     kubectl_apply(&env, &created);
     kubectl_apply(&env, rbac);
     make_tenant(&env, TENANT_NS, TENANT);
+    kubectl_apply(&env, &tenant_binding_docs(TENANT_NS));
+    kubectl_apply(
+        &env,
+        &[json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": DEPLOYER, "namespace": TENANT_NS}})],
+    );
     for (name, spec) in plugins {
         Api::<Plugin>::all(env.client.clone())
             .create(&PostParams::default(), &Plugin::new(name, spec))
@@ -159,12 +176,19 @@ async fn delete_addon(env: &Env, client: &Client, namespace: &str, name: &str) {
 /// Wait for the Addon's `Applied` condition to have `reason`; its message.
 async fn applied_reason(env: &Env, namespace: &str, name: &str, reason: &str) -> String {
     let api: Api<Addon> = Api::namespaced(env.client.clone(), namespace);
+    let seen = std::sync::Mutex::new(String::new());
     env.eventually(
         &format!("Addon {namespace}/{name} {reason}"),
         LONG,
         async || {
             let status: AddonStatus = api.get(name).await.ok()?.status?;
             let c = condition(&status.conditions, APPLIED)?;
+            // What it shows instead, once per change, for a failure's log.
+            let now = format!("{}: {}", c.reason, c.message);
+            if *seen.lock().unwrap() != now {
+                eprintln!("Addon {namespace}/{name} Applied: {now}");
+                *seen.lock().unwrap() = now;
+            }
             (c.reason == reason).then(|| c.message.clone())
         },
     )
@@ -247,7 +271,7 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
         &addon(
             TENANT_NS,
             "patched",
-            json!({"plugin": "exporter", "channel": "stable", "patches": [{
+            json!({"plugin": "exporter", "channel": "stable", "serviceAccountName": DEPLOYER, "patches": [{
                 "target": {"kind": "DaemonSet", "name": "node-exporter"}, "type": "Strategic",
                 "patch": {"spec": {"template": {"spec": {"containers": [{"name": "node-exporter", "image": "evil.example/root:1"}]}}}}}]}),
         ),
@@ -268,7 +292,7 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
         &addon(
             TENANT_NS,
             "exporter",
-            json!({"plugin": "exporter", "channel": "stable"}),
+            json!({"plugin": "exporter", "channel": "stable", "serviceAccountName": DEPLOYER}),
         ),
     )
     .await;
@@ -293,12 +317,15 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
         .await
         .unwrap();
 
-    // An existing Namespace is not taken over, and deleting the Addon
-    // deletes nothing it did not create.
-    let message = applied_reason(&env, TENANT_NS, "exporter", "ObjectExists").await;
+    // Granted by the Plugin, but applied as the tenant's ServiceAccount:
+    // the API server refuses what its RBAC does not allow (Capstan's own
+    // rights would), and the refusal tells nothing about the Namespace.
+    // Deleting the Addon deletes nothing it did not create.
+    let message = applied_reason(&env, TENANT_NS, "exporter", "Forbidden").await;
     assert!(
-        message.contains("Namespace monitoring already exists (managed by")
-            && message.contains("add Namespace/monitoring to the Plugin's spec.grants.adopt"),
+        message.starts_with("ServiceAccount team-a/deployer may not read Namespace monitoring")
+            && message.contains("cannot get resource \"namespaces\"")
+            && !message.contains("managed by"),
         "{message}"
     );
     let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), "monitoring");
@@ -347,6 +374,122 @@ async fn a_tenant_gets_only_what_its_namespace_is_allowed() {
         resource_version(&namespaces, "monitoring").await,
         monitoring_version
     );
+}
+
+/// node-exporter rendered into the tenant's own namespace (no Namespace of
+/// its own), granted there.
+fn exporter_in_team_a() -> PluginSpec {
+    let mut spec = exporter(Some(&[TENANT_NS, "team-b"]));
+    spec.grants.objects.extend(
+        ["ServiceAccount", "Service", "apps/DaemonSet"]
+            .iter()
+            .flat_map(|k| [format!("{k}@{TENANT_NS}"), format!("{k}@team-b")]),
+    );
+    spec
+}
+
+/// The Role the admin gives `deployer` in team-a: `resources` of the core
+/// group and `apps`, every verb Capstan uses.
+fn deployer_role(resources: &[&str]) -> Vec<Value> {
+    let (core, apps): (Vec<&str>, Vec<&str>) = resources.iter().partition(|r| *r != &"daemonsets");
+    let verbs = ["get", "list", "watch", "create", "patch", "delete"];
+    let mut rules = vec![json!({"apiGroups": [""], "resources": core, "verbs": verbs})];
+    if !apps.is_empty() {
+        rules.push(json!({"apiGroups": ["apps"], "resources": apps, "verbs": verbs}));
+    }
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "deployer", "namespace": TENANT_NS}, "rules": rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "deployer", "namespace": TENANT_NS},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "deployer"},
+            "subjects": [{"kind": "ServiceAccount", "name": DEPLOYER, "namespace": TENANT_NS}]}),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_addon_is_applied_with_its_own_service_accounts_rights() {
+    // Capstan itself may write DaemonSets everywhere (installed() binds
+    // that): every refusal below is the tenant ServiceAccount's RBAC.
+    let env = installed(vec![("exporter", exporter_in_team_a())]).await;
+    let tenant = client_as(&env, TENANT).await;
+    let config = json!({"namespace": TENANT_NS, "createNamespace": false});
+    let spec = json!({"plugin": "exporter", "channel": "stable", "config": config});
+
+    // No ServiceAccount named and no default: refused before any plugin call.
+    create_addon(&tenant, &addon(TENANT_NS, "own", spec.clone())).await;
+    let message = applied_reason(&env, TENANT_NS, "own", "ServiceAccountRequired").await;
+    assert!(
+        message.starts_with(
+            "spec.serviceAccountName is required for an Addon outside Capstan's namespace"
+        ),
+        "{message}"
+    );
+    assert_eq!(calls(&env, "exporter"), 0.0);
+
+    // Named, but its Role lacks DaemonSets: the API server says no, shown
+    // in the condition, and nothing of the render was written.
+    kubectl_apply(&env, &deployer_role(&["serviceaccounts", "services"]));
+    let addons: Api<Addon> = Api::namespaced(tenant.clone(), TENANT_NS);
+    addons
+        .patch(
+            "own",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"serviceAccountName": DEPLOYER}})),
+        )
+        .await
+        .unwrap();
+    let message = applied_reason(&env, TENANT_NS, "own", "Forbidden").await;
+    assert!(
+        message.starts_with("ServiceAccount team-a/deployer may not read DaemonSet team-a/node-exporter")
+            && message.contains("cannot get resource \"daemonsets\""),
+        "{message}"
+    );
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(env.client.clone(), TENANT_NS);
+    assert!(
+        accounts.get_opt("node-exporter").await.unwrap().is_none(),
+        "nothing applied before every object could be read"
+    );
+
+    // Allowed DaemonSets: applied, under the Addon's own field manager.
+    kubectl_apply(
+        &env,
+        &deployer_role(&["serviceaccounts", "services", "daemonsets"]),
+    );
+    applied_reason(&env, TENANT_NS, "own", "Applied").await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), TENANT_NS);
+    let ds = daemonsets.get("node-exporter").await.unwrap();
+    assert!(
+        ds.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|f| f.manager.as_deref() == Some("capstan-addon/team-a/own")),
+        "{:?}",
+        ds.metadata.managed_fields
+    );
+
+    // A namespace whose admin never let Capstan act as its ServiceAccounts
+    // (no `--tenant-namespace team-b`): refused, saying what to bind.
+    make_tenant(&env, "team-b", "bob");
+    let bob = client_as(&env, "bob").await;
+    let mut in_b = spec.clone();
+    in_b["serviceAccountName"] = DEPLOYER.into();
+    in_b["config"]["namespace"] = "team-b".into();
+    create_addon(&bob, &addon("team-b", "own", in_b)).await;
+    let message = applied_reason(&env, "team-b", "own", "ImpersonationForbidden").await;
+    assert!(
+        message.starts_with("Capstan may not act as ServiceAccount team-b/deployer")
+            && message.contains("capstan install --tenant-namespace team-b"),
+        "{message}"
+    );
+    let in_b: Api<DaemonSet> = Api::namespaced(env.client.clone(), "team-b");
+    assert!(in_b.get_opt("node-exporter").await.unwrap().is_none());
+
+    // Deleting the tenant's Addon deletes what it applied, as deployer.
+    delete_addon(&env, &tenant, TENANT_NS, "own").await;
+    assert!(daemonsets.get_opt("node-exporter").await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -666,8 +809,8 @@ async fn drift_watches_under_a_namespaced_role_make_no_forbidden_requests() {
     let mut rbac = addon_rbac(
         Some("monitoring"),
         json!([
-            {"apiGroups": [""], "resources": ["serviceaccounts", "services"], "verbs": ["*"]},
-            {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["*"]}]),
+            {"apiGroups": [""], "resources": ["serviceaccounts", "services"], "verbs": ADDON_VERBS},
+            {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ADDON_VERBS}]),
     );
     rbac.extend(addon_rbac(
         None,
