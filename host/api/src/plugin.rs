@@ -77,6 +77,14 @@ pub struct PluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 86400))]
     pub progress_deadline_seconds: Option<u32>,
+    /// Providers: values for the config keys the plugin's manifest
+    /// declares as `settings` (such as the `endpoint` its credential is sent
+    /// to). They are the admin's: a Machine's config may not set them, and
+    /// the host adds them to every call's config. A key the manifest does
+    /// not declare is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::free_form_object")]
+    pub settings: Option<serde_json::Value>,
 }
 
 /// Namespaces allowed to use a plugin: those named, and those whose labels

@@ -328,6 +328,8 @@ fn deployment(args: &InstallArgs, image: &str, with_policy: bool) -> Deployment 
             // Capstan's namespace and the replica's name (its leader identity).
             env_from_field("CAPSTAN_NAMESPACE", "metadata.namespace"),
             env_from_field("POD_NAME", "metadata.name"),
+            // The runtime refuses a granted name that resolves to it.
+            env_from_field("POD_IP", "status.podIP"),
             env_value("HOME", "/tmp"),
         ]),
         ports: Some(vec![

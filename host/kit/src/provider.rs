@@ -109,14 +109,116 @@ pub trait MachineProvider: Send + Sync + std::fmt::Debug {
 pub struct WasmProvider {
     plugin: ProviderPlugin,
     digest: String,
+    /// The admin's values of the config keys the manifest declares as
+    /// settings.
+    settings: serde_json::Map<String, serde_json::Value>,
 }
 
 impl WasmProvider {
     /// Wrap a loaded provider plugin.
     pub fn new(plugin: ProviderPlugin) -> Self {
         let digest = plugin.plugin().digest().to_string();
-        WasmProvider { plugin, digest }
+        WasmProvider {
+            plugin,
+            digest,
+            settings: Default::default(),
+        }
     }
+
+    /// Add the Plugin's `spec.settings` to every call's config. Refused
+    /// (the text names the key) when one is not a setting its manifest
+    /// declares, or the value is not an object.
+    pub fn with_settings(mut self, settings: Option<&serde_json::Value>) -> Result<Self, String> {
+        let declared = &self.plugin.plugin().manifest().settings;
+        self.settings = checked_settings(settings, declared)?;
+        Ok(self)
+    }
+
+    fn configured(&self, config: &str, set: MachineSets) -> Result<String, ProviderError> {
+        let declared = &self.plugin.plugin().manifest().settings;
+        with_settings(config, declared, &self.settings, set)
+    }
+
+    fn configured_machine(
+        &self,
+        machine: &PluginMachine,
+        set: MachineSets,
+    ) -> Result<PluginMachine, ProviderError> {
+        Ok(PluginMachine {
+            provider_config: self.configured(&machine.provider_config, set)?,
+            ..machine.clone()
+        })
+    }
+}
+
+/// The Plugin's `spec.settings`, checked against the keys its manifest
+/// declares.
+pub fn checked_settings(
+    settings: Option<&serde_json::Value>,
+    declared: &[String],
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let map = match settings {
+        None | Some(serde_json::Value::Null) => return Ok(Default::default()),
+        Some(serde_json::Value::Object(map)) => map.clone(),
+        Some(_) => return Err("spec.settings must be an object of config keys".into()),
+    };
+    if let Some(key) = map.keys().find(|k| !declared.contains(k)) {
+        return Err(format!(
+            "spec.settings.{key}: the plugin's manifest declares no such setting ({})",
+            if declared.is_empty() {
+                "it declares none".to_string()
+            } else {
+                format!("it declares: {}", declared.join(", "))
+            }
+        ));
+    }
+    Ok(map)
+}
+
+/// What to do with a setting a Machine's config sets itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineSets {
+    /// Refuse the config (`validate`, `create`): the user learns at once.
+    Refused,
+    /// Replace the value by the admin's (`get`, `delete`): a Machine made
+    /// before the setting existed can still be observed and deleted, and
+    /// never with its own value.
+    Replaced,
+}
+
+/// A Machine's provider config with the admin's settings in: a declared
+/// setting the Machine sets itself (a tenant would choose where the
+/// credential goes) is refused or replaced, as `set` says.
+pub fn with_settings(
+    config: &str,
+    declared: &[String],
+    settings: &serde_json::Map<String, serde_json::Value>,
+    set: MachineSets,
+) -> Result<String, ProviderError> {
+    if declared.is_empty() {
+        return Ok(config.to_string());
+    }
+    let mut value: serde_json::Value = match config.trim() {
+        "" | "null" => serde_json::Value::Object(Default::default()),
+        text => serde_json::from_str(text)
+            .map_err(|e| ProviderError::InvalidConfig(format!("not JSON: {e}")))?,
+    };
+    let Some(object) = value.as_object_mut() else {
+        // Not an object: the plugin's own validation says what is wrong.
+        return Ok(config.to_string());
+    };
+    if let Some(key) = declared.iter().find(|k| object.contains_key(*k)) {
+        if set == MachineSets::Refused {
+            return Err(ProviderError::InvalidConfig(format!(
+                "{key}: set by the Plugin's admin (Plugin spec.settings.{key}), not in a Machine's config; remove it"
+            )));
+        }
+        object.retain(|k, _| !declared.contains(k));
+    }
+    for (key, v) in settings {
+        object.insert(key.clone(), v.clone());
+    }
+    Ok(value.to_string())
 }
 
 impl MachineProvider for WasmProvider {
@@ -132,25 +234,37 @@ impl MachineProvider for WasmProvider {
             .as_deref()
     }
     fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move { Ok(self.plugin.validate(config).await?) })
+        Box::pin(async move {
+            let config = self.configured(config, MachineSets::Refused)?;
+            Ok(self.plugin.validate(&config).await?)
+        })
     }
     fn create<'a>(
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
-        Box::pin(async move { Ok(bounded_status(self.plugin.create(machine).await?)) })
+        Box::pin(async move {
+            let machine = self.configured_machine(machine, MachineSets::Refused)?;
+            Ok(bounded_status(self.plugin.create(&machine).await?))
+        })
     }
     fn get<'a>(
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
-        Box::pin(async move { Ok(bounded_status(self.plugin.get(machine).await?)) })
+        Box::pin(async move {
+            let machine = self.configured_machine(machine, MachineSets::Replaced)?;
+            Ok(bounded_status(self.plugin.get(&machine).await?))
+        })
     }
     fn delete<'a>(
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<Deletion, ProviderError>> {
-        Box::pin(async move { Ok(self.plugin.delete(machine).await?) })
+        Box::pin(async move {
+            let machine = self.configured_machine(machine, MachineSets::Replaced)?;
+            Ok(self.plugin.delete(&machine).await?)
+        })
     }
 }
 
@@ -244,6 +358,60 @@ pub fn to_plugin_machine(machine: &capstan_api::Machine) -> PluginMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_are_the_admins_and_a_machine_cannot_set_them() {
+        let declared = vec!["endpoint".to_string()];
+        let admin = checked_settings(
+            Some(&serde_json::json!({"endpoint": "https://vpce.example.com"})),
+            &declared,
+        )
+        .unwrap();
+        let merged = with_settings(
+            r#"{"region": "eu-west-1"}"#,
+            &declared,
+            &admin,
+            MachineSets::Refused,
+        )
+        .unwrap();
+        let merged: serde_json::Value = serde_json::from_str(&merged).unwrap();
+        assert_eq!(
+            merged,
+            serde_json::json!({"region": "eu-west-1", "endpoint": "https://vpce.example.com"})
+        );
+        // A tenant's endpoint is refused, even when the admin set none; a
+        // Machine made before keeps being observed and deleted, with the
+        // admin's value.
+        let evil = r#"{"endpoint": "https://evil.example"}"#;
+        let replaced = with_settings(evil, &declared, &admin, MachineSets::Replaced).unwrap();
+        assert_eq!(replaced, r#"{"endpoint":"https://vpce.example.com"}"#);
+        for admin in [admin, Default::default()] {
+            let e = with_settings(evil, &declared, &admin, MachineSets::Refused).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("endpoint: set by the Plugin's admin"),
+                "{e}"
+            );
+        }
+        let none = with_settings(evil, &declared, &Default::default(), MachineSets::Replaced);
+        assert_eq!(none.unwrap(), "{}");
+        // Undeclared settings are refused; nothing declared: config as is.
+        let e = checked_settings(Some(&serde_json::json!({"region": "x"})), &declared).unwrap_err();
+        assert!(
+            e.starts_with("spec.settings.region: the plugin's manifest declares no such setting"),
+            "{e}"
+        );
+        assert_eq!(
+            with_settings(
+                r#"{"endpoint": 1}"#,
+                &[],
+                &Default::default(),
+                MachineSets::Refused
+            )
+            .unwrap(),
+            r#"{"endpoint": 1}"#
+        );
+    }
 
     #[test]
     fn plugin_text_is_bounded_before_it_reaches_a_status() {

@@ -140,6 +140,13 @@ pub struct PluginManifest {
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_id_prefix: Option<String>,
+    /// Providers: top-level keys of its config that only the Plugin's admin
+    /// sets, in `Plugin.spec.settings` — such as an `endpoint` that receives
+    /// the granted credential. A Machine whose config sets one is refused
+    /// (`InvalidConfiguration`); the host puts the admin's values into the
+    /// config of every call, so the plugin reads them where it always did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<String>,
 }
 
 /// What an updater's step does to the machine's workloads, as its signed
@@ -347,6 +354,30 @@ impl PluginManifest {
                 ));
             }
         }
+        if !self.settings.is_empty() && self.world != World::Provider {
+            return Err(invalid(
+                "settings",
+                format!(
+                    "only providers declare settings; this is a {} plugin",
+                    self.world
+                ),
+            ));
+        }
+        for key in &self.settings {
+            let ok = !key.is_empty()
+                && key.len() <= 64
+                && key
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+            if !ok {
+                return Err(invalid(
+                    "settings",
+                    format!(
+                        "`{key}` is not a config key (letters, digits, '-' and '_', at most 64)"
+                    ),
+                ));
+            }
+        }
         if let Some(disruption) = self.disruption {
             if self.world != World::Updater {
                 return Err(invalid(
@@ -532,8 +563,39 @@ pub struct DestinationPattern {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum HostPattern {
     Exact(String),
-    /// `*.suffix`: stores `.suffix`.
-    Subdomains(String),
+    /// Labels, some of them `*`: each `*` stands for exactly one label
+    /// (`*.example.com` matches `a.example.com`, not `a.b.example.com`), so
+    /// a grant never reaches deeper names it did not spell out (an API
+    /// Gateway under `*.execute-api.REGION.amazonaws.com` is not EC2).
+    Labels(Vec<String>),
+}
+
+impl HostPattern {
+    fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Labels(labels) => {
+                let parts: Vec<&str> = host.split('.').collect();
+                parts.len() == labels.len()
+                    && labels
+                        .iter()
+                        .zip(&parts)
+                        .all(|(l, p)| !p.is_empty() && (l == "*" || l == p))
+            }
+        }
+    }
+
+    /// Whether every host `other` matches, this one matches too.
+    fn covers(&self, other: &HostPattern) -> bool {
+        match (self, other) {
+            (_, HostPattern::Exact(host)) => self.matches(host),
+            (HostPattern::Exact(_), HostPattern::Labels(_)) => false,
+            (HostPattern::Labels(mine), HostPattern::Labels(theirs)) => {
+                mine.len() == theirs.len()
+                    && mine.iter().zip(theirs).all(|(m, t)| m == "*" || m == t)
+            }
+        }
+    }
 }
 
 impl DestinationPattern {
@@ -547,12 +609,7 @@ impl DestinationPattern {
         {
             return false;
         }
-        match &self.host {
-            HostPattern::Exact(h) => *h == dest.host,
-            HostPattern::Subdomains(suffix) => {
-                dest.host.len() > suffix.len() && dest.host.ends_with(suffix.as_str())
-            }
-        }
+        self.host.matches(&dest.host)
     }
 }
 
@@ -568,16 +625,7 @@ impl DestinationPattern {
         {
             return false;
         }
-        match (&self.host, &other.host) {
-            (HostPattern::Exact(a), HostPattern::Exact(b)) => a == b,
-            (HostPattern::Exact(_), HostPattern::Subdomains(_)) => false,
-            (HostPattern::Subdomains(suffix), HostPattern::Exact(host)) => {
-                host.len() > suffix.len() && host.ends_with(suffix.as_str())
-            }
-            (HostPattern::Subdomains(suffix), HostPattern::Subdomains(other)) => {
-                other.ends_with(suffix.as_str())
-            }
-        }
+        self.host.covers(&other.host)
     }
 }
 
@@ -612,23 +660,21 @@ impl FromStr for DestinationPattern {
         if host.is_empty() {
             return Err(invalid("the host is empty".into()));
         }
-        let host = match host.strip_prefix('*') {
-            Some(suffix)
-                if suffix.starts_with('.') && suffix.len() > 1 && !suffix.contains('*') =>
-            {
-                HostPattern::Subdomains(suffix.to_string())
-            }
-            Some(_) => {
+        let host = if host.contains('*') {
+            let labels: Vec<String> = host.split('.').map(str::to_string).collect();
+            let whole = labels
+                .iter()
+                .all(|l| l == "*" || !(l.is_empty() || l.contains('*')));
+            let named_domain =
+                labels.len() >= 3 && labels[labels.len() - 2..].iter().all(|l| l != "*");
+            if !whole || !named_domain {
                 return Err(invalid(
-                    "a wildcard host must look like *.example.com".into(),
+                    "`*` stands for exactly one whole label, below a domain spelled out: *.example.com or ec2.*.amazonaws.com (it never matches deeper names)".into(),
                 ));
             }
-            None if host.contains('*') => {
-                return Err(invalid(
-                    "`*` is only allowed as a leading `*.` label".into(),
-                ));
-            }
-            None => HostPattern::Exact(host),
+            HostPattern::Labels(labels)
+        } else {
+            HostPattern::Exact(host)
         };
         Ok(DestinationPattern { scheme, host, port })
     }
@@ -639,7 +685,7 @@ impl fmt::Display for DestinationPattern {
         write!(f, "{}://", self.scheme)?;
         match &self.host {
             HostPattern::Exact(h) => f.write_str(h)?,
-            HostPattern::Subdomains(s) => write!(f, "*{s}")?,
+            HostPattern::Labels(labels) => f.write_str(&labels.join("."))?,
         }
         match self.port {
             Some(p) => write!(f, ":{p}"),
@@ -673,7 +719,12 @@ mod tests {
     fn a_pattern_covers_narrower_patterns_only() {
         let p = |s: &str| s.parse::<DestinationPattern>().unwrap();
         assert!(p("https://*.example.com:*").covers(&p("https://api.example.com")));
-        assert!(p("https://*.example.com:*").covers(&p("https://*.eu.example.com:8443")));
+        // One label per `*`: deeper names are not covered.
+        assert!(!p("https://*.example.com:*").covers(&p("https://*.eu.example.com:8443")));
+        assert!(!p("https://*.example.com:*").covers(&p("https://a.eu.example.com")));
+        assert!(p("https://*.*.example.com:*").covers(&p("https://*.eu.example.com:8443")));
+        assert!(p("https://ec2.*.amazonaws.com").covers(&p("https://ec2.us-east-1.amazonaws.com")));
+        assert!(!p("https://ec2.*.amazonaws.com").covers(&p("https://*.*.amazonaws.com")));
         assert!(!p("https://*.example.com:*").covers(&p("https://example.com")));
         assert!(!p("https://*.example.com:443").covers(&p("https://a.example.com:*")));
         assert!(!p("https://api.example.com").covers(&p("https://*.example.com")));
@@ -702,10 +753,27 @@ mod tests {
 
     #[test]
     fn wildcards_cover_subdomains_and_ports_only() {
-        let p: DestinationPattern = "https://*.amazonaws.com:*".parse().unwrap();
+        let p: DestinationPattern = "https://ec2.*.amazonaws.com:*".parse().unwrap();
         assert!(p.matches(&dest("https", "ec2.us-east-1.amazonaws.com:444")));
         assert!(!p.matches(&dest("https", "amazonaws.com")));
+        assert!(!p.matches(&dest("https", "ec2.amazonaws.com")));
         assert!(!p.matches(&dest("https", "evilamazonaws.com")));
+        // A tenant's API Gateway is deeper than one label: never EC2's grant.
+        let one: DestinationPattern = "https://*.amazonaws.com".parse().unwrap();
+        assert!(one.matches(&dest("https", "sts.amazonaws.com")));
+        assert!(!one.matches(&dest("https", "abc123.execute-api.us-east-1.amazonaws.com")));
+        assert!(!one.matches(&dest("https", "ec2.us-east-1.amazonaws.com")));
+        assert!(!one.matches(&dest("https", ".amazonaws.com")));
+        for bad in [
+            "https://*.com",
+            "https://ec2.*",
+            "https://a*.example.com",
+            "https://*",
+            "https://**.example.com",
+        ] {
+            let e = bad.parse::<DestinationPattern>().unwrap_err().to_string();
+            assert!(e.contains("exactly one whole label"), "{bad}: {e}");
+        }
         let any_port: DestinationPattern = "http://127.0.0.1:*".parse().unwrap();
         assert!(any_port.matches(&dest("http", "127.0.0.1:1")));
         assert!(!any_port.matches(&dest("http", "localhost:1")));
@@ -726,8 +794,8 @@ mod tests {
             ("ftp://x", "not http or https"),
             ("http://x/path", "no path"),
             ("http://user@x", "no path, query or user"),
-            ("http://a.*.com", "leading"),
-            ("http://*com", "*.example.com"),
+            ("http://a.*.com", "below a domain spelled out"),
+            ("http://*com", "exactly one whole label"),
             ("http://x:99999", "port"),
         ] {
             let err = bad.parse::<DestinationPattern>().unwrap_err().to_string();

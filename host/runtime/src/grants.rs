@@ -214,6 +214,7 @@ mod tests {
             http: vec![
                 "http://127.0.0.1:*".parse().unwrap(),
                 "https://*.example.com:*".parse().unwrap(),
+                "https://*.svc.example.com:*".parse().unwrap(),
             ],
             ..Default::default()
         };
@@ -237,7 +238,7 @@ mod tests {
     fn an_optional_destination_need_not_be_granted_and_stays_denied() {
         let mut test_double = cap("http://127.0.0.1:*", Some("aws"));
         test_double.optional = true;
-        let declared = [cap("https://*.amazonaws.com", Some("aws")), test_double];
+        let declared = [cap("https://ec2.*.amazonaws.com", Some("aws")), test_double];
         let mut grants = Grants {
             http: vec!["https://ec2.us-east-1.amazonaws.com".parse().unwrap()],
             ..Default::default()
@@ -245,11 +246,14 @@ mod tests {
         assert_eq!(
             grants.missing(&declared),
             [
-                "http https://*.amazonaws.com:443",
+                "http https://ec2.*.amazonaws.com:443",
                 "credential slot \"aws\""
             ]
         );
+        // A one-label wildcard does not reach `ec2.REGION.amazonaws.com`.
         grants.http = vec!["https://*.amazonaws.com".parse().unwrap()];
+        assert_eq!(grants.missing(&declared).len(), 2);
+        grants.http = vec!["https://ec2.*.amazonaws.com".parse().unwrap()];
         grants
             .credentials
             .insert("aws".into(), Credential::Bearer("t".into()));

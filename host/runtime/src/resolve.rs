@@ -6,6 +6,9 @@
 //! dropped and a name with nothing else is not connected to. An address
 //! written in the grant itself (`http://127.0.0.1:8787`) is not resolved and
 //! stays reachable, and so does `localhost`, which names loopback plainly.
+//! The controller's own addresses (`POD_IP`, which `capstan install` sets
+//! from the downward API) count as internal too: a granted name answered
+//! with the pod's IP would reach its metrics and health ports.
 
 use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
 use std::future::Future;
@@ -45,7 +48,7 @@ where
         let resolving = self.0.call(name.clone());
         Box::pin(async move {
             let found: Vec<SocketAddr> = resolving.await?.collect();
-            reachable(name.as_str(), found).map(Vec::into_iter)
+            reachable(name.as_str(), found, own_addresses()).map(Vec::into_iter)
         })
     }
 }
@@ -68,22 +71,38 @@ pub(crate) fn refusal(error: &(dyn std::error::Error + 'static)) -> Option<Strin
     None
 }
 
-/// The addresses of `name` a plugin may connect to.
+/// This process's own addresses, from `POD_IP` (comma-separated; unset or
+/// unparsable entries: none).
+fn own_addresses() -> &'static [IpAddr] {
+    static OWN: std::sync::OnceLock<Vec<IpAddr>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        std::env::var("POD_IP")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|a| a.trim().parse().ok())
+            .collect()
+    })
+}
+
+/// The addresses of `name` a plugin may connect to; `own`: this process's
+/// addresses, refused like loopback.
 pub(crate) fn reachable(
     name: &str,
     found: Vec<SocketAddr>,
+    own: &[IpAddr],
 ) -> Result<Vec<SocketAddr>, std::io::Error> {
     if name.eq_ignore_ascii_case("localhost") {
         return Ok(found);
     }
-    let (internal, public): (Vec<SocketAddr>, Vec<SocketAddr>) =
-        found.into_iter().partition(|a| internal(a.ip()));
+    let (internal, public): (Vec<SocketAddr>, Vec<SocketAddr>) = found
+        .into_iter()
+        .partition(|a| internal(a.ip()) || own.contains(&a.ip()));
     if public.is_empty() && !internal.is_empty() {
         tracing::warn!(%name, addresses = ?internal, "outbound request refused: the name resolves only to loopback, link-local or other internal addresses");
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
-                "{name} {REFUSED} (loopback, link-local); grant the address itself to reach it"
+                "{name} {REFUSED} (loopback, link-local, the controller's own); grant the address itself to reach it"
             ),
         ));
     }
@@ -179,7 +198,7 @@ mod tests {
             "::ffff:127.0.0.1",
             "224.0.0.1",
         ] {
-            let e = reachable("ec2.example.com", vec![at(ip)]).unwrap_err();
+            let e = reachable("ec2.example.com", vec![at(ip)], &[]).unwrap_err();
             assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{ip}");
             assert!(
                 e.to_string()
@@ -190,19 +209,32 @@ mod tests {
         let mixed = reachable(
             "ec2.example.com",
             vec![at("169.254.169.254"), at("203.0.113.7")],
+            &[],
         )
         .unwrap();
         assert_eq!(mixed, vec![at("203.0.113.7")]);
         // Private ranges are a cloud's ordinary endpoints (VPC endpoints).
         assert_eq!(
-            reachable("vpce.example.com", vec![at("10.0.0.5")])
+            reachable("vpce.example.com", vec![at("10.0.0.5")], &[])
                 .unwrap()
                 .len(),
             1
         );
         assert_eq!(
-            reachable("localhost", vec![at("127.0.0.1")]).unwrap().len(),
+            reachable("localhost", vec![at("127.0.0.1")], &[])
+                .unwrap()
+                .len(),
             1
         );
+    }
+
+    #[test]
+    fn the_controllers_own_address_is_internal() {
+        let own: [IpAddr; 1] = ["10.244.1.7".parse().unwrap()];
+        let e = reachable("api.example.com", vec![at("10.244.1.7")], &own).unwrap_err();
+        assert!(e.to_string().contains("the controller's own"), "{e}");
+        // Its neighbours are ordinary private endpoints.
+        let next = reachable("api.example.com", vec![at("10.244.1.8")], &own).unwrap();
+        assert_eq!(next, vec![at("10.244.1.8")]);
     }
 }

@@ -543,13 +543,25 @@ async fn register(
     update_fields: &[capstan_manifest::FieldPattern],
     addon_grants: capstan_addons::AddonGrants,
 ) -> Result<(), Failure> {
+    if loaded.manifest().world != World::Provider && plugin.spec.settings.is_some() {
+        return Err((
+            "InvalidSettings",
+            format!(
+                "spec.settings: only provider plugins have settings; this is a {} plugin",
+                loaded.manifest().world
+            ),
+        ));
+    }
     match loaded.manifest().world {
         World::Provider => {
             let provider = loaded
                 .provider()
                 .map_err(|e| ("LoadFailed", e.to_string()))?;
+            let provider = WasmProvider::new(provider)
+                .with_settings(plugin.spec.settings.as_ref())
+                .map_err(|m| ("InvalidSettings", m))?;
             let registered = Registered {
-                provider: Arc::new(WasmProvider::new(provider)),
+                provider: Arc::new(provider),
                 generation: Some(generation),
             };
             ctx.providers.insert(name, registered);

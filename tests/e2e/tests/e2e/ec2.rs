@@ -12,6 +12,7 @@ use capstan_e2e::env::{CAPSTAN_NAMESPACE, Env, sample_deployment};
 use capstan_e2e::moto::{Auth, Moto, REGION};
 use capstan_e2e::plugin;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,7 +93,7 @@ async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret
         grants: PluginGrants {
             // The required public endpoint, and the optional loopback one
             // the test double listens on.
-            http: vec!["https://*.amazonaws.com".into(), endpoint.to_string()],
+            http: vec!["https://ec2.*.amazonaws.com".into(), endpoint.to_string()],
             credentials: vec![CredentialGrant {
                 slot: "aws".into(),
                 secret_ref: SecretKeyRef {
@@ -106,6 +107,8 @@ async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret
             }],
             ..Default::default()
         },
+        // Where the credential goes is the admin's choice, never a Machine's.
+        settings: Some(serde_json::json!({ "endpoint": endpoint })),
         ..Default::default()
     };
     Api::<Plugin>::all(env.client.clone())
@@ -116,6 +119,14 @@ async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret
 
 fn pid(m: &capstan_api::Machine) -> Option<String> {
     m.status.as_ref()?.provider_id.clone()
+}
+
+/// A Machine's EC2 config: moto's, without the endpoint (the Plugin's
+/// `spec.settings` carries it).
+fn machine_config(moto: &Moto, instance_type: &str) -> serde_json::Value {
+    let mut config = moto.provider_config(instance_type);
+    config.as_object_mut().unwrap().remove("endpoint");
+    config
 }
 
 fn ec2_deployment(name: &str, config: serde_json::Value, replicas: i32) -> MachineDeployment {
@@ -136,12 +147,61 @@ async fn a_machine_deployment_of_ec2_machines_reaches_ready_rolls_and_terminates
     let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), "default");
     mds.create(
         &PostParams::default(),
-        &ec2_deployment("ec2", moto.provider_config("t3.micro"), 3),
+        &ec2_deployment("ec2", machine_config(&moto, "t3.micro"), 3),
     )
     .await
     .unwrap();
     env.wait_rolled_out("default", "ec2", Duration::from_secs(90))
         .await;
+
+    // A Machine that names its own endpoint (a tenant's listener, which
+    // would receive SigV4-signed requests with the admin's key id) is
+    // refused before any call, and nothing reaches that endpoint.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut rogue_config = machine_config(&moto, "t3.micro");
+    rogue_config["endpoint"] = format!("http://{}", listener.local_addr().unwrap()).into();
+    let rogue = ec2_deployment("rogue", rogue_config, 1);
+    let mut machine = capstan_api::Machine::new("rogue", rogue.spec.template.spec.clone());
+    machine.metadata.namespace = Some("default".into());
+    Api::<capstan_api::Machine>::namespaced(env.client.clone(), "default")
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    let message = env
+        .eventually(
+            "the rogue Machine refused",
+            Duration::from_secs(60),
+            async || {
+                let m = env
+                    .machines("default")
+                    .await
+                    .into_iter()
+                    .find(|m| m.name_any() == "rogue")?;
+                let status = m.status?;
+                (status.failure_reason.as_deref() == Some("InvalidConfiguration"))
+                    .then_some(status.failure_message.unwrap_or_default())
+            },
+        )
+        .await;
+    assert!(
+        message.contains("endpoint: set by the Plugin's admin (Plugin spec.settings.endpoint)"),
+        "{message}"
+    );
+    let contacted = tokio::time::timeout(Duration::from_millis(500), listener.accept()).await;
+    assert!(contacted.is_err(), "the Machine's endpoint was contacted");
+    Api::<capstan_api::Machine>::namespaced(env.client.clone(), "default")
+        .delete("rogue", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.eventually(
+        "the rogue Machine gone",
+        Duration::from_secs(30),
+        async || {
+            let machines = env.machines("default").await;
+            (!machines.iter().any(|m| m.name_any() == "rogue")).then_some(())
+        },
+    )
+    .await;
 
     let first: Vec<String> = env
         .machines("default")
@@ -168,7 +228,7 @@ async fn a_machine_deployment_of_ec2_machines_reaches_ready_rolls_and_terminates
 
     // A rolling update to another instance type replaces every machine.
     let patch = serde_json::json!({"spec": {"template": {"spec": {"provider": {
-        "config": moto.provider_config("t3.small")
+        "config": machine_config(&moto, "t3.small")
     }}}}});
     mds.patch("ec2", &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -401,8 +461,7 @@ async fn lost_answers_duplicates_not_found_and_quotas_end_with_one_instance_per_
         ..Options::default()
     };
     env.start_controllers(Providers::default(), options).await;
-    let mut config = moto.provider_config("t3.micro");
-    config["endpoint"] = proxy.clone().into();
+    let config = machine_config(&moto, "t3.micro");
     let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), "default");
     mds.create(&PostParams::default(), &ec2_deployment("flaky", config, 3))
         .await
@@ -556,8 +615,7 @@ async fn a_controller_killed_between_run_instances_and_the_status_write_launches
     install_ec2_plugin(&env, &moto, &proxy, false).await;
     env.start_controllers(Providers::default(), Options::default())
         .await;
-    let mut config = moto.provider_config("t3.micro");
-    config["endpoint"] = proxy.clone().into();
+    let config = machine_config(&moto, "t3.micro");
     Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
         .create(&PostParams::default(), &ec2_deployment("crash", config, 1))
         .await
@@ -613,7 +671,7 @@ async fn wrong_keys_are_unauthorized_on_the_machine_retried_slowly_and_a_fixed_s
     Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
         .create(
             &PostParams::default(),
-            &ec2_deployment("denied", moto.provider_config("t3.micro"), 1),
+            &ec2_deployment("denied", machine_config(&moto, "t3.micro"), 1),
         )
         .await
         .unwrap();

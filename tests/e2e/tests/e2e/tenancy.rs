@@ -441,8 +441,9 @@ async fn a_tenants_addon_is_applied_with_its_own_service_accounts_rights() {
         .unwrap();
     let message = applied_reason(&env, TENANT_NS, "own", "Forbidden").await;
     assert!(
-        message.starts_with("ServiceAccount team-a/deployer may not read DaemonSet team-a/node-exporter")
-            && message.contains("cannot get resource \"daemonsets\""),
+        message.starts_with(
+            "ServiceAccount team-a/deployer may not read DaemonSet team-a/node-exporter"
+        ) && message.contains("cannot get resource \"daemonsets\""),
         "{message}"
     );
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
