@@ -5,7 +5,12 @@
 //! `auth-provider`) or make the controller read and send its own files
 //! (`tokenFile`, `client-certificate`, `certificate-authority`), or route
 //! its traffic through a proxy. So every field is checked against what a
-//! self-contained kubeconfig needs, before anything is loaded.
+//! self-contained kubeconfig needs, before anything is loaded. The server
+//! must be `https://` with verification on (the token never travels in
+//! clear, and only a server holding a certificate of the kubeconfig's CA
+//! answers: nothing of Capstan's own, such as its plain-HTTP metrics
+//! port, does), and not a link-local, unspecified or multicast address
+//! (the cloud's metadata service at 169.254.169.254).
 
 use serde_json::Value;
 
@@ -42,6 +47,9 @@ pub fn check_kubeconfig(text: &str) -> Result<(), String> {
             let Some(fields) = item[inner].as_object() else {
                 continue;
             };
+            if inner == "cluster" {
+                check_server(fields).map_err(|why| format!("{list}[{i}].{inner}.{why}"))?;
+            }
             if let Some(field) = fields.keys().find(|k| !allowed.contains(&k.as_str())) {
                 return Err(format!(
                     "{list}[{i}].{inner}.{field} is not allowed: a workload-cluster kubeconfig must carry its credentials inline ({}); Capstan runs no command and reads no file named in it",
@@ -53,6 +61,43 @@ pub fn check_kubeconfig(text: &str) -> Result<(), String> {
                         .join(", ")
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// The cluster's `server` and TLS settings; the error starts with the field.
+fn check_server(fields: &serde_json::Map<String, Value>) -> Result<(), String> {
+    if fields.get("insecure-skip-tls-verify") == Some(&Value::Bool(true)) {
+        return Err("insecure-skip-tls-verify: true is not allowed: the credential would go to whoever answers; give certificate-authority-data".into());
+    }
+    let server = fields
+        .get("server")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let Some(rest) = server.strip_prefix("https://") else {
+        return Err(format!(
+            "server: {server:?} must be an https:// URL (the credential never travels in clear)"
+        ));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        let internal = match ip {
+            std::net::IpAddr::V4(v4) => {
+                v4.is_link_local() || v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast()
+            }
+            std::net::IpAddr::V6(v6) => {
+                v6.is_unicast_link_local() || v6.is_unspecified() || v6.is_multicast()
+            }
+        };
+        if internal {
+            return Err(format!(
+                "server: {server:?} is a link-local, unspecified or multicast address, not a cluster's API server"
+            ));
         }
     }
     Ok(())
@@ -108,5 +153,46 @@ mod tests {
             assert!(e.starts_with(&format!("{field} is not allowed")), "{e}");
         }
         assert!(check_kubeconfig(": [").is_err());
+    }
+
+    #[test]
+    fn the_server_is_https_verified_and_not_a_metadata_address() {
+        for (from, to, needle) in [
+            (
+                "    certificate-authority-data: Zm9v\n",
+                "    insecure-skip-tls-verify: true\n",
+                "clusters[0].cluster.insecure-skip-tls-verify: true is not allowed",
+            ),
+            (
+                "https://127.0.0.1:6443",
+                "http://127.0.0.1:9090",
+                "clusters[0].cluster.server: \"http://127.0.0.1:9090\" must be an https:// URL",
+            ),
+            (
+                "https://127.0.0.1:6443",
+                "https://169.254.169.254",
+                "is a link-local, unspecified or multicast address",
+            ),
+            (
+                "https://127.0.0.1:6443",
+                "https://[fe80::1]:6443",
+                "is a link-local, unspecified or multicast address",
+            ),
+            (
+                "https://127.0.0.1:6443",
+                "https://0.0.0.0:6443",
+                "is a link-local, unspecified or multicast address",
+            ),
+        ] {
+            let e = check_kubeconfig(&INLINE.replace(from, to)).unwrap_err();
+            assert!(e.contains(needle), "{to}: {e}");
+        }
+        // A named or private server with its CA is fine.
+        check_kubeconfig(&INLINE.replace(
+            "https://127.0.0.1:6443",
+            "https://api.workload.example:6443/",
+        ))
+        .unwrap();
+        check_kubeconfig(&INLINE.replace("https://127.0.0.1:6443", "https://10.0.0.1")).unwrap();
     }
 }
