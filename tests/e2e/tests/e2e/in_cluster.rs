@@ -457,7 +457,9 @@ async fn one_replica_leads_and_a_standby_takes_over() {
 /// busy in CPU-bound plugin calls, the leader stopped (SIGSTOP) for longer
 /// than the Lease mid-rollout, then resumed. The API server's audit log
 /// (each replica with its own user) shows not one write from the old
-/// leader after the standby acquired, and every machine has one instance.
+/// leader after the standby acquired, the cloud (counted while only the
+/// old leader runs) gets no request from it once resumed, and every
+/// machine has one instance.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
     logs();
@@ -533,15 +535,29 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
         .0;
     // Longer than the Lease, with CPU-bound calls pending in the old leader.
     std::thread::sleep(Duration::from_secs(3));
+    // While the old leader wakes, the new one is paused too, so every
+    // request reaching the cloud meanwhile would be the old leader's.
+    stop("-STOP", standby.pid());
+    std::thread::sleep(Duration::from_millis(500));
+    let cloud_before = env.cloud.stats().requests;
     stop("-CONT", old.pid());
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = old.exited() {
             break s;
         }
-        assert!(Instant::now() < deadline, "the old leader did not stop");
+        if Instant::now() >= deadline {
+            stop("-CONT", standby.pid());
+            panic!("the old leader did not stop");
+        }
         std::thread::sleep(Duration::from_millis(50));
     };
+    let cloud_after = env.cloud.stats().requests;
+    stop("-CONT", standby.pid());
+    assert_eq!(
+        cloud_after, cloud_before,
+        "the resumed old leader sent requests to the cloud after losing the Lease"
+    );
     assert!(
         !status.success(),
         "the old leader exits with an error: {status}"
@@ -569,9 +585,10 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
         })
         .collect();
     eprintln!(
-        "SIGSTOP of the leader with CPU-bound plugin calls: takeover after {takeover:?}; the old leader made {} writes in all, {} after the standby acquired",
+        "SIGSTOP of the leader with CPU-bound plugin calls: takeover after {takeover:?}; the old leader made {} writes in all, {} after the standby acquired, {} cloud requests once resumed",
         by_old.len(),
-        late.len()
+        late.len(),
+        cloud_after - cloud_before
     );
     assert!(
         !by_old.is_empty(),
