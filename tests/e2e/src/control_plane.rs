@@ -88,6 +88,10 @@ impl ControlPlaneOptions {
 
 /// The user name of [`ControlPlane::second_admin_kubeconfig`].
 pub const SECOND_ADMIN: &str = "capstan-admin-2";
+/// A user only workload-cluster kubeconfigs use
+/// ([`ControlPlane::workload_kubeconfig_inline`]), so the writes a controller
+/// makes through one can be told apart in the audit log.
+pub const WORKLOAD_USER: &str = "capstan-workload";
 
 /// The API server's audit flags: writes, and lists of pods and
 /// VolumeAttachments (how often a deleting machine reads its Node's), at
@@ -246,7 +250,7 @@ impl ControlPlane {
         std::fs::write(
             &tokens,
             format!(
-                "{0},capstan-admin,capstan-admin,system:masters\n{0}-2,{SECOND_ADMIN},{SECOND_ADMIN},system:masters\n",
+                "{0},capstan-admin,capstan-admin,system:masters\n{0}-2,{SECOND_ADMIN},{SECOND_ADMIN},system:masters\n{0}-3,{WORKLOAD_USER},{WORKLOAD_USER},system:masters\n",
                 plane.token
             ),
         )
@@ -458,6 +462,13 @@ impl ControlPlane {
             base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
             self.token
         )
+    }
+
+    /// [`Self::kubeconfig_inline`] as [`WORKLOAD_USER`]: this cluster as a
+    /// workload cluster whose writes the audit log tells apart.
+    pub fn workload_kubeconfig_inline(&self) -> String {
+        self.kubeconfig_inline()
+            .replace(&self.token, &format!("{}-3", self.token))
     }
 
     /// Where the simulated kubelet reaches this API server (as the admin).

@@ -453,6 +453,53 @@ async fn one_replica_leads_and_a_standby_takes_over() {
     third.stop();
 }
 
+/// An addon Plugin and an Addon in Capstan's namespace whose objects go to
+/// this cluster as a workload cluster, through a kubeconfig Secret of
+/// [`capstan_e2e::control_plane::WORKLOAD_USER`]; waits until applied.
+/// Returns what makes it drift (a hand edit of its DaemonSet).
+async fn workload_addon(env: &Env) -> impl AsyncFn() + use<> {
+    let plugin: capstan_api::PluginSpec = serde_json::from_value(json!({
+        "source": format!("file://{}", capstan_e2e::plugin("node_exporter_addon").display()),
+        "grants": {
+            "objects": ["Namespace/monitoring", "ServiceAccount@monitoring", "Service@monitoring", "apps/DaemonSet@monitoring"],
+            "podSecurity": "Privileged"
+        }
+    }))
+    .unwrap();
+    Api::<Plugin>::all(env.client.clone())
+        .create(&PostParams::default(), &Plugin::new("exporter", plugin))
+        .await
+        .unwrap();
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "workload-kubeconfig", "namespace": CAPSTAN_NAMESPACE},
+        "stringData": {"value": env.control_plane.workload_kubeconfig_inline()}});
+    let addon = json!({"apiVersion": "capstan.dev/v1alpha1", "kind": "Addon",
+        "metadata": {"name": "exporter", "namespace": CAPSTAN_NAMESPACE},
+        "spec": {"plugin": "exporter", "channel": "stable",
+                 "target": {"kubeconfigSecretRef": {"name": "workload-kubeconfig"}}}});
+    kubectl_apply(env, &[secret, addon]);
+    let addons: Api<capstan_api::Addon> = Api::namespaced(env.client.clone(), CAPSTAN_NAMESPACE);
+    env.eventually("the workload Addon applied", LONG, async || {
+        let status = addons.get("exporter").await.ok()?.status?;
+        (condition(&status.conditions, "Applied")?.status == "True").then_some(())
+    })
+    .await;
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(env.client.clone(), "monitoring");
+    async move || {
+        let edit = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "node-exporter", "image": "example.com/edited:1"}]}}}});
+        daemonsets
+            .patch(
+                "node-exporter",
+                &PatchParams::default(),
+                &Patch::Strategic(edit),
+            )
+            .await
+            .unwrap();
+    }
+}
+
 /// The review's split brain, reproduced: two replicas, the leader's workers
 /// busy in CPU-bound plugin calls, the leader stopped (SIGSTOP) for longer
 /// than the Lease mid-rollout, then resumed. The API server's audit log
@@ -505,6 +552,10 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
     let mut standby = ControllerProcess::start(&env, ELECTION, &[]).unwrap();
     standby.wait_ready(LONG).unwrap();
 
+    // An Addon whose objects go to a workload cluster: this one, through a
+    // kubeconfig of its own user, so the audit log tells those writes apart.
+    let drifted = workload_addon(&env).await;
+
     let md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 4, "v1.30.0");
     deployments
         .create(&PostParams::default(), &md)
@@ -540,6 +591,9 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
     stop("-STOP", standby.pid());
     std::thread::sleep(Duration::from_millis(500));
     let cloud_before = env.cloud.stats().requests;
+    // Work for the old leader's workload-cluster client: drift to undo.
+    drifted().await;
+    let resumed = k8s_openapi::jiff::Timestamp::now();
     stop("-CONT", old.pid());
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
@@ -553,6 +607,7 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let cloud_after = env.cloud.stats().requests;
+    let standby_resumed = k8s_openapi::jiff::Timestamp::now();
     stop("-CONT", standby.pid());
     assert_eq!(
         cloud_after, cloud_before,
@@ -595,6 +650,31 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
         "the audit log has the old leader's writes"
     );
     assert!(late.is_empty(), "writes after the takeover: {late:#?}");
+    // The workload cluster: nothing while only the old leader ran, and the
+    // new leader undoes the drift once resumed (the count works).
+    let workload_writes = |from: k8s_openapi::jiff::Timestamp,
+                           to: Option<k8s_openapi::jiff::Timestamp>| {
+        let writes = env.control_plane.audit_writes().unwrap();
+        writes
+            .iter()
+            .filter(|w| w["user"]["username"] == capstan_e2e::control_plane::WORKLOAD_USER)
+            .filter(|w| {
+                w["requestReceivedTimestamp"]
+                    .as_str()
+                    .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                    .is_some_and(|t| t >= from && to.is_none_or(|to| t < to))
+            })
+            .count()
+    };
+    assert_eq!(
+        workload_writes(resumed, Some(standby_resumed)),
+        0,
+        "the resumed old leader wrote to the workload cluster"
+    );
+    env.eventually("the new leader undoes the drift", LONG, async || {
+        (workload_writes(standby_resumed, None) > 0).then_some(())
+    })
+    .await;
     assert_eq!(
         env.cloud.stats().instances_launched,
         4,
