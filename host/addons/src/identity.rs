@@ -84,15 +84,7 @@ fn check_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() || name.len() > 253 {
         return Err("it must have 1 to 253 characters");
     }
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.split('.').all(label_ok) {
+    if name.split('.').all(capstan_manifest::is_dns_label) {
         Ok(())
     } else {
         Err(

@@ -17,7 +17,7 @@ mod fields;
 mod objects;
 
 pub use fields::{FieldPattern, granted_fields, overlapping, path_segment, split_path};
-pub use objects::{ObjectKey, ObjectPattern, ObjectScope, group_of, ungranted_kinds};
+pub use objects::{ObjectKey, ObjectPattern, ObjectScope, group_of, is_dns_label, ungranted_kinds};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;

@@ -143,7 +143,9 @@ impl fmt::Display for ObjectPattern {
     }
 }
 
-fn is_dns_label(s: &str) -> bool {
+/// An RFC 1123 label, as Kubernetes requires of namespace names and of
+/// each dot-separated part of most object names.
+pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
