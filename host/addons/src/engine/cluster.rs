@@ -17,10 +17,11 @@ use kube::{Client, ResourceExt};
 /// A cluster objects are applied to.
 #[derive(Clone)]
 pub(super) struct Target {
-    /// Capstan's own client there: discovery and drift watches.
+    /// Capstan's own client there: discovery.
     pub(super) client: Client,
-    /// The client the Addon's objects are read, written and deleted with:
-    /// `client`, or the same impersonating the Addon's ServiceAccount.
+    /// The client the Addon's objects are read, watched, written and
+    /// deleted with: `client`, or the same impersonating the Addon's
+    /// ServiceAccount.
     pub(super) writer: Client,
     /// Whose rights `writer` has.
     pub(super) actor: Actor,

@@ -77,7 +77,9 @@ pub(super) fn receiver_stream<T: Send + 'static>(
 /// the Addon of any labelled object that changes or goes. Watches are
 /// scoped to the namespace the object lives in (no cluster-wide LIST for a
 /// namespaced object), back off on errors, and a changed target (a new
-/// kubeconfig) replaces its watches instead of adding to them.
+/// kubeconfig) replaces its watches instead of adding to them. They run as
+/// the Addon's objects are written ([`Target::writer`]), so one identity
+/// never watches for another.
 pub(super) fn watch_kind(
     ctx: &Context,
     addon: &Addon,
@@ -89,8 +91,14 @@ pub(super) fn watch_kind(
         .key
         .split_once('@')
         .unwrap_or((target.key.as_str(), ""));
+    // A tenant's objects are watched with its ServiceAccount's rights, as
+    // they are written: Capstan needs none of its own in that namespace.
+    let cluster = match target.actor.user() {
+        Some(user) => format!("{cluster} as {user}"),
+        None => cluster.to_string(),
+    };
     let key = (
-        cluster.to_string(),
+        cluster,
         format!(
             "{}/{}@{}",
             resource.api_version,
@@ -111,8 +119,8 @@ pub(super) fn watch_kind(
         None => {}
     }
     let api: Api<DynamicObject> = match namespace {
-        Some(ns) => Api::namespaced_with(target.client.clone(), ns, resource),
-        None => Api::all_with(target.client.clone(), resource),
+        Some(ns) => Api::namespaced_with(target.writer.clone(), ns, resource),
+        None => Api::all_with(target.writer.clone(), resource),
     };
     let trigger = ctx.state.trigger.clone();
     let task = tokio::spawn(async move {

@@ -409,9 +409,9 @@ fn deployer_role(resources: &[&str]) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_addon_is_applied_with_its_own_service_accounts_rights() {
-    // Capstan itself may write DaemonSets everywhere (installed() binds
-    // that): every refusal below is the tenant ServiceAccount's RBAC.
-    let env = installed(vec![("exporter", exporter_in_team_a())]).await;
+    // Capstan is bound no rights for addon kinds at all: whatever is read,
+    // written, watched or deleted below is the tenant ServiceAccount's doing.
+    let env = installed_with(vec![("exporter", exporter_in_team_a())], &[], &[]).await;
     let tenant = client_as(&env, TENANT).await;
     let config = json!({"namespace": TENANT_NS, "createNamespace": false});
     let spec = json!({"plugin": "exporter", "channel": "stable", "config": config});
@@ -469,6 +469,16 @@ async fn a_tenants_addon_is_applied_with_its_own_service_accounts_rights() {
             .any(|f| f.manager.as_deref() == Some("capstan-addon/team-a/own")),
         "{:?}",
         ds.metadata.managed_fields
+    );
+
+    // Its drift watches run as deployer too: idle, nothing is forbidden.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = env.control_plane.forbidden_requests().unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        env.control_plane.forbidden_requests().unwrap(),
+        before,
+        "a watch or read needed rights deployer lacks, or Capstan's own"
     );
 
     // A namespace whose admin never let Capstan act as its ServiceAccounts
