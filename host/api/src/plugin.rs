@@ -383,6 +383,12 @@ pub struct CredentialGrant {
     /// `AwsSigV4` only: the service of the signing scope (`ec2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// The HTTP methods a request may carry this credential with (`GET`,
+    /// `HEAD`, `POST`, `PUT`, `PATCH`, `DELETE`, `OPTIONS`); a request with
+    /// another method to the slot's destinations is refused. Empty: any of
+    /// those. `TRACE` and `CONNECT` never carry a credential.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
 }
 
 /// How a credential is sent.

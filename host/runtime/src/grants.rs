@@ -88,7 +88,17 @@ pub struct Grants {
     pub http: Vec<DestinationPattern>,
     /// Credentials by slot name (the slots the manifest declares).
     pub credentials: BTreeMap<String, Credential>,
+    /// Per slot, the methods (upper case) a request may carry its
+    /// credential with; a slot without an entry: any but `TRACE` and
+    /// `CONNECT`, which never carry one.
+    pub credential_methods: BTreeMap<String, Vec<String>>,
 }
+
+/// The methods a credential may go with at most (`TRACE` echoes the
+/// request, `Authorization` included, back to the plugin; `CONNECT`
+/// tunnels past the gate).
+pub const CREDENTIAL_METHODS: [&str; 7] =
+    ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
 impl Grants {
     /// The declared capabilities these grants do not cover, one line each
@@ -133,6 +143,7 @@ pub fn decide<'a>(
     declared: &[HttpCapability],
     grants: &'a Grants,
     dest: &Destination,
+    method: &str,
 ) -> HttpDecision<'a> {
     let Some(declaration) = declared.iter().find(|c| c.destination.matches(dest)) else {
         return HttpDecision::Deny {
@@ -144,11 +155,31 @@ pub fn decide<'a>(
             reason: format!("{dest} is declared by the plugin but not granted by the admin"),
         };
     }
-    let credential = declaration
+    let Some((slot, credential)) = declaration
         .credential
         .as_deref()
-        .and_then(|slot| grants.credentials.get(slot));
-    HttpDecision::Allow { credential }
+        .and_then(|slot| Some((slot, grants.credentials.get(slot)?)))
+    else {
+        return HttpDecision::Allow { credential: None };
+    };
+    let allowed = match grants.credential_methods.get(slot) {
+        Some(methods) => methods.iter().any(|m| m == method),
+        None => CREDENTIAL_METHODS.contains(&method),
+    };
+    if !allowed {
+        return HttpDecision::Deny {
+            reason: format!(
+                "{method} requests to {dest} never carry credential slot {slot:?} (the grant allows {})",
+                grants
+                    .credential_methods
+                    .get(slot)
+                    .map_or_else(|| CREDENTIAL_METHODS.join(", "), |m| m.join(", "))
+            ),
+        };
+    }
+    HttpDecision::Allow {
+        credential: Some(credential),
+    }
 }
 
 #[cfg(test)]
@@ -176,16 +207,16 @@ mod tests {
 
         let ok = Destination::new("http", "127.0.0.1:9000").unwrap();
         assert_eq!(
-            decide(&declared, &grants, &ok),
+            decide(&declared, &grants, &ok, "GET"),
             HttpDecision::Allow {
                 credential: Some(&Credential::Bearer("s3cret".into()))
             }
         );
         let not_granted = Destination::new("http", "127.0.0.1:9001").unwrap();
-        assert!(matches!(decide(&declared, &grants, &not_granted),
+        assert!(matches!(decide(&declared, &grants, &not_granted, "GET"),
             HttpDecision::Deny { reason } if reason.contains("not granted")));
         let not_declared = Destination::new("http", "10.0.0.1:9000").unwrap();
-        assert!(matches!(decide(&declared, &grants, &not_declared),
+        assert!(matches!(decide(&declared, &grants, &not_declared, "GET"),
             HttpDecision::Deny { reason } if reason.contains("not declared")));
     }
 
@@ -198,9 +229,45 @@ mod tests {
         };
         let other = Destination::new("https", "admin.example.com").unwrap();
         assert!(matches!(
-            decide(&declared, &grants, &other),
+            decide(&declared, &grants, &other, "GET"),
             HttpDecision::Deny { .. }
         ));
+    }
+
+    #[test]
+    fn a_credential_goes_only_with_the_methods_its_grant_allows() {
+        let declared = [cap("http://127.0.0.1:*", Some("cloud"))];
+        let mut grants = Grants {
+            http: vec!["http://127.0.0.1:9000".parse().unwrap()],
+            ..Default::default()
+        };
+        grants
+            .credentials
+            .insert("cloud".into(), Credential::Bearer("t".into()));
+        let dest = Destination::new("http", "127.0.0.1:9000").unwrap();
+        let carries = |grants: &Grants, method: &str| {
+            matches!(
+                decide(&declared, grants, &dest, method),
+                HttpDecision::Allow {
+                    credential: Some(_)
+                }
+            )
+        };
+        assert!(carries(&grants, "POST"));
+        for never in ["TRACE", "CONNECT", "PROPFIND"] {
+            assert!(!carries(&grants, never), "{never}");
+        }
+        grants
+            .credential_methods
+            .insert("cloud".into(), vec!["GET".into()]);
+        assert!(carries(&grants, "GET"));
+        match decide(&declared, &grants, &dest, "DELETE") {
+            HttpDecision::Deny { reason } => assert!(
+                reason.contains("DELETE requests to") && reason.contains("the grant allows GET"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -259,7 +326,7 @@ mod tests {
             .insert("aws".into(), Credential::Bearer("t".into()));
         assert!(grants.missing(&declared).is_empty());
         let local = Destination::new("http", "127.0.0.1:5000").unwrap();
-        assert!(matches!(decide(&declared, &grants, &local),
+        assert!(matches!(decide(&declared, &grants, &local, "GET"),
             HttpDecision::Deny { reason } if reason.contains("not granted")));
     }
 

@@ -189,23 +189,11 @@ impl WasiHttpHooks for HttpGate {
                 .map(|d| (d, authority.as_str().to_string())),
             _ => Err(format!("`{uri}` is not an absolute http(s) URL")),
         };
+        // The method decides too: a credential goes only with the methods
+        // its grant allows, never with TRACE or CONNECT.
         let verdict = match &dest {
-            Ok((d, _)) => decide(&self.declared, &self.grants, d),
+            Ok((d, _)) => decide(&self.declared, &self.grants, d, request.method().as_str()),
             Err(e) => HttpDecision::Deny { reason: e.clone() },
-        };
-        // A credential goes only with ordinary methods: TRACE echoes the
-        // request (its Authorization header included) back to the plugin,
-        // CONNECT tunnels past the gate.
-        let verdict = match verdict {
-            HttpDecision::Allow {
-                credential: Some(_),
-            } if matches!(request.method().as_str(), "TRACE" | "CONNECT") => HttpDecision::Deny {
-                reason: format!(
-                    "{} requests never carry a granted credential",
-                    request.method()
-                ),
-            },
-            verdict => verdict,
         };
         match (verdict, dest) {
             (HttpDecision::Allow { credential }, Ok((_, authority))) => {

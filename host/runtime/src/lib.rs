@@ -66,7 +66,7 @@ pub use capstan_manifest::{PluginManifest, World};
 pub use capstan_sigv4::{Credentials as AwsCredentials, Scope as AwsScope};
 pub use engine::OutboundGate;
 pub use error::{Error, OutputKind, describe};
-pub use grants::{Credential, Grants};
+pub use grants::{CREDENTIAL_METHODS, Credential, Grants};
 pub use limits::Limits;
 pub use profile::CallProfile;
 

@@ -569,6 +569,7 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
                 type_: Default::default(),
                 region: None,
                 service: None,
+                methods: Vec::new(),
             }],
             // What the sim updaters declare.
             update_fields: vec!["version".into(), "provider.config.tags.*".into()],

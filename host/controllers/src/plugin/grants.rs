@@ -176,6 +176,28 @@ pub(super) async fn grants(plugin: &Plugin, ctx: &Context) -> Result<(Grants, St
                 }
             }
         };
+        let methods: Vec<String> = grant
+            .methods
+            .iter()
+            .map(|m| m.trim().to_ascii_uppercase())
+            .collect();
+        if let Some(bad) = methods
+            .iter()
+            .find(|m| !capstan_runtime::CREDENTIAL_METHODS.contains(&m.as_str()))
+        {
+            return Err((
+                "InvalidGrant",
+                format!(
+                    "spec.grants.credentials[{i}].methods: {bad:?} is not a method a credential may go with; use {}",
+                    capstan_runtime::CREDENTIAL_METHODS.join(", ")
+                ),
+            ));
+        }
+        if !methods.is_empty() {
+            grants
+                .credential_methods
+                .insert(grant.slot.clone(), methods);
+        }
         grants.credentials.insert(grant.slot.clone(), credential);
     }
     Ok((grants, versions.join(",")))

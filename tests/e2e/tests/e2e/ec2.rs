@@ -104,6 +104,8 @@ async fn install_ec2_plugin(env: &Env, moto: &Moto, endpoint: &str, wrong_secret
                 type_: CredentialType::AwsSigV4,
                 region: Some(REGION.into()),
                 service: Some("ec2".into()),
+                // The EC2 Query API is POST only: nothing else carries the keys.
+                methods: vec!["POST".into()],
             }],
             ..Default::default()
         },

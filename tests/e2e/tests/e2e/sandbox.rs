@@ -518,7 +518,7 @@ async fn a_trace_request_never_carries_the_granted_credential() {
         .unwrap_err();
     match &err {
         Error::CapabilityDenied { detail, .. } => assert!(
-            detail.contains("TRACE requests never carry a granted credential"),
+            detail.contains("TRACE requests to") && detail.contains("never carry credential slot"),
             "{detail}"
         ),
         other => panic!("expected capability denied, got {other}"),
