@@ -428,6 +428,23 @@ impl PluginManifest {
                 ));
             }
         }
+        // A request goes with the credential of the first declaration that
+        // matches it: two overlapping declarations with different slots
+        // would make the order, not the admin, choose a credential.
+        let http = &self.capabilities.http;
+        for (i, a) in http.iter().enumerate() {
+            for (j, b) in http.iter().enumerate().skip(i + 1) {
+                if a.credential != b.credential && a.destination.overlaps(&b.destination) {
+                    return Err(invalid(
+                        &format!("capabilities.http[{j}]"),
+                        format!(
+                            "{} overlaps capabilities.http[{i}] ({}) with another credential slot: a request to both would carry whichever is declared first; make the destinations disjoint",
+                            b.destination, a.destination
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -614,6 +631,32 @@ impl DestinationPattern {
 }
 
 impl DestinationPattern {
+    /// Whether some destination matches both patterns.
+    pub fn overlaps(&self, other: &DestinationPattern) -> bool {
+        if self.scheme != other.scheme {
+            return false;
+        }
+        if let (Some(a), Some(b)) = (self.port, other.port)
+            && a != b
+        {
+            return false;
+        }
+        let labels = |h: &HostPattern| match h {
+            HostPattern::Exact(host) => host.split('.').map(str::to_string).collect(),
+            HostPattern::Labels(labels) => labels.clone(),
+        };
+        match (&self.host, &other.host) {
+            (HostPattern::Exact(a), HostPattern::Exact(b)) => a == b,
+            (a, b) => {
+                let (a, b): (Vec<String>, Vec<String>) = (labels(a), labels(b));
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(&b)
+                        .all(|(x, y)| x == "*" || y == "*" || x == y)
+            }
+        }
+    }
+
     /// Whether every destination `other` matches is also matched by this
     /// pattern (a grant covering a declaration).
     pub fn covers(&self, other: &DestinationPattern) -> bool {
@@ -785,6 +828,34 @@ mod tests {
         assert!(p.matches(&dest("http", "[::1]:9000")));
         let any: DestinationPattern = "http://[::1]:*".parse().unwrap();
         assert!(any.matches(&dest("http", "[::1]:1")));
+    }
+
+    #[test]
+    fn overlapping_declarations_with_different_slots_are_refused() {
+        let p = |s: &str| s.parse::<DestinationPattern>().unwrap();
+        assert!(p("https://*.example.com").overlaps(&p("https://api.example.com")));
+        assert!(p("https://*.example.com:*").overlaps(&p("https://api.example.com:8443")));
+        assert!(!p("https://*.example.com:443").overlaps(&p("https://api.example.com:8443")));
+        assert!(!p("https://*.example.com").overlaps(&p("https://a.b.example.com")));
+        assert!(!p("http://api.example.com").overlaps(&p("https://api.example.com")));
+        let manifest = |slots: [&str; 2]| {
+            serde_json::from_value::<PluginManifest>(serde_json::json!({
+                "name": "p", "version": "0.1.0", "world": "provider", "contract": "0.1.0",
+                "capabilities": {"http": [
+                    {"destination": "https://*.example.com", "credential": slots[0]},
+                    {"destination": "https://api.example.com", "credential": slots[1]}]}
+            }))
+            .unwrap()
+        };
+        manifest(["cloud", "cloud"]).validate().unwrap();
+        let e = manifest(["cloud", "admin"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("capabilities.http[1]") && e.contains("overlaps capabilities.http[0]"),
+            "{e}"
+        );
     }
 
     #[test]
