@@ -649,16 +649,28 @@ fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failu
             ),
             false,
         ),
-        Some(p) => match p.status.as_ref().and_then(|s| s.world.clone()) {
-            Some(world) if world != "addon-plugin" => (
-                format!("plugin {name:?} is a {world}, not an addon plugin"),
-                false,
-            ),
-            _ => (
-                format!("plugin {name:?} is not loaded yet (kubectl describe plugin {name})"),
-                true,
-            ),
-        },
+        Some(p) => {
+            let plugin_status = p.status.as_ref();
+            // Stopped (its grants revoked, its credential gone, a load
+            // failed): say why, as the Plugin does.
+            let stopped = plugin_status
+                .and_then(|s| capstan_api::condition(&s.conditions, "Ready"))
+                .filter(|c| c.status == status::FALSE);
+            match (plugin_status.and_then(|s| s.world.clone()), stopped) {
+                (Some(world), _) if world != "addon-plugin" => (
+                    format!("plugin {name:?} is a {world}, not an addon plugin"),
+                    false,
+                ),
+                (_, Some(c)) => (
+                    format!("plugin {name:?} is not ready: {}: {}", c.reason, c.message),
+                    false,
+                ),
+                _ => (
+                    format!("plugin {name:?} is not loaded yet (kubectl describe plugin {name})"),
+                    true,
+                ),
+            }
+        }
     };
     Err(Failure {
         waiting,

@@ -110,6 +110,17 @@ pub(super) fn settle(
             status.failure_message = Some(message.clone());
             status.phase = Some(MachinePhase::Failed);
             set(&mut status, READY, cond::FALSE, reason, message.clone());
+            // A failure of the instance itself: it is no longer provisioned
+            // (a config refused before any instance says so in ConfigValid).
+            if INSTANCE_FAILURES.contains(&reason.as_str()) {
+                set(
+                    &mut status,
+                    INSTANCE_PROVISIONED,
+                    cond::FALSE,
+                    reason,
+                    message.clone(),
+                );
+            }
         }
         Outcome::Retrying { reason, message } => {
             set(
@@ -519,6 +530,15 @@ fn address_type(kind: &AddressKind) -> &'static str {
     }
 }
 
+/// Failure reasons that mean the instance is gone or never came up.
+const INSTANCE_FAILURES: [&str; 5] = [
+    "InstanceTerminated",
+    "InstanceStopped",
+    "InstanceNotFound",
+    "InstanceError",
+    "CreateError",
+];
+
 fn state_reason(state: &InstanceState) -> &'static str {
     match state {
         InstanceState::Pending => "InstancePending",
@@ -921,6 +941,46 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.phase, Some(MachinePhase::Updating));
+    }
+
+    #[test]
+    fn an_instance_failed_outside_capstan_is_no_longer_provisioned() {
+        let (observed, instance) = running(NodeSeen::Ready("n1".into()));
+        let view = MachineView {
+            validated: true,
+            instance: Some(instance),
+            ..Default::default()
+        };
+        let owners = Owners {
+            min_ready_seconds: 0,
+            up_to_date: None,
+        };
+        let settled = |s, outcome: &Outcome| {
+            settle(
+                &machine(1),
+                s,
+                &view,
+                Some(&observed),
+                None,
+                outcome,
+                &owners,
+                &now(),
+            )
+            .unwrap()
+        };
+        let s = settled(MachineStatus::default(), &Outcome::Observed);
+        assert_eq!(condition(&s, INSTANCE_PROVISIONED), ("True", "Running"));
+        let failed = Outcome::Failed {
+            reason: "InstanceTerminated".into(),
+            message: "the instance sim://i-1 was terminated outside Capstan".into(),
+        };
+        let s = settled(s, &failed);
+        assert_eq!(s.phase, Some(MachinePhase::Failed));
+        assert_eq!(
+            condition(&s, INSTANCE_PROVISIONED),
+            ("False", "InstanceTerminated")
+        );
+        assert_eq!(condition(&s, READY), ("False", "InstanceTerminated"));
     }
 
     #[test]

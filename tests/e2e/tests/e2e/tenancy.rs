@@ -629,6 +629,16 @@ async fn revoking_a_grant_or_a_credential_takes_effect_at_once() {
         ("False", "GrantsMissing")
     );
     eprintln!("grant revoked: the Addon refused after {took:?}");
+    // Its condition names the revocation, not a plugin still loading.
+    let addons: Api<Addon> = Api::namespaced(admin.clone(), CAPSTAN_NAMESPACE);
+    env.eventually("the Addon names the revocation", LONG, async || {
+        let status = addons.get("exporter").await.ok()?.status?;
+        let c = condition(&status.conditions, APPLIED)?;
+        c.message
+            .starts_with("plugin \"exporter\" is not ready: GrantsMissing:")
+            .then_some(())
+    })
+    .await;
 
     // The credential Secret deleted: within 5 s the provider stops, and a
     // new Machine makes no request with the old token.
@@ -672,8 +682,9 @@ async fn revoking_a_grant_or_a_credential_takes_effect_at_once() {
             .iter()
             .any(|m| {
                 m.status.as_ref().is_some_and(|s| {
-                    condition(&s.conditions, "InstanceProvisioned")
-                        .is_some_and(|c| c.reason == "PluginNotReady")
+                    condition(&s.conditions, "InstanceProvisioned").is_some_and(|c| {
+                        c.reason == "PluginNotReady" && c.message.contains("CredentialMissing")
+                    })
                 })
             })
             .then_some(())
