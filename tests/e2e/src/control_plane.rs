@@ -142,7 +142,8 @@ fn spawn(
 ) -> Result<(&'static str, Child), String> {
     let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    cmd.stdin(Stdio::null())
+    crate::detached(cmd)
+        .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .spawn()

@@ -750,7 +750,8 @@ impl ControllerProcess {
             .append(true)
             .open(&log)
             .map_err(|e| e.to_string())?;
-        cmd.stdin(std::process::Stdio::null())
+        crate::detached(&mut cmd)
+            .stdin(std::process::Stdio::null())
             .stdout(file.try_clone().map_err(|e| e.to_string())?)
             .stderr(file);
         let child = cmd

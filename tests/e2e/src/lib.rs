@@ -49,6 +49,27 @@ pub fn plugin_target_dir() -> PathBuf {
     target.join("plugins")
 }
 
+static OWN_GROUPS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, long-running children (the control plane, the controller,
+/// the registry) start in process groups of their own, so a Ctrl-C in a
+/// terminal (SIGINT to the whole foreground group) reaches only this
+/// process, which then releases every instance before it stops them. For
+/// programs that handle Ctrl-C (the quickstart); tests leave it off, so an
+/// interrupted `cargo test` takes its children with it.
+pub fn children_in_own_process_groups() {
+    OWN_GROUPS.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Put `cmd` in a process group of its own if
+/// [`children_in_own_process_groups`] was called.
+pub(crate) fn detached(cmd: &mut Command) -> &mut Command {
+    if OWN_GROUPS.load(std::sync::atomic::Ordering::SeqCst) {
+        std::os::unix::process::CommandExt::process_group(cmd, 0);
+    }
+    cmd
+}
+
 static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
 /// Build the test plugins (release, `wasm32-wasip2`) and return their folder.

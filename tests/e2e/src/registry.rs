@@ -117,7 +117,7 @@ impl Registry {
     fn spawn(&mut self) -> Result<(), String> {
         let log = std::fs::File::create(self.dir.path().join("registry.log"))
             .map_err(|e| e.to_string())?;
-        let child = Command::new("docker-registry")
+        let child = crate::detached(&mut Command::new("docker-registry"))
             .arg("serve")
             .arg(self.dir.path().join("config.yml"))
             .stdin(Stdio::null())

@@ -283,6 +283,9 @@ spec:
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    // Ctrl-C in a terminal signals the whole foreground group: only this
+    // process may get it, so it can release every instance first.
+    capstan_e2e::children_in_own_process_groups();
     let started = Instant::now();
     step("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on loopback");
     let env = Env::start(Faults {
