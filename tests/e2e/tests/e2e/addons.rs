@@ -520,8 +520,11 @@ async fn a_render_with_an_ungranted_object_is_refused_and_nothing_is_applied() {
         condition_of(s, APPLIED).1 == "PluginUnavailable"
     })
     .await;
+    // It names why the Plugin serves nothing.
     assert!(
-        condition_of(&s, APPLIED).2.contains("is not loaded yet"),
+        condition_of(&s, APPLIED)
+            .2
+            .starts_with("plugin \"coredns\" is not ready: GrantsMissing:"),
         "{s:?}"
     );
     assert!(!exists::<Deployment>(&env.client, Some("kube-system"), "coredns").await);
