@@ -10,6 +10,7 @@
 //! hold finalizers (their instances would leak).
 
 use anyhow::Context as _;
+use capstan_addons::engine::TENANT_BINDING;
 use capstan_api::Machine;
 use capstan_controllers::rbac::{self, Scope};
 use capstan_registry::policy::TrustPolicy;
@@ -35,8 +36,6 @@ use std::process::ExitCode;
 
 /// Name of the ServiceAccount, roles, bindings and Deployment.
 pub const NAME: &str = "capstan-controller";
-/// Name of the RoleBinding in each `--tenant-namespace`.
-pub const TENANT_BINDING: &str = "capstan-controller-tenant";
 /// Field manager of `install --apply`.
 const FIELD_MANAGER: &str = "capstan-install";
 const METRICS_PORT: i32 = 9090;

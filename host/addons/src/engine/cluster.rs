@@ -254,12 +254,20 @@ pub(super) fn denied(
         return None;
     }
     Some(if status.message.contains("cannot impersonate") {
+        // The API server names Capstan's own user; a binding needs it.
+        let capstan = status
+            .message
+            .split("User \"system:serviceaccount:")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or("CAPSTAN_NAMESPACE:capstan-controller");
         (
             "ImpersonationForbidden",
             format!(
                 "Capstan may not act as ServiceAccount {namespace}/{name}: the API server said: {}. \
-                 Bind ClusterRole {TENANT_ROLE} to Capstan's ServiceAccount in namespace {namespace} \
-                 (`capstan install --tenant-namespace {namespace}`)",
+                 Let it act as ServiceAccounts of {namespace} (what `capstan install --tenant-namespace {namespace}` adds): \
+                 kubectl -n {namespace} create rolebinding {TENANT_BINDING} \
+                 --clusterrole={TENANT_ROLE} --serviceaccount={capstan}",
                 status.message
             ),
         )
@@ -280,6 +288,8 @@ pub(super) fn denied(
 /// ServiceAccounts; a RoleBinding in a tenant namespace lets Capstan do so
 /// there only.
 pub const TENANT_ROLE: &str = "capstan-controller-tenants";
+/// The name of that RoleBinding in each tenant namespace.
+pub const TENANT_BINDING: &str = "capstan-controller-tenant";
 
 /// The live object a rendered one would be applied over, if it exists.
 pub(super) async fn read_live(

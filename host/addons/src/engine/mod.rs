@@ -47,7 +47,7 @@ mod cluster;
 mod drift;
 mod render;
 
-pub use cluster::TENANT_ROLE;
+pub use cluster::{TENANT_BINDING, TENANT_ROLE};
 pub use render::{RenderError, Rendered, render};
 
 use cluster::{Deleted, Target, apply_if_drifted, delete_entry, kind_of, read_live, target};

@@ -492,7 +492,10 @@ async fn a_tenants_addon_is_applied_with_its_own_service_accounts_rights() {
     let message = applied_reason(&env, "team-b", "own", "ImpersonationForbidden").await;
     assert!(
         message.starts_with("Capstan may not act as ServiceAccount team-b/deployer")
-            && message.contains("capstan install --tenant-namespace team-b"),
+            && message.contains("capstan install --tenant-namespace team-b")
+            && message.contains(
+                "kubectl -n team-b create rolebinding capstan-controller-tenant --clusterrole=capstan-controller-tenants --serviceaccount=capstan-system:capstan-controller"
+            ),
         "{message}"
     );
     let in_b: Api<DaemonSet> = Api::namespaced(env.client.clone(), "team-b");
