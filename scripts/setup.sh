@@ -8,7 +8,9 @@
 #   registry  Debian's docker-registry and htpasswd (the supply-chain tests,
 #             `quickstart.sh --oci`)
 #   interop   sigstore-js and a Python venv with PyNaCl/cryptography, cached
-#             outside the repo (the interoperability tests only)
+#             outside the repo (the interoperability tests only), and
+#             cloud-init's schema validator (the kubeadm bootstrap plugin's
+#             output is checked with it)
 #   moto      moto's EC2 server in a Python venv outside the repo (the EC2
 #             provider's tests: a real EC2 API implementation on loopback)
 #   image     the musl target and musl-gcc (the controller image's static
@@ -60,6 +62,13 @@ if want registry && { ! command -v docker-registry >/dev/null 2>&1 || ! command 
 fi
 
 if want interop; then
+    # The real cloud-init schema validator (`cloud-init schema`). Its boot
+    # services are switched off: this machine is not one to initialise.
+    if ! command -v cloud-init >/dev/null 2>&1; then
+        echo "==> installing cloud-init (its schema validator checks rendered bootstrap data)"
+        apt_install --no-install-recommends cloud-init
+        mkdir -p /etc/cloud && touch /etc/cloud/cloud-init.disabled
+    fi
     # An independent Sigstore implementation for the interoperability tests:
     # sigstore-js (@sigstore/sign, @sigstore/verify), cached outside the repo.
     SIGSTORE_JS="${CAPSTAN_SIGSTORE_JS:-$HOME/.cache/capstan/sigstore-js}"

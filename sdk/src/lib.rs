@@ -4,11 +4,12 @@
 //! wasm32-wasip2`. This crate gives you:
 //!
 //! - the contract's types ([`Machine`], [`MachineStatus`], [`PluginError`], …)
-//!   generated from `wit/` (`capstan:plugin@0.1.0`);
-//! - a trait per world ([`Provider`], and the raw [`updater`] / [`addon`]
-//!   guest traits) and an export macro per world ([`export_provider!`],
-//!   [`export_updater!`], [`export_addon!`]) that also embeds your plugin
-//!   manifest into the component;
+//!   generated from `wit/` (`capstan:plugin@0.2.0`);
+//! - a trait per world ([`Provider`], [`Bootstrap`], and the raw [`updater`]
+//!   / [`addon`] guest traits) and an export macro per world
+//!   ([`export_provider!`], [`export_bootstrap!`], [`export_updater!`],
+//!   [`export_addon!`]) that also embeds your plugin manifest into the
+//!   component;
 //! - your provider configuration deserialized into your own serde type, with
 //!   an `invalid-config` error naming the field when it does not fit;
 //! - [`workload_health`] (also under [`addon`]): judge a Deployment or
@@ -23,12 +24,14 @@
 //! plugin asks for (see `capstan_manifest` in the host for the format):
 //!
 //! ```json
-//! {"name": "example", "version": "0.1.0", "world": "provider", "contract": "0.1.0",
+//! {"name": "example", "version": "0.1.0", "world": "provider", "contract": "0.2.0",
 //!  "capabilities": {"http": [{"destination": "https://api.example.com", "credential": "api"}]}}
 //! ```
 //!
 //! ```rust,no_run
-//! use capstan_sdk::{Deletion, Machine, MachineStatus, PluginError, Provider, InstanceState};
+//! use capstan_sdk::{
+//!     BootstrapData, Deletion, InstanceState, Machine, MachineStatus, PluginError, Provider,
+//! };
 //!
 //! #[derive(serde::Deserialize)]
 //! #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -48,8 +51,14 @@
 //!         }
 //!         Ok(())
 //!     }
-//!     fn create(&self, machine: &Machine, _config: &Config) -> Result<MachineStatus, PluginError> {
-//!         // Use machine.uid as the cloud's idempotency token.
+//!     fn create(
+//!         &self,
+//!         machine: &Machine,
+//!         _config: &Config,
+//!         _bootstrap: Option<&BootstrapData>,
+//!     ) -> Result<MachineStatus, PluginError> {
+//!         // Use machine.uid as the cloud's idempotency token, and pass the
+//!         // bootstrap data to the instance as its user data.
 //!         Ok(MachineStatus::new(format!("example://{}", machine.uid), InstanceState::Pending))
 //!     }
 //!     fn get(&self, machine: &Machine, _config: &Config) -> Result<MachineStatus, PluginError> {
@@ -79,51 +88,70 @@ pub mod bindings {
     pub mod provider {
         wit_bindgen::generate!({
             path: "../wit",
-            world: "capstan:plugin/provider-plugin@0.1.0",
+            world: "capstan:plugin/provider-plugin@0.2.0",
+            generate_all,
             pub_export_macro: true,
             export_macro_name: "__export_provider_world",
             default_bindings_module: "capstan_sdk::bindings::provider",
         });
     }
-    /// The `updater` world.
+    /// The `updater` world (its interface is 0.1.0's, unchanged in 0.2.0).
     pub mod updater {
         wit_bindgen::generate!({
             path: "../wit",
-            world: "capstan:plugin/updater-plugin@0.1.0",
+            world: "capstan:plugin/updater-plugin@0.2.0",
             pub_export_macro: true,
             export_macro_name: "__export_updater_world",
             default_bindings_module: "capstan_sdk::bindings::updater",
             with: {
-                "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin::types,
-                "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin::log,
+                "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::log,
             },
         });
     }
-    /// The `addon` world.
+    /// The `addon` world (its interface is 0.1.0's, unchanged in 0.2.0).
     pub mod addon {
         wit_bindgen::generate!({
             path: "../wit",
-            world: "capstan:plugin/addon-plugin@0.1.0",
+            world: "capstan:plugin/addon-plugin@0.2.0",
             pub_export_macro: true,
             export_macro_name: "__export_addon_world",
             default_bindings_module: "capstan_sdk::bindings::addon",
             with: {
-                "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin::types,
-                "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin::log,
+                "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::log,
+            },
+        });
+    }
+    /// The `bootstrap` world (new in 0.2.0).
+    pub mod bootstrap {
+        wit_bindgen::generate!({
+            path: "../wit",
+            world: "capstan:plugin/bootstrap-plugin@0.2.0",
+            pub_export_macro: true,
+            export_macro_name: "__export_bootstrap_world",
+            default_bindings_module: "capstan_sdk::bindings::bootstrap",
+            with: {
+                "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::log,
+                "capstan:plugin/bootstrap-types@0.2.0": crate::bindings::provider::capstan::plugin0_2_0::bootstrap_types,
             },
         });
     }
 }
 
-pub use bindings::provider::capstan::plugin::types::{
+pub use bindings::provider::capstan::plugin0_1_0::types::{
     AddressKind, InstanceState, Machine, MachineAddress, MachineStatus, PluginError, TransientError,
 };
-pub use bindings::provider::exports::capstan::plugin::provider::Deletion;
+pub use bindings::provider::capstan::plugin0_2_0::bootstrap_types::{
+    BootstrapData, BootstrapFormat, JoinInfo, Taint,
+};
+pub use bindings::provider::exports::capstan::plugin0_2_0::provider::Deletion;
 
 /// The raw `updater` guest trait and its types; implement
 /// [`updater::Guest`] and call [`export_updater!`].
 pub mod updater {
-    pub use crate::bindings::updater::exports::capstan::plugin::updater::{
+    pub use crate::bindings::updater::exports::capstan::plugin0_1_0::updater::{
         Guest, UpdateInProgress, UpdateProgress,
     };
 }
@@ -132,7 +160,7 @@ pub mod updater {
 /// call [`export_addon!`].
 pub mod addon {
     use crate::PluginError;
-    pub use crate::bindings::addon::exports::capstan::plugin::addon::{
+    pub use crate::bindings::addon::exports::capstan::plugin0_1_0::addon::{
         AddonSpec, Guest, Health, VersionInfo,
     };
     pub use crate::workload_health::*;
@@ -219,6 +247,15 @@ impl MachineStatus {
     }
 }
 
+impl BootstrapData {
+    /// The data base64-encoded (standard alphabet, padded), as EC2's
+    /// `UserData` and most clouds' user-data fields take it.
+    pub fn to_base64(&self) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(&self.value)
+    }
+}
+
 /// Deserialize a configuration (JSON object text) into `T`. Errors become
 /// `invalid-config` with serde's description, which names the field.
 pub fn parse_config<T: DeserializeOwned>(what: &str, json: &str) -> Result<T, PluginError> {
@@ -243,11 +280,15 @@ pub trait Provider: Default {
     }
 
     /// Create the instance for `machine`, or return the existing one.
-    /// Must be idempotent by `machine.uid`.
+    /// Must be idempotent by `machine.uid`. `bootstrap`, when set, is what
+    /// the instance must boot with (its user data, in its format); it holds
+    /// the machine's join credential: pass it to the instance only, and never
+    /// log it or return it.
     fn create(
         &self,
         machine: &Machine,
         config: &Self::Config,
+        bootstrap: Option<&BootstrapData>,
     ) -> Result<MachineStatus, PluginError>;
 
     /// Describe the instance for `machine`; `not-found` when there is none.
@@ -276,11 +317,14 @@ pub mod provider_glue {
         let p = P::default();
         p.validate(&config::<P>(json)?)
     }
-    pub fn create<P: Provider>(machine: &Machine) -> Result<MachineStatus, PluginError> {
+    pub fn create<P: Provider>(
+        machine: &Machine,
+        bootstrap: Option<&BootstrapData>,
+    ) -> Result<MachineStatus, PluginError> {
         let p = P::default();
         let c = config::<P>(&machine.provider_config)?;
         p.validate(&c)?;
-        p.create(machine, &c)
+        p.create(machine, &c, bootstrap)
     }
     pub fn get<P: Provider>(machine: &Machine) -> Result<MachineStatus, PluginError> {
         let p = P::default();
@@ -323,7 +367,7 @@ macro_rules! export_provider {
         // provider is an ordinary Rust type (benchmarks, unit tests).
         #[cfg(target_arch = "wasm32")]
         const _: () = {
-            use $crate::bindings::provider::exports::capstan::plugin::provider as __world;
+            use $crate::bindings::provider::exports::capstan::plugin0_2_0::provider as __world;
             struct __CapstanProvider;
             impl __world::Guest for __CapstanProvider {
                 fn validate(config: String) -> Result<(), $crate::PluginError> {
@@ -331,8 +375,9 @@ macro_rules! export_provider {
                 }
                 fn create(
                     machine: $crate::Machine,
+                    bootstrap: Option<$crate::BootstrapData>,
                 ) -> Result<$crate::MachineStatus, $crate::PluginError> {
-                    $crate::provider_glue::create::<$ty>(&machine)
+                    $crate::provider_glue::create::<$ty>(&machine, bootstrap.as_ref())
                 }
                 fn get(
                     machine: $crate::Machine,
@@ -351,6 +396,84 @@ macro_rules! export_provider {
                 }
             }
             $crate::bindings::provider::__export_provider_world!(__CapstanProvider);
+        };
+    };
+}
+
+/// A bootstrap provider, with the configuration already parsed: renders
+/// the data an instance boots with to join its cluster.
+///
+/// You never see the join credential: write [`JoinInfo::token_placeholder`]
+/// where the token goes (for example `token: <placeholder>` in a kubeadm
+/// `JoinConfiguration`), and the host puts the machine's bootstrap token in
+/// its place. Render deterministically: the same input, the same bytes.
+pub trait Bootstrap: Default {
+    /// Your bootstrap configuration (the Machine's `spec.bootstrap.config`).
+    type Config: DeserializeOwned;
+
+    /// Check a configuration without side effects. The default accepts
+    /// anything that deserializes.
+    fn validate(&self, config: &Self::Config) -> Result<(), PluginError> {
+        let _ = config;
+        Ok(())
+    }
+
+    /// Render the bootstrap data for `machine`.
+    fn render(
+        &self,
+        machine: &Machine,
+        config: &Self::Config,
+        join: &JoinInfo,
+    ) -> Result<BootstrapData, PluginError>;
+}
+
+/// Glue between the generated guest trait and [`Bootstrap`]; used by
+/// [`export_bootstrap!`] and by native tests calling a plugin in-process.
+pub mod bootstrap_glue {
+    use super::*;
+
+    fn config<B: Bootstrap>(json: &str) -> Result<B::Config, PluginError> {
+        parse_config::<B::Config>("bootstrap config", json)
+    }
+
+    pub fn validate<B: Bootstrap>(json: &str) -> Result<(), PluginError> {
+        B::default().validate(&config::<B>(json)?)
+    }
+    pub fn render<B: Bootstrap>(
+        machine: &Machine,
+        json: &str,
+        join: &JoinInfo,
+    ) -> Result<BootstrapData, PluginError> {
+        let b = B::default();
+        let c = config::<B>(json)?;
+        b.validate(&c)?;
+        b.render(machine, &c, join)
+    }
+}
+
+/// Export a [`Bootstrap`] implementation as the component's `bootstrap`
+/// world and embed its manifest: `export_bootstrap!(MyBootstrap, manifest: "capstan-plugin.json");`
+#[macro_export]
+macro_rules! export_bootstrap {
+    ($ty:ty, manifest: $manifest:literal) => {
+        $crate::plugin_manifest!($manifest);
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            use $crate::bindings::bootstrap::exports::capstan::plugin0_2_0::bootstrap as __world;
+            struct __CapstanBootstrap;
+            impl __world::Guest for __CapstanBootstrap {
+                fn validate(config: String) -> Result<(), $crate::PluginError> {
+                    $crate::bootstrap_glue::validate::<$ty>(&config)
+                }
+                fn render(
+                    machine: $crate::Machine,
+                    config: String,
+                    join: $crate::JoinInfo,
+                ) -> Result<$crate::BootstrapData, $crate::PluginError> {
+                    $crate::bootstrap_glue::render::<$ty>(&machine, &config, &join)
+                }
+            }
+            $crate::bindings::bootstrap::__export_bootstrap_world!(__CapstanBootstrap);
         };
     };
 }

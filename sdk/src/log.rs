@@ -5,7 +5,7 @@
 //! output-limit error). Outside the sandbox (native builds, unit tests) these
 //! functions do nothing.
 
-pub use crate::bindings::provider::capstan::plugin::log::Level;
+pub use crate::bindings::provider::capstan::plugin0_1_0::log::Level;
 
 /// Emit a record with structured `fields`.
 pub fn record(level: Level, message: &str, fields: &[(&str, &str)]) {
@@ -15,7 +15,7 @@ pub fn record(level: Level, message: &str, fields: &[(&str, &str)]) {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        crate::bindings::provider::capstan::plugin::log::log(level, message, &fields);
+        crate::bindings::provider::capstan::plugin0_1_0::log::log(level, message, &fields);
     }
     #[cfg(not(target_arch = "wasm32"))]
     {

@@ -46,6 +46,10 @@ pub struct MachineSpec {
     pub failure_domain: Option<String>,
     /// Which plugin provides the instance, and its configuration.
     pub provider: ProviderRef,
+    /// The data the instance boots with to join its cluster (Cluster API's
+    /// `spec.bootstrap`). Unset: the instance gets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<MachineBootstrap>,
     /// How the machine is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<MachineDeletionSpec>,
@@ -78,6 +82,44 @@ impl MachineSpec {
     pub fn min_ready_seconds_or(&self, set: i32) -> i32 {
         self.min_ready_seconds.unwrap_or(set).max(0)
     }
+}
+
+/// Where a machine's bootstrap data comes from: the user's own Secret, or a
+/// bootstrap Plugin that renders it (exactly one).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineBootstrap {
+    /// A Secret in the Machine's namespace, of type
+    /// `cluster.x-k8s.io/secret`, whose key `value` is the data (and `format`,
+    /// if set, one of `cloud-config`, `ignition`, `shell`); used as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub data_secret_name: Option<String>,
+    /// Name of a (cluster-scoped) bootstrap `Plugin` that renders the data;
+    /// it must allow the Machine's namespace. The host mints the machine's
+    /// bootstrap token and writes the data into the Secret
+    /// `status.bootstrapDataSecretName` names, owned by the Machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub plugin: Option<String>,
+    /// The bootstrap plugin's configuration; its `validate` checks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub config: Option<serde_json::Value>,
+}
+
+/// What a machine's initialization has done, as in Cluster API v1beta2's
+/// `status.initialization`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineInitialization {
+    /// The bootstrap data Secret exists (the instance is created only after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_data_secret_created: Option<bool>,
+    /// When the machine's bootstrap token expires (RFC 3339), while it has
+    /// one: it is renewed until the Node joins, then deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_token_expires: Option<String>,
 }
 
 /// A condition of the Machine that must hold for it to be Ready (Cluster
@@ -328,6 +370,13 @@ pub struct MachineStatus {
     /// machine in place, oldest first (the last 20).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub updated_by: Vec<UpdateRecord>,
+    /// The Secret (in the Machine's namespace) holding the bootstrap data
+    /// the instance was created with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_data_secret_name: Option<String>,
+    /// What the machine's initialization has done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<MachineInitialization>,
     /// `Ready` (the Node is Ready), `InstanceProvisioned`, `ConfigValid`,
     /// `Deleting` (which deletion step, what blocks it); written by the
     /// health check: `HealthCheckSucceeded`, `OwnerRemediated`.

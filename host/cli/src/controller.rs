@@ -198,6 +198,22 @@ pub struct Args {
     /// Unset: such an Addon is refused (ServiceAccountRequired).
     #[arg(long, env = "CAPSTAN_TENANT_SERVICE_ACCOUNT", value_name = "NAME")]
     pub tenant_service_account: Option<String>,
+    /// How long a machine's bootstrap token lives
+    /// (`kube-system/bootstrap-token-<id>`); it is renewed while the
+    /// machine has not joined and deleted once its Node has.
+    #[arg(long, env = "CAPSTAN_BOOTSTRAP_TOKEN_TTL", default_value = "15m", value_parser = crate::options::parse_duration)]
+    pub bootstrap_token_ttl: std::time::Duration,
+    /// The groups bootstrap tokens authenticate into besides
+    /// system:bootstrappers (repeatable). The default is kubeadm's, whose
+    /// node client certificate requests a kubeadm cluster approves.
+    #[arg(
+        long = "bootstrap-token-group",
+        env = "CAPSTAN_BOOTSTRAP_TOKEN_GROUPS",
+        value_delimiter = ',',
+        value_name = "GROUP",
+        default_value = "system:bootstrappers:kubeadm:default-node-token"
+    )]
+    pub bootstrap_token_groups: Vec<String>,
 }
 
 impl Args {
@@ -223,6 +239,25 @@ impl Args {
             anyhow::bail!(
                 "--tenant-service-account: {}",
                 why.replace("spec.serviceAccountName ", "")
+            );
+        }
+        anyhow::ensure!(
+            self.bootstrap_token_ttl >= std::time::Duration::from_secs(60),
+            "--bootstrap-token-ttl {:?} is too short: a machine must boot and join within it (at least 1m)",
+            self.bootstrap_token_ttl
+        );
+        for group in &self.bootstrap_token_groups {
+            let rest = group
+                .strip_prefix("system:bootstrappers:")
+                .unwrap_or_default();
+            anyhow::ensure!(
+                !rest.is_empty()
+                    && !rest.ends_with(':')
+                    && rest.bytes().all(|b| b.is_ascii_lowercase()
+                        || b.is_ascii_digit()
+                        || b == b':'
+                        || b == b'-'),
+                "--bootstrap-token-group {group:?}: a bootstrap token's extra group must be system:bootstrappers: followed by lowercase letters, digits, ':' or '-' (as Kubernetes requires)"
             );
         }
         let policy = match &self.trust_policy {
@@ -264,6 +299,10 @@ impl Args {
             kube_api_rate: (self.kube_api_qps > 0.0)
                 .then_some((self.kube_api_qps, self.kube_api_burst.max(1))),
             watch_filter: self.watch_filter.clone(),
+            bootstrap_token: capstan_controllers::BootstrapTokenOptions {
+                ttl: self.bootstrap_token_ttl,
+                extra_groups: self.bootstrap_token_groups.clone(),
+            },
         })
     }
 }

@@ -187,6 +187,10 @@ pub struct Manifests {
     pub tenant_role: ClusterRole,
     /// One RoleBinding of `tenant_role` per `--tenant-namespace`.
     pub tenant_bindings: Vec<RoleBinding>,
+    /// A Role and its RoleBinding in each fixed namespace of the cluster's
+    /// own that rules name (bootstrap tokens in kube-system, cluster-info in
+    /// kube-public).
+    pub system_roles: Vec<(Role, RoleBinding)>,
     /// The controller replicas.
     pub deployment: Deployment,
     /// The trust policy, when one was given.
@@ -513,6 +517,22 @@ pub fn manifests(args: &InstallArgs, image: &str, policy: Option<&TrustPolicy>) 
                 subjects: Some(vec![subject.clone()]),
             })
             .collect(),
+        system_roles: rbac::fixed_namespaces()
+            .into_iter()
+            .map(|fixed| {
+                (
+                    Role {
+                        metadata: meta(NAME, Some(fixed)),
+                        rules: Some(policy_rules(Scope::Namespace(fixed))),
+                    },
+                    RoleBinding {
+                        metadata: meta(NAME, Some(fixed)),
+                        role_ref: role_ref("Role"),
+                        subjects: Some(vec![subject.clone()]),
+                    },
+                )
+            })
+            .collect(),
         deployment: deployment(args, image, policy.is_some()),
         trust_policy: policy.map(|p| ConfigMap {
             metadata: meta(TRUST_POLICY_CONFIG_MAP, Some(ns)),
@@ -542,6 +562,7 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
             Scope::Cluster => "cluster",
             Scope::OwnNamespace => "own namespace",
             Scope::TenantNamespaces => "tenant namespaces, by --tenant-namespace",
+            Scope::Namespace(ns) => ns,
         };
         out.push_str(&format!(
             "#   {}/{} [{}] ({scope}): {}\n",
@@ -566,6 +587,10 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
     yaml(&mut out, &m.role_binding)?;
     yaml(&mut out, &m.tenant_role)?;
     for binding in &m.tenant_bindings {
+        yaml(&mut out, binding)?;
+    }
+    for (role, binding) in &m.system_roles {
+        yaml(&mut out, role)?;
         yaml(&mut out, binding)?;
     }
     if let Some(policy) = &m.trust_policy {
@@ -631,6 +656,11 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         apply(Api::namespaced(client.clone(), &tenant), binding)
             .await
             .with_context(|| format!("--tenant-namespace {tenant}: does the namespace exist?"))?;
+    }
+    for (role, binding) in &m.system_roles {
+        let fixed = role.namespace().unwrap_or_default();
+        apply(Api::namespaced(client.clone(), &fixed), role).await?;
+        apply(Api::namespaced(client.clone(), &fixed), binding).await?;
     }
     if let Some(policy) = &m.trust_policy {
         apply(Api::namespaced(client.clone(), ns), policy).await?;
@@ -776,6 +806,10 @@ pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
     delete(Api::<Role>::namespaced(client.clone(), ns), NAME).await?;
     delete(Api::<ClusterRoleBinding>::all(client.clone()), NAME).await?;
     delete(Api::<ClusterRole>::all(client.clone()), NAME).await?;
+    for fixed in rbac::fixed_namespaces() {
+        delete(Api::<RoleBinding>::namespaced(client.clone(), fixed), NAME).await?;
+        delete(Api::<Role>::namespaced(client.clone(), fixed), NAME).await?;
+    }
     // The tenant namespaces' bindings, wherever they were made.
     let bindings = Api::<RoleBinding>::all(client.clone())
         .list(&ListParams::default().fields(&format!("metadata.name={TENANT_BINDING}")))
@@ -882,11 +916,31 @@ mod tests {
         let m = built(&args(&["--namespace", "ops"]), None);
         let cluster = m.cluster_role.rules.unwrap();
         assert_eq!(cluster.len(), rbac::rules(Scope::Cluster).count());
-        assert!(
-            cluster
-                .iter()
-                .all(|r| !r.resources.as_ref().unwrap().contains(&"secrets".into())),
-            "no cluster-wide Secret access"
+        // Cluster-wide, Secrets are only read by name and created (bootstrap
+        // data in Machines' namespaces): never listed, watched or changed.
+        for rule in &cluster {
+            if rule.resources.as_ref().unwrap().contains(&"secrets".into()) {
+                assert_eq!(rule.verbs, ["get", "create"], "{rule:?}");
+            }
+        }
+        // Bootstrap tokens: a Role in kube-system; cluster-info: kube-public.
+        let fixed: Vec<(String, Vec<String>)> = m
+            .system_roles
+            .iter()
+            .map(|(role, binding)| {
+                assert_eq!(role.metadata.namespace, binding.metadata.namespace);
+                (
+                    role.metadata.namespace.clone().unwrap(),
+                    role.rules.as_ref().unwrap()[0].resources.clone().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            fixed,
+            [
+                ("kube-system".to_string(), vec!["secrets".to_string()]),
+                ("kube-public".to_string(), vec!["configmaps".to_string()])
+            ]
         );
         let own = m.role.rules.unwrap();
         assert!(

@@ -292,10 +292,10 @@ async fn inspect_shows_manifest_world_imports_exports_and_digest() {
     for needle in [
         "Plugin:     sim-provider 0.1.0",
         "World:      provider",
-        "Contract:   0.1.0",
+        "Contract:   0.2.0",
         &digest,
         "http  http://127.0.0.1:*  credential slot `sim-cloud`",
-        "capstan:plugin/provider@0.1.0",
+        "capstan:plugin/provider@0.2.0",
         "wasi:http/outgoing-handler",
     ] {
         assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
@@ -311,7 +311,7 @@ async fn inspect_shows_manifest_world_imports_exports_and_digest() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e == "capstan:plugin/provider@0.1.0")
+            .any(|e| e == "capstan:plugin/provider@0.2.0")
     );
     assert!(
         json["imports"]
@@ -320,6 +320,24 @@ async fn inspect_shows_manifest_world_imports_exports_and_digest() {
             .iter()
             .any(|e| e.as_str().unwrap().starts_with("wasi:http/"))
     );
+
+    // A provider built against 0.1.0 (before bootstrap data) still loads,
+    // and says which contract it has.
+    let legacy = plugin("contract_0_1_provider").display().to_string();
+    let out = run(capstan(&["plugin", "inspect", &legacy])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for needle in ["Contract:   0.1.0", "capstan:plugin/provider@0.1.0"] {
+        assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
+    }
+    // So does a bootstrap plugin (new in 0.2.0).
+    let kubeadm = plugin("kubeadm_bootstrap").display().to_string();
+    let out = run(capstan(&["plugin", "inspect", &kubeadm])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for needle in ["World:      bootstrap", "capstan:plugin/bootstrap@0.2.0"] {
+        assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

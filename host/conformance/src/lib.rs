@@ -375,7 +375,7 @@ async fn run_provider_create(
     provider: &ProviderPlugin,
     machine: &Machine,
 ) -> Result<MachineStatus, Error> {
-    provider.create(machine).await
+    provider.create(machine, None).await
 }
 
 async fn check_config(run: &mut Run<'_>, options: &Options, machine: &Machine) {
@@ -400,7 +400,7 @@ async fn check_config(run: &mut Run<'_>, options: &Options, machine: &Machine) {
         let mut bad = machine.clone();
         bad.uid = format!("{}-invalid", machine.uid);
         bad.provider_config = invalid.clone();
-        let r = provider.create(&bad).await;
+        let r = provider.create(&bad, None).await;
         run.record(
             &format!("create with config {invalid} is invalid-config"),
             is_invalid_config(&r),

@@ -73,7 +73,9 @@ pub async fn run_updater(
         transients: Vec::new(),
     };
     let plugin = updater.plugin();
-    let created = run.retrying("create", || provider.create(&current)).await;
+    let created = run
+        .retrying("create", || provider.create(&current, None))
+        .await;
     match created {
         Ok(status) => current.provider_id = Some(status.provider_id),
         Err(e) => {

@@ -93,6 +93,30 @@ pub struct Options {
     /// This shard's `cluster.x-k8s.io/watch-filter` label value
     /// (`--watch-filter`; `None`: every object).
     pub watch_filter: Option<String>,
+    /// How machines' bootstrap tokens are minted.
+    pub bootstrap_token: BootstrapTokenOptions,
+}
+
+/// How a machine's bootstrap token is minted (`kube-system/bootstrap-token-<id>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapTokenOptions {
+    /// How long a token lives; renewed while its machine has not joined
+    /// (`--bootstrap-token-ttl`, default 15 minutes as in Cluster API).
+    pub ttl: Duration,
+    /// The groups the token authenticates into besides
+    /// `system:bootstrappers` (`--bootstrap-token-group`, default kubeadm's
+    /// `system:bootstrappers:kubeadm:default-node-token`, whose CSRs a
+    /// kubeadm cluster approves).
+    pub extra_groups: Vec<String>,
+}
+
+impl Default for BootstrapTokenOptions {
+    fn default() -> Self {
+        BootstrapTokenOptions {
+            ttl: Duration::from_secs(15 * 60),
+            extra_groups: vec!["system:bootstrappers:kubeadm:default-node-token".into()],
+        }
+    }
 }
 
 impl Default for Options {
@@ -110,6 +134,7 @@ impl Default for Options {
             write_fence: None,
             kube_api_rate: None,
             watch_filter: None,
+            bootstrap_token: BootstrapTokenOptions::default(),
         }
     }
 }
@@ -185,6 +210,7 @@ pub async fn run(
     };
     // What the Plugin controller loads and the others use.
     let updaters = capstan_kit::registry::Updaters::default();
+    let bootstraps = capstan_kit::registry::Bootstraps::default();
     let addons = capstan_addons::engine::Addons::default();
 
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
@@ -196,6 +222,7 @@ pub async fn run(
             runtime,
             providers.clone(),
             updaters.clone(),
+            bootstraps.clone(),
             addons.clone(),
             &options,
         )),
@@ -212,6 +239,8 @@ pub async fn run(
             kube: kube.clone(),
             providers,
             updaters: updaters.clone(),
+            bootstraps,
+            bootstrap_token: options.bootstrap_token.clone(),
             evictions: nodedrain::Evictions::new(eviction_client),
             poll: options.poll,
             instance_check: options.instance_check,

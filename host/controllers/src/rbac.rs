@@ -2,8 +2,11 @@
 //!
 //! `capstan install` turns [`RULES`] into a ClusterRole (rules with
 //! [`Scope::Cluster`]), a Role in Capstan's own namespace (rules with
-//! [`Scope::OwnNamespace`]) and a ClusterRole bound only in the tenant
-//! namespaces an admin names (rules with [`Scope::TenantNamespaces`]). Each rule names the controller that needs it,
+//! [`Scope::OwnNamespace`]), a ClusterRole bound only in the tenant
+//! namespaces an admin names (rules with [`Scope::TenantNamespaces`]) and a
+//! Role in each fixed namespace a rule names (rules with
+//! [`Scope::Namespace`]: bootstrap tokens in `kube-system`, the cluster's
+//! join information in `kube-public`). Each rule names the controller that needs it,
 //! so a new controller adds its rules here next to the others; the
 //! in-cluster e2e test runs the controllers under exactly these roles, so a
 //! missing rule fails a scenario.
@@ -20,6 +23,9 @@ pub enum Scope {
     /// bind, never a ClusterRoleBinding (`capstan install
     /// --tenant-namespace NS`).
     TenantNamespaces,
+    /// One fixed namespace of the cluster's own (`kube-system`,
+    /// `kube-public`): a Role there.
+    Namespace(&'static str),
 }
 
 /// One RBAC rule.
@@ -168,6 +174,27 @@ pub const RULES: &[Rule] = &[
         scope: Scope::OwnNamespace,
     },
     Rule {
+        why: "machine: bootstrap data Secrets in Machines' namespaces: written (owned by the Machine) for a bootstrap plugin, read by name (the one spec.bootstrap names or the one written); never listed or watched",
+        group: "",
+        resources: &["secrets"],
+        verbs: &["get", "create"],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "machine: each Machine's bootstrap token (bootstrap-token-<id>, by name: minted, renewed until its Node joins, then deleted)",
+        group: "",
+        resources: &["secrets"],
+        verbs: &["get", "create", "patch", "delete"],
+        scope: Scope::Namespace("kube-system"),
+    },
+    Rule {
+        why: "machine: the API server and cluster CA machines join with (cluster-info, as kubeadm publishes it)",
+        group: "",
+        resources: &["configmaps"],
+        verbs: &["get"],
+        scope: Scope::Namespace("kube-public"),
+    },
+    Rule {
         why: "all controllers: namespace labels, for Plugins' spec.allowedNamespaces selectors",
         group: "",
         resources: &["namespaces"],
@@ -195,6 +222,19 @@ pub fn rules(scope: Scope) -> impl Iterator<Item = &'static Rule> {
     RULES.iter().filter(move |r| r.scope == scope)
 }
 
+/// The fixed namespaces ([`Scope::Namespace`]) rules name, each once.
+pub fn fixed_namespaces() -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for rule in RULES {
+        if let Scope::Namespace(ns) = rule.scope
+            && !out.contains(&ns)
+        {
+            out.push(ns);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,10 +256,29 @@ mod tests {
     }
 
     #[test]
-    fn secrets_are_only_readable_in_the_own_namespace() {
+    fn secrets_are_listed_and_watched_only_in_the_own_namespace() {
         for rule in RULES.iter().filter(|r| r.resources.contains(&"secrets")) {
-            assert_eq!(rule.scope, Scope::OwnNamespace);
-            assert_eq!(rule.verbs, READ);
+            if rule.verbs.iter().any(|v| ["list", "watch"].contains(v)) {
+                assert_eq!(rule.scope, Scope::OwnNamespace, "{rule:?}");
+                assert_eq!(rule.verbs, READ, "{rule:?}");
+            }
+            // Elsewhere Secrets are read by name, and bootstrap tokens are
+            // changed only in kube-system.
+            if rule
+                .verbs
+                .iter()
+                .any(|v| ["patch", "update", "delete"].contains(v))
+            {
+                assert_eq!(rule.scope, Scope::Namespace("kube-system"), "{rule:?}");
+            }
+        }
+    }
+
+    /// The fixed namespaces rules name, each once.
+    #[test]
+    fn fixed_namespaces_are_the_clusters_own() {
+        for ns in fixed_namespaces() {
+            assert!(["kube-system", "kube-public"].contains(&ns), "{ns}");
         }
     }
 }

@@ -6,7 +6,9 @@
 //! natively as another, so both run through the identical controller path.
 
 use crate::metrics::Metrics;
-use capstan_runtime::types::{Deletion, Machine as PluginMachine, MachineStatus, PluginError};
+use capstan_runtime::types::{
+    BootstrapData, Deletion, Machine as PluginMachine, MachineStatus, PluginError,
+};
 use capstan_runtime::{Error as RuntimeError, ProviderPlugin};
 use futures::future::BoxFuture;
 use kube::ResourceExt as _;
@@ -57,6 +59,11 @@ impl From<RuntimeError> for ProviderError {
             },
             Some(PluginError::Unauthorized(m)) => ProviderError::Unauthorized(bound(m)),
             Some(PluginError::Terminal(m)) => ProviderError::Terminal(bound(m)),
+            // The plugin's contract cannot do what the spec asks: retrying
+            // cannot help, a spec or plugin change can.
+            None if matches!(error, RuntimeError::Unsupported { .. }) => {
+                ProviderError::Terminal(bound(&error.to_string()))
+            }
             None => ProviderError::Fault(bound(&error.to_string())),
         }
     }
@@ -87,10 +94,17 @@ pub trait MachineProvider: Send + Sync + std::fmt::Debug {
     }
     /// Check a provider config.
     fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
-    /// Create (idempotent by machine uid).
+    /// Whether `create` can pass bootstrap data to the instance (a provider
+    /// built against contract 0.2.0 or later).
+    fn takes_bootstrap_data(&self) -> bool {
+        true
+    }
+    /// Create (idempotent by machine uid), with the data the instance boots
+    /// with, if any.
     fn create<'a>(
         &'a self,
         machine: &'a PluginMachine,
+        bootstrap: Option<&'a BootstrapData>,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>>;
     /// Observe.
     fn get<'a>(
@@ -239,13 +253,19 @@ impl MachineProvider for WasmProvider {
             Ok(self.plugin.validate(&config).await?)
         })
     }
+    fn takes_bootstrap_data(&self) -> bool {
+        self.plugin.takes_bootstrap_data()
+    }
     fn create<'a>(
         &'a self,
         machine: &'a PluginMachine,
+        bootstrap: Option<&'a BootstrapData>,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
         Box::pin(async move {
             let machine = self.configured_machine(machine, MachineSets::Refused)?;
-            Ok(bounded_status(self.plugin.create(&machine).await?))
+            Ok(bounded_status(
+                self.plugin.create(&machine, bootstrap).await?,
+            ))
         })
     }
     fn get<'a>(

@@ -1,5 +1,6 @@
 //! The plugin registry: what the Plugin controller loaded, by Plugin name
-//! (providers live in [`crate::provider::Providers`], updaters here, addon
+//! (providers live in [`crate::provider::Providers`], updaters and
+//! bootstrap plugins here, addon
 //! plugins in `capstan-addons` as a [`ByPlugin`] of their own), and whether
 //! objects in a namespace may use a Plugin right now. The Plugin controller
 //! fills it; the Machine, in-place and Addon code read it. It imports none
@@ -9,7 +10,7 @@ use crate::{Kube, Providers};
 use capstan_api::machine_conditions::READY;
 use capstan_api::{Plugin, status};
 use capstan_manifest::FieldPattern;
-use capstan_runtime::UpdaterPlugin;
+use capstan_runtime::{BootstrapPlugin, UpdaterPlugin};
 use kube::runtime::reflector::ObjectRef;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -40,6 +41,10 @@ impl RegisteredUpdater {
 /// Updaters by Plugin name. The Plugin controller fills it; the
 /// deployment, set and machine controllers read it.
 pub type Updaters = ByPlugin<RegisteredUpdater>;
+
+/// Bootstrap plugins by Plugin name. The Plugin controller fills it; the
+/// Machine controller reads it.
+pub type Bootstraps = ByPlugin<BootstrapPlugin>;
 
 /// What the Plugin controller loaded of one kind, by Plugin name.
 #[derive(Debug)]

@@ -28,7 +28,11 @@ use std::str::FromStr;
 pub const CUSTOM_SECTION: &str = "capstan-manifest";
 
 /// The contract version this host implements (`capstan:plugin@…`).
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
+
+/// The previous minor version, which this host still loads (its provider
+/// interface is `provider@0.1.0`; its other interfaces are unchanged in 0.2.0).
+pub const PREVIOUS_CONTRACT_VERSION: &str = "0.1.0";
 
 /// Upper bound on the manifest's size; anything larger is refused unread.
 pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
@@ -59,6 +63,8 @@ pub enum World {
     Provider,
     Updater,
     Addon,
+    /// Renders the data an instance boots with to join its cluster (0.2.0).
+    Bootstrap,
 }
 
 impl World {
@@ -68,12 +74,23 @@ impl World {
             World::Provider => "provider",
             World::Updater => "updater",
             World::Addon => "addon",
+            World::Bootstrap => "bootstrap",
         }
     }
 
-    /// The fully qualified interface the component must export.
-    pub fn export_interface(self) -> String {
-        format!("capstan:plugin/{}@{CONTRACT_VERSION}", self.as_str())
+    /// The fully qualified interface a component built against `contract`
+    /// (a supported version) must export. 0.2.0 changed only `provider` and
+    /// added `bootstrap`; updaters and addons export the 0.1.0 interface
+    /// under either version.
+    pub fn export_interface(self, contract: &str) -> String {
+        let version = match self {
+            World::Provider if contract_minor(contract) == contract_minor(CONTRACT_VERSION) => {
+                CONTRACT_VERSION
+            }
+            World::Bootstrap => CONTRACT_VERSION,
+            _ => PREVIOUS_CONTRACT_VERSION,
+        };
+        format!("capstan:plugin/{}@{version}", self.as_str())
     }
 }
 
@@ -90,9 +107,10 @@ impl FromStr for World {
             "provider" => Ok(World::Provider),
             "updater" => Ok(World::Updater),
             "addon" => Ok(World::Addon),
+            "bootstrap" => Ok(World::Bootstrap),
             other => Err(ManifestError::Invalid {
                 field: "world".into(),
-                reason: format!("`{other}` is not one of provider, updater, addon"),
+                reason: format!("`{other}` is not one of provider, updater, addon, bootstrap"),
             }),
         }
     }
@@ -294,7 +312,18 @@ impl PluginManifest {
             return Err(invalid(
                 "contract",
                 format!(
-                    "contract {} is not supported by this host (it implements {CONTRACT_VERSION})",
+                    "contract {} is not supported by this host (it implements {CONTRACT_VERSION} and {PREVIOUS_CONTRACT_VERSION})",
+                    self.contract
+                ),
+            ));
+        }
+        if self.world == World::Bootstrap
+            && contract_minor(&self.contract) < contract_minor(CONTRACT_VERSION)
+        {
+            return Err(invalid(
+                "contract",
+                format!(
+                    "the bootstrap world is new in contract {CONTRACT_VERSION}; this manifest says {}",
                     self.contract
                 ),
             ));
@@ -307,7 +336,7 @@ impl PluginManifest {
                         .into(),
                 ));
             }
-            (World::Provider | World::Addon, false) => {
+            (World::Provider | World::Addon | World::Bootstrap, false) => {
                 return Err(invalid(
                     "updateFields",
                     format!(
@@ -406,7 +435,7 @@ impl PluginManifest {
                         .into(),
                 ));
             }
-            (World::Provider | World::Updater, false) => {
+            (World::Provider | World::Updater | World::Bootstrap, false) => {
                 return Err(invalid(
                     "capabilities.objects",
                     format!(
@@ -469,11 +498,25 @@ fn is_semver(v: &str) -> bool {
 }
 
 /// Whether a plugin built against `contract` can run on this host: the same
-/// major and minor version (0.x minors are breaking, as in Cargo).
+/// major and minor version as [`CONTRACT_VERSION`] or
+/// [`PREVIOUS_CONTRACT_VERSION`] (0.x minors are distinct, as in Cargo).
 pub fn contract_supported(contract: &str) -> bool {
-    let mine: Vec<_> = CONTRACT_VERSION.split('.').collect();
     let theirs: Vec<_> = contract.split('.').collect();
-    theirs.len() == 3 && theirs[0] == mine[0] && theirs[1] == mine[1]
+    theirs.len() == 3
+        && [CONTRACT_VERSION, PREVIOUS_CONTRACT_VERSION]
+            .iter()
+            .any(|v| contract_minor(v) == contract_minor(contract))
+}
+
+/// `(major, minor)` of a version; `(u64::MAX, u64::MAX)` when unreadable.
+fn contract_minor(version: &str) -> (u64, u64) {
+    let mut parts = version
+        .split('.')
+        .map(|p| p.parse::<u64>().unwrap_or(u64::MAX));
+    (
+        parts.next().unwrap_or(u64::MAX),
+        parts.next().unwrap_or(u64::MAX),
+    )
 }
 
 /// All custom sections called `name` in a component, including those of the
@@ -542,10 +585,11 @@ mod tests {
         let m = PluginManifest::from_json(ok).unwrap();
         assert_eq!(m.credential_slots().collect::<Vec<_>>(), ["cloud"]);
 
-        let cases: [(&[u8], &str); 11] = [
+        let cases: [(&[u8], &str); 12] = [
             (br#"{"name":"Sim","version":"0.1.0","world":"provider","contract":"0.1.0"}"#, "`name`"),
             (br#"{"name":"sim","version":"1","world":"provider","contract":"0.1.0"}"#, "`version`"),
-            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.2.0"}"#, "not supported"),
+            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.3.0"}"#, "not supported"),
+            (br#"{"name":"boot","version":"0.1.0","world":"bootstrap","contract":"0.1.0"}"#, "new in contract 0.2.0"),
             (br#"{"name":"sim","version":"0.1.0","world":"robot","contract":"0.1.0"}"#, "unknown variant"),
             (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","extra":1}"#, "unknown field"),
             (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","progressDeadlineSeconds":60}"#, "`progressDeadlineSeconds` is invalid: only updaters"),

@@ -13,11 +13,13 @@
 //! an in-place rollout; [`rollback::decide`] says whether a failing rollout
 //! returns to the previous revision by itself; [`taints::carry`] keeps a
 //! Machine's taints on its Node; [`node_claim::check`] says whether a
-//! Machine may take the Node its plugin names. The controllers (`capstan-controllers`) observe the
+//! Machine may take the Node its plugin names; [`bootstrap`] decides a
+//! machine's bootstrap data and token. The controllers (`capstan-controllers`) observe the
 //! cluster, call these, and write the result.
 
 #![forbid(unsafe_code)]
 
+pub mod bootstrap;
 pub mod deletion;
 pub mod healthcheck;
 pub mod inplace;

@@ -9,7 +9,7 @@
 //! Alive: the plugin must allow the machine's namespace (before anything
 //! is written), the finalizer, a terminal failure waits for a new
 //! generation, the plugin must be ready, `validate` once per generation,
-//! `create` until a provider ID is known, `get` otherwise, an instance
+//! the bootstrap data prepared, `create` until a provider ID is known, `get` otherwise, an instance
 //! terminated or stopped outside Capstan fails the machine, then the
 //! in-place update's next step. Deleting: the hook and drain steps of
 //! [`crate::deletion`], then release the instance, delete the Node object,
@@ -103,6 +103,33 @@ pub enum NodeSeen {
     },
 }
 
+/// The machine's bootstrap data, before its instance is created.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Bootstrap {
+    /// No `spec.bootstrap`, or the data is ready this pass.
+    #[default]
+    Ready,
+    /// Wanted and not prepared yet this pass.
+    Wanted,
+    /// Not ready; look again: the `InstanceProvisioned` reason, why, and
+    /// when (milliseconds).
+    Retry {
+        /// The condition reason, such as `WaitingForBootstrapData`.
+        reason: String,
+        /// Why.
+        message: String,
+        /// Milliseconds until the next look.
+        after_ms: u64,
+    },
+    /// It cannot be made as the spec says: terminal until the spec changes.
+    Failed {
+        /// The failure reason, such as `BootstrapDataTooLarge`.
+        reason: String,
+        /// Why, naming the field or the size.
+        message: String,
+    },
+}
+
 /// The instance as this pass's `create` or `get` reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
@@ -186,6 +213,8 @@ pub struct MachineView {
     /// The instance's provider ID, once known (recorded, or created in
     /// this pass).
     pub provider_id: Option<String>,
+    /// The bootstrap data `create` needs.
+    pub bootstrap: Bootstrap,
     /// The provider call of this pass that failed, and how.
     pub call_error: Option<(Call, CallError)>,
     /// The instance as this pass's `create` or `get` reported it.
@@ -224,6 +253,9 @@ pub enum MachineStep {
     AddFinalizer,
     /// Call `validate`.
     Validate,
+    /// Prepare the bootstrap data: the user's Secret, or the token and the
+    /// bootstrap plugin's rendered data in the machine's data Secret.
+    PrepareBootstrap,
     /// Call `create`.
     Create,
     /// Call `get`.
@@ -378,10 +410,31 @@ pub fn next_step(view: &MachineView) -> MachineStep {
         return MachineStep::Validate;
     }
     let Some(instance) = &view.instance else {
-        return if view.provider_id.is_none() {
-            MachineStep::Create
-        } else {
-            MachineStep::Get
+        if view.provider_id.is_some() {
+            return MachineStep::Get;
+        }
+        // No instance is created without the data it must boot with.
+        return match &view.bootstrap {
+            Bootstrap::Ready => MachineStep::Create,
+            Bootstrap::Wanted => MachineStep::PrepareBootstrap,
+            Bootstrap::Retry {
+                reason,
+                message,
+                after_ms,
+            } => {
+                let waiting = Outcome::Retrying {
+                    reason: reason.clone(),
+                    message: message.clone(),
+                };
+                end(waiting, Requeue::After(*after_ms))
+            }
+            Bootstrap::Failed { reason, message } => {
+                let failed = Outcome::Failed {
+                    reason: reason.clone(),
+                    message: message.clone(),
+                };
+                end(failed, Requeue::Resync)
+            }
         };
     };
     // An instance terminated or stopped outside Capstan will not come back
@@ -653,6 +706,7 @@ mod tests {
         match step {
             MachineStep::AddFinalizer => view.has_finalizer = true,
             MachineStep::Validate => view.validated = true,
+            MachineStep::PrepareBootstrap => view.bootstrap = Bootstrap::Ready,
             MachineStep::Create | MachineStep::Get => {
                 view.provider_id = Some("sim://i-1".into());
                 view.instance = Some(instance(
@@ -690,6 +744,63 @@ mod tests {
             ..alive()
         };
         let (steps, _) = pass(view, healthy);
+        assert_eq!(steps, [MachineStep::Get]);
+    }
+
+    #[test]
+    fn no_instance_is_created_before_its_bootstrap_data() {
+        let wanted = MachineView {
+            bootstrap: Bootstrap::Wanted,
+            ..Default::default()
+        };
+        let (steps, _) = pass(wanted.clone(), healthy);
+        assert_eq!(
+            steps,
+            [
+                MachineStep::AddFinalizer,
+                MachineStep::Validate,
+                MachineStep::PrepareBootstrap,
+                MachineStep::Create
+            ]
+        );
+        let waiting = |step: &MachineStep, view: &mut MachineView| match step {
+            MachineStep::PrepareBootstrap => {
+                view.bootstrap = Bootstrap::Retry {
+                    reason: "WaitingForBootstrapData".into(),
+                    message: "no Secret".into(),
+                    after_ms: 5_000,
+                }
+            }
+            other => healthy(other, view),
+        };
+        let (steps, end) = pass(wanted.clone(), waiting);
+        assert!(!steps.contains(&MachineStep::Create), "{steps:?}");
+        assert_eq!(end.requeue, Requeue::After(5_000));
+        assert!(
+            matches!(end.outcome, Outcome::Retrying { ref reason, .. } if reason == "WaitingForBootstrapData")
+        );
+        let failing = |step: &MachineStep, view: &mut MachineView| match step {
+            MachineStep::PrepareBootstrap => {
+                view.bootstrap = Bootstrap::Failed {
+                    reason: "BootstrapDataTooLarge".into(),
+                    message: "70000 bytes".into(),
+                }
+            }
+            other => healthy(other, view),
+        };
+        let (steps, end) = pass(wanted, failing);
+        assert!(!steps.contains(&MachineStep::Create), "{steps:?}");
+        assert!(
+            matches!(end.outcome, Outcome::Failed { ref reason, .. } if reason == "BootstrapDataTooLarge")
+        );
+        // An instance already created needs no bootstrap data again.
+        let created = MachineView {
+            bootstrap: Bootstrap::Wanted,
+            validated: true,
+            provider_id: Some("sim://i-1".into()),
+            ..alive()
+        };
+        let (steps, _) = pass(created, healthy);
         assert_eq!(steps, [MachineStep::Get]);
     }
 

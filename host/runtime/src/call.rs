@@ -198,6 +198,11 @@ impl ReturnSize for Deletion {
         8
     }
 }
+impl ReturnSize for BootstrapData {
+    fn return_size(&self) -> usize {
+        self.value.len() + 1
+    }
+}
 impl ReturnSize for types::MachineAddress {
     fn return_size(&self) -> usize {
         self.address.len() + 1

@@ -268,7 +268,7 @@ impl Runtime {
         let digest = digest(bytes);
         let (component, load_path) = self.compile_cached(&name, &digest, bytes)?;
 
-        let export = manifest.world.export_interface();
+        let export = manifest.world.export_interface(&manifest.contract);
         let engine = &self.inner.engine;
         let exports: Vec<String> = component
             .component_type()

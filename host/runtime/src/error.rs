@@ -120,6 +120,14 @@ pub enum Error {
         call: &'static str,
         detail: String,
     },
+    /// The plugin's contract version cannot carry what the call needs (a
+    /// 0.1.0 provider asked to create an instance with bootstrap data).
+    #[error("plugin {plugin} {call}: {reason}")]
+    Unsupported {
+        plugin: String,
+        call: &'static str,
+        reason: String,
+    },
 }
 
 impl Error {

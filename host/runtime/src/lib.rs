@@ -104,8 +104,8 @@ pub mod bindings {
             exports: { default: async },
             additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
             with: {
-                "capstan:plugin/types": super::provider::capstan::plugin::types,
-                "capstan:plugin/log": super::provider::capstan::plugin::log,
+                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
             },
         });
     }
@@ -117,8 +117,37 @@ pub mod bindings {
             exports: { default: async },
             additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
             with: {
-                "capstan:plugin/types": super::provider::capstan::plugin::types,
-                "capstan:plugin/log": super::provider::capstan::plugin::log,
+                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
+            },
+        });
+    }
+    /// Contract 0.2.0's provider world: `create` also takes bootstrap data.
+    pub mod provider_v2 {
+        wasmtime::component::bindgen!({
+            path: "../../wit",
+            world: "capstan:plugin/provider-plugin@0.2.0",
+            imports: { default: trappable },
+            exports: { default: async },
+            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+            with: {
+                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
+            },
+        });
+    }
+    /// Contract 0.2.0's bootstrap world.
+    pub mod bootstrap {
+        wasmtime::component::bindgen!({
+            path: "../../wit",
+            world: "capstan:plugin/bootstrap-plugin@0.2.0",
+            imports: { default: trappable },
+            exports: { default: async },
+            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+            with: {
+                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
+                "capstan:plugin/bootstrap-types@0.2.0": super::provider_v2::capstan::plugin0_2_0::bootstrap_types,
             },
         });
     }
@@ -126,19 +155,23 @@ pub mod bindings {
 
 /// The contract's data types, as the host sees them.
 pub mod types {
-    pub use crate::bindings::addon::exports::capstan::plugin::addon::{
+    pub use crate::bindings::addon::exports::capstan::plugin0_1_0::addon::{
         AddonSpec, Health, VersionInfo,
     };
-    pub use crate::bindings::provider::capstan::plugin::types::*;
-    pub use crate::bindings::provider::exports::capstan::plugin::provider::Deletion;
-    pub use crate::bindings::updater::exports::capstan::plugin::updater::{
+    pub use crate::bindings::provider::capstan::plugin0_1_0::types::*;
+    pub use crate::bindings::provider::exports::capstan::plugin0_1_0::provider::Deletion;
+    pub use crate::bindings::provider_v2::capstan::plugin0_2_0::bootstrap_types::{
+        BootstrapData, BootstrapFormat, JoinInfo, Taint,
+    };
+    pub use crate::bindings::updater::exports::capstan::plugin0_1_0::updater::{
         UpdateInProgress, UpdateProgress,
     };
 }
 
-use bindings::provider::capstan::plugin::log as wit_log;
+use bindings::provider::capstan::plugin0_1_0::log as wit_log;
 use types::{
-    AddonSpec, Deletion, Health, Machine, MachineStatus, PluginError, UpdateProgress, VersionInfo,
+    AddonSpec, BootstrapData, Deletion, Health, JoinInfo, Machine, MachineStatus, PluginError,
+    UpdateProgress, VersionInfo,
 };
 
 pub use limits::MAX_RESOURCES_PER_CALL;
@@ -148,7 +181,7 @@ use engine::RuntimeInner;
 pub use engine::{LoadPath, Runtime, RuntimeConfig, default_call_threads, digest};
 pub use plugin::Plugin;
 use plugin::PluginInner;
-pub use worlds::{AddonPlugin, ProviderPlugin, UpdaterPlugin};
+pub use worlds::{AddonPlugin, BootstrapPlugin, ProviderPlugin, UpdaterPlugin};
 
 #[cfg(test)]
 mod tests {
@@ -160,7 +193,7 @@ mod tests {
     fn provider_calls_are_send_so_controllers_can_spawn_them() {
         // Compile-time check on the future type of every call.
         fn check(p: &ProviderPlugin, m: &Machine) {
-            assert_send(&p.create(m));
+            assert_send(&p.create(m, None));
             assert_send(&p.get(m));
             assert_send(&p.delete(m));
             assert_send(&p.validate(""));

@@ -90,6 +90,11 @@ impl Plugin {
         AddonPlugin::new(self)
     }
 
+    /// This plugin as a bootstrap provider; fails if it implements another world.
+    pub fn bootstrap(&self) -> Result<BootstrapPlugin, Error> {
+        BootstrapPlugin::new(self)
+    }
+
     pub(crate) fn expect_world(&self, expected: World) -> Result<(), Error> {
         let actual = self.inner.manifest.world;
         if actual == expected {

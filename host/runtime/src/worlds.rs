@@ -1,6 +1,9 @@
 //! Typed handles per world ([`ProviderPlugin`], [`UpdaterPlugin`],
-//! [`AddonPlugin`]): one method per contract function, each a call through
-//! [`Plugin`]'s per-call path on one of the runtime's call threads.
+//! [`AddonPlugin`], [`BootstrapPlugin`]): one method per contract function,
+//! each a call through [`Plugin`]'s per-call path on one of the runtime's
+//! call threads. A provider is bound to the provider interface of its
+//! manifest's contract version (0.1.0 or 0.2.0); the other worlds export
+//! the same interface under both.
 
 use super::*;
 
@@ -48,7 +51,7 @@ macro_rules! world_handle {
                     reason: format!(
                         "its {} exports do not match contract {}: {e:#}",
                         $world,
-                        capstan_manifest::CONTRACT_VERSION
+                        plugin.manifest().contract
                     ),
                 })?;
                 Ok($name { plugin: plugin.clone(), pre })
@@ -79,23 +82,13 @@ macro_rules! world_handle {
 }
 
 world_handle!(
-    /// A plugin that implements the `provider` world.
-    ProviderPlugin,
-    World::Provider,
-    provider,
-    ProviderPluginPre,
-    bindings::provider::exports::capstan::plugin::provider::Guest,
-    capstan_plugin_provider
-);
-
-world_handle!(
     /// A plugin that implements the `updater` world.
     UpdaterPlugin,
     World::Updater,
     updater,
     UpdaterPluginPre,
-    bindings::updater::exports::capstan::plugin::updater::Guest,
-    capstan_plugin_updater
+    bindings::updater::exports::capstan::plugin0_1_0::updater::Guest,
+    capstan_plugin0_1_0_updater
 );
 
 world_handle!(
@@ -104,9 +97,176 @@ world_handle!(
     World::Addon,
     addon,
     AddonPluginPre,
-    bindings::addon::exports::capstan::plugin::addon::Guest,
-    capstan_plugin_addon
+    bindings::addon::exports::capstan::plugin0_1_0::addon::Guest,
+    capstan_plugin0_1_0_addon
 );
+
+world_handle!(
+    /// A plugin that implements the `bootstrap` world (contract 0.2.0).
+    BootstrapPlugin,
+    World::Bootstrap,
+    bootstrap,
+    BootstrapPluginPre,
+    bindings::bootstrap::exports::capstan::plugin0_2_0::bootstrap::Guest,
+    capstan_plugin0_2_0_bootstrap
+);
+
+impl BootstrapPlugin {
+    /// `validate(config)`.
+    pub async fn validate(&self, config: &str) -> Result<(), Error> {
+        on_call_thread!(self, "validate", [config], async |s, p| p
+            .call_validate(s, &config)
+            .await)
+    }
+
+    /// `render`: the bootstrap data for `machine`, with the token still a
+    /// placeholder.
+    pub async fn render(
+        &self,
+        machine: &Machine,
+        config: &str,
+        join: &JoinInfo,
+    ) -> Result<BootstrapData, Error> {
+        on_call_thread!(self, "render", [machine, config, join], async |s, p| p
+            .call_render(s, &machine, &config, &join)
+            .await)
+    }
+}
+
+/// A provider's pre-instantiated component, bound to the provider interface
+/// of its contract version.
+#[derive(Clone)]
+enum ProviderPre {
+    /// `provider@0.1.0`: `create` without bootstrap data.
+    V1(bindings::provider::ProviderPluginPre<CallState>),
+    /// `provider@0.2.0`.
+    V2(bindings::provider_v2::ProviderPluginPre<CallState>),
+}
+
+type ProviderV1 = bindings::provider::exports::capstan::plugin0_1_0::provider::Guest;
+type ProviderV2 = bindings::provider_v2::exports::capstan::plugin0_2_0::provider::Guest;
+
+/// A plugin that implements the `provider` world (contract 0.1.0 or 0.2.0).
+#[derive(Clone)]
+pub struct ProviderPlugin {
+    plugin: Plugin,
+    pre: ProviderPre,
+}
+
+impl std::fmt::Debug for ProviderPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderPlugin")
+            .field("plugin", &self.plugin)
+            .finish()
+    }
+}
+
+/// [`on_call_thread!`] for a provider: `$v1` runs against a 0.1.0 plugin,
+/// `$v2` against a 0.2.0 one (the same expression when the function did
+/// not change).
+macro_rules! on_provider_call {
+    ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $v1:expr, $v2:expr) => {{
+        let this = $handle.clone();
+        $(let $arg = $arg.to_owned();)*
+        $handle
+            .plugin
+            .inner
+            .runtime
+            .call_threads
+            .run(async move { this.call($name, async |$s, $p| $v1, async |$s, $p| $v2).await })
+            .await
+    }};
+    ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $body:expr) => {
+        on_provider_call!($handle, $name, [$($arg),*], async |$s, $p| $body, $body)
+    };
+}
+
+impl ProviderPlugin {
+    pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
+        plugin.expect_world(World::Provider)?;
+        let mismatch = |e: wasmtime::Error| Error::Load {
+            plugin: plugin.name().to_string(),
+            reason: format!(
+                "its provider exports do not match contract {}: {e:#}",
+                plugin.manifest().contract
+            ),
+        };
+        let export = World::Provider.export_interface(&plugin.manifest().contract);
+        let pre = if export.ends_with(capstan_manifest::PREVIOUS_CONTRACT_VERSION) {
+            ProviderPre::V1(
+                bindings::provider::ProviderPluginPre::new(plugin.inner.pre.clone())
+                    .map_err(mismatch)?,
+            )
+        } else {
+            ProviderPre::V2(
+                bindings::provider_v2::ProviderPluginPre::new(plugin.inner.pre.clone())
+                    .map_err(mismatch)?,
+            )
+        };
+        Ok(ProviderPlugin {
+            plugin: plugin.clone(),
+            pre,
+        })
+    }
+
+    /// The underlying plugin.
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    /// Whether `create` can pass bootstrap data to the instance (contract
+    /// 0.2.0 and later).
+    pub fn takes_bootstrap_data(&self) -> bool {
+        matches!(self.pre, ProviderPre::V2(_))
+    }
+
+    async fn call<T: ReturnSize>(
+        &self,
+        name: &'static str,
+        v1: impl AsyncFnOnce(
+            &mut Store<CallState>,
+            &ProviderV1,
+        ) -> wasmtime::Result<Result<T, PluginError>>,
+        v2: impl AsyncFnOnce(
+            &mut Store<CallState>,
+            &ProviderV2,
+        ) -> wasmtime::Result<Result<T, PluginError>>,
+    ) -> Result<T, Error> {
+        match &self.pre {
+            ProviderPre::V1(pre) => {
+                self.plugin
+                    .invoke(name, async |store| {
+                        let started = std::time::Instant::now();
+                        let instance = pre.instantiate_async(&mut *store).await?;
+                        store.data_mut().instantiate = started.elapsed();
+                        v1(store, instance.capstan_plugin0_1_0_provider()).await
+                    })
+                    .await
+            }
+            ProviderPre::V2(pre) => {
+                self.plugin
+                    .invoke(name, async |store| {
+                        let started = std::time::Instant::now();
+                        let instance = pre.instantiate_async(&mut *store).await?;
+                        store.data_mut().instantiate = started.elapsed();
+                        v2(store, instance.capstan_plugin0_2_0_provider()).await
+                    })
+                    .await
+            }
+        }
+    }
+}
+
+/// The 0.2.0 deletion as the host's (0.1.0's) type: the same two cases.
+fn deletion_v1(
+    d: bindings::provider_v2::exports::capstan::plugin0_2_0::provider::Deletion,
+) -> Deletion {
+    use bindings::provider_v2::exports::capstan::plugin0_2_0::provider::Deletion as V2;
+    match d {
+        V2::Done => Deletion::Done,
+        V2::InProgress(ms) => Deletion::InProgress(ms),
+    }
+}
 
 impl AddonPlugin {
     /// `versions`: the versions it knows and their channels.
@@ -132,35 +292,61 @@ impl AddonPlugin {
 impl ProviderPlugin {
     /// `validate(config)`.
     pub async fn validate(&self, config: &str) -> Result<(), Error> {
-        on_call_thread!(self, "validate", [config], async |s, p| p
+        on_provider_call!(self, "validate", [config], async |s, p| p
             .call_validate(s, &config)
             .await)
     }
 
-    /// `create(machine)`.
-    pub async fn create(&self, machine: &Machine) -> Result<MachineStatus, Error> {
-        on_call_thread!(self, "create", [machine], async |s, p| p
-            .call_create(s, &machine)
-            .await)
+    /// `create(machine, bootstrap)`. A 0.1.0 provider cannot take
+    /// bootstrap data: asking it to is [`Error::Unsupported`], before any
+    /// call, since its instance would boot without it and never join.
+    pub async fn create(
+        &self,
+        machine: &Machine,
+        bootstrap: Option<&BootstrapData>,
+    ) -> Result<MachineStatus, Error> {
+        if bootstrap.is_some() && !self.takes_bootstrap_data() {
+            return Err(Error::Unsupported {
+                plugin: self.plugin.name().to_string(),
+                call: "create",
+                reason: format!(
+                    "it implements contract {}, whose create cannot pass bootstrap data to the instance; use a provider built against contract {}",
+                    self.plugin.manifest().contract,
+                    capstan_manifest::CONTRACT_VERSION
+                ),
+            });
+        }
+        let bootstrap = bootstrap.cloned();
+        on_provider_call!(
+            self,
+            "create",
+            [machine, bootstrap],
+            async |s, p| p.call_create(s, &machine).await,
+            p.call_create(s, &machine, bootstrap.as_ref()).await
+        )
     }
 
     /// `get(machine)`.
     pub async fn get(&self, machine: &Machine) -> Result<MachineStatus, Error> {
-        on_call_thread!(self, "get", [machine], async |s, p| p
+        on_provider_call!(self, "get", [machine], async |s, p| p
             .call_get(s, &machine)
             .await)
     }
 
     /// `delete(machine)`.
     pub async fn delete(&self, machine: &Machine) -> Result<Deletion, Error> {
-        on_call_thread!(self, "delete", [machine], async |s, p| p
-            .call_delete(s, &machine)
-            .await)
+        on_provider_call!(
+            self,
+            "delete",
+            [machine],
+            async |s, p| p.call_delete(s, &machine).await,
+            Ok(p.call_delete(s, &machine).await?.map(deletion_v1))
+        )
     }
 
     /// `list-instances(config)`; `None` when the plugin does not list.
     pub async fn list(&self, config: &str) -> Result<Option<Vec<MachineStatus>>, Error> {
-        on_call_thread!(self, "list-instances", [config], async |s, p| p
+        on_provider_call!(self, "list-instances", [config], async |s, p| p
             .call_list_instances(s, &config)
             .await)
     }
@@ -168,23 +354,7 @@ impl ProviderPlugin {
     /// Instantiate in a fresh store and call nothing: measures the per-call
     /// setup cost (benchmarks).
     pub async fn instantiate_only(&self) -> Result<(), Error> {
-        let this = self.clone();
-        self.plugin
-            .inner
-            .runtime
-            .call_threads
-            .run(async move {
-                let pre = &this.pre;
-                this.plugin
-                    .invoke("instantiate", async |store| {
-                        let started = std::time::Instant::now();
-                        pre.instantiate_async(&mut *store).await?;
-                        store.data_mut().instantiate = started.elapsed();
-                        Ok(Ok(()))
-                    })
-                    .await
-            })
-            .await
+        on_provider_call!(self, "instantiate", [], async |_s, _p| Ok(Ok(())))
     }
 }
 

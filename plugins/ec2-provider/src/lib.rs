@@ -32,8 +32,8 @@
 
 use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
 use capstan_sdk::{
-    AddressKind, Deletion, InstanceState, Machine, MachineAddress, MachineStatus, PluginError,
-    Provider,
+    AddressKind, BootstrapData, Deletion, InstanceState, Machine, MachineAddress, MachineStatus,
+    PluginError, Provider,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -264,15 +264,21 @@ impl<C: HttpClient + Default> Provider for Ec2Provider<C> {
     /// Launch the machine's instance, once: an instance already tagged with
     /// its uid is the answer (the earliest, with any later duplicates
     /// terminated); `RunInstances` carries the uid as `ClientToken`.
-    fn create(&self, machine: &Machine, config: &Ec2Config) -> Result<MachineStatus, PluginError> {
+    fn create(
+        &self,
+        machine: &Machine,
+        config: &Ec2Config,
+        bootstrap: Option<&BootstrapData>,
+    ) -> Result<MachineStatus, PluginError> {
         validate(config)?;
+        let params = run_params(machine, config, bootstrap)?;
         let tagged = self.tagged(machine, config)?;
         let alive: Vec<&Instance> = tagged.iter().filter(|i| live(i)).collect();
         if let Some((first, duplicates)) = alive.split_first() {
             self.terminate_all(config, duplicates)?;
             return Ok(status((*first).clone()));
         }
-        let xml = match self.call(config, "RunInstances", &run_params(machine, config)) {
+        let xml = match self.call(config, "RunInstances", &params) {
             Ok(xml) => xml,
             // The token was used with other parameters: an instance for this
             // machine was launched (a lost answer, then an edited config).
@@ -471,7 +477,16 @@ pub fn validate(config: &Ec2Config) -> Result<(), PluginError> {
 }
 
 /// The `RunInstances` parameters for one machine.
-pub fn run_params(machine: &Machine, config: &Ec2Config) -> Vec<(String, String)> {
+/// EC2's limit on user data, before base64.
+pub const MAX_USER_DATA_BYTES: usize = 16 * 1024;
+
+/// `RunInstances` parameters; bootstrap data over [`MAX_USER_DATA_BYTES`]
+/// is refused before any call, naming its size.
+pub fn run_params(
+    machine: &Machine,
+    config: &Ec2Config,
+    bootstrap: Option<&BootstrapData>,
+) -> Result<Vec<(String, String)>, PluginError> {
     let mut p: Vec<(String, String)> = vec![
         ("ImageId".into(), config.image_id.clone()),
         ("InstanceType".into(), config.instance_type.clone()),
@@ -519,7 +534,16 @@ pub fn run_params(machine: &Machine, config: &Ec2Config) -> Vec<(String, String)
         p.push((format!("TagSpecification.1.Tag.{}.Key", i + 1), k));
         p.push((format!("TagSpecification.1.Tag.{}.Value", i + 1), v));
     }
-    p
+    if let Some(data) = bootstrap {
+        if data.value.len() > MAX_USER_DATA_BYTES {
+            return Err(PluginError::invalid_config(format!(
+                "bootstrap data: {} bytes is over EC2's user data limit of {MAX_USER_DATA_BYTES} bytes (before base64); shorten the bootstrap configuration (files, commands)",
+                data.value.len()
+            )));
+        }
+        p.push(("UserData".into(), data.to_base64()));
+    }
+    Ok(p)
 }
 
 /// The instance id in an `aws:///ZONE/i-…` provider ID.

@@ -169,7 +169,7 @@ fn error_codes_map_to_the_contract() {
 
 #[test]
 fn run_parameters_carry_the_idempotency_token_and_tags() {
-    let p = run_params(&machine("0b3c1c9e-uid", None), &config());
+    let p = run_params(&machine("0b3c1c9e-uid", None), &config(), None).unwrap();
     let get = |k: &str| p.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     assert_eq!(get("ClientToken"), Some("0b3c1c9e-uid"));
     assert_eq!(get("ImageId"), Some("ami-bff32ccc"));
@@ -332,7 +332,7 @@ fn create_finds_an_instance_launched_before_a_crash_instead_of_launching_again()
         .call(
             &config(),
             "RunInstances",
-            &run_params(&machine("uid-2", None), &config()),
+            &run_params(&machine("uid-2", None), &config(), None).unwrap(),
         )
         .unwrap();
     let (instances, _) = parse_instances(&xml).unwrap();
@@ -400,7 +400,9 @@ fn duplicates_under_one_uid_are_terminated_and_the_earliest_kept() {
     // create with no provider ID: keeps i-early, terminates i-late.
     let script = scripted(vec![response(200, &tagged), response(200, TERMINATING)]);
     let provider = Ec2Provider::with_client(script.clone());
-    let status = provider.create(&machine("uid-1", None), &config()).unwrap();
+    let status = provider
+        .create(&machine("uid-1", None), &config(), None)
+        .unwrap();
     assert_eq!(status.provider_id, "aws:///eu-west-1a/i-early");
     assert_eq!(
         *script.actions.borrow(),
@@ -539,7 +541,9 @@ fn an_idempotency_mismatch_finds_the_running_instance_instead_of_failing() {
         response(200, &running),
     ]);
     let provider = Ec2Provider::with_client(script.clone());
-    let status = provider.create(&machine("uid-1", None), &config()).unwrap();
+    let status = provider
+        .create(&machine("uid-1", None), &config(), None)
+        .unwrap();
     assert_eq!(status.provider_id, "aws:///eu-west-1a/i-a");
     // Not listed yet: transient, tried again.
     let script = scripted(vec![
@@ -549,7 +553,7 @@ fn an_idempotency_mismatch_finds_the_running_instance_instead_of_failing() {
     ]);
     let provider = Ec2Provider::with_client(script.clone());
     let err = provider
-        .create(&machine("uid-1", None), &config())
+        .create(&machine("uid-1", None), &config(), None)
         .unwrap_err();
     assert!(matches!(err, PluginError::Transient(_)), "{err}");
 }

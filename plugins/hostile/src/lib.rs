@@ -69,7 +69,12 @@ struct Instance {
 impl Provider for Hostile {
     type Config = Config;
 
-    fn create(&self, machine: &Machine, config: &Config) -> Result<MachineStatus, PluginError> {
+    fn create(
+        &self,
+        machine: &Machine,
+        config: &Config,
+        _bootstrap: Option<&capstan_sdk::BootstrapData>,
+    ) -> Result<MachineStatus, PluginError> {
         let http = WasiHttp;
         match config.attack.as_str() {
             "none" => {}

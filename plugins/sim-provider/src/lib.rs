@@ -16,8 +16,8 @@
 
 use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
 use capstan_sdk::{
-    AddressKind, Deletion, InstanceState, Machine, MachineAddress, MachineStatus, PluginError,
-    Provider,
+    AddressKind, BootstrapData, BootstrapFormat, Deletion, InstanceState, Machine, MachineAddress,
+    MachineStatus, PluginError, Provider,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -86,6 +86,31 @@ struct CreateInstance<'a> {
     instance_type: Option<&'a str>,
     failure_domain: Option<&'a str>,
     tags: BTreeMap<&'a str, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_data: Option<UserData>,
+}
+
+/// The instance's bootstrap data, as the simulated cloud takes it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct UserData {
+    /// `cloud-config`, `ignition` or `shell`.
+    format: &'static str,
+    /// Base64 of the data.
+    value: String,
+}
+
+impl UserData {
+    fn from(data: &BootstrapData) -> Self {
+        UserData {
+            format: match data.format {
+                BootstrapFormat::CloudConfig => "cloud-config",
+                BootstrapFormat::Ignition => "ignition",
+                BootstrapFormat::Shell => "shell",
+            },
+            value: data.to_base64(),
+        }
+    }
 }
 
 const PROVIDER_ID_PREFIX: &str = "sim://";
@@ -156,7 +181,12 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
         Ok(())
     }
 
-    fn create(&self, machine: &Machine, config: &SimConfig) -> Result<MachineStatus, PluginError> {
+    fn create(
+        &self,
+        machine: &Machine,
+        config: &SimConfig,
+        bootstrap: Option<&BootstrapData>,
+    ) -> Result<MachineStatus, PluginError> {
         let mut tags: BTreeMap<&str, String> = config
             .tags
             .iter()
@@ -176,6 +206,7 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
             instance_type: config.instance_type.as_deref(),
             failure_domain: machine.failure_domain.as_deref(),
             tags,
+            user_data: bootstrap.map(UserData::from),
         };
         let resp = self.send(Request::json(
             Method::Post,

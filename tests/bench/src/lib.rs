@@ -187,7 +187,7 @@ pub fn native_create<C: HttpClient + Default>(
         .map_err(|e| format!("{e:?}"))?;
     provider.validate(&config).map_err(|e| format!("{e:?}"))?;
     provider
-        .create(machine, &config)
+        .create(machine, &config, None)
         .map_err(|e| format!("{e:?}"))
 }
 
@@ -241,6 +241,17 @@ mod convert {
             provider_config: m.provider_config.clone(),
             infrastructure_config: m.infrastructure_config.clone(),
             provider_id: m.provider_id.clone(),
+        }
+    }
+
+    pub fn bootstrap(b: &host::BootstrapData) -> sdk::BootstrapData {
+        sdk::BootstrapData {
+            format: match b.format {
+                host::BootstrapFormat::CloudConfig => sdk::BootstrapFormat::CloudConfig,
+                host::BootstrapFormat::Ignition => sdk::BootstrapFormat::Ignition,
+                host::BootstrapFormat::Shell => sdk::BootstrapFormat::Shell,
+            },
+            value: b.value.clone(),
         }
     }
 
@@ -341,11 +352,15 @@ impl capstan_controllers::MachineProvider for NativeSimProvider {
     fn create<'a>(
         &'a self,
         machine: &'a capstan_runtime::types::Machine,
+        bootstrap: Option<&'a capstan_runtime::types::BootstrapData>,
     ) -> futures::future::BoxFuture<
         'a,
         Result<capstan_runtime::types::MachineStatus, capstan_controllers::ProviderError>,
     > {
-        Box::pin(self.on_machine(machine, |p, m, c| p.create(m, c).map(convert::status)))
+        let bootstrap = bootstrap.map(convert::bootstrap);
+        Box::pin(self.on_machine(machine, move |p, m, c| {
+            p.create(m, c, bootstrap.as_ref()).map(convert::status)
+        }))
     }
     fn get<'a>(
         &'a self,

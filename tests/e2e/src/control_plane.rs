@@ -5,9 +5,16 @@
 //! ready; dropping the value stops every process (also when a test panics)
 //! and removes the directory.
 //!
-//! Authentication is a static bearer token (`system:masters`); the API
-//! server's self-signed serving certificate is the CA to trust. A
-//! kubeconfig for both is written next to the data ([`ControlPlane::kubeconfig`]).
+//! It is set up as `kubeadm init` sets a cluster up: a cluster CA
+//! ([`ControlPlane::ca_pem`]) signs the API server's serving certificate
+//! and the client certificates the controller-manager issues; bootstrap
+//! token authentication, `Node,RBAC` authorization with NodeRestriction
+//! admission, the controller-manager's CSR approving and signing,
+//! bootstrap signer and token cleaner, `kube-public/cluster-info` and
+//! kubeadm's bootstrapper RBAC ([`KUBEADM_BOOTSTRAP_RBAC`]), so a machine's
+//! kubelet can join with a bootstrap token and TLS bootstrapping.
+//! Administrators authenticate with static bearer tokens (`system:masters`).
+//! A kubeconfig is written next to the data ([`ControlPlane::kubeconfig`]).
 //! kube-controller-manager runs the controllers that give workloads their
 //! real semantics ([`CONTROLLERS`]: garbage collection, namespaces, service
 //! accounts, Deployments, ReplicaSets, DaemonSets, PodDisruptionBudgets, the
@@ -33,7 +40,41 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// The kube-controller-manager controllers the control plane runs.
-pub const CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount,serviceaccount-token,deployment,replicaset,daemonset,disruption,nodelifecycle,podgc";
+pub const CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount,serviceaccount-token,deployment,replicaset,daemonset,disruption,nodelifecycle,podgc,csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner";
+
+/// What `kubeadm init` sets up for joining nodes (its `bootstrap-token`
+/// phase): bootstrap tokens of kubeadm's group may create node client
+/// CSRs, which are approved automatically (and so are nodes' renewals),
+/// and anyone may read `kube-public/cluster-info`.
+pub const KUBEADM_BOOTSTRAP_RBAC: &str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: 'kubeadm:kubelet-bootstrap'}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: 'system:node-bootstrapper'}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:bootstrappers:kubeadm:default-node-token'}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: 'kubeadm:node-autoapprove-bootstrap'}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: 'system:certificates.k8s.io:certificatesigningrequests:nodeclient'}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:bootstrappers:kubeadm:default-node-token'}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: 'kubeadm:node-autoapprove-certificate-rotation'}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: 'system:certificates.k8s.io:certificatesigningrequests:selfnodeclient'}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:nodes'}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: 'kubeadm:bootstrap-signer-clusterinfo', namespace: kube-public}
+rules: [{apiGroups: [''], resources: [configmaps], resourceNames: [cluster-info], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: 'kubeadm:bootstrap-signer-clusterinfo', namespace: kube-public}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: 'kubeadm:bootstrap-signer-clusterinfo'}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: 'system:anonymous'}]
+";
 
 /// Timings of the node-lifecycle controller and the API server's default
 /// tolerations. Kubernetes' own defaults are 5 s / 40 s / 60 s / 300 s;
@@ -119,7 +160,8 @@ pub struct ControlPlane {
     pub url: String,
     /// Bearer token of a cluster admin.
     pub token: String,
-    /// PEM of the API server's self-signed serving certificate.
+    /// PEM of the cluster CA: it signed the API server's serving
+    /// certificate and signs nodes' client certificates.
     pub ca_pem: Vec<u8>,
     /// The timings it runs with.
     pub options: ControlPlaneOptions,
@@ -158,6 +200,59 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     } else {
         Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
     }
+}
+
+/// A cluster CA (`ca.crt`, `ca.key`) and an API server serving certificate
+/// it signed (`apiserver.crt`, `apiserver.key`, for loopback and the
+/// in-cluster names), in `certs`, as `kubeadm init` makes them (ECDSA P-256
+/// keys, quick to make); returns the CA's PEM.
+fn cluster_ca(certs: &Path) -> Result<Vec<u8>, String> {
+    let file = |name: &str| certs.join(name);
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(Command::new("openssl")
+        .args(["req", "-x509"])
+        .args(ec)
+        .arg("-keyout")
+        .arg(file("ca.key"))
+        .arg("-out")
+        .arg(file("ca.crt"))
+        .args(["-days", "3650", "-subj", "/CN=kubernetes"])
+        .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+        .args([
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        ]))?;
+    run(Command::new("openssl")
+        .arg("req")
+        .args(ec)
+        .arg("-keyout")
+        .arg(file("apiserver.key"))
+        .arg("-out")
+        .arg(file("apiserver.csr"))
+        .args(["-subj", "/CN=kube-apiserver"]))?;
+    std::fs::write(
+        file("apiserver.ext"),
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
+    )
+    .map_err(|e| e.to_string())?;
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-in"])
+        .arg(file("apiserver.csr"))
+        .arg("-CA")
+        .arg(file("ca.crt"))
+        .arg("-CAkey")
+        .arg(file("ca.key"))
+        .args(["-CAcreateserial", "-days", "365", "-extfile"])
+        .arg(file("apiserver.ext"))
+        .arg("-out")
+        .arg(file("apiserver.crt")))?;
+    std::fs::read(file("ca.crt")).map_err(|e| format!("cannot read the cluster CA: {e}"))
 }
 
 /// A Go duration flag value.
@@ -247,6 +342,8 @@ impl ControlPlane {
             .arg("-pubout")
             .arg("-out")
             .arg(&public))?;
+        plane.ca_pem = cluster_ca(&dir.join("certs"))?;
+        let certs = dir.join("certs");
         let tokens = dir.join("tokens.csv");
         std::fs::write(
             &tokens,
@@ -264,10 +361,24 @@ impl ControlPlane {
                 .arg("--bind-address=127.0.0.1")
                 .arg("--advertise-address=127.0.0.1")
                 .arg(format!("--secure-port={secure}"))
-                .arg(format!("--cert-dir={}", dir.join("certs").display()))
+                .arg(format!("--cert-dir={}", certs.display()))
+                .arg(format!(
+                    "--tls-cert-file={}",
+                    certs.join("apiserver.crt").display()
+                ))
+                .arg(format!(
+                    "--tls-private-key-file={}",
+                    certs.join("apiserver.key").display()
+                ))
+                .arg(format!(
+                    "--client-ca-file={}",
+                    certs.join("ca.crt").display()
+                ))
+                .arg("--enable-bootstrap-token-auth=true")
                 .arg(format!("--token-auth-file={}", tokens.display()))
                 .args(audit_args(&dir, options.audit)?)
-                .arg("--authorization-mode=RBAC")
+                .arg("--authorization-mode=Node,RBAC")
+                .arg("--enable-admission-plugins=NodeRestriction")
                 .arg("--service-cluster-ip-range=10.96.0.0/24")
                 .arg("--service-account-issuer=https://kubernetes.default.svc")
                 .arg(format!("--service-account-key-file={}", public.display()))
@@ -289,6 +400,7 @@ impl ControlPlane {
         plane.url = format!("https://127.0.0.1:{secure}");
         plane.wait_ready(Duration::from_secs(60))?;
         plane.write_kubeconfig()?;
+        plane.publish_cluster_info()?;
         if options.api_only {
             return Ok(plane);
         }
@@ -299,6 +411,15 @@ impl ControlPlane {
             Command::new(bin.join("kube-controller-manager"))
                 .arg(&kubeconfig)
                 .arg(format!("--controllers={CONTROLLERS}"))
+                // Signs nodes' client certificates (TLS bootstrapping).
+                .arg(format!(
+                    "--cluster-signing-cert-file={}",
+                    certs.join("ca.crt").display()
+                ))
+                .arg(format!(
+                    "--cluster-signing-key-file={}",
+                    certs.join("ca.key").display()
+                ))
                 // Signs the service-account token Secrets that pods mount.
                 .arg(format!(
                     "--service-account-private-key-file={}",
@@ -349,7 +470,6 @@ impl ControlPlane {
 
     fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
-        let cert = self.dir.join("certs/apiserver.crt");
         loop {
             for (name, child) in &mut self.children {
                 if let Ok(Some(status)) = child.try_wait() {
@@ -357,10 +477,7 @@ impl ControlPlane {
                     return Err(format!("{name} exited with {status}{}", self.log_tails()));
                 }
             }
-            if self.ca_pem.is_empty() {
-                self.ca_pem = std::fs::read(&cert).unwrap_or_default();
-            }
-            if !self.ca_pem.is_empty() && matches!(self.get("/readyz"), Ok((200, _))) {
+            if matches!(self.get("/readyz"), Ok((200, _))) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -446,11 +563,32 @@ impl ControlPlane {
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: capstan\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: admin\n  user:\n    token: {}\ncontexts:\n- name: capstan\n  context:\n    cluster: capstan\n    user: admin\ncurrent-context: capstan\n",
             self.url,
-            self.dir.join("certs/apiserver.crt").display(),
+            self.dir.join("certs/ca.crt").display(),
             self.token
         );
         std::fs::write(self.kubeconfig(), text)
             .map_err(|e| format!("cannot write the kubeconfig: {e}"))
+    }
+
+    /// `kube-public/cluster-info` as `kubeadm init` publishes it (the API
+    /// server and the cluster CA, which the bootstrap signer signs with each
+    /// bootstrap token), and kubeadm's bootstrapper RBAC.
+    fn publish_cluster_info(&self) -> Result<(), String> {
+        use base64::Engine;
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts: null\ncurrent-context: \"\"\npreferences: {{}}\nusers: null\n",
+            self.url,
+            base64::engine::general_purpose::STANDARD.encode(&self.ca_pem)
+        );
+        let config_map = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": {"kubeconfig": kubeconfig},
+        });
+        self.kubectl(&["apply", "-f", "-"], Some(&config_map.to_string()))?;
+        self.kubectl(&["apply", "-f", "-"], Some(KUBEADM_BOOTSTRAP_RBAC))?;
+        Ok(())
     }
 
     /// A self-contained kubeconfig for the admin (the CA inline), as Cluster

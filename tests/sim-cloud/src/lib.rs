@@ -136,6 +136,20 @@ pub struct CreateInstance {
     pub failure_domain: Option<String>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// The data the instance boots with (its user data), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<UserData>,
+}
+
+/// An instance's user data, as `POST /v1/instances` takes it and
+/// `GET /admin/instances/{id}/user-data` returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UserData {
+    /// `cloud-config`, `ignition` or `shell`.
+    pub format: String,
+    /// Base64 of the data.
+    pub value: String,
 }
 
 /// Body of `POST /v1/instances/{id}/update`.
@@ -562,6 +576,7 @@ struct ListQuery {
 /// | `GET /admin/stats` | [`Stats`] |
 /// | `PUT /admin/faults` ([`Faults`]) | 204 |
 /// | `PUT /admin/instances/{id}/ready` (`{"ready": false}`) | 204; the instance's Node reports `Ready=False` (`true` clears it) |
+/// | `GET /admin/instances/{id}/user-data` | 200 [`UserData`] the instance was launched with, 404 (`NoUserData` when it has none) |
 /// | `POST /admin/instances/{id}/stop` | 204; the instance is `stopped`, as if stopped from the cloud console (its Node is left alone) |
 /// | `POST /admin/instances/{id}/vanish` | 204; the instance is gone at once, as if terminated and reaped out of band, and its Node is left in place |
 /// | `GET /admin/nodes` | 200 the kubelet's Nodes and their fault switches |
@@ -588,6 +603,7 @@ fn router(state: Shared) -> Router {
         .route("/admin/stats", get(stats))
         .route("/admin/faults", put(set_faults))
         .route("/admin/instances/{id}/ready", put(set_node_ready))
+        .route("/admin/instances/{id}/user-data", get(user_data))
         .route("/admin/instances/{id}/stop", post(stop_instance))
         .route("/admin/instances/{id}/vanish", post(vanish_instance))
         .route("/admin/nodes", get(list_nodes))
@@ -917,6 +933,20 @@ fn switched(result: Result<(), kubelet::SwitchError>) -> Response {
 
 /// Shorthand kept from before the general switches: `ready: false` forces
 /// `Ready=False` on the instance's Node, `ready: true` clears that.
+async fn user_data(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    match lock(&state).records.get(&id) {
+        Some(r) => match &r.req.user_data {
+            Some(data) => Json(data.clone()).into_response(),
+            None => api_error(
+                StatusCode::NOT_FOUND,
+                "NoUserData",
+                &format!("instance {id} was launched without user data"),
+            ),
+        },
+        None => not_found(&id),
+    }
+}
+
 async fn stop_instance(State(state): State<Shared>, Path(id): Path<String>) -> Response {
     match lock(&state).records.get_mut(&id) {
         Some(r) => {

@@ -17,6 +17,7 @@
 //! these steps are in `deletion`, the Node handling in `node`),
 //! then the finalizer.
 
+mod bootstrap;
 mod deletion;
 mod node;
 mod status;
@@ -42,8 +43,9 @@ use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_final
 use capstan_kit::{Error, Kube, key_of, kube_err, now};
 use capstan_planner::deletion::DeletionView;
 use capstan_planner::machine::{
-    Call, CallError, End, HookPrefixes, InPlace, Instance, InstanceState as PlannedState,
-    MachineStep, MachineView, NodeSeen, Outcome, PluginState, Requeue, next_step,
+    Bootstrap, Call, CallError, End, HookPrefixes, InPlace, Instance,
+    InstanceState as PlannedState, MachineStep, MachineView, NodeSeen, Outcome, PluginState,
+    Requeue, next_step,
 };
 use capstan_runtime::types::{InstanceState, MachineStatus as PluginStatus};
 use futures::StreamExt as _;
@@ -67,6 +69,10 @@ pub(crate) struct Context {
     pub(crate) providers: Providers,
     /// Updaters by Plugin name, for machines updated in place.
     pub(crate) updaters: capstan_kit::registry::Updaters,
+    /// Bootstrap plugins by Plugin name, for machines' join data.
+    pub(crate) bootstraps: capstan_kit::registry::Bootstraps,
+    /// How bootstrap tokens are minted.
+    pub(crate) bootstrap_token: crate::BootstrapTokenOptions,
     /// The Eviction API, for drains.
     pub(crate) evictions: crate::nodedrain::Evictions,
     /// How often a machine whose instance is still booting (or deleting) is
@@ -193,6 +199,9 @@ struct Pass<'a> {
     provider: Option<Arc<dyn MachineProvider>>,
     /// What `create` or `get` reported.
     observed: Option<PluginStatus>,
+    /// The data `create` passes to the instance (it holds the machine's
+    /// bootstrap token: never logged).
+    bootstrap_data: Option<capstan_runtime::types::BootstrapData>,
     /// The machine's Node: found by provider ID while alive (if the claim
     /// holds), the one it recorded (same uid and instance) while deleting.
     node: Option<Arc<Node>>,
@@ -232,6 +241,23 @@ impl<'a> Pass<'a> {
             Availability::Loading => (PluginState::Loading, None),
             Availability::NotAllowed(message) => (PluginState::NotAllowed(message), None),
             Availability::Unavailable(message) => (PluginState::Unavailable(message), None),
+        };
+        // A machine yet to be created may use its bootstrap Plugin only where
+        // that Plugin allows: refused, like its provider, before anything is
+        // written (no token, no data, no instance).
+        let plugin = match machine
+            .spec
+            .bootstrap
+            .as_ref()
+            .and_then(|b| b.plugin.as_deref())
+        {
+            Some(bootstrap) if !deleting && status.provider_id.is_none() => {
+                match capstan_kit::registry::not_allowed(&ctx.kube, bootstrap, &namespace) {
+                    Some(message) => PluginState::NotAllowed(message),
+                    None => plugin,
+                }
+            }
+            _ => plugin,
         };
         let t = now();
         let node = if deleting {
@@ -290,6 +316,11 @@ impl<'a> Pass<'a> {
                 pre_drain: PRE_DRAIN_HOOK_PREFIX,
                 pre_terminate: PRE_TERMINATE_HOOK_PREFIX,
             },
+            bootstrap: if machine.spec.bootstrap.is_some() {
+                Bootstrap::Wanted
+            } else {
+                Bootstrap::Ready
+            },
             ..Default::default()
         };
         Pass {
@@ -301,6 +332,7 @@ impl<'a> Pass<'a> {
             draft: status,
             provider,
             observed: None,
+            bootstrap_data: None,
             node,
             refused: None,
             t,
@@ -343,6 +375,16 @@ impl<'a> Pass<'a> {
                     Err(e) => self.view.call_error = Some((Call::Validate, call_error(e))),
                 }
             }
+            MachineStep::PrepareBootstrap => {
+                let takes_data = self
+                    .provider
+                    .as_ref()
+                    .is_some_and(|p| p.takes_bootstrap_data());
+                let (state, data) =
+                    bootstrap::prepare(ctx, machine, takes_data, &mut self.draft).await;
+                self.view.bootstrap = state;
+                self.bootstrap_data = data;
+            }
             MachineStep::Create => self.instance(Call::Create, plugin_name).await,
             MachineStep::Get => self.instance(Call::Get, plugin_name).await,
             MachineStep::AdvanceInPlace => {
@@ -384,6 +426,10 @@ impl<'a> Pass<'a> {
                 self.view.node_deleted = true;
             }
             MachineStep::RemoveFinalizer => {
+                // No token outlives its machine, joined or not.
+                bootstrap::release_token(ctx, machine)
+                    .await
+                    .map_err(kube_err("deleting the machine's bootstrap token"))?;
                 remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
                 ctx.unseen_writes.forget(machine);
                 self.view.has_finalizer = false;
@@ -402,7 +448,7 @@ impl<'a> Pass<'a> {
         let plugin_machine = to_plugin_machine(machine);
         let result = match call {
             Call::Create => {
-                let creating = provider.create(&plugin_machine);
+                let creating = provider.create(&plugin_machine, self.bootstrap_data.as_ref());
                 timed(&ctx.kube.metrics, plugin_name, "create", creating).await
             }
             _ => {
@@ -451,6 +497,8 @@ impl<'a> Pass<'a> {
                     node: self.node_seen(),
                 });
                 self.observed = Some(observed);
+                let joined = self.node.is_some();
+                bootstrap::tend_token(ctx, machine, joined, &mut self.draft).await;
             }
             Err(e) => self.view.call_error = Some((call, call_error(e))),
         }

@@ -73,6 +73,7 @@ pub(super) fn revoke(ctx: &Context, name: &str) {
     let was_serving = serving_fingerprint(ctx, name).is_some();
     ctx.providers.remove(name);
     ctx.updaters.remove(name);
+    ctx.bootstraps.remove(name);
     ctx.addons.remove(name);
     ctx.loaded.lock().expect("loaded lock").remove(name);
     if was_serving {

@@ -75,6 +75,7 @@ pub(crate) struct Context {
     runtime: Option<capstan_runtime::Runtime>,
     providers: Providers,
     updaters: Updaters,
+    bootstraps: capstan_kit::registry::Bootstraps,
     addons: Addons,
     /// Activating an updater checks its fields against the others and
     /// registers it as one step.
@@ -102,12 +103,13 @@ impl AsRef<Kube> for Context {
 
 impl Context {
     /// The Plugin controller's context: it registers what it loads in
-    /// `providers`, `updaters` and `addons`.
+    /// `providers`, `updaters`, `bootstraps` and `addons`.
     pub(crate) fn new(
         kube: Kube,
         runtime: Option<capstan_runtime::Runtime>,
         providers: Providers,
         updaters: Updaters,
+        bootstraps: capstan_kit::registry::Bootstraps,
         addons: Addons,
         options: &crate::Options,
     ) -> Self {
@@ -116,6 +118,7 @@ impl Context {
             runtime,
             providers,
             updaters,
+            bootstraps,
             addons,
             updater_activation: tokio::sync::Mutex::default(),
             loaded: std::sync::Mutex::default(),
@@ -532,8 +535,8 @@ fn progress_deadline(
 }
 
 /// Serve a loaded revision as what its world is: a provider, an updater
-/// (its fields checked against the other updaters' in the same step) or an
-/// addon plugin.
+/// (its fields checked against the other updaters' in the same step), a
+/// bootstrap plugin or an addon plugin.
 async fn register(
     ctx: &Context,
     plugin: &Plugin,
@@ -583,6 +586,12 @@ async fn register(
                 disruption: loaded.manifest().disruption.unwrap_or_default(),
             };
             ctx.updaters.insert(name, registered);
+        }
+        World::Bootstrap => {
+            let bootstrap = loaded
+                .bootstrap()
+                .map_err(|e| ("LoadFailed", e.to_string()))?;
+            ctx.bootstraps.insert(name, bootstrap);
         }
         World::Addon => {
             let addon = loaded.addon().map_err(|e| ("LoadFailed", e.to_string()))?;

@@ -340,7 +340,7 @@ async fn wasm_calls(
         match kind {
             "validate" => provider.validate(&m.provider_config).await?,
             _ => {
-                provider.create(m).await?;
+                provider.create(m, None).await?;
             }
         }
         out.push(t.elapsed());

@@ -87,7 +87,7 @@ async fn machines_become_nodes_with_matching_provider_id() {
         infrastructure_config: None,
         provider_id: None,
     };
-    let status = provider.create(&machine).await.unwrap();
+    let status = provider.create(&machine, None).await.unwrap();
     machine.provider_id = Some(status.provider_id.clone());
     let id = status
         .provider_id

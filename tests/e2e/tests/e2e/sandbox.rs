@@ -78,7 +78,7 @@ async fn assert_host_still_serves(rt: &Runtime, cloud: &SimCloud, name: &str) {
     let sim = sim_provider(rt, cloud);
     let m = machine(name, serde_json::json!({ "endpoint": cloud.url() }));
     let status = sim
-        .create(&m)
+        .create(&m, None)
         .await
         .expect("well-behaved plugin keeps working after a hostile one");
     assert!(status.provider_id.starts_with("sim://"));
@@ -93,8 +93,8 @@ async fn sim_provider_runs_the_machine_lifecycle_against_the_cloud() {
     sim.validate(&config.to_string()).await.unwrap();
 
     let mut m = machine("worker-0", config.clone());
-    let first = sim.create(&m).await.unwrap();
-    let again = sim.create(&m).await.unwrap();
+    let first = sim.create(&m, None).await.unwrap();
+    let again = sim.create(&m, None).await.unwrap();
     assert_eq!(
         first.provider_id, again.provider_id,
         "create is idempotent by machine uid"
@@ -154,7 +154,7 @@ async fn invalid_config_is_a_contract_error_naming_the_field() {
         _ => panic!("expected invalid-config, got {err}"),
     }
     let err = sim
-        .create(&machine("m", serde_json::json!({ "endpont": "x" })))
+        .create(&machine("m", serde_json::json!({ "endpont": "x" })), None)
         .await
         .unwrap_err();
     match err.plugin_error() {
@@ -180,10 +180,10 @@ async fn credentials_are_only_attached_when_granted() {
         .provider()
         .unwrap();
     let err = sim
-        .create(&machine(
-            "m",
-            serde_json::json!({ "endpoint": cloud.url() }),
-        ))
+        .create(
+            &machine("m", serde_json::json!({ "endpoint": cloud.url() })),
+            None,
+        )
         .await
         .unwrap_err();
     assert!(
@@ -206,7 +206,10 @@ async fn throttling_and_faults_are_transient_with_retry_after() {
     let config = serde_json::json!({ "endpoint": cloud.url() });
     let mut transient = None;
     for i in 0..5 {
-        if let Err(e) = sim.create(&machine(&format!("t{i}"), config.clone())).await {
+        if let Err(e) = sim
+            .create(&machine(&format!("t{i}"), config.clone()), None)
+            .await
+        {
             transient = Some(e);
             break;
         }
@@ -220,7 +223,10 @@ async fn throttling_and_faults_are_transient_with_retry_after() {
         capacity: Some(0),
         ..Default::default()
     });
-    let err = sim.create(&machine("stockout", config)).await.unwrap_err();
+    let err = sim
+        .create(&machine("stockout", config), None)
+        .await
+        .unwrap_err();
     match err.plugin_error() {
         Some(PluginError::Transient(t)) => {
             assert!(t.message.contains("InsufficientCapacity"), "{}", t.message)
@@ -239,10 +245,10 @@ async fn infinite_loop_hits_the_deadline() {
     };
     let p = hostile(&rt, &cloud, limits);
     let err = p
-        .create(&machine(
-            "loop",
-            serde_json::json!({ "attack": "infinite-loop" }),
-        ))
+        .create(
+            &machine("loop", serde_json::json!({ "attack": "infinite-loop" })),
+            None,
+        )
         .await
         .unwrap_err();
     assert!(
@@ -300,14 +306,14 @@ async fn cpu_bound_calls(call_threads: usize) {
     });
     let started = std::time::Instant::now();
     let spinning = async {
-        let results = futures::future::join_all((0..4).map(|_| p.create(&spin))).await;
+        let results = futures::future::join_all((0..4).map(|_| p.create(&spin, None))).await;
         (results, started.elapsed())
     };
     // The fifth call waits for a slot: its deadline only starts then.
     let fifth = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let waited = std::time::Instant::now();
-        let r = p.create(&spin).await;
+        let r = p.create(&spin, None).await;
         (r, waited.elapsed())
     };
     let ((results, spun), (fifth, fifth_took)) = futures::future::join(spinning, fifth).await;
@@ -349,10 +355,10 @@ async fn memory_bomb_hits_the_memory_limit() {
     };
     let p = hostile(&rt, &cloud, limits);
     let err = p
-        .create(&machine(
-            "bomb",
-            serde_json::json!({ "attack": "memory-bomb" }),
-        ))
+        .create(
+            &machine("bomb", serde_json::json!({ "attack": "memory-bomb" })),
+            None,
+        )
         .await
         .unwrap_err();
     match &err {
@@ -378,7 +384,10 @@ async fn expect_output_limit(attack: &str, kind: OutputKind) {
     let rt = runtime();
     let p = hostile(&rt, &cloud, Limits::default());
     let err = p
-        .create(&machine(attack, serde_json::json!({ "attack": attack })))
+        .create(
+            &machine(attack, serde_json::json!({ "attack": attack })),
+            None,
+        )
         .await
         .unwrap_err();
     match &err {
@@ -423,10 +432,13 @@ async fn http_to_an_undeclared_host_is_denied() {
     // 127.0.0.2 is loopback too, but the manifest declares only 127.0.0.1.
     let target = format!("http://127.0.0.2:{}/v1/instances", cloud.addr().port());
     let err = p
-        .create(&machine(
-            "exfil",
-            serde_json::json!({ "attack": "undeclared-host", "target": target }),
-        ))
+        .create(
+            &machine(
+                "exfil",
+                serde_json::json!({ "attack": "undeclared-host", "target": target }),
+            ),
+            None,
+        )
         .await
         .unwrap_err();
     match &err {
@@ -459,10 +471,13 @@ async fn a_redirect_cannot_escape_the_grant() {
         elsewhere.url()
     );
     let err = p
-        .create(&machine(
-            "redir",
-            serde_json::json!({ "attack": "redirect", "target": target }),
-        ))
+        .create(
+            &machine(
+                "redir",
+                serde_json::json!({ "attack": "redirect", "target": target }),
+            ),
+            None,
+        )
         .await
         .unwrap_err();
     match &err {
@@ -490,10 +505,13 @@ async fn a_forged_host_header_never_leaves_the_sandbox() {
     let p = hostile(&rt, &cloud, Limits::default());
     let target = format!("{}/v1/instances", cloud.url());
     let err = p
-        .create(&machine(
-            "host",
-            serde_json::json!({ "attack": "host-header", "target": target }),
-        ))
+        .create(
+            &machine(
+                "host",
+                serde_json::json!({ "attack": "host-header", "target": target }),
+            ),
+            None,
+        )
         .await
         .unwrap_err();
     match err.plugin_error() {
@@ -510,10 +528,13 @@ async fn a_trace_request_never_carries_the_granted_credential() {
     let p = hostile(&rt, &cloud, Limits::default());
     let target = format!("{}/v1/instances", cloud.url());
     let err = p
-        .create(&machine(
-            "trace",
-            serde_json::json!({ "attack": "trace", "target": target }),
-        ))
+        .create(
+            &machine(
+                "trace",
+                serde_json::json!({ "attack": "trace", "target": target }),
+            ),
+            None,
+        )
         .await
         .unwrap_err();
     match &err {
@@ -541,7 +562,7 @@ async fn a_closed_outbound_gate_lets_no_plugin_request_leave() {
     assert!(!rt.gate_outbound(|| true), "the gate is set once");
     let sim = sim_provider(&rt, &cloud);
     let m = machine("fenced", serde_json::json!({ "endpoint": cloud.url() }));
-    let err = sim.create(&m).await.unwrap_err();
+    let err = sim.create(&m, None).await.unwrap_err();
     match &err {
         Error::CapabilityDenied { detail, .. } => {
             assert!(detail.contains("this replica may not act now"), "{detail}")
@@ -550,7 +571,7 @@ async fn a_closed_outbound_gate_lets_no_plugin_request_leave() {
     }
     assert_eq!(cloud.stats().requests, 0, "nothing reached the cloud");
     leading.store(true, Ordering::SeqCst);
-    let status = sim.create(&m).await.expect("sends once leading");
+    let status = sim.create(&m, None).await.expect("sends once leading");
     assert!(status.provider_id.starts_with("sim://"));
     assert_eq!(cloud.stats().instances_launched, 1);
 }
@@ -561,7 +582,10 @@ async fn a_panic_is_a_trap_naming_plugin_and_call() {
     let rt = runtime();
     let p = hostile(&rt, &cloud, Limits::default());
     let err = p
-        .create(&machine("trap", serde_json::json!({ "attack": "trap" })))
+        .create(
+            &machine("trap", serde_json::json!({ "attack": "trap" })),
+            None,
+        )
         .await
         .unwrap_err();
     match &err {
@@ -578,7 +602,10 @@ async fn a_panic_is_a_trap_naming_plugin_and_call() {
     assert!(err.is_fault());
     // The plugin itself is not poisoned: every call gets a fresh instance.
     let ok = p
-        .create(&machine("fine", serde_json::json!({ "attack": "none" })))
+        .create(
+            &machine("fine", serde_json::json!({ "attack": "none" })),
+            None,
+        )
         .await
         .unwrap();
     assert!(ok.provider_id.starts_with("hostile://"));
@@ -595,10 +622,13 @@ async fn no_filesystem_environment_or_sockets() {
     assert!(std::env::vars().count() > 0);
     let target = cloud.addr().to_string();
     let err = p
-        .create(&machine(
-            "escape",
-            serde_json::json!({ "attack": "escape", "target": target }),
-        ))
+        .create(
+            &machine(
+                "escape",
+                serde_json::json!({ "attack": "escape", "target": target }),
+            ),
+            None,
+        )
         .await
         .unwrap_err();
     match err.plugin_error() {
@@ -666,12 +696,67 @@ async fn many_concurrent_calls_share_one_pre_instantiated_plugin() {
             &format!("c{i}"),
             serde_json::json!({ "endpoint": cloud.url() }),
         );
-        tasks.push(tokio::spawn(async move { sim.create(&m).await }));
+        tasks.push(tokio::spawn(async move { sim.create(&m, None).await }));
     }
     for t in tasks {
         t.await.unwrap().unwrap();
     }
     assert_eq!(cloud.stats().instances_launched, 40);
+}
+
+/// Contract 0.2.0 is additive: a provider built against 0.1.0 (the frozen
+/// package, `create(machine)`) loads and serves the whole lifecycle; only
+/// bootstrap data, which its `create` cannot carry, is refused before any
+/// call, naming the contract.
+#[tokio::test]
+async fn a_provider_built_against_contract_0_1_keeps_working() {
+    let rt = runtime();
+    let legacy = rt
+        .load_file(
+            &plugin("contract_0_1_provider"),
+            Limits::default(),
+            Grants::default(),
+        )
+        .unwrap();
+    assert_eq!(legacy.manifest().contract, "0.1.0");
+    assert!(
+        legacy
+            .exports()
+            .iter()
+            .any(|e| e == "capstan:plugin/provider@0.1.0")
+    );
+    let p = legacy.provider().unwrap();
+    assert!(!p.takes_bootstrap_data());
+    let m = machine("legacy", serde_json::json!({}));
+    p.validate("{}").await.unwrap();
+    let created = p.create(&m, None).await.unwrap();
+    assert_eq!(created.provider_id, format!("legacy://{}", m.uid));
+    assert_eq!(p.get(&m).await.unwrap().provider_id, created.provider_id);
+    assert_eq!(
+        p.delete(&m).await.unwrap(),
+        capstan_runtime::types::Deletion::Done
+    );
+    let data = capstan_runtime::types::BootstrapData {
+        format: capstan_runtime::types::BootstrapFormat::CloudConfig,
+        value: b"#cloud-config\n".to_vec(),
+    };
+    let err = p.create(&m, Some(&data)).await.unwrap_err();
+    assert!(
+        matches!(err, capstan_runtime::Error::Unsupported { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("contract 0.1.0"), "{err}");
+    // A 0.2.0 provider takes it.
+    let current = rt
+        .load_file(
+            &plugin("sim_provider"),
+            Limits::default(),
+            Grants::default(),
+        )
+        .unwrap()
+        .provider()
+        .unwrap();
+    assert!(current.takes_bootstrap_data());
 }
 
 #[tokio::test]
@@ -688,7 +773,7 @@ async fn inspection_reports_manifest_imports_and_exports() {
     assert!(
         p.exports()
             .iter()
-            .any(|e| e == "capstan:plugin/provider@0.1.0")
+            .any(|e| e == "capstan:plugin/provider@0.2.0")
     );
     assert!(
         p.imports()
@@ -725,7 +810,7 @@ async fn hundreds_of_requests_in_a_row_all_succeed() {
             serde_json::json!({ "endpoint": cloud.url() }),
         );
         let status = sim
-            .create(&m)
+            .create(&m, None)
             .await
             .unwrap_or_else(|e| panic!("create #{i}: {e}"));
         m.provider_id = Some(status.provider_id);
@@ -798,12 +883,12 @@ async fn a_request_flood_is_held_to_the_in_flight_budget_and_host_memory_stays_f
         serde_json::json!({ "attack": "request-flood", "target": target }),
     );
     // One warm-up call so the pool and code are in place before measuring.
-    let _ = p.create(&attack).await;
+    let _ = p.create(&attack, None).await;
     let before = rss_kib();
     // The peak while the calls run, sampled every 5 ms.
     let sampler = PeakRss::start();
     for round in 0..3 {
-        let err = p.create(&attack).await.unwrap_err();
+        let err = p.create(&attack, None).await.unwrap_err();
         match &err {
             Error::RequestLimit {
                 plugin,
@@ -858,7 +943,7 @@ async fn hoarded_header_maps_stay_within_the_per_call_host_object_budget() {
     let before = rss_kib();
     let sampler = PeakRss::start();
     for round in 0..3 {
-        let err = p.create(&attack).await.unwrap_err();
+        let err = p.create(&attack, None).await.unwrap_err();
         // The guest traps when its handle table is full, long before it
         // has made its 100,000 header maps.
         assert!(
@@ -891,7 +976,7 @@ async fn a_call_makes_at_most_its_request_budget_and_the_plugin_override_applies
         serde_json::json!({ "attack": "request-serial", "target": target }),
     );
     let p = hostile(&rt, &cloud, Limits::default());
-    let err = p.create(&attack).await.unwrap_err();
+    let err = p.create(&attack, None).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -913,7 +998,7 @@ async fn a_call_makes_at_most_its_request_budget_and_the_plugin_override_applies
             ..Limits::default()
         },
     );
-    let err = tight.create(&attack).await.unwrap_err();
+    let err = tight.create(&attack, None).await.unwrap_err();
     assert!(
         err.to_string()
             .contains("exceeded its limit of 5 outbound requests per call"),
@@ -954,14 +1039,17 @@ async fn aws_keys_sign_requests_but_never_reach_the_plugin() {
         .provider()
         .unwrap();
     let err = p
-        .create(&machine(
-            "probe",
-            serde_json::json!({
-                "attack": "probe-credentials",
-                "target": format!("{}/debug/echo?Action=DescribeInstances", granted.url()),
-                "endpoint": format!("{}/debug/echo", elsewhere.url()),
-            }),
-        ))
+        .create(
+            &machine(
+                "probe",
+                serde_json::json!({
+                    "attack": "probe-credentials",
+                    "target": format!("{}/debug/echo?Action=DescribeInstances", granted.url()),
+                    "endpoint": format!("{}/debug/echo", elsewhere.url()),
+                }),
+            ),
+            None,
+        )
         .await
         .unwrap_err();
     let shown = err.to_string();

@@ -63,7 +63,7 @@ async fn sim_updater_claims_version_and_updates_in_place() {
     let updater = updater_plugin.updater().unwrap();
 
     let mut current = machine(&cloud, "v1.30.0");
-    let created = provider.create(&current).await.unwrap();
+    let created = provider.create(&current, None).await.unwrap();
     current.provider_id = Some(created.provider_id.clone());
     let mut desired = current.clone();
     desired.version = Some("v1.31.0".into());

@@ -1,0 +1,751 @@
+//! A machine's bootstrap data and token: the I/O around
+//! [`capstan_planner::bootstrap`].
+//!
+//! [`prepare`] runs before the instance is created. With
+//! `spec.bootstrap.dataSecretName` it reads the user's Secret (type
+//! `cluster.x-k8s.io/secret`, in the Machine's namespace, not another
+//! Machine's). With `spec.bootstrap.plugin` it
+//! 1. reuses the machine's data Secret if an earlier pass wrote it;
+//! 2. reads what a machine needs to join from `kube-public/cluster-info`
+//!    (the API server and the cluster CA, as kubeadm publishes them);
+//! 3. has the bootstrap plugin render the data with the token placeholder;
+//! 4. mints the machine's bootstrap token (`kube-system/bootstrap-token-<id>`,
+//!    the id derived from the Machine's uid, so a retry finds it again);
+//! 5. puts the token in place of the placeholder and writes the data
+//!    Secret, owned by the Machine (the garbage collector removes it with
+//!    the Machine).
+//!
+//! [`tend_token`] renews the token until the Node has joined and then
+//! deletes it; [`release_token`] deletes it when the Machine goes. The
+//! token is never logged, put in an Event or condition, or given to a
+//! plugin other than the provider that passes it to the instance.
+
+use super::Context;
+use capstan_api::{Machine, MachineInitialization, MachineStatus};
+use capstan_kit::provider::{ProviderError, to_plugin_machine};
+use capstan_planner::bootstrap::{
+    self as plan, Source, TOKEN_PLACEHOLDER, TokenAction, check_size, data_secret_name, substitute,
+};
+use capstan_planner::machine::Bootstrap;
+use capstan_runtime::types::{BootstrapData, BootstrapFormat, JoinInfo, Taint};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// The Secret type of bootstrap data, as in Cluster API.
+pub(crate) const DATA_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
+/// The Secret type of a bootstrap token.
+const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+/// Where bootstrap tokens live.
+pub(crate) const TOKEN_NAMESPACE: &str = "kube-system";
+/// Label on a bootstrap token: the uid of the Machine it was minted for.
+pub(crate) const LABEL_TOKEN_MACHINE_UID: &str = "capstan.dev/machine-uid";
+
+fn retry(reason: &str, message: String, after_ms: u64) -> (Bootstrap, Option<BootstrapData>) {
+    (
+        Bootstrap::Retry {
+            reason: reason.into(),
+            message,
+            after_ms,
+        },
+        None,
+    )
+}
+
+fn failed(reason: &str, message: String) -> (Bootstrap, Option<BootstrapData>) {
+    (
+        Bootstrap::Failed {
+            reason: reason.into(),
+            message,
+        },
+        None,
+    )
+}
+
+/// A Kubernetes error as a retry (the text carries no Secret content).
+fn kube_retry(what: &str, e: &kube::Error) -> (Bootstrap, Option<BootstrapData>) {
+    let reason = match e {
+        kube::Error::Api(s) if s.code == 403 => "Forbidden",
+        _ => "BootstrapRetrying",
+    };
+    retry(reason, format!("{what}: {e}"), 10_000)
+}
+
+/// The data `create` passes to the instance, prepared as `spec.bootstrap`
+/// says; records the data Secret (and the token's expiry) in `draft`.
+pub(super) async fn prepare(
+    ctx: &Context,
+    machine: &Machine,
+    provider_takes_data: bool,
+    draft: &mut MachineStatus,
+) -> (Bootstrap, Option<BootstrapData>) {
+    let Some(spec) = &machine.spec.bootstrap else {
+        return (Bootstrap::Ready, None);
+    };
+    let source = match plan::source(
+        spec.data_secret_name.as_deref(),
+        spec.plugin.as_deref(),
+        spec.config.is_some(),
+    ) {
+        Ok(source) => source,
+        Err(message) => return failed("InvalidBootstrap", message),
+    };
+    if source != Source::None && !provider_takes_data {
+        return failed(
+            "ProviderCannotBootstrap",
+            format!(
+                "provider plugin {:?} implements contract 0.1.0, whose create cannot pass bootstrap data to the instance; use a provider built against contract {} or remove spec.bootstrap",
+                machine.spec.provider.plugin,
+                capstan_manifest::CONTRACT_VERSION
+            ),
+        );
+    }
+    let namespace = machine.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), &namespace);
+    let (name, result) = match source {
+        Source::None => return (Bootstrap::Ready, None),
+        Source::Secret(name) => (name.to_string(), users_data(&secrets, machine, name).await),
+        Source::Plugin(plugin) => {
+            let name = data_secret_name(&machine.name_any());
+            let config = spec
+                .config
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({}))
+                .to_string();
+            let result = rendered_data(ctx, &secrets, machine, &name, plugin, &config, draft).await;
+            (name, result)
+        }
+    };
+    if let (Bootstrap::Ready, Some(_)) = &result {
+        draft.bootstrap_data_secret_name = Some(name);
+        draft
+            .initialization
+            .get_or_insert_with(MachineInitialization::default)
+            .bootstrap_data_secret_created = Some(true);
+    }
+    result
+}
+
+/// Data and format from a data Secret; the message names what is wrong.
+fn data_of(secret: &Secret) -> Result<BootstrapData, String> {
+    let name = secret.name_any();
+    let data = secret.data.clone().unwrap_or_default();
+    let value = data
+        .get("value")
+        .ok_or_else(|| format!("Secret {name} has no key `value` (the bootstrap data)"))?;
+    let format = match data
+        .get("format")
+        .map(|f| String::from_utf8_lossy(&f.0).into_owned())
+    {
+        None => BootstrapFormat::CloudConfig,
+        Some(f) => match f.as_str() {
+            "cloud-config" => BootstrapFormat::CloudConfig,
+            "ignition" => BootstrapFormat::Ignition,
+            "shell" => BootstrapFormat::Shell,
+            other => {
+                return Err(format!(
+                    "Secret {name}: format `{other}` is not one of cloud-config, ignition, shell"
+                ));
+            }
+        },
+    };
+    check_size(value.0.len()).map_err(|m| format!("Secret {name}: {m}"))?;
+    Ok(BootstrapData {
+        format,
+        value: value.0.clone(),
+    })
+}
+
+fn format_name(format: BootstrapFormat) -> &'static str {
+    match format {
+        BootstrapFormat::CloudConfig => "cloud-config",
+        BootstrapFormat::Ignition => "ignition",
+        BootstrapFormat::Shell => "shell",
+    }
+}
+
+/// The uid of the Machine that owns a Secret, if one does.
+fn owning_machine(secret: &Secret) -> Option<&OwnerReference> {
+    secret
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Machine" && o.api_version.starts_with("capstan.dev/"))
+}
+
+/// The user's own data Secret: used as is, if it is a bootstrap data Secret
+/// and no other Machine's.
+async fn users_data(
+    secrets: &Api<Secret>,
+    machine: &Machine,
+    name: &str,
+) -> (Bootstrap, Option<BootstrapData>) {
+    let secret = match secrets.get_opt(name).await {
+        Ok(Some(secret)) => secret,
+        Ok(None) => {
+            return retry(
+                "WaitingForBootstrapData",
+                format!(
+                    "spec.bootstrap.dataSecretName: Secret {name} does not exist in namespace {}; create it (type {DATA_SECRET_TYPE}, key value)",
+                    machine.namespace().unwrap_or_default()
+                ),
+                10_000,
+            );
+        }
+        Err(e) => return kube_retry(&format!("reading Secret {name}"), &e),
+    };
+    if secret.type_.as_deref() != Some(DATA_SECRET_TYPE) {
+        return failed(
+            "InvalidBootstrapDataSecret",
+            format!(
+                "spec.bootstrap.dataSecretName: Secret {name} has type {:?}; bootstrap data Secrets have type {DATA_SECRET_TYPE}",
+                secret.type_.as_deref().unwrap_or("Opaque")
+            ),
+        );
+    }
+    if let Some(owner) = owning_machine(&secret)
+        && Some(owner.uid.as_str()) != machine.uid().as_deref()
+    {
+        return failed(
+            "InvalidBootstrapDataSecret",
+            format!(
+                "spec.bootstrap.dataSecretName: Secret {name} holds the bootstrap data of Machine {}; a machine may not boot with another machine's data",
+                owner.name
+            ),
+        );
+    }
+    match data_of(&secret) {
+        Ok(data) => (Bootstrap::Ready, Some(data)),
+        Err(message) => failed("InvalidBootstrapDataSecret", message),
+    }
+}
+
+/// The data a bootstrap plugin renders, with the machine's token in place.
+async fn rendered_data(
+    ctx: &Context,
+    secrets: &Api<Secret>,
+    machine: &Machine,
+    name: &str,
+    plugin: &str,
+    config: &str,
+    draft: &mut MachineStatus,
+) -> (Bootstrap, Option<BootstrapData>) {
+    let uid = machine.uid().unwrap_or_default();
+    // An earlier pass wrote it: the same data, the same token.
+    match secrets.get_opt(name).await {
+        Ok(Some(secret)) => return existing(&secret, &uid, name),
+        Ok(None) => {}
+        Err(e) => return kube_retry(&format!("reading Secret {name}"), &e),
+    }
+    let Some(bootstrap) = ctx.bootstraps.get(plugin) else {
+        return retry(
+            "BootstrapPluginNotReady",
+            format!(
+                "bootstrap plugin {plugin:?} is not loaded (yet); `kubectl get plugin {plugin}` says why"
+            ),
+            5_000,
+        );
+    };
+    let join = match join_info(ctx, machine).await {
+        Ok(join) => join,
+        Err(message) => return retry("JoinInfoUnavailable", message, 15_000),
+    };
+    let plugin_machine = to_plugin_machine(machine);
+    let rendering = bootstrap.render(&plugin_machine, config, &join);
+    let rendered = match capstan_kit::provider::timed(&ctx.kube.metrics, plugin, "render", async {
+        rendering.await.map_err(ProviderError::from)
+    })
+    .await
+    {
+        Ok(data) => data,
+        Err(ProviderError::InvalidConfig(m)) => {
+            return failed(
+                "InvalidBootstrapConfig",
+                format!("spec.bootstrap.config: {m}"),
+            );
+        }
+        Err(ProviderError::Transient {
+            message,
+            retry_after,
+        }) => {
+            return retry("BootstrapRetrying", message, retry_after.as_millis() as u64);
+        }
+        Err(ProviderError::Fault(m)) => return retry("BootstrapPluginFault", m, 30_000),
+        Err(other) => return failed("BootstrapFailed", other.to_string()),
+    };
+    if let Err(message) = check_size(rendered.value.len()) {
+        return failed("BootstrapDataTooLarge", message);
+    }
+    let token = match ensure_token(ctx, machine, draft).await {
+        Ok(token) => token,
+        Err(failure) => return failure,
+    };
+    let value = substitute(&rendered.value, &token);
+    if let Err(message) = check_size(value.len()) {
+        return failed("BootstrapDataTooLarge", message);
+    }
+    let data = BootstrapData {
+        format: rendered.format,
+        value,
+    };
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: machine.namespace(),
+            labels: machine
+                .spec
+                .cluster_name
+                .as_ref()
+                .map(|c| BTreeMap::from([("cluster.x-k8s.io/cluster-name".into(), c.clone())])),
+            owner_references: machine.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        type_: Some(DATA_SECRET_TYPE.into()),
+        data: Some(BTreeMap::from([
+            ("value".to_string(), ByteString(data.value.clone())),
+            (
+                "format".to_string(),
+                ByteString(format_name(data.format).as_bytes().to_vec()),
+            ),
+        ])),
+        ..Default::default()
+    };
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => (Bootstrap::Ready, Some(data)),
+        // Another pass (or a restart) wrote it first: use what it wrote.
+        Err(kube::Error::Api(s)) if s.code == 409 => match secrets.get_opt(name).await {
+            Ok(Some(secret)) => existing(&secret, &uid, name),
+            Ok(None) => retry(
+                "BootstrapRetrying",
+                format!("Secret {name} vanished"),
+                1_000,
+            ),
+            Err(e) => kube_retry(&format!("reading Secret {name}"), &e),
+        },
+        Err(e) => kube_retry(&format!("creating Secret {name}"), &e),
+    }
+}
+
+/// A data Secret already there: this machine's (use it) or not (refuse).
+fn existing(secret: &Secret, uid: &str, name: &str) -> (Bootstrap, Option<BootstrapData>) {
+    match owning_machine(secret) {
+        Some(owner) if owner.uid == uid => match data_of(secret) {
+            Ok(data) => (Bootstrap::Ready, Some(data)),
+            Err(message) => failed("InvalidBootstrapDataSecret", message),
+        },
+        _ => failed(
+            "BootstrapDataSecretConflict",
+            format!(
+                "Secret {name} exists and is not this Machine's; the host writes the rendered data there: delete or rename that Secret"
+            ),
+        ),
+    }
+}
+
+/// What the instance needs to join: the API server and the cluster CA from
+/// `kube-public/cluster-info` (as `kubeadm init` publishes it), the Node
+/// name (the Machine's), its registration labels and taints.
+async fn join_info(ctx: &Context, machine: &Machine) -> Result<JoinInfo, String> {
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.kube.client.clone(), "kube-public");
+    let info = maps
+        .get_opt("cluster-info")
+        .await
+        .map_err(|e| format!("reading kube-public/cluster-info: {e}"))?
+        .ok_or_else(|| {
+            "kube-public/cluster-info does not exist; a kubeadm cluster has it (kubeadm init phase bootstrap-token), other clusters need it created with the API server and CA machines join"
+                .to_string()
+        })?;
+    let kubeconfig = info
+        .data
+        .as_ref()
+        .and_then(|d| d.get("kubeconfig"))
+        .ok_or("kube-public/cluster-info has no `kubeconfig` key")?;
+    let (server, ca_pem) = cluster_of(kubeconfig)?;
+    let ca_hash = ca_pin(&ca_pem)?;
+    let labels = capstan_planner::metadata::node_managed_labels(
+        &machine.labels().clone().into_iter().collect(),
+    )
+    .into_iter()
+    .filter(|(k, _)| plan::kubelet_may_set(k))
+    .collect();
+    let taints = machine
+        .spec
+        .taints
+        .iter()
+        .map(|t| Taint {
+            key: t.key.clone(),
+            value: (!t.value.is_empty()).then(|| t.value.clone()),
+            effect: t.effect.as_str().to_string(),
+        })
+        .collect();
+    Ok(JoinInfo {
+        api_server_endpoints: vec![server],
+        ca_certificate: String::from_utf8_lossy(&ca_pem).into_owned(),
+        ca_certificate_hash: ca_hash,
+        kubernetes_version: machine.spec.version.clone(),
+        node_name: machine.name_any(),
+        node_labels: labels,
+        node_taints: taints,
+        token_placeholder: TOKEN_PLACEHOLDER.into(),
+    })
+}
+
+/// The first cluster of a kubeconfig: its server and CA (PEM).
+fn cluster_of(kubeconfig: &str) -> Result<(String, Vec<u8>), String> {
+    let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
+        .map_err(|e| format!("kube-public/cluster-info: the kubeconfig does not parse: {e}"))?;
+    let cluster = parsed
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or("kube-public/cluster-info: the kubeconfig names no cluster")?;
+    let server = cluster
+        .server
+        .clone()
+        .ok_or("kube-public/cluster-info: the cluster has no server")?;
+    let ca = cluster
+        .certificate_authority_data
+        .as_deref()
+        .ok_or("kube-public/cluster-info: the cluster has no certificate-authority-data")?;
+    use base64::Engine as _;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(ca.trim())
+        .map_err(|e| format!("kube-public/cluster-info: certificate-authority-data: {e}"))?;
+    Ok((server, pem))
+}
+
+/// kubeadm's CA pin: `sha256:` and the hex SHA-256 of the first
+/// certificate's DER SubjectPublicKeyInfo.
+pub(crate) fn ca_pin(pem: &[u8]) -> Result<String, String> {
+    let der = first_certificate_der(pem)?;
+    let spki = subject_public_key_info(&der)
+        .ok_or("the cluster CA certificate is not valid DER (no SubjectPublicKeyInfo)")?;
+    Ok(format!("sha256:{}", hex::encode(Sha256::digest(spki))))
+}
+
+fn first_certificate_der(pem: &[u8]) -> Result<Vec<u8>, String> {
+    let text = String::from_utf8_lossy(pem);
+    let body = text
+        .split("-----BEGIN CERTIFICATE-----")
+        .nth(1)
+        .and_then(|rest| rest.split("-----END CERTIFICATE-----").next())
+        .ok_or("the cluster CA holds no PEM certificate")?;
+    let b64: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| format!("the cluster CA certificate is not valid base64: {e}"))
+}
+
+/// One DER element at the start of `der`: (tag, whole element, content).
+fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let tag = *der.first()?;
+    let first = *der.get(1)?;
+    let (len, header) = if first < 0x80 {
+        (usize::from(first), 2)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let mut len = 0usize;
+        for b in der.get(2..2 + n)? {
+            len = (len << 8) | usize::from(*b);
+        }
+        (len, 2 + n)
+    };
+    let whole = der.get(..header + len)?;
+    Some((tag, whole, &whole[header..]))
+}
+
+/// The SubjectPublicKeyInfo element of a DER certificate: the seventh
+/// field of tbsCertificate, counting the optional `[0]` version.
+fn subject_public_key_info(cert: &[u8]) -> Option<&[u8]> {
+    let (_, _, certificate) = der_element(cert)?;
+    let (_, _, tbs) = der_element(certificate)?;
+    let mut rest = tbs;
+    let mut fields = Vec::new();
+    while !rest.is_empty() && fields.len() < 8 {
+        let (tag, whole, _) = der_element(rest)?;
+        fields.push((tag, whole));
+        rest = &rest[whole.len()..];
+    }
+    // version [0] is optional; then serial, signature, issuer, validity,
+    // subject, subjectPublicKeyInfo.
+    let skip = usize::from(fields.first()?.0 == 0xa0);
+    let (tag, spki) = *fields.get(skip + 5)?;
+    (tag == 0x30).then_some(spki)
+}
+
+/// The token id for a Machine: 6 characters of `[a-z0-9]` from its uid, so
+/// every pass (and every host) finds the same token Secret.
+fn token_id(uid: &str) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    Sha256::digest(format!("capstan-bootstrap-token:{uid}"))
+        .iter()
+        .take(6)
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect()
+}
+
+fn token_secret_name(uid: &str) -> String {
+    format!("bootstrap-token-{}", token_id(uid))
+}
+
+/// 16 random characters of `[a-z0-9]`: the token's secret half.
+fn token_secret_part() -> String {
+    use rand::Rng as _;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..16)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
+fn expiry_in(ttl: std::time::Duration) -> String {
+    let at = k8s_openapi::jiff::Timestamp::now().as_second() + ttl.as_secs() as i64;
+    k8s_openapi::jiff::Timestamp::from_second(at)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// The machine's token (`<id>.<secret>`), minted if it has none; records its
+/// expiry in `draft`.
+async fn ensure_token(
+    ctx: &Context,
+    machine: &Machine,
+    draft: &mut MachineStatus,
+) -> Result<String, (Bootstrap, Option<BootstrapData>)> {
+    let uid = machine.uid().unwrap_or_default();
+    let name = token_secret_name(&uid);
+    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
+    let field = |secret: &Secret, key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    let existing = tokens
+        .get_opt(&name)
+        .await
+        .map_err(|e| kube_retry(&format!("reading {TOKEN_NAMESPACE}/{name}"), &e))?;
+    if let Some(secret) = existing {
+        if secret.labels().get(LABEL_TOKEN_MACHINE_UID) != Some(&uid) {
+            return Err(failed(
+                "BootstrapTokenConflict",
+                format!(
+                    "{TOKEN_NAMESPACE}/{name} exists and was not minted for this Machine; delete it if it is stale"
+                ),
+            ));
+        }
+        let (Some(id), Some(part)) = (field(&secret, "token-id"), field(&secret, "token-secret"))
+        else {
+            return Err(failed(
+                "BootstrapTokenConflict",
+                format!("{TOKEN_NAMESPACE}/{name} has no token-id or token-secret"),
+            ));
+        };
+        draft
+            .initialization
+            .get_or_insert_with(MachineInitialization::default)
+            .bootstrap_token_expires = field(&secret, "expiration");
+        return Ok(format!("{id}.{part}"));
+    }
+    let id = token_id(&uid);
+    let part = token_secret_part();
+    let expiration = expiry_in(ctx.bootstrap_token.ttl);
+    let machine_key = format!(
+        "{}/{}",
+        machine.namespace().unwrap_or_default(),
+        machine.name_any()
+    );
+    let mut data = BTreeMap::from([
+        ("token-id".to_string(), id.clone()),
+        ("token-secret".to_string(), part.clone()),
+        ("expiration".to_string(), expiration.clone()),
+        ("usage-bootstrap-authentication".to_string(), "true".into()),
+        ("usage-bootstrap-signing".to_string(), "true".into()),
+        (
+            "description".to_string(),
+            format!("Capstan: bootstrap token of Machine {machine_key}"),
+        ),
+    ]);
+    if !ctx.bootstrap_token.extra_groups.is_empty() {
+        data.insert(
+            "auth-extra-groups".into(),
+            ctx.bootstrap_token.extra_groups.join(","),
+        );
+    }
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(TOKEN_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(
+                LABEL_TOKEN_MACHINE_UID.to_string(),
+                uid.clone(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                "capstan.dev/machine".to_string(),
+                machine_key,
+            )])),
+            ..Default::default()
+        },
+        type_: Some(TOKEN_SECRET_TYPE.into()),
+        string_data: Some(data),
+        ..Default::default()
+    };
+    match tokens.create(&PostParams::default(), &secret).await {
+        Ok(_) => {}
+        // Minted by a pass racing this one: use it on the next pass.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            return Err(retry(
+                "BootstrapRetrying",
+                format!("{TOKEN_NAMESPACE}/{name} was just created; reading it again"),
+                500,
+            ));
+        }
+        Err(e) => {
+            return Err(kube_retry(
+                &format!("creating {TOKEN_NAMESPACE}/{name}"),
+                &e,
+            ));
+        }
+    }
+    draft
+        .initialization
+        .get_or_insert_with(MachineInitialization::default)
+        .bootstrap_token_expires = Some(expiration);
+    Ok(format!("{id}.{part}"))
+}
+
+/// Renew the machine's token while its Node has not joined; delete it once
+/// it has. Only for machines whose status says they hold one.
+pub(super) async fn tend_token(
+    ctx: &Context,
+    machine: &Machine,
+    joined: bool,
+    draft: &mut MachineStatus,
+) {
+    let Some(expires) = draft
+        .initialization
+        .as_ref()
+        .and_then(|i| i.bootstrap_token_expires.clone())
+    else {
+        return;
+    };
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let expires_in = expires
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .map(|t| t.as_second() - now)
+        .unwrap_or(0);
+    let ttl = ctx.bootstrap_token.ttl.as_secs() as i64;
+    let uid = machine.uid().unwrap_or_default();
+    let name = token_secret_name(&uid);
+    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
+    let init = draft
+        .initialization
+        .get_or_insert_with(MachineInitialization::default);
+    match plan::token_action(joined, expires_in, ttl) {
+        TokenAction::Keep => {}
+        TokenAction::Delete => match delete_token(&tokens, &name, &uid).await {
+            Ok(()) => init.bootstrap_token_expires = None,
+            Err(error) => {
+                tracing::warn!(machine = %capstan_kit::key_of(machine), %error, "bootstrap token not deleted");
+            }
+        },
+        TokenAction::Renew => {
+            let expiration = expiry_in(ctx.bootstrap_token.ttl);
+            let patch = serde_json::json!({"stringData": {"expiration": expiration}});
+            match tokens
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => init.bootstrap_token_expires = Some(expiration),
+                // Gone (the token cleaner, or by hand): nothing to renew.
+                Err(kube::Error::Api(s)) if s.code == 404 => init.bootstrap_token_expires = None,
+                Err(error) => {
+                    tracing::warn!(machine = %capstan_kit::key_of(machine), %error, "bootstrap token not renewed");
+                }
+            }
+        }
+    }
+}
+
+/// Delete the machine's token, if it has one and it is its own.
+async fn delete_token(tokens: &Api<Secret>, name: &str, uid: &str) -> Result<(), kube::Error> {
+    let Some(secret) = tokens.get_opt(name).await? else {
+        return Ok(());
+    };
+    if secret
+        .labels()
+        .get(LABEL_TOKEN_MACHINE_UID)
+        .map(String::as_str)
+        != Some(uid)
+    {
+        return Ok(());
+    }
+    match tokens.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Delete the token of a Machine that is going away, joined or not.
+pub(super) async fn release_token(ctx: &Context, machine: &Machine) -> Result<(), kube::Error> {
+    if machine
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.plugin.as_ref())
+        .is_none()
+    {
+        return Ok(());
+    }
+    let uid = machine.uid().unwrap_or_default();
+    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
+    delete_token(&tokens, &token_secret_name(&uid), &uid).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_ids_are_kubeadm_shaped_and_stable() {
+        let id = token_id("0b3c1c9e-0000-4000-8000-000000000001");
+        assert_eq!(id.len(), 6);
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        );
+        assert_eq!(id, token_id("0b3c1c9e-0000-4000-8000-000000000001"));
+        assert_ne!(id, token_id("0b3c1c9e-0000-4000-8000-000000000002"));
+        let part = token_secret_part();
+        assert_eq!(part.len(), 16);
+        assert!(
+            part.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        );
+    }
+
+    #[test]
+    fn the_ca_pin_is_the_hash_of_the_public_key_info() {
+        use rcgen::PublicKeyData as _;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["ca".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let expected = format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(key.subject_public_key_info()))
+        );
+        assert_eq!(ca_pin(cert.pem().as_bytes()).unwrap(), expected);
+        assert!(ca_pin(b"not a certificate").is_err());
+    }
+}
