@@ -100,11 +100,16 @@ pub struct EnvOptions {
 /// The simulated kubelet's test timings: heartbeats every 2 s (with the
 /// control plane's default 10 s grace period, a Node goes `Ready=Unknown`
 /// about 10 s after its kubelet stops), pods running 200 ms after they are
-/// bound.
+/// bound. Instances launched without user data register with the
+/// kubelet's shared identity: the areas that are not about joining use
+/// Machines without `spec.bootstrap`; the `bootstrap` area joins them for
+/// real.
 pub fn test_kubelet() -> KubeletConfig {
     KubeletConfig {
         heartbeat_interval_ms: 2_000,
         pod_start_delay_ms: 200,
+        shared_identity_without_join_data: true,
+        join_timeout_ms: 60_000,
         ..Default::default()
     }
 }

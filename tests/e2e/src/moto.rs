@@ -287,6 +287,7 @@ impl Moto {
                                 hostname: name.clone(),
                                 zone: i.zone.clone().unwrap_or_default(),
                                 version: None,
+                                ..Default::default()
                             };
                             if kubelet.register(spec).await.is_ok() {
                                 registered.insert(name);

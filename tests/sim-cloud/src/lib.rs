@@ -34,8 +34,8 @@ use tokio::sync::oneshot;
 pub mod kubelet;
 pub mod timeline;
 pub use kubelet::{
-    ConditionOverride, KubeTarget, Kubelet, KubeletConfig, KubeletStats, NodeSpec, agent_trusting,
-    node_name,
+    ConditionOverride, JoinReport, KubeTarget, Kubelet, KubeletConfig, KubeletStats, NodeSpec,
+    agent_trusting, node_name,
 };
 pub use timeline::{Moment, Timeline};
 
@@ -205,6 +205,10 @@ pub struct Stats {
     /// Tag changes applied (`PATCH /v1/instances/{id}/tags` calls that
     /// changed something).
     pub tag_writes: u64,
+    /// Nodes that joined with their own identity (from user data).
+    pub nodes_joined: u64,
+    /// Instances that tried to join and gave up.
+    pub join_failures: u64,
 }
 
 impl Stats {
@@ -217,6 +221,8 @@ impl Stats {
             self.node_status_posts = k.node_status_posts;
             self.pods_started = k.pods_started;
             self.pods_removed = k.pods_removed;
+            self.nodes_joined = k.nodes_joined;
+            self.join_failures = k.join_failures;
         }
         self
     }
@@ -579,6 +585,7 @@ struct ListQuery {
 /// | `GET /admin/instances/{id}/user-data` | 200 [`UserData`] the instance was launched with, 404 (`NoUserData` when it has none) |
 /// | `POST /admin/instances/{id}/stop` | 204; the instance is `stopped`, as if stopped from the cloud console (its Node is left alone) |
 /// | `POST /admin/instances/{id}/vanish` | 204; the instance is gone at once, as if terminated and reaped out of band, and its Node is left in place |
+/// | `GET /admin/joins` | 200 how each instance's join went ([`JoinReport`]: `joining`, `joined`, `failed` with why, `no-join-data`) |
 /// | `GET /admin/nodes` | 200 the kubelet's Nodes and their fault switches |
 /// | `PUT /admin/nodes/{node}/heartbeats` (`{"enabled": false}`) | 204; stops (or restarts) that Node's kubelet: no Lease, no status, no pod changes |
 /// | `PUT /admin/nodes/{node}/conditions` ([`ConditionOverride`]) | 204; the Node reports that condition, for `seconds` or until cleared |
@@ -607,6 +614,7 @@ fn router(state: Shared) -> Router {
         .route("/admin/instances/{id}/stop", post(stop_instance))
         .route("/admin/instances/{id}/vanish", post(vanish_instance))
         .route("/admin/nodes", get(list_nodes))
+        .route("/admin/joins", get(list_joins))
         .route("/admin/timeline", get(timeline))
         .route("/admin/nodes/{node}/heartbeats", put(set_heartbeats))
         .route("/admin/nodes/{node}/conditions", put(set_condition))
@@ -688,8 +696,27 @@ async fn create(
             hostname: view.hostname.clone(),
             zone: view.failure_domain.clone(),
             version: view.version.clone(),
+            ..Default::default()
         };
-        node_call_later(boot, async move { kubelet.register(node).await });
+        let user_data = inner
+            .records
+            .get(&view.id)
+            .and_then(|r| r.req.user_data.clone());
+        // It boots from its user data, as a real instance does; without
+        // any it joins nothing, unless the kubelet registers it as itself.
+        match user_data {
+            Some(data) => node_call_later(boot, async move {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(&data.value)
+                    .map_err(|e| format!("user data is not base64: {e}"))?;
+                kubelet.join(node, &data.format, &bytes).await
+            }),
+            None if kubelet.config().shared_identity_without_join_data => {
+                node_call_later(boot, async move { kubelet.register(node).await })
+            }
+            None => kubelet.no_join_data(&node.provider_id),
+        }
     }
     (StatusCode::CREATED, Json(view)).into_response()
 }
@@ -762,7 +789,9 @@ async fn delete(
     inner.changing.insert(id.clone());
     if first_delete && let Some(kubelet) = inner.kubelet.clone() {
         let after = Duration::from_millis(inner.faults.delete_latency_ms);
-        let name = node_name(&id);
+        let name = kubelet
+            .node_of(&format!("sim://{id}"))
+            .unwrap_or_else(|| node_name(&id));
         node_call_later(after, async move { kubelet.unregister(&name).await });
     }
     inner.settle(now);
@@ -981,7 +1010,9 @@ async fn set_node_ready(
         Ok(k) => k,
         Err(resp) => return resp,
     };
-    let name = node_name(&id);
+    let name = kubelet
+        .node_of(&format!("sim://{id}"))
+        .unwrap_or_else(|| node_name(&id));
     switched(if req.ready {
         kubelet.clear_condition(&name, "Ready").await
     } else {
@@ -998,6 +1029,13 @@ async fn set_node_ready(
             )
             .await
     })
+}
+
+async fn list_joins(State(state): State<Shared>) -> Response {
+    match kubelet_of(&state) {
+        Ok(k) => Json(serde_json::json!({ "joins": k.joins() })).into_response(),
+        Err(resp) => resp,
+    }
 }
 
 async fn list_nodes(State(state): State<Shared>) -> Response {

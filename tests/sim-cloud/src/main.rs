@@ -60,6 +60,15 @@ struct Args {
     /// gracefully (its grace period is the upper bound).
     #[arg(long, default_value_t = KubeletConfig::default().pod_stop_delay_ms)]
     pod_stop_delay_ms: u64,
+    /// Register instances launched without user data with the kubelet's own
+    /// credential (a shared identity), instead of never, as a real instance
+    /// without join data would. For runs that are not about joining.
+    #[arg(long)]
+    shared_identity_without_join_data: bool,
+    /// Milliseconds an instance tries to join (token discovery, TLS
+    /// bootstrapping) before it gives up.
+    #[arg(long, default_value_t = KubeletConfig::default().join_timeout_ms)]
+    join_timeout_ms: u64,
 }
 
 #[tokio::main]
@@ -102,6 +111,8 @@ async fn main() -> anyhow::Result<()> {
             status_report_interval_ms: args.status_report_interval_ms,
             pod_start_delay_ms: args.pod_start_delay_ms,
             pod_stop_delay_ms: args.pod_stop_delay_ms,
+            shared_identity_without_join_data: args.shared_identity_without_join_data,
+            join_timeout_ms: args.join_timeout_ms,
         },
     })
     .await

@@ -197,6 +197,8 @@ async fn main() -> anyhow::Result<()> {
         },
         kubelet: KubeletConfig {
             heartbeat_interval_ms: 0,
+            // Not about joining: instances register with the kubelet's identity.
+            shared_identity_without_join_data: true,
             ..Default::default()
         },
         control_plane: ControlPlaneOptions::without_heartbeats(),

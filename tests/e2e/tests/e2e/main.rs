@@ -5,6 +5,7 @@
 //! supply_chain::` still runs one area.
 
 mod addons;
+mod bootstrap;
 mod controllers;
 mod drain;
 mod ec2;

@@ -19,6 +19,17 @@
 //!   do on SIGTERM, or when the grace period ends if that comes first, so
 //!   evictions complete.
 //!
+//! A Node joins in one of two ways. An instance launched with user data
+//! boots from it as a real one would ([`Kubelet::join`], see [`join`]):
+//! kubeadm's token discovery, then TLS bootstrapping, and every write for
+//! that Node (the Node, its Lease and status, its pods' status and
+//! removal) is made with the Node's own client certificate. Without user
+//! data an instance never joins, unless
+//! [`KubeletConfig::shared_identity_without_join_data`] lets the kubelet
+//! register it with its own (admin) credential, for runs that are not
+//! about joining (and scale runs beyond what per-Node TLS connections
+//! allow in one process). Reads (the watch of bound pods) are shared.
+//!
 //! Fault switches ([`Kubelet::set_heartbeats`], [`Kubelet::set_condition`],
 //! [`Kubelet::set_pod_ready`]) stop one Node's kubelet, bend its conditions
 //! for a time, or fail a pod's readiness; the cloud's admin API exposes them.
@@ -27,6 +38,7 @@
 //! module holds the state and does the I/O (kube-rs, with watches of the
 //! simulated Nodes and of bound pods).
 
+pub mod join;
 pub mod node;
 pub mod pod;
 
@@ -86,6 +98,15 @@ pub struct KubeletConfig {
     /// deletion); the grace period is the upper bound. `u64::MAX`: every
     /// pod holds its whole grace period.
     pub pod_stop_delay_ms: u64,
+    /// An instance launched without user data is registered with the
+    /// kubelet's own credential (a shared identity) instead of never
+    /// joining, as a real one would not. For runs that are not about
+    /// joining.
+    pub shared_identity_without_join_data: bool,
+    /// How long an instance tries to join (token discovery and TLS
+    /// bootstrapping) before it gives up, as `kubeadm join`'s discovery
+    /// timeout.
+    pub join_timeout_ms: u64,
 }
 
 impl Default for KubeletConfig {
@@ -95,6 +116,8 @@ impl Default for KubeletConfig {
             status_report_interval_ms: 300_000,
             pod_start_delay_ms: 500,
             pod_stop_delay_ms: 1_000,
+            shared_identity_without_join_data: false,
+            join_timeout_ms: 120_000,
         }
     }
 }
@@ -110,8 +133,27 @@ pub struct KubeletStats {
     pub pods_started: u64,
     pub pods_removed: u64,
     pub pod_readiness_changes: u64,
+    /// Nodes that joined with their own identity (token discovery and TLS
+    /// bootstrapping).
+    pub nodes_joined: u64,
+    /// Instances that tried to join and gave up.
+    pub join_failures: u64,
     /// Failed Kubernetes calls (details in the log).
     pub errors: u64,
+}
+
+/// How an instance's join went, for the cloud's admin API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinReport {
+    /// The instance's provider ID.
+    pub provider_id: String,
+    /// `joining`, `joined`, `failed` or `no-join-data`.
+    pub state: String,
+    /// The Node name it registers under, once known.
+    pub node: Option<String>,
+    /// Why it failed or did not try.
+    pub message: Option<String>,
 }
 
 /// What the admin API shows of one Node's kubelet.
@@ -200,9 +242,11 @@ pub fn node_name(instance_id: &str) -> String {
 }
 
 /// The kubelet's view of one of its Nodes.
-#[derive(Debug)]
 struct NodeState {
     spec: NodeSpec,
+    /// The Node's own identity (joined by TLS bootstrapping); `None`: the
+    /// kubelet's shared credential.
+    client: Option<Client>,
     uid: Option<String>,
     /// False while this Node's kubelet is stopped (fault switch).
     heartbeats: bool,
@@ -210,6 +254,15 @@ struct NodeState {
     /// Conditions changed by a switch or an expiry: post at the next tick.
     dirty: bool,
     last_status_post: Instant,
+}
+
+impl std::fmt::Debug for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeState")
+            .field("spec", &self.spec)
+            .field("own_identity", &self.client.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl NodeState {
@@ -239,6 +292,8 @@ struct Inner {
     pod_cache: Store<Pod>,
     stats: Mutex<KubeletStats>,
     next_pod_ip: AtomicU32,
+    /// Joins by provider ID.
+    joins: Mutex<BTreeMap<String, JoinReport>>,
 }
 
 /// Aborts the kubelet's background tasks when the last handle goes.
@@ -302,6 +357,7 @@ impl Kubelet {
             pod_cache,
             stats: Mutex::new(KubeletStats::default()),
             next_pod_ip: AtomicU32::new(1),
+            joins: Mutex::new(BTreeMap::new()),
         });
 
         let nodes = watcher(
@@ -352,18 +408,98 @@ impl Kubelet {
         &self.inner.config
     }
 
+    /// Boot an instance from its user data as a real one would: read the
+    /// kubeadm `JoinConfiguration`, discover the cluster with the token,
+    /// TLS-bootstrap the Node's own certificate and register with it. The
+    /// outcome is kept for [`Kubelet::joins`]; a failed join registers
+    /// nothing.
+    pub async fn join(&self, mut spec: NodeSpec, format: &str, data: &[u8]) -> Result<(), String> {
+        let provider_id = spec.provider_id.clone();
+        let report = |state: &str, node: Option<String>, message: Option<String>| JoinReport {
+            provider_id: provider_id.clone(),
+            state: state.into(),
+            node,
+            message,
+        };
+        lock(&self.inner.joins).insert(provider_id.clone(), report("joining", None, None));
+        let result = async {
+            let config = join::join_configuration(format, data)?;
+            spec.name = config.node_name.clone();
+            spec.hostname = config.node_name.clone();
+            spec.labels = config.node_labels.clone();
+            spec.taints = config.taints.clone();
+            let timeout = Duration::from_millis(self.inner.config.join_timeout_ms);
+            let client = join::bootstrap(&config, timeout).await?;
+            self.register_as(spec.clone(), Some(client)).await
+        }
+        .await;
+        let done = match &result {
+            Ok(()) => {
+                lock(&self.inner.stats).nodes_joined += 1;
+                report("joined", Some(spec.name.clone()), None)
+            }
+            Err(e) => {
+                lock(&self.inner.stats).join_failures += 1;
+                tracing::warn!(instance = %provider_id, error = %e, "simulated instance did not join");
+                report(
+                    "failed",
+                    Some(spec.name.clone()).filter(|n| !n.is_empty()),
+                    Some(e.clone()),
+                )
+            }
+        };
+        lock(&self.inner.joins).insert(provider_id, done);
+        result
+    }
+
+    /// Record that an instance booted without join data and will never
+    /// register (what a real instance does).
+    pub fn no_join_data(&self, provider_id: &str) {
+        lock(&self.inner.joins).insert(
+            provider_id.to_string(),
+            JoinReport {
+                provider_id: provider_id.to_string(),
+                state: "no-join-data".into(),
+                node: None,
+                message: Some(
+                    "the instance was launched without user data, so nothing makes it join: give its Machine spec.bootstrap".into(),
+                ),
+            },
+        );
+    }
+
+    /// How each instance's join went (by provider ID).
+    pub fn joins(&self) -> Vec<JoinReport> {
+        lock(&self.inner.joins).values().cloned().collect()
+    }
+
+    /// The Node an instance registered as, if it did.
+    pub fn node_of(&self, provider_id: &str) -> Option<String> {
+        lock(&self.inner.nodes)
+            .values()
+            .find(|s| s.spec.provider_id == provider_id)
+            .map(|s| s.spec.name.clone())
+    }
+
     /// Create the Node (or take over the existing one) with healthy status,
-    /// and its Lease when heartbeats are on.
+    /// and its Lease when heartbeats are on, with the kubelet's own (shared)
+    /// credential.
     pub async fn register(&self, spec: NodeSpec) -> Result<(), String> {
+        self.register_as(spec, None).await
+    }
+
+    async fn register_as(&self, spec: NodeSpec, client: Option<Client>) -> Result<(), String> {
         let inner = &self.inner;
         let name = spec.name.clone();
         let conditions = node::desired_conditions(&[], None, Timestamp::now(), Instant::now());
         let object: Node = serde_json::from_value(node::node_object(&spec, &conditions))
             .map_err(|e| format!("node object: {e}"))?;
+        let api: Api<Node> = Api::all(client.clone().unwrap_or_else(|| inner.client.clone()));
         lock(&inner.nodes).insert(
             name.clone(),
             NodeState {
                 spec,
+                client,
                 uid: None,
                 heartbeats: true,
                 overrides: Vec::new(),
@@ -371,7 +507,6 @@ impl Kubelet {
                 last_status_post: Instant::now(),
             },
         );
-        let api: Api<Node> = Api::all(inner.client.clone());
         let uid = match api.create(&PostParams::default(), &object).await {
             Ok(n) => n.metadata.uid,
             Err(e) if is_code(&e, &[409]) => {
@@ -504,6 +639,15 @@ impl Kubelet {
 }
 
 impl Inner {
+    /// The client a Node's writes go through: its own identity when it
+    /// joined, else the kubelet's shared one.
+    fn node_client(&self, node: &str) -> Client {
+        lock(&self.nodes)
+            .get(node)
+            .and_then(|s| s.client.clone())
+            .unwrap_or_else(|| self.client.clone())
+    }
+
     fn failed(&self, message: String) -> String {
         lock(&self.stats).errors += 1;
         tracing::warn!(error = %message, "simulated kubelet call failed");
@@ -525,7 +669,7 @@ impl Inner {
                 Instant::now(),
             )
         };
-        let api: Api<Node> = Api::all(self.client.clone());
+        let api: Api<Node> = Api::all(self.node_client(name));
         let patch = json!({ "status": { "conditions": conditions } });
         match api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -545,7 +689,7 @@ impl Inner {
 
     /// Renew the Node's Lease, creating it when missing.
     async fn renew_lease(&self, name: &str) -> Result<(), String> {
-        let api: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
+        let api: Api<Lease> = Api::namespaced(self.node_client(name), "kube-node-lease");
         let now = Timestamp::now();
         let patch = json!({ "spec": { "holderIdentity": name, "renewTime": MicroTime(now) } });
         match api
@@ -608,7 +752,12 @@ impl Inner {
 
     async fn run_step(&self, pod: &Pod, step: PodStep, host_ip: &str) -> Result<(), String> {
         let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.node_client(&node), &namespace);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let unready = || lock(&self.unready_pods).contains(&(namespace.clone(), name.clone()));
         let result = match step {

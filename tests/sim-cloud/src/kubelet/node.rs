@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 /// What a Node is made from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NodeSpec {
     pub name: String,
     pub provider_id: String,
@@ -19,6 +19,11 @@ pub struct NodeSpec {
     pub hostname: String,
     pub zone: String,
     pub version: Option<String>,
+    /// Labels it registers with besides its own (`--node-labels`).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Taints it registers with (`--register-with-taints`; Node taint
+    /// objects).
+    pub taints: Vec<Value>,
 }
 
 /// Resources every simulated Node offers the scheduler.
@@ -181,6 +186,9 @@ pub fn node_object(spec: &NodeSpec, conditions: &[NodeCondition]) -> Value {
     if let Some(v) = &spec.version {
         labels["capstan.dev/version"] = json!(v.replace('+', "_"));
     }
+    for (k, v) in &spec.labels {
+        labels[k.as_str()] = json!(v);
+    }
     let resources = json!({
         "cpu": CAPACITY_CPU,
         "memory": CAPACITY_MEMORY,
@@ -191,7 +199,7 @@ pub fn node_object(spec: &NodeSpec, conditions: &[NodeCondition]) -> Value {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": { "name": spec.name, "labels": labels },
-        "spec": { "providerID": spec.provider_id },
+        "spec": { "providerID": spec.provider_id, "taints": spec.taints },
         "status": {
             "capacity": resources,
             "allocatable": resources,
@@ -380,6 +388,7 @@ mod tests {
             hostname: "w.sim.internal".into(),
             zone: "zone-a".into(),
             version: Some("v1.30.0+k3s".into()),
+            ..Default::default()
         };
         let node = node_object(&spec, &[]);
         assert_eq!(node["status"]["allocatable"]["pods"], CAPACITY_PODS);
