@@ -57,7 +57,7 @@ enum Command {
     Crds,
     /// Run the controllers (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck)
     /// against a Kubernetes API until SIGINT/SIGTERM.
-    Controller(controller::Args),
+    Controller(Box<controller::Args>),
     /// Print (or --apply) everything to run Capstan in a cluster: CRDs,
     /// namespace, least-privilege RBAC and a Deployment of leader-elected
     /// replicas (`capstan install | kubectl apply -f -`).
@@ -170,7 +170,7 @@ fn main() -> ExitCode {
                 print!("{}", capstan_api::crds_yaml());
                 Ok(ExitCode::SUCCESS)
             }
-            Command::Controller(args) => controller::run(args).await,
+            Command::Controller(args) => controller::run(*args).await,
             Command::Install(args) => install::install(args).await,
             Command::Uninstall(args) => install::uninstall(args).await,
             Command::Rollout(rollout::Command::History(args)) => rollout::history(args).await,
