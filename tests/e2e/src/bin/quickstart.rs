@@ -280,6 +280,34 @@ spec:
     Ok(())
 }
 
+/// The kubeadm bootstrap Plugin's name.
+const BOOTSTRAP_PLUGIN: &str = "kubeadm-bootstrap";
+
+/// The kubeadm bootstrap plugin as a Plugin granted nothing (it asks for
+/// nothing: it renders cloud-config and never sees the token).
+fn create_bootstrap_plugin(env: &Env) -> anyhow::Result<()> {
+    let yaml = format!(
+        "apiVersion: capstan.dev/v1alpha1
+kind: Plugin
+metadata: {{name: {BOOTSTRAP_PLUGIN}}}
+spec:
+  source: file://{}
+  allowedNamespaces: {{names: [default]}}
+",
+        capstan_e2e::plugin("kubeadm_bootstrap").display()
+    );
+    step(&format!(
+        "created Plugin/{BOOTSTRAP_PLUGIN}: the sandboxed kubeadm bootstrap plugin, granted nothing; Capstan mints each machine a bootstrap token and puts it into the rendered cloud-config itself"
+    ));
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&yaml))
+            .map_err(anyhow::Error::msg)?
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
@@ -288,14 +316,17 @@ async fn main() -> anyhow::Result<()> {
     capstan_e2e::children_in_own_process_groups();
     let started = Instant::now();
     step("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on loopback");
-    let env = Env::start(Faults {
+    let mut options = capstan_e2e::env::EnvOptions::new(Faults {
         boot_latency_ms: args.boot_latency_ms,
         delete_latency_ms: 500,
         ..Default::default()
-    })
-    .await
-    .map_err(anyhow::Error::msg)
-    .context("the local environment did not start")?;
+    });
+    // Instances join as real ones do: from their user data, or not at all.
+    options.kubelet.shared_identity_without_join_data = false;
+    let env = Env::start_with(options)
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("the local environment did not start")?;
     let kubeconfig = env.control_plane.kubeconfig();
     let kubectl = capstan_e2e::control_plane::bin_dir().join("kubectl");
     println!(
@@ -307,7 +338,10 @@ async fn main() -> anyhow::Result<()> {
         "installed the CRDs (Plugin, Machine, MachineSet, MachineDeployment, MachineHealthCheck, Addon)",
     );
     println!(
-        "    simulated cloud at {}; its kubelet registers a Node per instance, renews the Node's Lease and runs the pods bound to it",
+        "    set up as kubeadm init sets a cluster up: a cluster CA, bootstrap tokens, Node authorization, CSR approval and signing, kube-public/cluster-info"
+    );
+    println!(
+        "    simulated cloud at {}; each instance boots from its user data as kubeadm join does (token discovery, a CSR for its own client certificate), then its kubelet registers the Node, renews its Lease and runs the pods bound to it",
         env.cloud.url()
     );
     let capstan = capstan_bin().map_err(anyhow::Error::msg)?;
@@ -364,13 +398,19 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let md = sample_deployment(
+    create_bootstrap_plugin(&env)?;
+    let mut md = sample_deployment(
         "quickstart",
         plugin_name,
         &env.cloud.url(),
         args.replicas,
         "v1.30.0",
     );
+    md.spec.template.spec.bootstrap = Some(capstan_api::MachineBootstrap {
+        plugin: Some(BOOTSTRAP_PLUGIN.into()),
+        config: Some(serde_json::json!({"kubeletExtraArgs": {"max-pods": "110"}})),
+        data_secret_name: None,
+    });
     let yaml = serde_yaml::to_string(&md)?;
     let manifest = kubeconfig.with_file_name("quickstart.yaml");
     std::fs::write(&manifest, &yaml)?;
@@ -465,12 +505,23 @@ spec:
             .kubectl(&["get", "md,ms,ma,nodes"], None)
             .map_err(anyhow::Error::msg)?
     );
+    step("the Nodes joined with their own certificates; kubectl get csr");
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["get", "csr"], None)
+            .map_err(anyhow::Error::msg)?
+    );
 
     if args.addon {
         install_addon(&env, &controller, started).await?;
     }
 
     if !args.exit_when_ready {
+        // Listening before "Press Ctrl-C" is printed: a Ctrl-C right after
+        // it must reach this handler, not end the process.
+        let mut interrupt =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         let k = format!(
             "{} --kubeconfig {}",
             kubectl.display(),
@@ -481,6 +532,9 @@ spec:
   {k} scale md/quickstart --replicas=5
   {k} patch md/quickstart --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"version\":\"v1.31.0\"}}}}}}}}'
   {k} get md,ms,ma -w
+  {k} get csr                 # each Node's client certificate, requested with its machine's token
+  {k} get secrets             # the machines' bootstrap data (cloud-config), owned by each Machine
+  curl -s {cloud}/admin/joins  # how each instance joined (or why it did not)
   {k} create deployment web --image=registry.k8s.io/pause:3.2 --replicas=3
   {k} get pods -o wide        # scheduled onto the machines' Nodes and Running
   curl -X PUT {cloud}/admin/nodes/NODE/heartbeats -H 'Content-Type: application/json' -d '{{\"enabled\":false}}'
@@ -502,7 +556,7 @@ controller, the cloud and the control plane stop and their data is removed.",
             metrics = controller.metrics_url,
             cloud = env.cloud.url(),
         );
-        tokio::signal::ctrl_c().await?;
+        interrupt.recv().await;
         println!();
     }
     step("deleting the MachineDeployment; waiting for every instance to be released");

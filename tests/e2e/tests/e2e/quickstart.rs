@@ -24,11 +24,15 @@ fn quickstart_reaches_ready_and_cleans_up() {
         "quickstart failed:\n{stdout}\n{stderr}"
     );
     for expected in [
+        "plugin.capstan.dev/kubeadm-bootstrap created",
         "==> kubectl apply -f",
         "machinehealthcheck.capstan.dev/quickstart created",
         "3 Ready",
         "machinedeployment.capstan.dev/quickstart   3          3       3         3           v1.30.0   Running",
         "sim://i-",
+        "==> the Nodes joined with their own certificates; kubectl get csr",
+        "kubernetes.io/kube-apiserver-client-kubelet",
+        "Approved,Issued",
         "addon.capstan.dev/dns created",
         "==> CoreDNS healthy; kubectl get addons",
         "healthy true (availableReplicas=2/2",
