@@ -377,6 +377,10 @@ pub struct MachineStatus {
     /// What the machine's initialization has done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initialization: Option<MachineInitialization>,
+    /// What the Node's kubelet reports about the machine (kubelet and
+    /// kernel versions, OS image, machine ID), as in Cluster API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_info: Option<k8s_openapi::api::core::v1::NodeSystemInfo>,
     /// `Ready` (the Node is Ready), `InstanceProvisioned`, `ConfigValid`,
     /// `Deleting` (which deletion step, what blocks it); written by the
     /// health check: `HealthCheckSucceeded`, `OwnerRemediated`.

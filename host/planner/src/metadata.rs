@@ -305,3 +305,73 @@ mod tests {
         }
     }
 }
+
+/// The annotations Cluster API keeps on a machine's Node so tools can go
+/// from the Node to its Machine: `cluster.x-k8s.io/machine`,
+/// `…/owner-kind` and `…/owner-name` (the Machine's controller, usually its
+/// MachineSet), `…/cluster-namespace`, and `…/cluster-name` where the
+/// machine has a cluster. Returns the ones the Node lacks or has
+/// otherwise, or `None` when it carries them all.
+pub fn node_annotations(
+    machine: &str,
+    namespace: &str,
+    cluster: Option<&str>,
+    owner: Option<(&str, &str)>,
+    current: &Map,
+) -> Option<Map> {
+    let mut wanted = Map::from([
+        ("cluster.x-k8s.io/machine".to_string(), machine.to_string()),
+        (
+            "cluster.x-k8s.io/cluster-namespace".to_string(),
+            namespace.to_string(),
+        ),
+    ]);
+    if let Some(cluster) = cluster {
+        wanted.insert("cluster.x-k8s.io/cluster-name".into(), cluster.into());
+    }
+    if let Some((kind, name)) = owner {
+        wanted.insert("cluster.x-k8s.io/owner-kind".into(), kind.into());
+        wanted.insert("cluster.x-k8s.io/owner-name".into(), name.into());
+    }
+    let missing: Map = wanted
+        .into_iter()
+        .filter(|(k, v)| current.get(k) != Some(v))
+        .collect();
+    (!missing.is_empty()).then_some(missing)
+}
+
+#[cfg(test)]
+mod node_annotation_tests {
+    use super::*;
+
+    #[test]
+    fn nodes_point_back_to_their_machine_as_in_cluster_api() {
+        let wanted = node_annotations(
+            "pool-abc",
+            "default",
+            Some("prod"),
+            Some(("MachineSet", "pool-5d8")),
+            &Map::new(),
+        )
+        .unwrap();
+        assert_eq!(wanted["cluster.x-k8s.io/machine"], "pool-abc");
+        assert_eq!(wanted["cluster.x-k8s.io/cluster-namespace"], "default");
+        assert_eq!(wanted["cluster.x-k8s.io/cluster-name"], "prod");
+        assert_eq!(wanted["cluster.x-k8s.io/owner-kind"], "MachineSet");
+        assert_eq!(wanted["cluster.x-k8s.io/owner-name"], "pool-5d8");
+        // Already there: nothing to write.
+        assert_eq!(
+            node_annotations(
+                "pool-abc",
+                "default",
+                Some("prod"),
+                Some(("MachineSet", "pool-5d8")),
+                &wanted
+            ),
+            None
+        );
+        // No cluster, no owner: only what applies.
+        let bare = node_annotations("m", "ns", None, None, &Map::new()).unwrap();
+        assert_eq!(bare.len(), 2);
+    }
+}

@@ -25,7 +25,9 @@ pub(crate) mod update;
 
 pub(crate) use node::own_node;
 pub(crate) use node::wanted_taints;
-use node::{carry_labels_to_node, carry_taints_to_node, claimed_node, node_is_ready};
+use node::{
+    annotate_node, carry_labels_to_node, carry_taints_to_node, claimed_node, node_is_ready,
+};
 use status::settle;
 
 use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
@@ -479,6 +481,9 @@ impl<'a> Pass<'a> {
                 if let Some(node) = &self.node {
                     // The next pass tries again; the instance is what this
                     // pass is about.
+                    if let Err(error) = annotate_node(ctx, machine, node).await {
+                        tracing::warn!(machine = %key_of(machine), %error, "node not annotated");
+                    }
                     if let Err(error) = carry_labels_to_node(ctx, machine, node).await {
                         tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
                     }

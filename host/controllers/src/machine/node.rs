@@ -23,6 +23,32 @@ use std::sync::Arc;
 /// `node.cluster.x-k8s.io/…`, `node-restriction.kubernetes.io/…`) on its
 /// Node, recording which ones in `cluster.x-k8s.io/labels-from-machine` so
 /// one removed from the machine leaves the Node and others' labels stay.
+/// Put Cluster API's annotations that point from the Node to its Machine on
+/// the Node, when it lacks them (one patch, once).
+pub(super) async fn annotate_node(
+    ctx: &Context,
+    machine: &Machine,
+    node: &Node,
+) -> Result<(), Error> {
+    let owner = machine
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.kind.as_str(), o.name.as_str()));
+    let Some(missing) = capstan_planner::metadata::node_annotations(
+        &machine.name_any(),
+        &machine.namespace().unwrap_or_default(),
+        machine.spec.cluster_name.as_deref(),
+        owner,
+        node.annotations(),
+    ) else {
+        return Ok(());
+    };
+    let patch = serde_json::json!({ "metadata": { "annotations": missing } });
+    let failing = format!("cannot annotate, for machine {},", key_of(machine));
+    crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_annotations", &failing).await
+}
+
 pub(super) async fn carry_labels_to_node(
     ctx: &Context,
     machine: &Machine,

@@ -409,6 +409,11 @@ fn settle_observed(
             name: n.name_any(),
             uid: n.uid(),
         });
+        // What the kubelet reports about the machine (Cluster API's
+        // `status.nodeInfo`).
+        if let Some(info) = n.status.as_ref().and_then(|s| s.node_info.clone()) {
+            status.node_info = Some(info);
+        }
     }
     let running = instance.state == PlannedState::Running;
     if running {

@@ -165,6 +165,20 @@ async fn machines_join_with_their_own_identity_by_tls_bootstrap() {
         // The Node is named after the Machine and joined as itself.
         let node = capstan_e2e::env::node_of(m);
         assert_eq!(node, name);
+        // It points back to its Machine as Cluster API's Nodes do, and the
+        // Machine reports what the kubelet says.
+        let annotations = env
+            .eventually("Node annotated", Duration::from_secs(30), async || {
+                let n = Api::<Node>::all(env.client.clone()).get(&node).await.ok()?;
+                let a = n.annotations().clone();
+                a.contains_key("cluster.x-k8s.io/owner-name").then_some(a)
+            })
+            .await;
+        assert_eq!(annotations["cluster.x-k8s.io/machine"], name);
+        assert_eq!(annotations["cluster.x-k8s.io/cluster-namespace"], "default");
+        assert_eq!(annotations["cluster.x-k8s.io/owner-kind"], "MachineSet");
+        let info = status.node_info.clone().expect("status.nodeInfo");
+        assert_eq!(info.kubelet_version, "v1.20.2");
         let join = joins["joins"]
             .as_array()
             .unwrap()
