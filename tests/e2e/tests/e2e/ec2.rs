@@ -735,3 +735,148 @@ async fn wrong_keys_are_unauthorized_on_the_machine_retried_slowly_and_a_fixed_s
     assert_eq!(moto.live_instances().unwrap().len(), 1);
     nodes.abort();
 }
+
+/// The kubeadm bootstrap plugin as a Plugin granted nothing, serving
+/// `default`.
+async fn install_kubeadm_plugin(env: &Env) {
+    let spec = PluginSpec {
+        source: format!("file://{}", plugin("kubeadm_bootstrap").display()),
+        allowed_namespaces: Some(capstan_api::AllowedNamespaces {
+            names: vec!["default".into()],
+            selector: None,
+        }),
+        ..Default::default()
+    };
+    Api::<Plugin>::all(env.client.clone())
+        .create(&PostParams::default(), &Plugin::new("kubeadm", spec))
+        .await
+        .unwrap();
+}
+
+/// A Machine's bootstrap data reaches its EC2 instance as `UserData`: what
+/// moto stored is exactly the data Secret, with the machine's real token
+/// in place of the placeholder the plugin rendered. Data over EC2's 16 KiB
+/// limit is refused before `RunInstances`, naming the size.
+#[tokio::test]
+async fn bootstrap_data_reaches_the_instance_as_user_data_within_ec2s_limit() {
+    crate::logs();
+    let mut env = Env::start(Default::default()).await.unwrap();
+    let moto = Arc::new(Moto::start(Auth::Checked).unwrap());
+    install_ec2_plugin(&env, &moto, &moto.url, false).await;
+    install_kubeadm_plugin(&env).await;
+    env.start_controllers(Providers::default(), Options::default())
+        .await;
+    let machines: Api<capstan_api::Machine> = Api::namespaced(env.client.clone(), "default");
+    let spec = |config: serde_json::Value| {
+        let mut spec = ec2_deployment("x", machine_config(&moto, "t3.micro"), 1)
+            .spec
+            .template
+            .spec;
+        spec.bootstrap = Some(capstan_api::MachineBootstrap {
+            plugin: Some("kubeadm".into()),
+            config: Some(config),
+            data_secret_name: None,
+        });
+        spec
+    };
+    let mut joined = capstan_api::Machine::new("joins", spec(serde_json::json!({})));
+    joined.metadata.namespace = Some("default".into());
+    // 20 KiB of file content: under Capstan's 64 KiB, over EC2's 16 KiB.
+    let mut large = capstan_api::Machine::new(
+        "too-large",
+        spec(
+            serde_json::json!({"files": [{"path": "/etc/big", "content": "x".repeat(20 * 1024)}]}),
+        ),
+    );
+    large.metadata.namespace = Some("default".into());
+    for m in [&joined, &large] {
+        machines.create(&PostParams::default(), m).await.unwrap();
+    }
+    let instance = env
+        .eventually(
+            "the instance launched",
+            Duration::from_secs(60),
+            async || {
+                let m = machines.get("joins").await.ok()?;
+                pid(&m)?;
+                Some(m)
+            },
+        )
+        .await;
+    let id = pid(&instance)
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let xml = moto
+        .ec2(
+            "DescribeInstanceAttribute",
+            &[("InstanceId", id.as_str()), ("Attribute", "userData")],
+        )
+        .unwrap();
+    let b64 = xml
+        .split("<userData>")
+        .nth(1)
+        .and_then(|rest| rest.split("<value>").nth(1))
+        .and_then(|rest| rest.split("</value>").next())
+        .unwrap_or_else(|| panic!("no userData in {xml}"));
+    use base64::Engine;
+    let user_data = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .unwrap();
+    let secret_name = instance
+        .status
+        .as_ref()
+        .and_then(|s| s.bootstrap_data_secret_name.clone())
+        .unwrap();
+    let secret = Api::<Secret>::namespaced(env.client.clone(), "default")
+        .get(&secret_name)
+        .await
+        .unwrap();
+    assert_eq!(user_data, secret.data.unwrap()["value"].0);
+    let text = String::from_utf8(user_data).unwrap();
+    assert!(!text.contains("@@CAPSTAN_BOOTSTRAP_TOKEN@@"));
+    let token =
+        capstan_e2e::sim_cloud::kubelet::join::join_configuration("cloud-config", text.as_bytes())
+            .expect("a JoinConfiguration")
+            .token;
+    // The token is the one Capstan minted for this machine in kube-system.
+    let tokens = Api::<Secret>::namespaced(env.client.clone(), "kube-system")
+        .list(&kube::api::ListParams::default().labels(&format!(
+            "capstan.dev/machine-uid={}",
+            instance.uid().unwrap()
+        )))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(tokens.len(), 1);
+    let data = tokens[0].data.clone().unwrap();
+    let minted = format!(
+        "{}.{}",
+        String::from_utf8_lossy(&data["token-id"].0),
+        String::from_utf8_lossy(&data["token-secret"].0)
+    );
+    assert_eq!(token, minted);
+
+    let message = env
+        .eventually(
+            "the large data refused",
+            Duration::from_secs(60),
+            async || {
+                let status = machines.get("too-large").await.ok()?.status?;
+                status.failure_message
+            },
+        )
+        .await;
+    assert!(
+        message.contains("over EC2's user data limit of 16384 bytes"),
+        "{message}"
+    );
+    assert_eq!(
+        moto.instances().unwrap().len(),
+        1,
+        "only the first launched"
+    );
+    env.stop_controllers().await;
+}
