@@ -1,4 +1,4 @@
-//! `capstan plugin conformance PATH --world provider|updater|addon --config JSON`:
+//! `capstan plugin conformance PATH --world provider|updater|addon|bootstrap --config JSON`:
 //! run the contract checks of `capstan-conformance` against a plugin and
 //! print the report; exit 1 when any check fails. An updater is checked
 //! against an instance that `--provider` creates.
@@ -24,17 +24,21 @@ use std::time::Duration;
     --current-version v1.30.0 --desired-version v1.31.0 --allow-host 127.0.0.1:8787 \\\n    \
     --bearer-from-env sim-cloud=SIM_TOKEN\n\n\
     An addon plugin (no cluster needed):\n  \
-    capstan plugin conformance coredns_addon.wasm --world addon --config '{\"replicas\":1}'"
+    capstan plugin conformance coredns_addon.wasm --world addon --config '{\"replicas\":1}'\n\n\
+    A bootstrap plugin (no cluster needed):\n  \
+    capstan plugin conformance kubeadm_bootstrap.wasm --world bootstrap \\\n    \
+    --config '{\"preKubeadmCommands\":[\"swapoff -a\"]}' --invalid-config '{\"files\":[{\"path\":\"x\",\"content\":\"\"}]}'"
 )]
 pub struct Args {
     /// Path of the plugin component (`.wasm`).
     pub path: PathBuf,
-    /// The world to check: `provider`, `updater` or `addon`.
+    /// The world to check: `provider`, `updater`, `addon` or `bootstrap`.
     #[arg(long, default_value = "provider")]
     pub world: String,
     /// A valid provider config (JSON object) pointing at a live target.
     /// For an updater: the config the test instance is created with. For an
-    /// addon: the Addon's `config` to render with (default `{}`).
+    /// addon or a bootstrap plugin: the config to render with (default
+    /// `{}`).
     #[arg(long)]
     pub config: Option<String>,
     /// Updaters: the provider plugin (`.wasm`) that creates (and at the
@@ -70,7 +74,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let world: World = args.world.parse()?;
     let config_text = match (&args.config, world) {
         (Some(c), _) => c.clone(),
-        (None, World::Addon) => "{}".to_string(),
+        (None, World::Addon | World::Bootstrap) => "{}".to_string(),
         (None, _) => bail!(
             "--config is required for the {world} world: a valid provider config (JSON object) pointing at a live target"
         ),
@@ -103,6 +107,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let plugin = runtime.load_file(&args.path, args.sandbox.limits(), args.sandbox.grants()?)?;
     if world == World::Addon {
         let report = capstan_conformance::run_addon(&plugin.addon()?, &config_text).await;
+        return print_report(&report, args.output);
+    }
+    if world == World::Bootstrap {
+        let report = capstan_conformance::run_bootstrap(
+            &plugin.bootstrap()?,
+            &config_text,
+            &args.invalid_configs,
+        )
+        .await;
         return print_report(&report, args.output);
     }
     if world == World::Updater {

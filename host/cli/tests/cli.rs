@@ -758,3 +758,35 @@ spec:
         );
     }
 }
+
+/// `capstan plugin conformance --world bootstrap`: the kubeadm plugin passes
+/// every check; a config it must refuse is refused as invalid-config.
+#[tokio::test(flavor = "multi_thread")]
+async fn bootstrap_conformance_passes_the_kubeadm_plugin() {
+    let path = plugin("kubeadm_bootstrap").display().to_string();
+    let args = [
+        "plugin",
+        "conformance",
+        &path,
+        "--world",
+        "bootstrap",
+        "--config",
+        r#"{"preKubeadmCommands":["swapoff -a"]}"#,
+        "--invalid-config",
+        r#"{"files":[{"path":"relative","content":""}]}"#,
+        "-o",
+        "json",
+    ];
+    let out = run(capstan(&args)).await;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    let checks = report["checks"].as_array().unwrap();
+    assert!(checks.len() >= 8, "{report:#}");
+    assert!(checks.iter().all(|c| c["result"] == "pass"), "{report:#}");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["name"].as_str().unwrap().contains("token placeholder")),
+        "{report:#}"
+    );
+}

@@ -17,9 +17,11 @@
 #![forbid(unsafe_code)]
 
 pub mod addon;
+pub mod bootstrap;
 pub mod updater;
 
 pub use addon::run_addon;
+pub use bootstrap::run_bootstrap;
 pub use updater::{UpdaterOptions, run_updater};
 
 use capstan_runtime::types::{Deletion, InstanceState, Machine, MachineStatus, PluginError};
