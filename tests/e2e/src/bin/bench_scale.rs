@@ -11,7 +11,12 @@
 //! background propagation, unless `--delete-propagation foreground`) with
 //! the writes per machine and the API server's CPU seconds that took, the Wasm/native ratio of each, and the
 //! writes and the API server's and etcd's CPU during an idle period after
-//! convergence. `--shards K` adds the Wasm run split over
+//! convergence. `--bootstrap` adds the Wasm run with every machine joining
+//! for real (the kubeadm bootstrap plugin, a bootstrap token per machine,
+//! token discovery and TLS bootstrapping, each Node writing with its own
+//! certificate), printed beside the plain Wasm run (whose instances
+//! register with the simulated kubelet's shared identity). `--shards K`
+//! adds the Wasm run split over
 //! K watch-filtered controllers, `--kube-api-qps Q/B` the Wasm run under a
 //! client-side rate limit; `--svg` draws the figures against N.
 //!
@@ -37,6 +42,8 @@ const USAGE: &str =
   --machines N[,N...]       machines to scale to (default 1000); several sizes run one after another
   --kube-api-qps Q/B        also run the Wasm variant with the controller limited to Q requests per second
                             and bursts of B (its --kube-api-qps and --kube-api-burst; default: not run)
+  --bootstrap               also run the Wasm variant with the kubeadm bootstrap plugin: machines join by token
+                            discovery and TLS bootstrapping, each Node with its own client certificate
   --shards K                also run the Wasm variant as K controllers with --watch-filter, each owning a labelled
                             deployment with its share of the machines (default 1: not run)
   --delete-propagation P    how the deployments are deleted at the end: background (default, as kubectl
@@ -45,6 +52,9 @@ const USAGE: &str =
   --idle-seconds S          idle period after convergence in which writes and CPU are counted (default 60)
   --boot-latency-ms MS      simulated instance boot time (default 1000)
   --heartbeat-interval-ms MS  the simulated kubelet renews each Node's Lease this often (default 0: off)";
+
+/// The kubeadm bootstrap Plugin of `--bootstrap` runs.
+const BOOTSTRAP_PLUGIN: &str = "kubeadm-bootstrap";
 
 struct Args {
     machines: Vec<i32>,
@@ -56,6 +66,7 @@ struct Args {
     boot_latency_ms: u64,
     heartbeat_interval_ms: u64,
     foreground: bool,
+    bootstrap: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -68,6 +79,7 @@ fn parse_args() -> anyhow::Result<Args> {
         boot_latency_ms: 1000,
         heartbeat_interval_ms: 0,
         foreground: false,
+        bootstrap: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -118,6 +130,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     }
                 }
             }
+            "--bootstrap" => args.bootstrap = true,
             "--svg" => args.svg = Some(it.next().context("--svg needs a path")?.into()),
             "--idle-seconds" => args.idle = Duration::from_secs(value("--idle-seconds")?),
             "--boot-latency-ms" => args.boot_latency_ms = value("--boot-latency-ms")?,
@@ -347,8 +360,12 @@ async fn run_variant(
     (variant, plugin): (&str, &str),
     shards: i32,
     rate: Option<(f64, u32)>,
+    bootstrap: bool,
 ) -> anyhow::Result<Figures> {
     let mut label = variant.to_string();
+    if bootstrap {
+        label += ", bootstrap";
+    }
     if shards > 1 {
         label += &format!(", {shards} shards");
     }
@@ -372,11 +389,18 @@ async fn run_variant(
     let mut fleet = vec![];
     for shard in 0..shards {
         let name = format!(
-            "bench-{variant}-{machines}-{}{shard}",
-            if rate.is_some() { "limited-" } else { "" }
+            "bench-{variant}-{machines}-{}{}{shard}",
+            if rate.is_some() { "limited-" } else { "" },
+            if bootstrap { "boot-" } else { "" }
         );
         let replicas = machines / shards + i32::from(shard < machines % shards);
         let mut md = sample_deployment(&name, plugin, &env.cloud.url(), 0, "v1.30.0");
+        if bootstrap {
+            md.spec.template.spec.bootstrap = Some(capstan_api::MachineBootstrap {
+                plugin: Some(BOOTSTRAP_PLUGIN.into()),
+                ..Default::default()
+            });
+        }
         if let Some(value) = filter(shard) {
             let key = capstan_controllers::LABEL_WATCH_FILTER.to_string();
             md.metadata
@@ -558,19 +582,42 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .map_err(anyhow::Error::msg)?;
+    if args.bootstrap {
+        let yaml = format!(
+            "apiVersion: capstan.dev/v1alpha1\nkind: Plugin\nmetadata: {{name: {BOOTSTRAP_PLUGIN}}}\nspec:\n  source: file://{}\n  allowedNamespaces: {{names: [default]}}\n",
+            capstan_e2e::plugin("kubeadm_bootstrap").display()
+        );
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&yaml))
+            .map_err(anyhow::Error::msg)?;
+    }
     let mut points = vec![];
     for &machines in &args.machines {
         let wasm_plugin = ("wasm", SIM_PLUGIN);
-        let wasm = run_variant(&env, &args, machines, wasm_plugin, 1, None).await?;
-        let native = run_variant(&env, &args, machines, ("native", "sim-native"), 1, None).await?;
+        let wasm = run_variant(&env, &args, machines, wasm_plugin, 1, None, false).await?;
+        let native = run_variant(
+            &env,
+            &args,
+            machines,
+            ("native", "sim-native"),
+            1,
+            None,
+            false,
+        )
+        .await?;
         print_figures(&args, machines, &wasm, &native);
+        if args.bootstrap {
+            let joined = run_variant(&env, &args, machines, wasm_plugin, 1, None, true).await?;
+            print_beside("wasm_bootstrap", &wasm, &joined);
+        }
         if args.shards > 1 {
             let sharded =
-                run_variant(&env, &args, machines, wasm_plugin, args.shards, None).await?;
+                run_variant(&env, &args, machines, wasm_plugin, args.shards, None, false).await?;
             print_beside(&format!("wasm_{}_shards", args.shards), &wasm, &sharded);
         }
         if let Some((qps, burst)) = args.rate {
-            let limited = run_variant(&env, &args, machines, wasm_plugin, 1, args.rate).await?;
+            let limited =
+                run_variant(&env, &args, machines, wasm_plugin, 1, args.rate, false).await?;
             print_beside(&format!("wasm_qps_{qps}_burst_{burst}"), &wasm, &limited);
         }
         points.push((machines, wasm, native));
