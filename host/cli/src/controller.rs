@@ -204,14 +204,17 @@ pub struct Args {
     #[arg(long, env = "CAPSTAN_BOOTSTRAP_TOKEN_TTL", default_value = "15m", value_parser = crate::options::parse_duration)]
     pub bootstrap_token_ttl: std::time::Duration,
     /// The groups bootstrap tokens authenticate into besides
-    /// system:bootstrappers (repeatable). The default is kubeadm's, whose
-    /// node client certificate requests a kubeadm cluster approves.
+    /// system:bootstrappers (repeatable). The default is one kubeadm does
+    /// not approve: Capstan approves a machine's node certificate request
+    /// only for that machine's own Node (`capstan install` lets the group
+    /// request them). kubeadm's system:bootstrappers:kubeadm:default-node-token
+    /// hands the requests to kubeadm's approver, which signs any Node name.
     #[arg(
         long = "bootstrap-token-group",
         env = "CAPSTAN_BOOTSTRAP_TOKEN_GROUPS",
         value_delimiter = ',',
         value_name = "GROUP",
-        default_value = "system:bootstrappers:kubeadm:default-node-token"
+        default_value = capstan_controllers::MACHINE_BOOTSTRAPPERS
     )]
     pub bootstrap_token_groups: Vec<String>,
 }

@@ -191,11 +191,20 @@ pub struct Manifests {
     /// own that rules name (bootstrap tokens in kube-system, cluster-info in
     /// kube-public).
     pub system_roles: Vec<(Role, RoleBinding)>,
+    /// Lets Capstan's machine bootstrap tokens (their group,
+    /// `system:bootstrappers:capstan:machines`) request node client
+    /// certificates: Kubernetes' `system:node-bootstrapper` role. Capstan,
+    /// not kubeadm, approves them.
+    pub machine_bootstrappers: ClusterRoleBinding,
     /// The controller replicas.
     pub deployment: Deployment,
     /// The trust policy, when one was given.
     pub trust_policy: Option<ConfigMap>,
 }
+
+/// The ClusterRoleBinding that lets machines' bootstrap tokens request node
+/// client certificates.
+pub const MACHINE_BOOTSTRAPPERS_BINDING: &str = "capstan-machine-bootstrappers";
 
 /// Where the trust policy is mounted in the controller's container.
 const TRUST_POLICY_DIR: &str = "/etc/capstan";
@@ -246,6 +255,8 @@ pub fn policy_rules(scope: Scope) -> Vec<PolicyRule> {
         .map(|r| PolicyRule {
             api_groups: Some(vec![r.group.to_string()]),
             resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
+            resource_names: (!r.resource_names.is_empty())
+                .then(|| r.resource_names.iter().map(|s| s.to_string()).collect()),
             verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         })
@@ -533,6 +544,19 @@ pub fn manifests(args: &InstallArgs, image: &str, policy: Option<&TrustPolicy>) 
                 )
             })
             .collect(),
+        machine_bootstrappers: ClusterRoleBinding {
+            metadata: meta(MACHINE_BOOTSTRAPPERS_BINDING, None),
+            role_ref: RoleRef {
+                name: "system:node-bootstrapper".into(),
+                ..role_ref("ClusterRole")
+            },
+            subjects: Some(vec![Subject {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Group".into(),
+                name: capstan_controllers::MACHINE_BOOTSTRAPPERS.into(),
+                namespace: None,
+            }]),
+        },
         deployment: deployment(args, image, policy.is_some()),
         trust_policy: policy.map(|p| ConfigMap {
             metadata: meta(TRUST_POLICY_CONFIG_MAP, Some(ns)),
@@ -564,8 +588,13 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
             Scope::TenantNamespaces => "tenant namespaces, by --tenant-namespace",
             Scope::Namespace(ns) => ns,
         };
+        let names = if rule.resource_names.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", rule.resource_names.join(","))
+        };
         out.push_str(&format!(
-            "#   {}/{} [{}] ({scope}): {}\n",
+            "#   {}/{}{names} [{}] ({scope}): {}\n",
             if rule.group.is_empty() {
                 "core"
             } else {
@@ -593,6 +622,7 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
         yaml(&mut out, role)?;
         yaml(&mut out, binding)?;
     }
+    yaml(&mut out, &m.machine_bootstrappers)?;
     if let Some(policy) = &m.trust_policy {
         yaml(&mut out, policy)?;
     }
@@ -662,6 +692,7 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         apply(Api::namespaced(client.clone(), &fixed), role).await?;
         apply(Api::namespaced(client.clone(), &fixed), binding).await?;
     }
+    apply(Api::all(client.clone()), &m.machine_bootstrappers).await?;
     if let Some(policy) = &m.trust_policy {
         apply(Api::namespaced(client.clone(), ns), policy).await?;
     }
@@ -810,6 +841,11 @@ pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
         delete(Api::<RoleBinding>::namespaced(client.clone(), fixed), NAME).await?;
         delete(Api::<Role>::namespaced(client.clone(), fixed), NAME).await?;
     }
+    delete(
+        Api::<ClusterRoleBinding>::all(client.clone()),
+        MACHINE_BOOTSTRAPPERS_BINDING,
+    )
+    .await?;
     // The tenant namespaces' bindings, wherever they were made.
     let bindings = Api::<RoleBinding>::all(client.clone())
         .list(&ListParams::default().fields(&format!("metadata.name={TENANT_BINDING}")))

@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+mod csr;
 pub mod deployment;
 pub mod healthcheck;
 pub mod history;
@@ -97,6 +98,12 @@ pub struct Options {
     pub bootstrap_token: BootstrapTokenOptions,
 }
 
+/// The group Capstan's bootstrap tokens authenticate into by default: one
+/// kubeadm's approver does not answer, so Capstan's own approver decides
+/// which Node certificate a machine's token may get (its own only).
+/// `capstan install` lets this group create node client CSRs.
+pub const MACHINE_BOOTSTRAPPERS: &str = "system:bootstrappers:capstan:machines";
+
 /// How a machine's bootstrap token is minted (`kube-system/bootstrap-token-<id>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootstrapTokenOptions {
@@ -104,9 +111,10 @@ pub struct BootstrapTokenOptions {
     /// (`--bootstrap-token-ttl`, default 15 minutes as in Cluster API).
     pub ttl: Duration,
     /// The groups the token authenticates into besides
-    /// `system:bootstrappers` (`--bootstrap-token-group`, default kubeadm's
-    /// `system:bootstrappers:kubeadm:default-node-token`, whose CSRs a
-    /// kubeadm cluster approves).
+    /// `system:bootstrappers` (`--bootstrap-token-group`, default
+    /// [`MACHINE_BOOTSTRAPPERS`], whose node client CSRs Capstan answers;
+    /// kubeadm's `system:bootstrappers:kubeadm:default-node-token` hands
+    /// them to kubeadm's approver, which signs any Node name).
     pub extra_groups: Vec<String>,
 }
 
@@ -114,7 +122,7 @@ impl Default for BootstrapTokenOptions {
     fn default() -> Self {
         BootstrapTokenOptions {
             ttl: Duration::from_secs(15 * 60),
-            extra_groups: vec!["system:bootstrappers:kubeadm:default-node-token".into()],
+            extra_groups: vec![MACHINE_BOOTSTRAPPERS.into()],
         }
     }
 }
@@ -285,6 +293,7 @@ pub async fn run(
         Arc::new(kube.clone()),
         shutdown.clone(),
     );
+    let node_csr_approver = csr::approver(kube.clone(), shutdown.clone());
     let addon_controller = capstan_addons::engine::controller(
         watches.addons.subscribe(),
         watches.plugins.subscribe(),
@@ -297,7 +306,7 @@ pub async fn run(
     );
 
     let reflectors = watches.start(&metrics);
-    futures::future::join(
+    futures::future::join3(
         futures::future::join5(
             plugin_controller,
             machine_controller,
@@ -306,6 +315,7 @@ pub async fn run(
             health_check_controller,
         ),
         addon_controller,
+        node_csr_approver,
     )
     .await;
     reflectors.abort();

@@ -39,6 +39,8 @@ pub struct Rule {
     pub resources: &'static [&'static str],
     /// Verbs.
     pub verbs: &'static [&'static str],
+    /// Only these objects (empty: all of the resource).
+    pub resource_names: &'static [&'static str],
     /// Cluster-wide or own namespace.
     pub scope: Scope,
 }
@@ -59,6 +61,7 @@ pub const RULES: &[Rule] = &[
             "addons",
         ],
         verbs: READ,
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -73,6 +76,7 @@ pub const RULES: &[Rule] = &[
             "addons/status",
         ],
         verbs: &["patch"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -80,6 +84,7 @@ pub const RULES: &[Rule] = &[
         group: "capstan.dev",
         resources: &["addons"],
         verbs: &["patch"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -87,6 +92,7 @@ pub const RULES: &[Rule] = &[
         group: "capstan.dev",
         resources: &["machines"],
         verbs: &["create", "patch", "delete"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -94,6 +100,7 @@ pub const RULES: &[Rule] = &[
         group: "capstan.dev",
         resources: &["machinedeployments"],
         verbs: &["patch"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -101,6 +108,7 @@ pub const RULES: &[Rule] = &[
         group: "capstan.dev",
         resources: &["machinesets"],
         verbs: &["create", "patch", "delete"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -108,6 +116,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["nodes"],
         verbs: &["get", "list", "watch", "patch", "delete"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -115,6 +124,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["pods"],
         verbs: &["list", "watch"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -122,6 +132,7 @@ pub const RULES: &[Rule] = &[
         group: "capstan.dev",
         resources: &["machinedrainrules"],
         verbs: &["list"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -129,6 +140,7 @@ pub const RULES: &[Rule] = &[
         group: "apps",
         resources: &["daemonsets"],
         verbs: &["list", "watch"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -136,6 +148,7 @@ pub const RULES: &[Rule] = &[
         group: "storage.k8s.io",
         resources: &["volumeattachments"],
         verbs: &["list", "watch"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -143,6 +156,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["persistentvolumes"],
         verbs: &["list"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -150,6 +164,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["pods/eviction"],
         verbs: &["create"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -157,6 +172,7 @@ pub const RULES: &[Rule] = &[
         group: "events.k8s.io",
         resources: &["events"],
         verbs: &["create", "patch"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -164,6 +180,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["events"],
         verbs: &["create"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -171,6 +188,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["secrets"],
         verbs: READ,
+        resource_names: &[],
         scope: Scope::OwnNamespace,
     },
     Rule {
@@ -178,6 +196,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["secrets"],
         verbs: &["get", "create"],
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -185,6 +204,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["secrets"],
         verbs: &["get", "create", "patch", "delete"],
+        resource_names: &[],
         scope: Scope::Namespace("kube-system"),
     },
     Rule {
@@ -192,13 +212,39 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["configmaps"],
         verbs: &["get"],
+        resource_names: &[],
         scope: Scope::Namespace("kube-public"),
+    },
+    Rule {
+        why: "csr: read node client certificate requests, to answer those made with Machines' bootstrap tokens",
+        group: "certificates.k8s.io",
+        resources: &["certificatesigningrequests"],
+        verbs: READ,
+        resource_names: &[],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "csr: approve a Machine's token's request for its own Node's certificate, deny any other",
+        group: "certificates.k8s.io",
+        resources: &["certificatesigningrequests/approval"],
+        verbs: &["update", "patch"],
+        resource_names: &[],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "csr: the approval is for kubelet client certificates only (no other signer: never a client certificate for any other user)",
+        group: "certificates.k8s.io",
+        resources: &["signers"],
+        verbs: &["approve"],
+        resource_names: &["kubernetes.io/kube-apiserver-client-kubelet"],
+        scope: Scope::Cluster,
     },
     Rule {
         why: "all controllers: namespace labels, for Plugins' spec.allowedNamespaces selectors",
         group: "",
         resources: &["namespaces"],
         verbs: READ,
+        resource_names: &[],
         scope: Scope::Cluster,
     },
     Rule {
@@ -206,6 +252,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["serviceaccounts"],
         verbs: &["impersonate"],
+        resource_names: &[],
         scope: Scope::TenantNamespaces,
     },
     Rule {
@@ -213,6 +260,7 @@ pub const RULES: &[Rule] = &[
         group: "coordination.k8s.io",
         resources: &["leases"],
         verbs: &["get", "list", "watch", "create", "update"],
+        resource_names: &[],
         scope: Scope::OwnNamespace,
     },
 ];
@@ -252,6 +300,15 @@ mod tests {
                 }
             }
             assert!(!rule.resources.contains(&"*"), "{rule:?}");
+            // Approving is only ever for the kubelet client signer.
+            if rule.verbs.contains(&"approve") {
+                assert_eq!(rule.resources, ["signers"], "{rule:?}");
+                assert_eq!(
+                    rule.resource_names,
+                    ["kubernetes.io/kube-apiserver-client-kubelet"],
+                    "{rule:?}"
+                );
+            }
         }
     }
 

@@ -136,10 +136,144 @@ pub fn kubelet_may_set(label: &str) -> bool {
         || prefix.ends_with(".node.kubernetes.io")
 }
 
+/// The signer of kubelets' client certificates.
+pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+
+/// What becomes of a certificate signing request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CsrDecision {
+    /// A Machine's token asks for that Machine's Node identity: approve.
+    Approve,
+    /// A Machine's token asks for something else: deny, saying why.
+    Deny(String),
+    /// Not a request Capstan answers (another signer, a Node renewing its
+    /// own certificate, a token that is not a Machine's).
+    Ignore,
+}
+
+/// Whether a kubelet client CSR made with a bootstrap token is approved:
+/// only when the token is a Machine's (`token_machine`: the name of the
+/// Machine whose token the requester `system:bootstrap:<id>` is) and the
+/// request is exactly for that Machine's Node — subject
+/// `CN=system:node:<machine>, O=system:nodes` and client usages only. One
+/// machine's token can then never become another Node.
+pub fn node_csr(
+    signer: &str,
+    requester: &str,
+    token_machine: Option<&str>,
+    common_name: Option<&str>,
+    organizations: &[String],
+    usages: &[String],
+) -> CsrDecision {
+    if signer != KUBELET_CLIENT_SIGNER || !requester.starts_with("system:bootstrap:") {
+        return CsrDecision::Ignore;
+    }
+    let Some(machine) = token_machine else {
+        return CsrDecision::Ignore;
+    };
+    let wanted = format!("system:node:{machine}");
+    if common_name != Some(wanted.as_str()) {
+        return CsrDecision::Deny(format!(
+            "the bootstrap token of Machine {machine} may ask only for {wanted}, not {}",
+            common_name.unwrap_or("(no common name)")
+        ));
+    }
+    if organizations != ["system:nodes"] {
+        return CsrDecision::Deny(format!(
+            "a Node certificate's organization is exactly system:nodes, not {organizations:?}"
+        ));
+    }
+    const ALLOWED: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
+    if !usages.iter().any(|u| u == "client auth")
+        || usages.iter().any(|u| !ALLOWED.contains(&u.as_str()))
+    {
+        return CsrDecision::Deny(format!(
+            "a Node client certificate has the usages client auth, digital signature and key encipherment only, not {usages:?}"
+        ));
+    }
+    CsrDecision::Approve
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_machines_token_becomes_that_machines_node_and_no_other() {
+        let orgs = vec!["system:nodes".to_string()];
+        let usages: Vec<String> = ["digital signature", "key encipherment", "client auth"]
+            .map(String::from)
+            .to_vec();
+        let decide = |cn: &str, machine: Option<&str>| {
+            node_csr(
+                KUBELET_CLIENT_SIGNER,
+                "system:bootstrap:abcdef",
+                machine,
+                Some(cn),
+                &orgs,
+                &usages,
+            )
+        };
+        assert_eq!(
+            decide("system:node:pool-1", Some("pool-1")),
+            CsrDecision::Approve
+        );
+        let denied = decide("system:node:victim", Some("pool-1"));
+        assert!(
+            matches!(&denied, CsrDecision::Deny(m) if m.contains("only for system:node:pool-1")),
+            "{denied:?}"
+        );
+        // Not a Machine's token, another signer, a Node renewing: not ours.
+        assert_eq!(decide("system:node:pool-1", None), CsrDecision::Ignore);
+        assert_eq!(
+            node_csr(
+                "kubernetes.io/kube-apiserver-client",
+                "system:bootstrap:abcdef",
+                Some("pool-1"),
+                Some("system:node:pool-1"),
+                &orgs,
+                &usages
+            ),
+            CsrDecision::Ignore
+        );
+        assert_eq!(
+            node_csr(
+                KUBELET_CLIENT_SIGNER,
+                "system:node:pool-1",
+                Some("pool-1"),
+                Some("system:node:pool-1"),
+                &orgs,
+                &usages
+            ),
+            CsrDecision::Ignore
+        );
+        // The right name with extra organizations or usages is denied.
+        let masters = vec!["system:nodes".to_string(), "system:masters".to_string()];
+        assert!(matches!(
+            node_csr(
+                KUBELET_CLIENT_SIGNER,
+                "system:bootstrap:abcdef",
+                Some("pool-1"),
+                Some("system:node:pool-1"),
+                &masters,
+                &usages
+            ),
+            CsrDecision::Deny(_)
+        ));
+        let server = vec!["server auth".to_string()];
+        assert!(matches!(
+            node_csr(
+                KUBELET_CLIENT_SIGNER,
+                "system:bootstrap:abcdef",
+                Some("pool-1"),
+                Some("system:node:pool-1"),
+                &orgs,
+                &server
+            ),
+            CsrDecision::Deny(_)
+        ));
+    }
 
     #[test]
     fn exactly_one_source() {

@@ -21,6 +21,25 @@ pub fn install_docs() -> Vec<Value> {
         .collect()
 }
 
+/// The ClusterRoleBinding `capstan install` makes so that machines'
+/// bootstrap tokens may request node client certificates (which Capstan,
+/// not kubeadm, approves): what a cluster needs for machines to join.
+pub fn machine_bootstrappers_docs() -> Vec<Value> {
+    let docs: Vec<Value> = install_docs()
+        .into_iter()
+        .filter(|d| {
+            d["kind"] == "ClusterRoleBinding"
+                && d["subjects"][0]["name"] == capstan_controllers::MACHINE_BOOTSTRAPPERS
+        })
+        .collect();
+    assert_eq!(
+        docs.len(),
+        1,
+        "capstan install binds the machine bootstrappers"
+    );
+    docs
+}
+
 /// The RoleBinding `capstan install --tenant-namespace NAMESPACE` makes:
 /// Capstan may act as ServiceAccounts of `namespace` (and of no other).
 pub fn tenant_binding_docs(namespace: &str) -> Vec<Value> {

@@ -441,7 +441,7 @@ fn first_certificate_der(pem: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// One DER element at the start of `der`: (tag, whole element, content).
-fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+pub(crate) fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let tag = *der.first()?;
     let first = *der.get(1)?;
     let (len, header) = if first < 0x80 {
@@ -482,7 +482,7 @@ fn subject_public_key_info(cert: &[u8]) -> Option<&[u8]> {
 
 /// The token id for a Machine: 6 characters of `[a-z0-9]` from its uid, so
 /// every pass (and every host) finds the same token Secret.
-fn token_id(uid: &str) -> String {
+pub(crate) fn token_id(uid: &str) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     Sha256::digest(format!("capstan-bootstrap-token:{uid}"))
         .iter()

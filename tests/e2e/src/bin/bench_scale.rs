@@ -590,6 +590,10 @@ async fn main() -> anyhow::Result<()> {
         env.control_plane
             .kubectl(&["apply", "-f", "-"], Some(&yaml))
             .map_err(anyhow::Error::msg)?;
+        capstan_e2e::install::kubectl_apply(
+            &env,
+            &capstan_e2e::install::machine_bootstrappers_docs(),
+        );
     }
     let mut points = vec![];
     for &machines in &args.machines {

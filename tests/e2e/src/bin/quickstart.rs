@@ -305,6 +305,19 @@ spec:
             .kubectl(&["apply", "-f", "-"], Some(&yaml))
             .map_err(anyhow::Error::msg)?
     );
+    step(
+        "let machines' bootstrap tokens request their Nodes' certificates (the ClusterRoleBinding `capstan install` makes; Capstan approves each for its own Node only)",
+    );
+    let binding = serde_json::json!({
+        "apiVersion": "v1", "kind": "List",
+        "items": capstan_e2e::install::machine_bootstrappers_docs(),
+    });
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&binding.to_string()))
+            .map_err(anyhow::Error::msg)?
+    );
     Ok(())
 }
 

@@ -27,11 +27,16 @@ const KUBEADM_PRIVATE: &str = "kubeadm-private";
 /// An audited environment whose instances join only with join data, the
 /// kubeadm bootstrap Plugins, and the controllers as installed.
 async fn joining_env() -> Env {
-    let mut options = EnvOptions::new(Faults {
+    joining_env_with(Faults {
         boot_latency_ms: 200,
         delete_latency_ms: 200,
         ..Default::default()
-    });
+    })
+    .await
+}
+
+async fn joining_env_with(faults: Faults) -> Env {
+    let mut options = EnvOptions::new(faults);
     options.control_plane.audit = true;
     options.kubelet.shared_identity_without_join_data = false;
     // Long enough for the bootstrap signer to sign a new token, short
@@ -518,4 +523,93 @@ async fn a_bootstrap_plugin_not_allowed_in_the_namespace_gets_nothing() {
             .iter()
             .all(|s| s.type_.as_deref() != Some("cluster.x-k8s.io/secret"))
     );
+}
+
+/// A machine's bootstrap token gets a certificate for that machine's Node
+/// and no other: Capstan answers its tokens' CSRs (kubeadm's approver does
+/// not see their group), denying a request for another Node's name.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machines_token_gets_only_its_own_nodes_certificate() {
+    use capstan_e2e::sim_cloud::kubelet::join;
+    crate::logs();
+    // Instances never boot: the test holds the machine's token itself.
+    let env = joining_env_with(Faults {
+        register_nodes: false,
+        ..Default::default()
+    })
+    .await;
+    let md = with_bootstrap(
+        sample_deployment("held", SIM_PLUGIN, &env.cloud.url(), 1, "v1.20.2"),
+        KUBEADM,
+        json!({}),
+    );
+    Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    let (machine, data) = env
+        .eventually(
+            "the machine's bootstrap data",
+            Duration::from_secs(60),
+            async || {
+                let m = env.machines("default").await.into_iter().next()?;
+                let name = m.status.as_ref()?.bootstrap_data_secret_name.clone()?;
+                let secret = Api::<Secret>::namespaced(env.client.clone(), "default")
+                    .get(&name)
+                    .await
+                    .ok()?;
+                let value = String::from_utf8(secret.data?["value"].0.clone()).ok()?;
+                Some((m.name_any(), value))
+            },
+        )
+        .await;
+    let mut config = join::join_configuration("cloud-config", data.as_bytes()).unwrap();
+    assert_eq!(config.node_name, machine);
+    // Another Node's name with this machine's token: denied, saying why.
+    config.node_name = "victim".into();
+    let err = join::bootstrap(&config, Duration::from_secs(30))
+        .await
+        .err()
+        .expect("a certificate for another Node's name");
+    assert!(err.contains("denied"), "{err}");
+    let csrs = Api::<CertificateSigningRequest>::all(env.client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let conditions = |c: &CertificateSigningRequest| {
+        c.status
+            .clone()
+            .unwrap_or_default()
+            .conditions
+            .unwrap_or_default()
+    };
+    let denied = csrs
+        .iter()
+        .flat_map(conditions)
+        .find(|c| c.type_ == "Denied")
+        .expect("a denied CSR");
+    assert_eq!(denied.reason.as_deref(), Some("NotTheMachinesNode"));
+    assert!(
+        denied
+            .message
+            .unwrap_or_default()
+            .contains(&format!("may ask only for system:node:{machine}")),
+    );
+    // Its own Node's name: approved by Capstan, signed by the control plane.
+    config.node_name = machine.clone();
+    let own = join::bootstrap(&config, Duration::from_secs(30))
+        .await
+        .expect("the machine's own Node certificate");
+    drop(own);
+    let approved = Api::<CertificateSigningRequest>::all(env.client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(conditions)
+        .find(|c| c.type_ == "Approved")
+        .expect("an approved CSR");
+    assert_eq!(approved.reason.as_deref(), Some("MachineBootstrapToken"));
 }

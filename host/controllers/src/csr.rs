@@ -1,0 +1,180 @@
+//! The Node certificate approver: a machine's bootstrap token may become
+//! that machine's Node and no other.
+//!
+//! kubeadm's approver signs a node client certificate for *any* Node name
+//! asked with any bootstrap token of its group. Capstan's tokens are in a
+//! group of their own (`--bootstrap-token-group`, default
+//! `system:bootstrappers:capstan:machines`), which kubeadm does not
+//! approve; this watch answers their CSRs instead: the requester
+//! `system:bootstrap:<id>` is mapped to the Machine whose token it is (the
+//! id derives from the Machine's uid), and the request is approved only if
+//! it asks exactly for `system:node:<that Machine's name>`
+//! ([`capstan_planner::bootstrap::node_csr`]); otherwise it is denied,
+//! saying why. CSRs of other signers, of Nodes renewing their own
+//! certificate and of tokens that are no Machine's are left alone.
+
+use capstan_api::Machine;
+use capstan_kit::Kube;
+use capstan_planner::bootstrap::{CsrDecision, node_csr};
+use futures::StreamExt as _;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// Answer Machines' node client CSRs until `shutdown`.
+pub(crate) async fn approver(kube: Kube, shutdown: impl Future<Output = ()> + Send + 'static) {
+    let api: Api<CertificateSigningRequest> = Api::all(kube.client.clone());
+    let stream = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let answer = stream.for_each(|event| {
+        let (kube, api) = (kube.clone(), api.clone());
+        async move {
+            match event {
+                Ok(csr) => answer(&kube, &api, &csr).await,
+                Err(error) => tracing::debug!(%error, "CSR watch error; retrying"),
+            }
+        }
+    });
+    tokio::select! {
+        () = answer => {}
+        () = shutdown => {}
+    }
+}
+
+/// Approve or deny one CSR, if it is a pending one Capstan answers.
+async fn answer(
+    kube: &Kube,
+    api: &Api<CertificateSigningRequest>,
+    csr: &CertificateSigningRequest,
+) {
+    let decided = csr
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| !c.is_empty());
+    if decided {
+        return;
+    }
+    let requester = csr.spec.username.clone().unwrap_or_default();
+    let token_machine = requester
+        .strip_prefix("system:bootstrap:")
+        .and_then(|id| machine_of_token(kube, id));
+    let (common_name, organizations) = subject(&csr.spec.request.0).unwrap_or_default();
+    let decision = node_csr(
+        &csr.spec.signer_name,
+        &requester,
+        token_machine.as_deref(),
+        common_name.as_deref(),
+        &organizations,
+        csr.spec.usages.as_deref().unwrap_or_default(),
+    );
+    let (type_, reason, message) = match decision {
+        CsrDecision::Ignore => return,
+        CsrDecision::Approve => (
+            "Approved",
+            "MachineBootstrapToken",
+            format!(
+                "approved by Capstan: the bootstrap token of Machine {} asks for its own Node",
+                token_machine.unwrap_or_default()
+            ),
+        ),
+        CsrDecision::Deny(why) => ("Denied", "NotTheMachinesNode", why),
+    };
+    let patch = serde_json::json!({
+        "status": {"conditions": [{
+            "type": type_, "status": "True", "reason": reason, "message": message,
+        }]}
+    });
+    let name = csr.name_any();
+    match api
+        .patch_approval(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            kube.metrics.wrote("csr", "approval");
+            tracing::info!(csr = %name, decision = type_, %message, "node client CSR answered");
+        }
+        Err(error) => tracing::warn!(csr = %name, %error, "node client CSR not answered"),
+    }
+}
+
+/// The name (`namespace/name` is not needed: the Node name is the Machine's
+/// name) of the Machine whose bootstrap token has this id, if one has.
+fn machine_of_token(kube: &Kube, id: &str) -> Option<String> {
+    kube.stores
+        .machines
+        .state()
+        .iter()
+        .filter(|m| has_bootstrap_plugin(m))
+        .find(|m| crate::machine::token_id(&m.uid().unwrap_or_default()) == id)
+        .map(|m| m.name_any())
+}
+
+fn has_bootstrap_plugin(m: &Machine) -> bool {
+    m.spec
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.plugin.is_some())
+}
+
+/// The subject's common name and organizations of a PEM certificate
+/// request (PKCS #10).
+fn subject(pem: &[u8]) -> Option<(Option<String>, Vec<String>)> {
+    use base64::Engine as _;
+    let text = std::str::from_utf8(pem).ok()?;
+    let body = text
+        .split("-----BEGIN CERTIFICATE REQUEST-----")
+        .nth(1)?
+        .split("-----END CERTIFICATE REQUEST-----")
+        .next()?;
+    let b64: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+    let der = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    let (_, _, request) = crate::machine::der_element(&der)?;
+    let (_, _, info) = crate::machine::der_element(request)?;
+    // version INTEGER, then subject Name.
+    let (_, version, _) = crate::machine::der_element(info)?;
+    let (_, _, mut name) = crate::machine::der_element(&info[version.len()..])?;
+    const CN: &[u8] = &[0x55, 0x04, 0x03];
+    const O: &[u8] = &[0x55, 0x04, 0x0a];
+    let (mut common_name, mut organizations) = (None, Vec::new());
+    // Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value string }
+    while !name.is_empty() {
+        let (_, set, set_content) = crate::machine::der_element(name)?;
+        name = &name[set.len()..];
+        let (_, _, attribute) = crate::machine::der_element(set_content)?;
+        let (_, oid, oid_value) = crate::machine::der_element(attribute)?;
+        let (_, _, value) = crate::machine::der_element(&attribute[oid.len()..])?;
+        let value = String::from_utf8_lossy(value).into_owned();
+        if oid_value == CN {
+            common_name = Some(value);
+        } else if oid_value == O {
+            organizations.push(value);
+        }
+    }
+    Some((common_name, organizations))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_subject_is_read_from_a_real_certificate_request() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:pool-1");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+        let (cn, orgs) = subject(pem.as_bytes()).unwrap();
+        assert_eq!(cn.as_deref(), Some("system:node:pool-1"));
+        assert_eq!(orgs, ["system:nodes"]);
+        assert!(subject(b"not a request").is_none());
+    }
+}
