@@ -307,6 +307,25 @@ async fn machines_join_with_their_own_identity_by_tls_bootstrap() {
     assert!(bootstrap_tokens(&env).await.is_empty());
 }
 
+/// A bootstrap token Secret made by hand, as an admin would (secret
+/// `0123456789abcdef`), in `group` if given.
+fn token_secret(id: &str, expiration: &str, group: Option<&str>) -> Secret {
+    let mut data = json!({
+        "token-id": id, "token-secret": "0123456789abcdef", "expiration": expiration,
+        "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
+    });
+    if let Some(group) = group {
+        data["auth-extra-groups"] = group.into();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": data,
+    }))
+    .unwrap()
+}
+
 /// A client with a real `system:node:<name>` certificate: a bootstrap token
 /// minted here (as an admin would), then the kubelet's own discovery and
 /// TLS bootstrapping.
@@ -317,17 +336,12 @@ async fn intruder_client(env: &Env, name: &str) -> kube::Client {
     )
     .unwrap()
     .to_string();
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "bootstrap-token-zzzzzz", "namespace": "kube-system"},
-        "type": "bootstrap.kubernetes.io/token",
-        "stringData": {
-            "token-id": "zzzzzz", "token-secret": "0123456789abcdef", "expiration": expiration,
-            "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
-            "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token",
-        },
-    }))
-    .unwrap();
+    let secret = token_secret(
+        "zzzzzz",
+        &expiration,
+        // kubeadm's group: kubeadm's approver signs whatever Node name it asks.
+        Some("system:bootstrappers:kubeadm:default-node-token"),
+    );
     tokens
         .create(&PostParams::default(), &secret)
         .await
@@ -364,31 +378,13 @@ async fn wrong_join_data_never_registers_a_node() {
     let tokens: Api<Secret> = Api::namespaced(env.client.clone(), "kube-system");
     // An expired token: known to the cluster, but past its expiration the
     // bootstrap signer no longer signs cluster-info with it.
-    let expired: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "bootstrap-token-expird", "namespace": "kube-system"},
-        "type": "bootstrap.kubernetes.io/token",
-        "stringData": {
-            "token-id": "expird", "token-secret": "0123456789abcdef", "expiration": "2020-01-01T00:00:00Z",
-            "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
-        },
-    }))
-    .unwrap();
+    let expired = token_secret("expird", "2020-01-01T00:00:00Z", None);
     tokens
         .create(&PostParams::default(), &expired)
         .await
         .unwrap();
     // A valid token, with the pin of another cluster's CA.
-    let valid: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "bootstrap-token-pinned", "namespace": "kube-system"},
-        "type": "bootstrap.kubernetes.io/token",
-        "stringData": {
-            "token-id": "pinned", "token-secret": "0123456789abcdef", "expiration": "2099-01-01T00:00:00Z",
-            "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
-        },
-    }))
-    .unwrap();
+    let valid = token_secret("pinned", "2099-01-01T00:00:00Z", None);
     tokens.create(&PostParams::default(), &valid).await.unwrap();
     let other_pin = format!("sha256:{}", "0".repeat(64));
     let cases = [

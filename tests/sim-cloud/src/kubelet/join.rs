@@ -271,8 +271,9 @@ pub async fn bootstrap(join: &JoinConfig, timeout: Duration) -> Result<kube::Cli
         match result {
             Ok(found) => break found,
             Err(e) if Instant::now() >= deadline => return Err(format!("token discovery: {e}")),
-            // The bootstrap signer signs a new token within moments.
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            // The bootstrap signer signs a new token within moments; every
+            // instance polls, so not too often (kubeadm: every 5 s).
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     };
     let as_token = kube::config::AuthInfo {
@@ -339,7 +340,7 @@ pub async fn bootstrap(join: &JoinConfig, timeout: Duration) -> Result<kube::Cli
                 "TLS bootstrap: CSR {name} was not approved and signed in time"
             ));
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let as_node = kube::config::AuthInfo {
         client_certificate_data: Some(STANDARD.encode(&certificate)),
