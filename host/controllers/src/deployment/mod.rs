@@ -776,6 +776,24 @@ mod tests {
         assert!(
             crate::inplace::changed_fields(&a.spec.template.spec, &b.spec.template.spec).is_empty()
         );
+        // A bootstrap change rolls out like any other template change: new
+        // join data means new instances.
+        let mut booted = b.clone();
+        booted.spec.template.spec.bootstrap = Some(capstan_api::MachineBootstrap {
+            plugin: Some("kubeadm".into()),
+            config: Some(serde_json::json!({"preKubeadmCommands": ["swapoff -a"]})),
+            data_secret_name: None,
+        });
+        assert_ne!(
+            template_hash(&b.spec.template),
+            template_hash(&booted.spec.template)
+        );
+        assert!(
+            crate::inplace::changed_fields(&b.spec.template.spec, &booted.spec.template.spec)
+                .iter()
+                .any(|f| f.starts_with("bootstrap")),
+            "an updater sees the bootstrap change (and none claims it by default)"
+        );
         b.spec.template.spec.version = Some("v1.31.0".into());
         assert_ne!(
             template_hash(&a.spec.template),

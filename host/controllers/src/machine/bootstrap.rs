@@ -314,7 +314,10 @@ async fn rendered_data(
         ..Default::default()
     };
     match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => (Bootstrap::Ready, Some(data)),
+        Ok(_) => {
+            ctx.kube.metrics.wrote("machine", "bootstrap_data");
+            (Bootstrap::Ready, Some(data))
+        }
         // Another pass (or a restart) wrote it first: use what it wrote.
         Err(kube::Error::Api(s)) if s.code == 409 => match secrets.get_opt(name).await {
             Ok(Some(secret)) => existing(&secret, &uid, name),
@@ -599,7 +602,7 @@ async fn ensure_token(
         ..Default::default()
     };
     match tokens.create(&PostParams::default(), &secret).await {
-        Ok(_) => {}
+        Ok(_) => ctx.kube.metrics.wrote("machine", "bootstrap_token"),
         // Minted by a pass racing this one: use it on the next pass.
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Err(retry(
@@ -652,7 +655,10 @@ pub(super) async fn tend_token(
     match plan::token_action(joined, expires_in, ttl) {
         TokenAction::Keep => {}
         TokenAction::Delete => match delete_token(&tokens, &name, &uid).await {
-            Ok(()) => init.bootstrap_token_expires = None,
+            Ok(()) => {
+                ctx.kube.metrics.wrote("machine", "bootstrap_token_delete");
+                init.bootstrap_token_expires = None
+            }
             Err(error) => {
                 tracing::warn!(machine = %capstan_kit::key_of(machine), %error, "bootstrap token not deleted");
             }
@@ -664,7 +670,10 @@ pub(super) async fn tend_token(
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => init.bootstrap_token_expires = Some(expiration),
+                Ok(_) => {
+                    ctx.kube.metrics.wrote("machine", "bootstrap_token_renew");
+                    init.bootstrap_token_expires = Some(expiration)
+                }
                 // Gone (the token cleaner, or by hand): nothing to renew.
                 Err(kube::Error::Api(s)) if s.code == 404 => init.bootstrap_token_expires = None,
                 Err(error) => {

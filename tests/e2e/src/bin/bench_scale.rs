@@ -613,6 +613,9 @@ async fn main() -> anyhow::Result<()> {
         if args.bootstrap {
             let joined = run_variant(&env, &args, machines, wasm_plugin, 1, None, true).await?;
             print_beside("wasm_bootstrap", &wasm, &joined);
+            for (kind, per) in &joined.writes_by_kind {
+                println!("# writes per machine, wasm with bootstrap, {kind}: {per:.3}");
+            }
         }
         if args.shards > 1 {
             let sharded =
