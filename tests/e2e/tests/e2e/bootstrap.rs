@@ -523,7 +523,9 @@ async fn a_bootstrap_plugin_not_allowed_in_the_namespace_gets_nothing() {
 
 /// A machine's bootstrap token gets a certificate for that machine's Node
 /// and no other: Capstan answers its tokens' CSRs (kubeadm's approver does
-/// not see their group), denying a request for another Node's name.
+/// not see their group), denying a request for another Node's name. A
+/// machine whose Node never starts is replaced by its health check, and
+/// no token or data outlives the machines.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_machines_token_gets_only_its_own_nodes_certificate() {
     use capstan_e2e::sim_cloud::kubelet::join;
@@ -542,6 +544,21 @@ async fn a_machines_token_gets_only_its_own_nodes_certificate() {
     Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
         .create(&PostParams::default(), &md)
         .await
+        .unwrap();
+    // A machine whose Node never starts is replaced by its health check.
+    env.control_plane
+        .kubectl(
+            &["apply", "-f", "-"],
+            Some(
+                "apiVersion: capstan.dev/v1alpha1
+kind: MachineHealthCheck
+metadata: {name: held, namespace: default}
+spec:
+  selector: {matchLabels: {capstan.dev/pool: held}}
+  checks: {nodeStartupTimeoutSeconds: 20}
+",
+            ),
+        )
         .unwrap();
     let (machine, data) = env
         .eventually(
@@ -608,4 +625,63 @@ async fn a_machines_token_gets_only_its_own_nodes_certificate() {
         .find(|c| c.type_ == "Approved")
         .expect("an approved CSR");
     assert_eq!(approved.reason.as_deref(), Some("MachineBootstrapToken"));
+
+    // Its Node never came: the health check's nodeStartupTimeout replaces
+    // the machine; the old one's token and data go with it, so tokens stay
+    // bounded by the machines that are waiting to join.
+    env.eventually(
+        "the machine replaced",
+        Duration::from_secs(120),
+        async || {
+            let names: Vec<String> = env
+                .machines("default")
+                .await
+                .iter()
+                .map(|m| m.name_any())
+                .collect();
+            (!names.contains(&machine) && !names.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), "default");
+    let data_secrets = async || {
+        secrets
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|s| s.type_.as_deref() == Some("cluster.x-k8s.io/secret"))
+            .map(|s| s.name_any())
+            .collect::<Vec<_>>()
+    };
+    env.eventually(
+        "the old machine's token and data gone",
+        Duration::from_secs(60),
+        async || {
+            let live = env.machines("default").await.len();
+            let tokens = bootstrap_tokens(&env).await.len();
+            let data = data_secrets().await;
+            (tokens <= live && !data.contains(&format!("{machine}-bootstrap"))).then_some(())
+        },
+    )
+    .await;
+    // Deleted before joining: no token, no data left.
+    Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.eventually("machines gone", Duration::from_secs(90), async || {
+        env.machines("default").await.is_empty().then_some(())
+    })
+    .await;
+    env.eventually(
+        "tokens and data gone",
+        Duration::from_secs(60),
+        async || {
+            (bootstrap_tokens(&env).await.is_empty() && data_secrets().await.is_empty())
+                .then_some(())
+        },
+    )
+    .await;
 }
