@@ -285,8 +285,27 @@ async fn machines_join_with_their_own_identity_by_tls_bootstrap() {
     );
 
     // Gone with the machines: no token, no data Secret.
+    delete_and_expect_nothing_left(&env, "joined").await;
+}
+
+/// The names of the bootstrap data Secrets in `default`.
+async fn data_secrets(env: &Env) -> Vec<String> {
+    Api::<Secret>::namespaced(env.client.clone(), "default")
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| s.type_.as_deref() == Some("cluster.x-k8s.io/secret"))
+        .map(|s| s.name_any())
+        .collect()
+}
+
+/// Delete MachineDeployment `name`; once its machines are gone, so are
+/// their tokens and data Secrets.
+async fn delete_and_expect_nothing_left(env: &Env, name: &str) {
     Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
-        .delete("joined", &DeleteParams::default())
+        .delete(name, &DeleteParams::default())
         .await
         .unwrap();
     env.eventually("machines gone", Duration::from_secs(90), async || {
@@ -294,17 +313,14 @@ async fn machines_join_with_their_own_identity_by_tls_bootstrap() {
     })
     .await;
     env.eventually(
-        "data Secrets collected",
+        "tokens and data gone",
         Duration::from_secs(60),
         async || {
-            let left = secrets.list(&Default::default()).await.ok()?.items;
-            left.iter()
-                .all(|s| s.type_.as_deref() != Some("cluster.x-k8s.io/secret"))
+            (bootstrap_tokens(env).await.is_empty() && data_secrets(env).await.is_empty())
                 .then_some(())
         },
     )
     .await;
-    assert!(bootstrap_tokens(&env).await.is_empty());
 }
 
 /// A bootstrap token Secret made by hand, as an admin would (secret
@@ -643,45 +659,17 @@ spec:
         },
     )
     .await;
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), "default");
-    let data_secrets = async || {
-        secrets
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|s| s.type_.as_deref() == Some("cluster.x-k8s.io/secret"))
-            .map(|s| s.name_any())
-            .collect::<Vec<_>>()
-    };
     env.eventually(
         "the old machine's token and data gone",
         Duration::from_secs(60),
         async || {
             let live = env.machines("default").await.len();
             let tokens = bootstrap_tokens(&env).await.len();
-            let data = data_secrets().await;
+            let data = data_secrets(&env).await;
             (tokens <= live && !data.contains(&format!("{machine}-bootstrap"))).then_some(())
         },
     )
     .await;
     // Deleted before joining: no token, no data left.
-    Api::<MachineDeployment>::namespaced(env.client.clone(), "default")
-        .delete("held", &DeleteParams::default())
-        .await
-        .unwrap();
-    env.eventually("machines gone", Duration::from_secs(90), async || {
-        env.machines("default").await.is_empty().then_some(())
-    })
-    .await;
-    env.eventually(
-        "tokens and data gone",
-        Duration::from_secs(60),
-        async || {
-            (bootstrap_tokens(&env).await.is_empty() && data_secrets().await.is_empty())
-                .then_some(())
-        },
-    )
-    .await;
+    delete_and_expect_nothing_left(&env, "held").await;
 }
