@@ -61,7 +61,8 @@ async fn answer(
     let token_machine = requester
         .strip_prefix("system:bootstrap:")
         .and_then(|id| machine_of_token(kube, id));
-    let (common_name, organizations) = subject(&csr.spec.request.0).unwrap_or_default();
+    let (common_name, organizations) =
+        crate::der::request_subject(&csr.spec.request.0).unwrap_or_default();
     let decision = node_csr(
         &csr.spec.signer_name,
         &requester,
@@ -117,64 +118,4 @@ fn has_bootstrap_plugin(m: &Machine) -> bool {
         .bootstrap
         .as_ref()
         .is_some_and(|b| b.plugin.is_some())
-}
-
-/// The subject's common name and organizations of a PEM certificate
-/// request (PKCS #10).
-fn subject(pem: &[u8]) -> Option<(Option<String>, Vec<String>)> {
-    use base64::Engine as _;
-    let text = std::str::from_utf8(pem).ok()?;
-    let body = text
-        .split("-----BEGIN CERTIFICATE REQUEST-----")
-        .nth(1)?
-        .split("-----END CERTIFICATE REQUEST-----")
-        .next()?;
-    let b64: String = body.chars().filter(|c| !c.is_whitespace()).collect();
-    let der = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
-    let (_, _, request) = crate::machine::der_element(&der)?;
-    let (_, _, info) = crate::machine::der_element(request)?;
-    // version INTEGER, then subject Name.
-    let (_, version, _) = crate::machine::der_element(info)?;
-    let (_, _, mut name) = crate::machine::der_element(&info[version.len()..])?;
-    const CN: &[u8] = &[0x55, 0x04, 0x03];
-    const O: &[u8] = &[0x55, 0x04, 0x0a];
-    let (mut common_name, mut organizations) = (None, Vec::new());
-    // Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value string }
-    while !name.is_empty() {
-        let (_, set, set_content) = crate::machine::der_element(name)?;
-        name = &name[set.len()..];
-        let (_, _, attribute) = crate::machine::der_element(set_content)?;
-        let (_, oid, oid_value) = crate::machine::der_element(attribute)?;
-        let (_, _, value) = crate::machine::der_element(&attribute[oid.len()..])?;
-        let value = String::from_utf8_lossy(value).into_owned();
-        if oid_value == CN {
-            common_name = Some(value);
-        } else if oid_value == O {
-            organizations.push(value);
-        }
-    }
-    Some((common_name, organizations))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_subject_is_read_from_a_real_certificate_request() {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "system:node:pool-1");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "system:nodes");
-        let pem = params.serialize_request(&key).unwrap().pem().unwrap();
-        let (cn, orgs) = subject(pem.as_bytes()).unwrap();
-        assert_eq!(cn.as_deref(), Some("system:node:pool-1"));
-        assert_eq!(orgs, ["system:nodes"]);
-        assert!(subject(b"not a request").is_none());
-    }
 }

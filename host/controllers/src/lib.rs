@@ -25,6 +25,7 @@
 
 mod csr;
 pub mod deployment;
+mod der;
 pub mod healthcheck;
 pub mod history;
 pub mod inplace;

@@ -23,7 +23,7 @@ mod node;
 mod status;
 pub(crate) mod update;
 
-pub(crate) use bootstrap::{der_element, token_id};
+pub(crate) use bootstrap::token_id;
 pub(crate) use node::own_node;
 pub(crate) use node::wanted_taints;
 use node::{

@@ -10,7 +10,8 @@
 //!    (the API server and the cluster CA, as kubeadm publishes them);
 //! 3. has the bootstrap plugin render the data with the token placeholder;
 //! 4. mints the machine's bootstrap token (`kube-system/bootstrap-token-<id>`,
-//!    the id derived from the Machine's uid, so a retry finds it again);
+//!    the id derived from the Machine's uid, so a retry finds it again;
+//!    `token`, which also renews and deletes it);
 //! 5. puts the token in place of the placeholder and writes the data
 //!    Secret, owned by the Machine (the garbage collector removes it with
 //!    the Machine).
@@ -20,26 +21,30 @@
 //! token is never logged, put in an Event or condition, or given to a
 //! plugin other than the provider that passes it to the instance.
 
+mod token;
+
+pub(crate) use token::token_id;
+pub(super) use token::{release_token, tend_token};
+
 use super::Context;
 use capstan_api::{Machine, MachineInitialization, MachineStatus};
 use capstan_kit::provider::{ProviderError, to_plugin_machine};
 use capstan_planner::bootstrap::{
-    self as plan, Source, TOKEN_PLACEHOLDER, TokenAction, check_size, data_secret_name, substitute,
+    self as plan, Source, TOKEN_PLACEHOLDER, check_size, data_secret_name, substitute,
 };
 use capstan_planner::machine::Bootstrap;
 use capstan_runtime::types::{BootstrapData, BootstrapFormat, JoinInfo, Taint};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// The Secret type of bootstrap data, as in Cluster API.
 pub(crate) const DATA_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
 /// The Secret type of a bootstrap token.
-const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+pub(super) const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
 /// Where bootstrap tokens live.
 pub(crate) const TOKEN_NAMESPACE: &str = "kube-system";
 /// Label on a bootstrap token: the uid of the Machine it was minted for.
@@ -279,7 +284,7 @@ async fn rendered_data(
     if let Err(message) = check_size(rendered.value.len()) {
         return failed("BootstrapDataTooLarge", message);
     }
-    let token = match ensure_token(ctx, machine, draft).await {
+    let token = match token::ensure_token(ctx, machine, draft).await {
         Ok(token) => token,
         Err(failure) => return failure,
     };
@@ -367,7 +372,7 @@ async fn join_info(ctx: &Context, machine: &Machine) -> Result<JoinInfo, String>
         .and_then(|d| d.get("kubeconfig"))
         .ok_or("kube-public/cluster-info has no `kubeconfig` key")?;
     let (server, ca_pem) = cluster_of(kubeconfig)?;
-    let ca_hash = ca_pin(&ca_pem)?;
+    let ca_hash = crate::der::ca_pin(&ca_pem)?;
     let labels = capstan_planner::metadata::node_managed_labels(
         &machine.labels().clone().into_iter().collect(),
     )
@@ -418,343 +423,4 @@ fn cluster_of(kubeconfig: &str) -> Result<(String, Vec<u8>), String> {
         .decode(ca.trim())
         .map_err(|e| format!("kube-public/cluster-info: certificate-authority-data: {e}"))?;
     Ok((server, pem))
-}
-
-/// kubeadm's CA pin: `sha256:` and the hex SHA-256 of the first
-/// certificate's DER SubjectPublicKeyInfo.
-pub(crate) fn ca_pin(pem: &[u8]) -> Result<String, String> {
-    let der = first_certificate_der(pem)?;
-    let spki = subject_public_key_info(&der)
-        .ok_or("the cluster CA certificate is not valid DER (no SubjectPublicKeyInfo)")?;
-    Ok(format!("sha256:{}", hex::encode(Sha256::digest(spki))))
-}
-
-fn first_certificate_der(pem: &[u8]) -> Result<Vec<u8>, String> {
-    let text = String::from_utf8_lossy(pem);
-    let body = text
-        .split("-----BEGIN CERTIFICATE-----")
-        .nth(1)
-        .and_then(|rest| rest.split("-----END CERTIFICATE-----").next())
-        .ok_or("the cluster CA holds no PEM certificate")?;
-    let b64: String = body.chars().filter(|c| !c.is_whitespace()).collect();
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|e| format!("the cluster CA certificate is not valid base64: {e}"))
-}
-
-/// One DER element at the start of `der`: (tag, whole element, content).
-pub(crate) fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let tag = *der.first()?;
-    let first = *der.get(1)?;
-    let (len, header) = if first < 0x80 {
-        (usize::from(first), 2)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 {
-            return None;
-        }
-        let mut len = 0usize;
-        for b in der.get(2..2 + n)? {
-            len = (len << 8) | usize::from(*b);
-        }
-        (len, 2 + n)
-    };
-    let whole = der.get(..header + len)?;
-    Some((tag, whole, &whole[header..]))
-}
-
-/// The SubjectPublicKeyInfo element of a DER certificate: the seventh
-/// field of tbsCertificate, counting the optional `[0]` version.
-fn subject_public_key_info(cert: &[u8]) -> Option<&[u8]> {
-    let (_, _, certificate) = der_element(cert)?;
-    let (_, _, tbs) = der_element(certificate)?;
-    let mut rest = tbs;
-    let mut fields = Vec::new();
-    while !rest.is_empty() && fields.len() < 8 {
-        let (tag, whole, _) = der_element(rest)?;
-        fields.push((tag, whole));
-        rest = &rest[whole.len()..];
-    }
-    // version [0] is optional; then serial, signature, issuer, validity,
-    // subject, subjectPublicKeyInfo.
-    let skip = usize::from(fields.first()?.0 == 0xa0);
-    let (tag, spki) = *fields.get(skip + 5)?;
-    (tag == 0x30).then_some(spki)
-}
-
-/// The token id for a Machine: 6 characters of `[a-z0-9]` from its uid, so
-/// every pass (and every host) finds the same token Secret.
-pub(crate) fn token_id(uid: &str) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    Sha256::digest(format!("capstan-bootstrap-token:{uid}"))
-        .iter()
-        .take(6)
-        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
-        .collect()
-}
-
-fn token_secret_name(uid: &str) -> String {
-    format!("bootstrap-token-{}", token_id(uid))
-}
-
-/// 16 random characters of `[a-z0-9]`: the token's secret half.
-fn token_secret_part() -> String {
-    use rand::Rng as _;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    (0..16)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect()
-}
-
-fn expiry_in(ttl: std::time::Duration) -> String {
-    let at = k8s_openapi::jiff::Timestamp::now().as_second() + ttl.as_secs() as i64;
-    k8s_openapi::jiff::Timestamp::from_second(at)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
-/// The machine's token (`<id>.<secret>`), minted if it has none; records its
-/// expiry in `draft`.
-async fn ensure_token(
-    ctx: &Context,
-    machine: &Machine,
-    draft: &mut MachineStatus,
-) -> Result<String, (Bootstrap, Option<BootstrapData>)> {
-    let uid = machine.uid().unwrap_or_default();
-    let name = token_secret_name(&uid);
-    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
-    let field = |secret: &Secret, key: &str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-    };
-    let existing = tokens
-        .get_opt(&name)
-        .await
-        .map_err(|e| kube_retry(&format!("reading {TOKEN_NAMESPACE}/{name}"), &e))?;
-    if let Some(secret) = existing {
-        if secret.labels().get(LABEL_TOKEN_MACHINE_UID) != Some(&uid) {
-            return Err(failed(
-                "BootstrapTokenConflict",
-                format!(
-                    "{TOKEN_NAMESPACE}/{name} exists and was not minted for this Machine; delete it if it is stale"
-                ),
-            ));
-        }
-        let (Some(id), Some(part)) = (field(&secret, "token-id"), field(&secret, "token-secret"))
-        else {
-            return Err(failed(
-                "BootstrapTokenConflict",
-                format!("{TOKEN_NAMESPACE}/{name} has no token-id or token-secret"),
-            ));
-        };
-        draft
-            .initialization
-            .get_or_insert_with(MachineInitialization::default)
-            .bootstrap_token_expires = field(&secret, "expiration");
-        return Ok(format!("{id}.{part}"));
-    }
-    let id = token_id(&uid);
-    let part = token_secret_part();
-    let expiration = expiry_in(ctx.bootstrap_token.ttl);
-    let machine_key = format!(
-        "{}/{}",
-        machine.namespace().unwrap_or_default(),
-        machine.name_any()
-    );
-    let mut data = BTreeMap::from([
-        ("token-id".to_string(), id.clone()),
-        ("token-secret".to_string(), part.clone()),
-        ("expiration".to_string(), expiration.clone()),
-        ("usage-bootstrap-authentication".to_string(), "true".into()),
-        ("usage-bootstrap-signing".to_string(), "true".into()),
-        (
-            "description".to_string(),
-            format!("Capstan: bootstrap token of Machine {machine_key}"),
-        ),
-    ]);
-    if !ctx.bootstrap_token.extra_groups.is_empty() {
-        data.insert(
-            "auth-extra-groups".into(),
-            ctx.bootstrap_token.extra_groups.join(","),
-        );
-    }
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(TOKEN_NAMESPACE.into()),
-            labels: Some(BTreeMap::from([(
-                LABEL_TOKEN_MACHINE_UID.to_string(),
-                uid.clone(),
-            )])),
-            annotations: Some(BTreeMap::from([(
-                "capstan.dev/machine".to_string(),
-                machine_key,
-            )])),
-            ..Default::default()
-        },
-        type_: Some(TOKEN_SECRET_TYPE.into()),
-        string_data: Some(data),
-        ..Default::default()
-    };
-    match tokens.create(&PostParams::default(), &secret).await {
-        Ok(_) => ctx.kube.metrics.wrote("machine", "bootstrap_token"),
-        // Minted by a pass racing this one: use it on the next pass.
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            return Err(retry(
-                "BootstrapRetrying",
-                format!("{TOKEN_NAMESPACE}/{name} was just created; reading it again"),
-                500,
-            ));
-        }
-        Err(e) => {
-            return Err(kube_retry(
-                &format!("creating {TOKEN_NAMESPACE}/{name}"),
-                &e,
-            ));
-        }
-    }
-    draft
-        .initialization
-        .get_or_insert_with(MachineInitialization::default)
-        .bootstrap_token_expires = Some(expiration);
-    Ok(format!("{id}.{part}"))
-}
-
-/// Renew the machine's token while its Node has not joined; delete it once
-/// it has. Only for machines whose status says they hold one.
-pub(super) async fn tend_token(
-    ctx: &Context,
-    machine: &Machine,
-    joined: bool,
-    draft: &mut MachineStatus,
-) {
-    let Some(expires) = draft
-        .initialization
-        .as_ref()
-        .and_then(|i| i.bootstrap_token_expires.clone())
-    else {
-        return;
-    };
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let expires_in = expires
-        .parse::<k8s_openapi::jiff::Timestamp>()
-        .map(|t| t.as_second() - now)
-        .unwrap_or(0);
-    let ttl = ctx.bootstrap_token.ttl.as_secs() as i64;
-    let uid = machine.uid().unwrap_or_default();
-    let name = token_secret_name(&uid);
-    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
-    let init = draft
-        .initialization
-        .get_or_insert_with(MachineInitialization::default);
-    match plan::token_action(joined, expires_in, ttl) {
-        TokenAction::Keep => {}
-        TokenAction::Delete => match delete_token(&tokens, &name, &uid).await {
-            Ok(()) => {
-                ctx.kube.metrics.wrote("machine", "bootstrap_token_delete");
-                init.bootstrap_token_expires = None
-            }
-            Err(error) => {
-                tracing::warn!(machine = %capstan_kit::key_of(machine), %error, "bootstrap token not deleted");
-            }
-        },
-        TokenAction::Renew => {
-            let expiration = expiry_in(ctx.bootstrap_token.ttl);
-            let patch = serde_json::json!({"stringData": {"expiration": expiration}});
-            match tokens
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    ctx.kube.metrics.wrote("machine", "bootstrap_token_renew");
-                    init.bootstrap_token_expires = Some(expiration)
-                }
-                // Gone (the token cleaner, or by hand): nothing to renew.
-                Err(kube::Error::Api(s)) if s.code == 404 => init.bootstrap_token_expires = None,
-                Err(error) => {
-                    tracing::warn!(machine = %capstan_kit::key_of(machine), %error, "bootstrap token not renewed");
-                }
-            }
-        }
-    }
-}
-
-/// Delete the machine's token, if it has one and it is its own.
-async fn delete_token(tokens: &Api<Secret>, name: &str, uid: &str) -> Result<(), kube::Error> {
-    let Some(secret) = tokens.get_opt(name).await? else {
-        return Ok(());
-    };
-    if secret
-        .labels()
-        .get(LABEL_TOKEN_MACHINE_UID)
-        .map(String::as_str)
-        != Some(uid)
-    {
-        return Ok(());
-    }
-    match tokens.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Delete the token of a Machine that is going away, joined or not.
-pub(super) async fn release_token(ctx: &Context, machine: &Machine) -> Result<(), kube::Error> {
-    if machine
-        .spec
-        .bootstrap
-        .as_ref()
-        .and_then(|b| b.plugin.as_ref())
-        .is_none()
-    {
-        return Ok(());
-    }
-    let uid = machine.uid().unwrap_or_default();
-    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
-    delete_token(&tokens, &token_secret_name(&uid), &uid).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_ids_are_kubeadm_shaped_and_stable() {
-        let id = token_id("0b3c1c9e-0000-4000-8000-000000000001");
-        assert_eq!(id.len(), 6);
-        assert!(
-            id.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        );
-        assert_eq!(id, token_id("0b3c1c9e-0000-4000-8000-000000000001"));
-        assert_ne!(id, token_id("0b3c1c9e-0000-4000-8000-000000000002"));
-        let part = token_secret_part();
-        assert_eq!(part.len(), 16);
-        assert!(
-            part.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        );
-    }
-
-    #[test]
-    fn the_ca_pin_is_the_hash_of_the_public_key_info() {
-        use rcgen::PublicKeyData as _;
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["ca".into()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let expected = format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(key.subject_public_key_info()))
-        );
-        assert_eq!(ca_pin(cert.pem().as_bytes()).unwrap(), expected);
-        assert!(ca_pin(b"not a certificate").is_err());
-    }
 }
