@@ -588,6 +588,8 @@ impl ControlPlane {
         });
         self.kubectl(&["apply", "-f", "-"], Some(&config_map.to_string()))?;
         self.kubectl(&["apply", "-f", "-"], Some(KUBEADM_BOOTSTRAP_RBAC))?;
+        // Discovered before any CRD exists: forget it.
+        let _ = std::fs::remove_dir_all(self.dir.join("kubectl-cache"));
         Ok(())
     }
 
@@ -652,8 +654,15 @@ impl ControlPlane {
     /// or stderr as the error.
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         use std::io::Write;
+        // Its own discovery cache: one shared with another control plane
+        // that had the same port, or filled before the CRDs were installed,
+        // would not know `md` or `ma`.
         let mut child = Command::new(bin_dir().join("kubectl"))
             .arg(format!("--kubeconfig={}", self.kubeconfig().display()))
+            .arg(format!(
+                "--cache-dir={}",
+                self.dir.join("kubectl-cache").display()
+            ))
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
