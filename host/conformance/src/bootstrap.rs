@@ -13,11 +13,10 @@ use crate::{Check, Outcome, Report, brief};
 use capstan_runtime::types::{BootstrapData, BootstrapFormat, JoinInfo, Machine};
 use capstan_runtime::{BootstrapPlugin, Error};
 
-/// What the host writes where the token goes (the Machine controller's
-/// placeholder).
-const PLACEHOLDER: &str = "@@CAPSTAN_BOOTSTRAP_TOKEN@@";
-/// The host's bound on bootstrap data.
-const MAX_BYTES: usize = 64 * 1024;
+/// What the host writes where the token goes, and its bound on the data.
+use capstan_planner::bootstrap::{
+    MAX_BOOTSTRAP_BYTES as MAX_BYTES, TOKEN_PLACEHOLDER as PLACEHOLDER,
+};
 
 fn machine(name: &str) -> Machine {
     Machine {
