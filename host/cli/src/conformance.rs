@@ -62,6 +62,17 @@ pub struct Args {
     /// Time budget for the whole run (waiting for running, deletion, retries).
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
     pub timeout: Duration,
+    /// Providers (contract 0.2.0): a shell command that prints the user data
+    /// the cloud launched the test instance with (the bytes, or their
+    /// base64), read from the cloud's own API. It runs with
+    /// CAPSTAN_PROVIDER_ID and CAPSTAN_INSTANCE_ID (the provider ID's last
+    /// `/` segment) set, for at most 30 s, e.g. `aws ec2
+    /// describe-instance-attribute --instance-id "$CAPSTAN_INSTANCE_ID"
+    /// --attribute userData --query UserData.Value --output text`. The kit
+    /// then checks that the instance got exactly the bootstrap data
+    /// `create` passed; without it, that check is skipped.
+    #[arg(long, value_name = "COMMAND")]
+    pub user_data_command: Option<String>,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
     /// Output format.
@@ -142,8 +153,67 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         options.invalid_configs = args.invalid_configs.clone();
     }
     options.timeout = args.timeout;
+    if let Some(command) = args.user_data_command.clone() {
+        options.user_data_probe = Some(capstan_conformance::UserDataProbe(std::sync::Arc::new(
+            move |provider_id: &str| run_probe(&command, provider_id),
+        )));
+    }
     let report = capstan_conformance::run_provider(&provider, &options).await;
     print_report(&report, args.output)
+}
+
+/// How long `--user-data-command` may run.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Run `--user-data-command` for one instance; its stdout.
+fn run_probe(command: &str, provider_id: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let instance_id = provider_id.rsplit('/').next().unwrap_or(provider_id);
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", command])
+        .env("CAPSTAN_PROVIDER_ID", provider_id)
+        .env("CAPSTAN_INSTANCE_ID", instance_id)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("--user-data-command: cannot run sh: {e}"))?;
+    // Read while it runs, so a large output cannot block it on a full pipe.
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        stdout.read_to_end(&mut out).map(|_| out)
+    });
+    let started = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() > PROBE_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "--user-data-command did not finish within {PROBE_TIMEOUT:?}"
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("--user-data-command: {e}")),
+        }
+    };
+    let stdout = reader
+        .join()
+        .map_err(|_| "--user-data-command: reading its output failed".to_string())?
+        .map_err(|e| format!("--user-data-command: reading its output: {e}"))?;
+    if !status.success() {
+        let mut stderr = String::new();
+        if let Some(mut err) = child.stderr.take() {
+            let _ = err.read_to_string(&mut stderr);
+        }
+        let stderr: String = stderr.trim().chars().take(500).collect();
+        return Err(format!(
+            "--user-data-command exited with {status}: {stderr}"
+        ));
+    }
+    Ok(stdout)
 }
 
 fn print_report(report: &capstan_conformance::Report, output: Output) -> anyhow::Result<ExitCode> {

@@ -12,6 +12,7 @@
 use anyhow::Context as _;
 use capstan_addons::engine::TENANT_BINDING;
 use capstan_api::Machine;
+use capstan_controllers::MACHINE_NAMESPACE_ROLE;
 use capstan_controllers::rbac::{self, Scope};
 use capstan_registry::policy::TrustPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -136,6 +137,14 @@ pub struct InstallArgs {
     /// create the same RoleBinding instead.
     #[arg(long = "tenant-namespace", value_name = "NAMESPACE")]
     pub tenant_namespaces: Vec<String>,
+    /// Let Machines of this namespace have bootstrap data (spec.bootstrap):
+    /// a RoleBinding there of the ClusterRole capstan-controller-machines
+    /// (`get` and `create` on Secrets, by name). Capstan's namespace and
+    /// each --tenant-namespace get it too. Repeatable; the namespace must
+    /// exist. Elsewhere such Machines wait with BootstrapSecretsForbidden:
+    /// Capstan reads no Secret in a namespace nobody bound.
+    #[arg(long = "machine-namespace", value_name = "NAMESPACE")]
+    pub machine_namespaces: Vec<String>,
     /// Apply the objects to the cluster (server-side apply) instead of
     /// printing them.
     #[arg(long)]
@@ -187,6 +196,12 @@ pub struct Manifests {
     pub tenant_role: ClusterRole,
     /// One RoleBinding of `tenant_role` per `--tenant-namespace`.
     pub tenant_bindings: Vec<RoleBinding>,
+    /// Rules for Machines' namespaces (bootstrap data Secrets), bound only
+    /// by `machine_bindings`.
+    pub machine_role: ClusterRole,
+    /// One RoleBinding of `machine_role` in Capstan's namespace, each
+    /// tenant namespace and each `--machine-namespace`.
+    pub machine_bindings: Vec<RoleBinding>,
     /// A Role and its RoleBinding in each fixed namespace of the cluster's
     /// own that rules name (bootstrap tokens in kube-system, cluster-info in
     /// kube-public).
@@ -469,6 +484,22 @@ const TRUST_POLICY_CONFIG_MAP: &str = "capstan-trust-policy";
 /// The objects `install` creates; `image` is the controller image (after
 /// [`controller_image`]), `policy` the host's trust policy (its keys
 /// inline), if any.
+/// The namespaces whose Machines may have bootstrap data: Capstan's own,
+/// the tenant namespaces and each `--machine-namespace`, each once.
+fn machine_namespaces(args: &InstallArgs) -> Vec<&str> {
+    let mut out: Vec<&str> = vec![args.namespace.as_str()];
+    for namespace in args
+        .tenant_namespaces
+        .iter()
+        .chain(&args.machine_namespaces)
+    {
+        if !out.contains(&namespace.as_str()) {
+            out.push(namespace);
+        }
+    }
+    out
+}
+
 pub fn manifests(args: &InstallArgs, image: &str, policy: Option<&TrustPolicy>) -> Manifests {
     let ns = args.namespace.as_str();
     let subject = Subject {
@@ -523,6 +554,22 @@ pub fn manifests(args: &InstallArgs, image: &str, policy: Option<&TrustPolicy>) 
                 metadata: meta(TENANT_BINDING, Some(tenant)),
                 role_ref: RoleRef {
                     name: capstan_addons::engine::TENANT_ROLE.into(),
+                    ..role_ref("ClusterRole")
+                },
+                subjects: Some(vec![subject.clone()]),
+            })
+            .collect(),
+        machine_role: ClusterRole {
+            metadata: meta(MACHINE_NAMESPACE_ROLE, None),
+            rules: Some(policy_rules(Scope::MachineNamespaces)),
+            ..Default::default()
+        },
+        machine_bindings: machine_namespaces(args)
+            .into_iter()
+            .map(|namespace| RoleBinding {
+                metadata: meta(MACHINE_NAMESPACE_ROLE, Some(namespace)),
+                role_ref: RoleRef {
+                    name: MACHINE_NAMESPACE_ROLE.into(),
                     ..role_ref("ClusterRole")
                 },
                 subjects: Some(vec![subject.clone()]),
@@ -586,6 +633,9 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
             Scope::Cluster => "cluster",
             Scope::OwnNamespace => "own namespace",
             Scope::TenantNamespaces => "tenant namespaces, by --tenant-namespace",
+            Scope::MachineNamespaces => {
+                "own, tenant and --machine-namespace namespaces, by RoleBindings"
+            }
             Scope::Namespace(ns) => ns,
         };
         let names = if rule.resource_names.is_empty() {
@@ -616,6 +666,10 @@ pub fn render(m: &Manifests) -> anyhow::Result<String> {
     yaml(&mut out, &m.role_binding)?;
     yaml(&mut out, &m.tenant_role)?;
     for binding in &m.tenant_bindings {
+        yaml(&mut out, binding)?;
+    }
+    yaml(&mut out, &m.machine_role)?;
+    for binding in &m.machine_bindings {
         yaml(&mut out, binding)?;
     }
     for (role, binding) in &m.system_roles {
@@ -686,6 +740,15 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         apply(Api::namespaced(client.clone(), &tenant), binding)
             .await
             .with_context(|| format!("--tenant-namespace {tenant}: does the namespace exist?"))?;
+    }
+    apply(Api::all(client.clone()), &m.machine_role).await?;
+    for binding in &m.machine_bindings {
+        let namespace = binding.namespace().unwrap_or_default();
+        apply(Api::namespaced(client.clone(), &namespace), binding)
+            .await
+            .with_context(|| {
+                format!("--machine-namespace {namespace}: does the namespace exist?")
+            })?;
     }
     for (role, binding) in &m.system_roles {
         let fixed = role.namespace().unwrap_or_default();
@@ -846,24 +909,25 @@ pub async fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
         MACHINE_BOOTSTRAPPERS_BINDING,
     )
     .await?;
-    // The tenant namespaces' bindings, wherever they were made.
-    let bindings = Api::<RoleBinding>::all(client.clone())
-        .list(&ListParams::default().fields(&format!("metadata.name={TENANT_BINDING}")))
-        .await
-        .context("cannot list the tenant namespaces' RoleBindings")?;
-    for binding in bindings.items {
-        let tenant = binding.namespace().unwrap_or_default();
-        delete(
-            Api::<RoleBinding>::namespaced(client.clone(), &tenant),
-            TENANT_BINDING,
-        )
-        .await?;
+    // The tenant and machine namespaces' bindings, wherever they were made.
+    for (binding, role) in [
+        (TENANT_BINDING, capstan_addons::engine::TENANT_ROLE),
+        (MACHINE_NAMESPACE_ROLE, MACHINE_NAMESPACE_ROLE),
+    ] {
+        let bindings = Api::<RoleBinding>::all(client.clone())
+            .list(&ListParams::default().fields(&format!("metadata.name={binding}")))
+            .await
+            .with_context(|| format!("cannot list the RoleBindings {binding}"))?;
+        for found in bindings.items {
+            let namespace = found.namespace().unwrap_or_default();
+            delete(
+                Api::<RoleBinding>::namespaced(client.clone(), &namespace),
+                binding,
+            )
+            .await?;
+        }
+        delete(Api::<ClusterRole>::all(client.clone()), role).await?;
     }
-    delete(
-        Api::<ClusterRole>::all(client.clone()),
-        capstan_addons::engine::TENANT_ROLE,
-    )
-    .await?;
     delete(Api::<ServiceAccount>::namespaced(client.clone(), ns), NAME).await?;
     // No Machine is held any more (checked above), so the sets' and
     // deployments' finalizers guard nothing; with the controller and its
@@ -952,12 +1016,12 @@ mod tests {
         let m = built(&args(&["--namespace", "ops"]), None);
         let cluster = m.cluster_role.rules.unwrap();
         assert_eq!(cluster.len(), rbac::rules(Scope::Cluster).count());
-        // Cluster-wide, Secrets are only read by name and created (bootstrap
-        // data in Machines' namespaces): never listed, watched or changed.
+        // No Secret is readable cluster-wide.
         for rule in &cluster {
-            if rule.resources.as_ref().unwrap().contains(&"secrets".into()) {
-                assert_eq!(rule.verbs, ["get", "create"], "{rule:?}");
-            }
+            assert!(
+                !rule.resources.as_ref().unwrap().contains(&"secrets".into()),
+                "{rule:?}"
+            );
         }
         // Bootstrap tokens: a Role in kube-system; cluster-info: kube-public.
         let fixed: Vec<(String, Vec<String>)> = m
@@ -989,6 +1053,43 @@ mod tests {
             (subject.name.as_str(), subject.namespace.as_deref()),
             (NAME, Some("ops"))
         );
+    }
+
+    #[test]
+    fn bootstrap_data_secrets_are_bound_only_where_machines_may_bootstrap() {
+        let bound = |m: &Manifests| -> Vec<String> {
+            m.machine_bindings
+                .iter()
+                .map(|b| {
+                    assert_eq!(b.role_ref.name, MACHINE_NAMESPACE_ROLE);
+                    assert_eq!(b.role_ref.kind, "ClusterRole");
+                    b.metadata.namespace.clone().unwrap()
+                })
+                .collect()
+        };
+        let m = built(&args(&["--namespace", "ops"]), None);
+        assert_eq!(bound(&m), ["ops"]);
+        let rules = m.machine_role.rules.clone().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["secrets".to_string()][..])
+        );
+        assert_eq!(rules[0].verbs, ["get", "create"]);
+        let m = built(
+            &args(&[
+                "--namespace",
+                "ops",
+                "--tenant-namespace",
+                "team-a",
+                "--machine-namespace",
+                "clusters",
+                "--machine-namespace",
+                "team-a",
+            ]),
+            None,
+        );
+        assert_eq!(bound(&m), ["ops", "team-a", "clusters"]);
     }
 
     #[test]

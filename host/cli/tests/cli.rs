@@ -65,19 +65,40 @@ async fn conformance_passes_for_sim_provider_even_with_cloud_faults() {
     let path = plugin("sim_provider").display().to_string();
     let config = format!(r#"{{"endpoint":"{}"}}"#, cloud.url());
     let host = cloud.addr().to_string();
-    let out = run(capstan(&conformance_args(&path, &config, &host))).await;
+    // The sim cloud's admin API says what the instance was launched with.
+    let probe = format!(
+        "curl -sf {}/admin/instances/$CAPSTAN_INSTANCE_ID/user-data | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"value\"])'",
+        cloud.url()
+    );
+    let mut args = conformance_args(&path, &config, &host);
+    args.extend(["--user-data-command", &probe]);
+    let out = run(capstan(&args)).await;
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    assert!(
-        stdout.contains("PASS  create is idempotent for the same machine uid"),
-        "{stdout}"
-    );
+    for check in [
+        "PASS  create is idempotent for the same machine uid",
+        "PASS  the instance got the bootstrap data create passed",
+    ] {
+        assert!(stdout.contains(check), "{stdout}");
+    }
     assert!(stdout.contains("0 failed"), "{stdout}");
     assert_eq!(
         cloud.stats().live_instances,
         0,
         "conformance cleans up after itself"
     );
+    // Data other than what create passed fails the check, naming sizes.
+    let mut args = conformance_args(&path, &config, &host);
+    args.extend(["--user-data-command", "echo '#cloud-config'"]);
+    let out = run(capstan(&args)).await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  the instance got the bootstrap data create passed")
+            && stdout.contains("the instance's user data (14 bytes) is not the"),
+        "{stdout}"
+    );
+    assert_eq!(cloud.stats().live_instances, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,7 +8,10 @@
 //! reaches `running`; `delete` ends in `done`, is idempotent, and is followed
 //! by `not-found`; `list-instances` (when supported) no longer shows it; every
 //! transient error carries a retry-after. Transient errors are retried as the
-//! plugin asks, within the time budget.
+//! plugin asks, within the time budget. A provider of contract 0.2.0 gets
+//! bootstrap data with `create`, and with a [`UserDataProbe`] (the cloud's
+//! own view of the instance) the kit checks that the instance got exactly
+//! that data.
 //!
 //! Start with [`run_provider`] (or [`run_updater`] for the updater world,
 //! in [`updater`], and [`run_addon`] for the addon world, in [`addon`]); render the [`Report`] with [`Report::render_text`] or
@@ -24,7 +27,9 @@ pub use addon::run_addon;
 pub use bootstrap::run_bootstrap;
 pub use updater::{UpdaterOptions, run_updater};
 
-use capstan_runtime::types::{Deletion, InstanceState, Machine, MachineStatus, PluginError};
+use capstan_runtime::types::{
+    BootstrapData, BootstrapFormat, Deletion, InstanceState, Machine, PluginError,
+};
 use capstan_runtime::{Error, ProviderPlugin, describe};
 use serde::Serialize;
 use std::future::Future;
@@ -41,6 +46,23 @@ pub struct Options {
     pub version: String,
     /// Budget for the whole run (waiting for running, for deletion, retries).
     pub timeout: Duration,
+    /// Reads back the user data the cloud launched an instance with.
+    pub user_data_probe: Option<UserDataProbe>,
+}
+
+/// Reads the user data an instance was launched with, by provider ID, from
+/// the cloud's own API (not through the plugin): the bytes, or their base64.
+/// It may block; the kit calls it off the async runtime.
+#[derive(Clone)]
+pub struct UserDataProbe(pub std::sync::Arc<ProbeFn>);
+
+/// The function a [`UserDataProbe`] calls.
+pub type ProbeFn = dyn Fn(&str) -> Result<Vec<u8>, String> + Send + Sync + 'static;
+
+impl std::fmt::Debug for UserDataProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserDataProbe")
+    }
 }
 
 impl Options {
@@ -52,6 +74,7 @@ impl Options {
             invalid_configs: vec!["[]".into()],
             version: "v1.30.0".into(),
             timeout: Duration::from_secs(120),
+            user_data_probe: None,
         }
     }
 }
@@ -254,9 +277,13 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
 
     check_config(&mut run, options, &machine).await;
 
-    // create, twice, for the same uid.
+    // create, twice, for the same uid (with bootstrap data where the
+    // contract carries it).
+    let bootstrap = provider
+        .takes_bootstrap_data()
+        .then(|| conformance_bootstrap_data(&machine));
     let first = run
-        .retrying("create", || run_provider_create(provider, &machine))
+        .retrying("create", || provider.create(&machine, bootstrap.as_ref()))
         .await;
     let first_id = match first {
         Ok(status) if !status.provider_id.is_empty() => {
@@ -287,7 +314,7 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
 
     let second = run
         .retrying("create (repeat)", || {
-            run_provider_create(provider, &machine)
+            provider.create(&machine, bootstrap.as_ref())
         })
         .await;
     let outcome = match &second {
@@ -317,6 +344,8 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
     run.record("get after create returns the same instance", outcome);
     let outcome = wait_running(&mut run, &machine).await;
     run.record("the instance reaches running", outcome);
+    let outcome = user_data_arrived(options, &first_id, bootstrap.as_ref()).await;
+    run.record("the instance got the bootstrap data create passed", outcome);
 
     // delete until done, then again, then get is not-found.
     let outcome = delete_until_done(&mut run, &machine).await;
@@ -373,11 +402,64 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
     finish(run, plugin, &machine, "")
 }
 
-async fn run_provider_create(
-    provider: &ProviderPlugin,
-    machine: &Machine,
-) -> Result<MachineStatus, Error> {
-    provider.create(machine, None).await
+/// Harmless cloud-config naming the test machine: what a real image's
+/// cloud-init would run without effect.
+fn conformance_bootstrap_data(machine: &Machine) -> BootstrapData {
+    BootstrapData {
+        format: BootstrapFormat::CloudConfig,
+        value: format!(
+            "#cloud-config\n# capstan plugin conformance, machine uid {}\n",
+            machine.uid
+        )
+        .into_bytes(),
+    }
+}
+
+/// Whether the cloud, asked by `options.user_data_probe`, launched the
+/// instance with exactly the data `create` passed (or its base64).
+async fn user_data_arrived(
+    options: &Options,
+    provider_id: &str,
+    sent: Option<&BootstrapData>,
+) -> Outcome {
+    let Some(sent) = sent else {
+        return Outcome::Skip(
+            "the plugin implements contract 0.1.0, whose create passes no bootstrap data".into(),
+        );
+    };
+    let Some(probe) = options.user_data_probe.clone() else {
+        return Outcome::Skip(
+            "no user data probe: pass --user-data-command to read the instance's user data back from the cloud".into(),
+        );
+    };
+    let id = provider_id.to_string();
+    let got = match tokio::task::spawn_blocking(move || (probe.0)(&id)).await {
+        Ok(Ok(got)) => got,
+        Ok(Err(e)) => return Outcome::Fail(format!("reading the instance's user data: {e}")),
+        Err(e) => return Outcome::Fail(format!("the user data probe panicked: {e}")),
+    };
+    if same_user_data(&got, &sent.value) {
+        return Outcome::Pass;
+    }
+    let shown: String = String::from_utf8_lossy(&got).chars().take(200).collect();
+    Outcome::Fail(format!(
+        "the instance's user data ({} bytes) is not the {} bytes create passed; it begins {shown:?}",
+        got.len(),
+        sent.value.len()
+    ))
+}
+
+/// The data itself, or its base64, either with trailing whitespace (what a
+/// command's output adds).
+fn same_user_data(got: &[u8], sent: &[u8]) -> bool {
+    let trimmed = got.trim_ascii_end();
+    if got == sent || trimmed == sent.trim_ascii_end() {
+        return true;
+    }
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(trimmed.trim_ascii())
+        .is_ok_and(|decoded| decoded == sent)
 }
 
 async fn check_config(run: &mut Run<'_>, options: &Options, machine: &Machine) {
@@ -478,4 +560,20 @@ fn finish(
         outcome,
     );
     Report::new(plugin, machine.uid.clone(), run.checks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_matches_as_bytes_or_base64_but_not_otherwise() {
+        let sent = b"#cloud-config\n# x\n";
+        assert!(same_user_data(sent, sent));
+        assert!(same_user_data(b"#cloud-config\n# x\n\n", sent));
+        assert!(same_user_data(b"I2Nsb3VkLWNvbmZpZwojIHgK\n", sent));
+        assert!(!same_user_data(b"#cloud-config\n# y\n", sent));
+        assert!(!same_user_data(b"", sent));
+        assert!(!same_user_data(b"I2Nsb3VkLWNvbmZpZwojIHkK", sent));
+    }
 }

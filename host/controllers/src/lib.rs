@@ -105,6 +105,12 @@ pub struct Options {
 /// `capstan install` lets this group create node client CSRs.
 pub const MACHINE_BOOTSTRAPPERS: &str = "system:bootstrappers:capstan:machines";
 
+/// The ClusterRole `capstan install` makes for bootstrap data Secrets
+/// (`get`, `create`); a RoleBinding of the same name in a namespace lets
+/// Capstan read and write them there only (Capstan's namespace, tenant
+/// namespaces and each `--machine-namespace`).
+pub const MACHINE_NAMESPACE_ROLE: &str = "capstan-controller-machines";
+
 /// How a machine's bootstrap token is minted (`kube-system/bootstrap-token-<id>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootstrapTokenOptions {

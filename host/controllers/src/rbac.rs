@@ -3,8 +3,9 @@
 //! `capstan install` turns [`RULES`] into a ClusterRole (rules with
 //! [`Scope::Cluster`]), a Role in Capstan's own namespace (rules with
 //! [`Scope::OwnNamespace`]), a ClusterRole bound only in the tenant
-//! namespaces an admin names (rules with [`Scope::TenantNamespaces`]) and a
-//! Role in each fixed namespace a rule names (rules with
+//! namespaces an admin names (rules with [`Scope::TenantNamespaces`]), a
+//! ClusterRole bound only in the namespaces whose Machines may bootstrap
+//! (rules with [`Scope::MachineNamespaces`]) and a Role in each fixed namespace a rule names (rules with
 //! [`Scope::Namespace`]: bootstrap tokens in `kube-system`, the cluster's
 //! join information in `kube-public`). Each rule names the controller that needs it,
 //! so a new controller adds its rules here next to the others; the
@@ -23,6 +24,11 @@ pub enum Scope {
     /// bind, never a ClusterRoleBinding (`capstan install
     /// --tenant-namespace NS`).
     TenantNamespaces,
+    /// Only the namespaces whose Machines may have bootstrap data: a
+    /// ClusterRole (`capstan-controller-machines`) that RoleBindings bind in
+    /// Capstan's namespace, each tenant namespace and each `capstan install
+    /// --machine-namespace NS`, never a ClusterRoleBinding.
+    MachineNamespaces,
     /// One fixed namespace of the cluster's own (`kube-system`,
     /// `kube-public`): a Role there.
     Namespace(&'static str),
@@ -192,12 +198,12 @@ pub const RULES: &[Rule] = &[
         scope: Scope::OwnNamespace,
     },
     Rule {
-        why: "machine: bootstrap data Secrets in Machines' namespaces: written (owned by the Machine) for a bootstrap plugin, read by name (the one spec.bootstrap names or the one written); never listed or watched",
+        why: "machine: bootstrap data Secrets in the namespaces bound for Machines: written (owned by the Machine) for a bootstrap plugin, read by name (the one spec.bootstrap names or the one written); never listed or watched",
         group: "",
         resources: &["secrets"],
         verbs: &["get", "create"],
         resource_names: &[],
-        scope: Scope::Cluster,
+        scope: Scope::MachineNamespaces,
     },
     Rule {
         why: "machine: each Machine's bootstrap token (bootstrap-token-<id>, by name: minted, renewed until its Node joins, then deleted)",
@@ -319,8 +325,10 @@ mod tests {
                 assert_eq!(rule.scope, Scope::OwnNamespace, "{rule:?}");
                 assert_eq!(rule.verbs, READ, "{rule:?}");
             }
-            // Elsewhere Secrets are read by name, and bootstrap tokens are
+            // No Secret is readable cluster-wide: elsewhere they are read by
+            // name in namespaces an admin binds, and bootstrap tokens are
             // changed only in kube-system.
+            assert_ne!(rule.scope, Scope::Cluster, "{rule:?}");
             if rule
                 .verbs
                 .iter()

@@ -13,8 +13,15 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 /// `capstan install`'s objects, as JSON values.
+/// Machines in `default` may have bootstrap data (`--machine-namespace`).
 pub fn install_docs() -> Vec<Value> {
-    let text = cli::ok(&["install", "--namespace", CAPSTAN_NAMESPACE]);
+    let text = cli::ok(&[
+        "install",
+        "--namespace",
+        CAPSTAN_NAMESPACE,
+        "--machine-namespace",
+        "default",
+    ]);
     text.split("\n---\n")
         .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
         .filter(|v| v.get("kind").is_some())
@@ -53,7 +60,11 @@ pub fn tenant_binding_docs(namespace: &str) -> Vec<Value> {
     let docs: Vec<Value> = text
         .split("\n---\n")
         .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
-        .filter(|d| d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == namespace)
+        .filter(|d| {
+            d["kind"] == "RoleBinding"
+                && d["metadata"]["namespace"] == namespace
+                && d["roleRef"]["name"] == capstan_addons::engine::TENANT_ROLE
+        })
         .collect();
     assert_eq!(docs.len(), 1, "one RoleBinding in {namespace}");
     docs

@@ -103,7 +103,7 @@ impl Moto {
             url: format!("http://127.0.0.1:{port}"),
             credentials: capstan_sigv4::Credentials {
                 access_key_id: "AKIDBOOTSTRAP".into(),
-                secret_access_key: "bootstrap".into(),
+                secret_access_key: "unchecked-moto-secret".into(),
                 session_token: None,
             },
             image_id: String::new(),

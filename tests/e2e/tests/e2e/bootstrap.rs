@@ -23,6 +23,8 @@ use std::time::Duration;
 const KUBEADM: &str = "kubeadm";
 /// Allowed only in Capstan's own namespace (no `allowedNamespaces`).
 const KUBEADM_PRIVATE: &str = "kubeadm-private";
+/// A namespace `capstan install` was not told Machines live in.
+const UNBOUND: &str = "unbound";
 
 /// An audited environment whose instances join only with join data, the
 /// kubeadm bootstrap Plugins, and the controllers as installed.
@@ -491,11 +493,51 @@ async fn wrong_join_data_never_registers_a_node() {
 }
 
 /// A Machine naming a bootstrap Plugin that does not allow its namespace
-/// is refused before anything happens: no token, no data, no instance.
+/// is refused before anything happens: no token, no data, no instance. So
+/// is one in a namespace where no admin let Capstan handle bootstrap data
+/// (`capstan install --machine-namespace`): Capstan reads no Secret there.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bootstrap_plugin_not_allowed_in_the_namespace_gets_nothing() {
     crate::logs();
     let env = joining_env().await;
+    env.control_plane
+        .kubectl(&["create", "namespace", UNBOUND], None)
+        .expect("create the namespace");
+    // Both plugins serve it; only the RoleBinding is missing.
+    let plugins: Api<Plugin> = Api::all(env.client.clone());
+    for name in [SIM_PLUGIN, KUBEADM] {
+        let patch = json!({"spec": {"allowedNamespaces": {"names": ["default", UNBOUND]}}});
+        plugins
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("allow the namespace");
+    }
+    let mut unbound = with_bootstrap(
+        sample_deployment("unbound", SIM_PLUGIN, &env.cloud.url(), 1, "v1.20.2"),
+        KUBEADM,
+        json!({}),
+    );
+    unbound.metadata.namespace = Some(UNBOUND.into());
+    Api::<MachineDeployment>::namespaced(env.client.clone(), UNBOUND)
+        .create(&PostParams::default(), &unbound)
+        .await
+        .unwrap();
+    let message = env
+        .eventually(
+            "BootstrapSecretsForbidden",
+            Duration::from_secs(60),
+            async || {
+                let m = env.machines(UNBOUND).await.into_iter().next()?;
+                let c =
+                    capstan_api::condition(&m.status?.conditions, "InstanceProvisioned")?.clone();
+                (c.reason == "BootstrapSecretsForbidden").then_some(c.message)
+            },
+        )
+        .await;
+    assert!(
+        message.contains(&format!("capstan install --machine-namespace {UNBOUND}")),
+        "{message}"
+    );
     let md = with_bootstrap(
         sample_deployment("refused", SIM_PLUGIN, &env.cloud.url(), 1, "v1.20.2"),
         KUBEADM_PRIVATE,
@@ -525,6 +567,8 @@ async fn a_bootstrap_plugin_not_allowed_in_the_namespace_gets_nothing() {
     assert!(bootstrap_tokens(&env).await.is_empty());
     let stats = cloud_get(&env, "/admin/stats").await;
     assert_eq!(stats["instancesLaunched"], 0, "{stats}");
+    let m = env.machines(UNBOUND).await.remove(0);
+    assert!(m.status.and_then(|s| s.provider_id).is_none());
     let secrets = Api::<Secret>::namespaced(env.client.clone(), "default")
         .list(&Default::default())
         .await

@@ -33,6 +33,9 @@ fn conformance(
         .args(["--allow-host", endpoint.trim_start_matches("http://")])
         .args(["--aws-sigv4-from-env", &format!("aws={REGION}/ec2")])
         .args(["--timeout", "60s"])
+        // What the instance was launched with, from EC2's own API (boto3,
+        // as a user would ask with the aws CLI).
+        .args(["--user-data-command", &user_data_command(moto)])
         .env("AWS_ACCESS_KEY_ID", &moto.credentials.access_key_id)
         .env("AWS_SECRET_ACCESS_KEY", secret)
         .env_remove("AWS_SESSION_TOKEN")
@@ -46,6 +49,17 @@ fn conformance(
     (out.status.success(), stdout)
 }
 
+/// A shell command printing the base64 user data of instance
+/// `$CAPSTAN_INSTANCE_ID`, asked of moto with boto3 (`DescribeInstanceAttribute`).
+fn user_data_command(moto: &Moto) -> String {
+    let python = capstan_e2e::moto::venv().join("bin/python");
+    format!(
+        "{} -c 'import boto3, os; print(boto3.client(\"ec2\", endpoint_url=\"{}\", region_name=\"{REGION}\").describe_instance_attribute(InstanceId=os.environ[\"CAPSTAN_INSTANCE_ID\"], Attribute=\"userData\")[\"UserData\"][\"Value\"])'",
+        python.display(),
+        moto.url
+    )
+}
+
 #[test]
 fn the_ec2_plugin_passes_conformance_against_moto_with_host_signed_requests() {
     let moto = Moto::start(Auth::Checked).unwrap();
@@ -56,6 +70,7 @@ fn the_ec2_plugin_passes_conformance_against_moto_with_host_signed_requests() {
     for check in [
         "PASS  create is idempotent for the same machine uid",
         "PASS  the instance reaches running",
+        "PASS  the instance got the bootstrap data create passed",
         "PASS  delete ends in done",
         "PASS  get after delete is not-found",
     ] {

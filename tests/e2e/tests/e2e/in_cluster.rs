@@ -183,6 +183,8 @@ async fn install_is_accepted_and_uninstall_removes_it() {
         &[
             "deployment/capstan-controller deleted",
             "clusterrole/capstan-controller deleted",
+            "clusterrole/capstan-controller-machines deleted",
+            "rolebinding/capstan-controller-machines deleted",
             "customresourcedefinition/machines.capstan.dev deleted",
             "namespace/capstan-install deleted",
             "machineset/held (default): finalizer capstan.dev/machineset removed",

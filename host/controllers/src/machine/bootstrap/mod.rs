@@ -80,6 +80,29 @@ fn kube_retry(what: &str, e: &kube::Error) -> (Bootstrap, Option<BootstrapData>)
     retry(reason, format!("{what}: {e}"), 10_000)
 }
 
+/// A Kubernetes error about a Secret in the Machine's namespace as a retry;
+/// a 403 says how an admin lets Capstan handle bootstrap data there.
+fn secret_retry(
+    namespace: &str,
+    what: &str,
+    e: &kube::Error,
+) -> (Bootstrap, Option<BootstrapData>) {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => retry(
+            "BootstrapSecretsForbidden",
+            format!(
+                "{what}: Capstan may not read or write bootstrap data Secrets in namespace {namespace} (the API server said: {}). \
+                 Let it, there only: `capstan install --machine-namespace {namespace}`, or \
+                 kubectl -n {namespace} create rolebinding {role} --clusterrole={role} --serviceaccount=CAPSTAN_NAMESPACE:capstan-controller",
+                s.message,
+                role = crate::MACHINE_NAMESPACE_ROLE
+            ),
+            30_000,
+        ),
+        _ => kube_retry(what, e),
+    }
+}
+
 /// The data `create` passes to the instance, prepared as `spec.bootstrap`
 /// says; records the data Secret (and the token's expiry) in `draft`.
 pub(super) async fn prepare(
@@ -188,19 +211,19 @@ async fn users_data(
     machine: &Machine,
     name: &str,
 ) -> (Bootstrap, Option<BootstrapData>) {
+    let namespace = machine.namespace().unwrap_or_default();
     let secret = match secrets.get_opt(name).await {
         Ok(Some(secret)) => secret,
         Ok(None) => {
             return retry(
                 "WaitingForBootstrapData",
                 format!(
-                    "spec.bootstrap.dataSecretName: Secret {name} does not exist in namespace {}; create it (type {DATA_SECRET_TYPE}, key value)",
-                    machine.namespace().unwrap_or_default()
+                    "spec.bootstrap.dataSecretName: Secret {name} does not exist in namespace {namespace}; create it (type {DATA_SECRET_TYPE}, key value)"
                 ),
                 10_000,
             );
         }
-        Err(e) => return kube_retry(&format!("reading Secret {name}"), &e),
+        Err(e) => return secret_retry(&namespace, &format!("reading Secret {name}"), &e),
     };
     if secret.type_.as_deref() != Some(DATA_SECRET_TYPE) {
         return failed(
@@ -239,11 +262,13 @@ async fn rendered_data(
     draft: &mut MachineStatus,
 ) -> (Bootstrap, Option<BootstrapData>) {
     let uid = machine.uid().unwrap_or_default();
-    // An earlier pass wrote it: the same data, the same token.
+    let namespace = machine.namespace().unwrap_or_default();
+    // An earlier pass wrote it: the same data, the same token. Read first,
+    // so a namespace Capstan may not write to mints no token.
     match secrets.get_opt(name).await {
         Ok(Some(secret)) => return existing(&secret, &uid, name),
         Ok(None) => {}
-        Err(e) => return kube_retry(&format!("reading Secret {name}"), &e),
+        Err(e) => return secret_retry(&namespace, &format!("reading Secret {name}"), &e),
     }
     let Some(bootstrap) = ctx.bootstraps.get(plugin) else {
         return retry(
@@ -331,9 +356,9 @@ async fn rendered_data(
                 format!("Secret {name} vanished"),
                 1_000,
             ),
-            Err(e) => kube_retry(&format!("reading Secret {name}"), &e),
+            Err(e) => secret_retry(&namespace, &format!("reading Secret {name}"), &e),
         },
-        Err(e) => kube_retry(&format!("creating Secret {name}"), &e),
+        Err(e) => secret_retry(&namespace, &format!("creating Secret {name}"), &e),
     }
 }
 
