@@ -12,10 +12,24 @@ cd "$(dirname "$0")/.."
 parts=(build)
 for arg in "$@"; do [ "$arg" = --oci ] && parts+=(registry); done
 ./scripts/setup.sh "${parts[@]}"
-echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 11 minutes with its Go toolchain, then cached)"
-bin=$(./scripts/control-plane.sh | tail -n 1)
-./scripts/build-plugins.sh
+# The control plane's Go build and Capstan's cargo build run side by side:
+# each has long single-threaded stretches the other fills.
+echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2): the first time built in the background while Capstan builds, then cached"
+control_plane_out=$(mktemp)
+./scripts/control-plane.sh >"$control_plane_out" 2> >(sed -u 's/^/    [control plane] /' >&2) &
+control_plane=$!
+trap 'kill "$control_plane" 2>/dev/null || true; rm -f "$control_plane_out"' EXIT
+# Only the plugins the quickstart runs (build-plugins.sh with no names
+# builds the test fixtures too).
+./scripts/build-plugins.sh sim-provider kubeadm-bootstrap coredns-addon
 echo "==> building the capstan host (the first build takes several minutes on 2 cores; cargo shows its progress)"
 cargo build -p capstan -p capstan-e2e --bin capstan --bin capstan-quickstart
+if ! wait "$control_plane"; then
+    echo "error: the local control plane did not build (its messages are above)" >&2
+    exit 1
+fi
+bin=$(tail -n 1 "$control_plane_out")
+trap - EXIT
+rm -f "$control_plane_out"
 export CAPSTAN_K8S_BIN="$bin"
 exec "${CARGO_TARGET_DIR:-target}/debug/capstan-quickstart" "$@"
