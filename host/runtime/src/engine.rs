@@ -63,10 +63,27 @@ pub(crate) struct RuntimeInner {
     /// Asked before every outbound request of every call
     /// ([`Runtime::gate_outbound`]).
     pub(crate) outbound: std::sync::OnceLock<OutboundGate>,
+    /// Told the inputs of every call ([`Runtime::record_inputs`]).
+    pub(crate) recorder: std::sync::OnceLock<InputRecorder>,
 }
 
 /// Whether plugin calls may send requests now.
 pub type OutboundGate = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// One plugin call's inputs, as the host passes them to the plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallInputs {
+    /// The plugin's name.
+    pub plugin: String,
+    /// The export called (`create`, `render`, …).
+    pub call: &'static str,
+    /// The arguments, each as its `Debug` text (strings quoted, bytes as
+    /// numbers), in order.
+    pub inputs: Vec<String>,
+}
+
+/// Told the inputs of every plugin call before it runs.
+pub type InputRecorder = Arc<dyn Fn(CallInputs) + Send + Sync>;
 
 impl std::fmt::Debug for RuntimeInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -125,6 +142,14 @@ impl Runtime {
     /// already running. Set once; a second gate is ignored (`false`).
     pub fn gate_outbound(&self, may_send: impl Fn() -> bool + Send + Sync + 'static) -> bool {
         self.inner.outbound.set(Arc::new(may_send)).is_ok()
+    }
+
+    /// Tell `recorder` the inputs of every plugin call before it runs:
+    /// what lets a test check what a plugin was (and was not) given, such
+    /// as that a bootstrap plugin never receives a token. Set once; a
+    /// second recorder is ignored (`false`).
+    pub fn record_inputs(&self, recorder: impl Fn(CallInputs) + Send + Sync + 'static) -> bool {
+        self.inner.recorder.set(Arc::new(recorder)).is_ok()
     }
 
     /// Build the engine, the sandbox linker and the cache, and start the
@@ -205,6 +230,7 @@ impl Runtime {
                 profile: Default::default(),
                 call_threads,
                 outbound: std::sync::OnceLock::new(),
+                recorder: std::sync::OnceLock::new(),
                 config,
             }),
         })

@@ -64,7 +64,7 @@ mod worlds;
 pub use cache::CodeCache;
 pub use capstan_manifest::{PluginManifest, World};
 pub use capstan_sigv4::{Credentials as AwsCredentials, Scope as AwsScope};
-pub use engine::OutboundGate;
+pub use engine::{CallInputs, InputRecorder, OutboundGate};
 pub use error::{Error, OutputKind, describe};
 pub use grants::{CREDENTIAL_METHODS, Credential, Grants};
 pub use limits::Limits;

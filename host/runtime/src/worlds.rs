@@ -11,10 +11,24 @@ use super::*;
 /// may run on another thread than its caller's, so it takes owned copies
 /// of the named arguments (a few strings each; cloning is cheap next to a
 /// call) and the body borrows those.
+/// Tell the runtime's input recorder, if any, what this call is given.
+macro_rules! record_inputs {
+    ($handle:ident, $name:literal, [$($arg:ident),*]) => {
+        if let Some(recorder) = $handle.plugin.inner.runtime.recorder.get() {
+            recorder(crate::CallInputs {
+                plugin: $handle.plugin.name().to_string(),
+                call: $name,
+                inputs: vec![$(format!("{:?}", $arg)),*],
+            });
+        }
+    };
+}
+
 macro_rules! on_call_thread {
     ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $body:expr) => {{
         let this = $handle.clone();
         $(let $arg = $arg.to_owned();)*
+        record_inputs!($handle, $name, [$($arg),*]);
         $handle
             .plugin
             .inner
@@ -168,6 +182,7 @@ macro_rules! on_provider_call {
     ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $v1:expr, $v2:expr) => {{
         let this = $handle.clone();
         $(let $arg = $arg.to_owned();)*
+        record_inputs!($handle, $name, [$($arg),*]);
         $handle
             .plugin
             .inner

@@ -46,6 +46,9 @@ pub struct Env {
     pub client: Client,
     /// Metrics of the current (or last) controllers run.
     pub metrics: Metrics,
+    /// Set to `Some` before starting the controllers to record the inputs
+    /// of every plugin call they make.
+    pub plugin_inputs: Option<Arc<std::sync::Mutex<Vec<capstan_runtime::CallInputs>>>>,
     controllers: Option<Running>,
 }
 
@@ -156,6 +159,7 @@ impl Env {
             cloud,
             client,
             metrics: Metrics::new(),
+            plugin_inputs: None,
             controllers: None,
         };
         env.create_plugin(SIM_PLUGIN, &crate::plugin("sim_provider"))
@@ -253,6 +257,9 @@ impl Env {
             ..Default::default()
         })
         .expect("the plugin runtime starts");
+        if let Some(log) = self.plugin_inputs.clone() {
+            runtime.record_inputs(move |call| log.lock().expect("not poisoned").push(call));
+        }
         self.metrics = Metrics::new();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics = self.metrics.clone();

@@ -779,6 +779,7 @@ async fn bootstrap_data_reaches_the_instance_as_user_data_within_ec2s_limit() {
     let moto = Arc::new(Moto::start(Auth::Checked).unwrap());
     install_ec2_plugin(&env, &moto, &moto.url, false).await;
     install_kubeadm_plugin(&env).await;
+    env.plugin_inputs = Some(Default::default());
     env.start_controllers(Providers::default(), Options::default())
         .await;
     let machines: Api<capstan_api::Machine> = Api::namespaced(env.client.clone(), "default");
@@ -873,6 +874,35 @@ async fn bootstrap_data_reaches_the_instance_as_user_data_within_ec2s_limit() {
         String::from_utf8_lossy(&data["token-secret"].0)
     );
     assert_eq!(token, minted);
+    // What the plugins were given: the bootstrap plugin rendered with the
+    // placeholder and never saw the token (nor its secret half); the token
+    // went only to EC2's create, inside the bootstrap data.
+    let secret_half = token.split('.').nth(1).unwrap().to_string();
+    let calls = env.plugin_inputs.as_ref().unwrap().lock().unwrap().clone();
+    let renders: Vec<_> = calls
+        .iter()
+        .filter(|c| c.plugin == "kubeadm-bootstrap" && c.call == "render")
+        .collect();
+    assert!(!renders.is_empty(), "the bootstrap plugin rendered");
+    for call in &calls {
+        let text = call.inputs.join(" ");
+        assert!(
+            !text.contains(&secret_half),
+            "{} {} was given the token: {text}",
+            call.plugin,
+            call.call
+        );
+    }
+    assert!(
+        renders
+            .iter()
+            .all(|c| c.inputs[2].contains("@@CAPSTAN_BOOTSTRAP_TOKEN@@")),
+        "{renders:?}"
+    );
+    let with_data = |c: &&capstan_runtime::CallInputs| {
+        c.plugin == "ec2-provider" && c.call == "create" && c.inputs[1].starts_with("Some(")
+    };
+    assert!(calls.iter().any(|c| with_data(&c)), "EC2's create got the data");
 
     let message = env
         .eventually(

@@ -14,10 +14,20 @@
 //!    signed, and return a client that authenticates with that certificate.
 //!
 //! The parsing and checks are pure; [`bootstrap`] does the HTTP.
+//!
+//! One process simulates many instances, so the anonymous read of
+//! `cluster-info` is shared as a fleet of real kubelets would not share it:
+//! at most one read per endpoint a second serves every instance still in
+//! discovery (each still checks the signature with its own token and the CA
+//! against its own pins; at 1,000 machines, one read each a second was
+//! 1,000 TLS handshakes and copies of a ConfigMap holding 1,000 signatures
+//! a second). Waiting for the CSR is a watch of that one CSR, as the
+//! kubelet's own wait is.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use hmac::{Hmac, Mac};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -265,7 +275,7 @@ pub async fn bootstrap(join: &JoinConfig, timeout: Duration) -> Result<kube::Cli
     // Discovery: cluster-info fetched without trusting anything yet; it is
     // believed only once the token's signature and a CA pin check out.
     let (server, ca) = loop {
-        let result = fetch_cluster_info(&endpoint)
+        let result = shared_cluster_info(&endpoint)
             .await
             .and_then(|data| verify_cluster_info(&data, join));
         match result {
@@ -295,8 +305,7 @@ pub async fn bootstrap(join: &JoinConfig, timeout: Duration) -> Result<kube::Cli
         .serialize_request(&key)
         .and_then(|r| r.pem())
         .map_err(|e| format!("CSR: {e}"))?;
-    let csrs: kube::Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
-        kube::Api::all(bootstrap_client);
+    let csrs: kube::Api<CertificateSigningRequest> = kube::Api::all(bootstrap_client);
     let csr = serde_json::from_value(json!({
         "apiVersion": "certificates.k8s.io/v1",
         "kind": "CertificateSigningRequest",
@@ -320,6 +329,22 @@ pub async fn bootstrap(join: &JoinConfig, timeout: Duration) -> Result<kube::Cli
         }
     };
     let name = kube::ResourceExt::name_any(&created);
+    let answered = |csr: Option<&CertificateSigningRequest>| {
+        csr.and_then(|c| c.status.as_ref()).is_some_and(|s| {
+            s.certificate.as_ref().is_some_and(|c| !c.0.is_empty())
+                || s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Denied" || c.type_ == "Failed")
+        })
+    };
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    // A watch of this one CSR; should the watch fail, polling below.
+    let _ = tokio::time::timeout(
+        remaining,
+        kube::runtime::wait::await_condition(csrs.clone(), &name, answered),
+    )
+    .await;
     let certificate = loop {
         if let Ok(current) = csrs.get(&name).await {
             let status = current.status.unwrap_or_default();
@@ -348,6 +373,33 @@ pub async fn bootstrap(join: &JoinConfig, timeout: Duration) -> Result<kube::Cli
         ..Default::default()
     };
     client(&server, &ca, as_node)
+}
+
+/// How old a shared read of `cluster-info` may be.
+const CLUSTER_INFO_MAX_AGE: Duration = Duration::from_secs(1);
+
+type ClusterInfo = Result<std::sync::Arc<BTreeMap<String, String>>, String>;
+
+/// The last read of `cluster-info` per endpoint, shared by every instance in
+/// discovery (the lock is held while reading, so one read serves all that
+/// wait for it).
+static CLUSTER_INFO: tokio::sync::Mutex<BTreeMap<String, (Instant, ClusterInfo)>> =
+    tokio::sync::Mutex::const_new(BTreeMap::new());
+
+/// `cluster-info`'s data, read at most once a [`CLUSTER_INFO_MAX_AGE`] per
+/// endpoint for all instances.
+async fn shared_cluster_info(endpoint: &str) -> ClusterInfo {
+    let mut reads = CLUSTER_INFO.lock().await;
+    if let Some((at, info)) = reads.get(endpoint)
+        && at.elapsed() < CLUSTER_INFO_MAX_AGE
+    {
+        return info.clone();
+    }
+    let info = fetch_cluster_info(endpoint)
+        .await
+        .map(std::sync::Arc::new);
+    reads.insert(endpoint.to_string(), (Instant::now(), info.clone()));
+    info
 }
 
 /// `kube-public/cluster-info`'s data, fetched anonymously without trusting
