@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install a local Kubernetes control plane for tests and the quickstart:
 # Debian's etcd-server, and kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubectl v1.20.2 built from Debian bookworm's `kubernetes` source package with Debian's Go.
+# kube-scheduler v1.20.2 built from Debian bookworm's `kubernetes` source
+# package with Debian's Go, and kubectl v1.20.2 from the binary package that
+# source builds (`kubernetes-client`, unpacked into the cache, not installed:
+# it would clash with other kubectl packages).
 #
 # The binaries are cached outside the repo (default
 # ~/.cache/capstan/kubernetes-1.20.2/bin, override with CAPSTAN_K8S_DIR), so
@@ -53,8 +56,14 @@ work="$cache/build"
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
-say "fetching the kubernetes $version source package"
+say "fetching the kubernetes $version source package and its kubectl (kubernetes-client)"
 apt-get source -qq --download-only kubernetes >/dev/null
+apt-get download -qq kubernetes-client 2>/dev/null
+dpkg-deb -x kubernetes-client_*.deb client
+"client/usr/bin/kubectl" version --client | grep -q "GitVersion:\"v$version\"" || {
+    echo "error: Debian's kubernetes-client is not kubectl v$version" >&2
+    exit 1
+}
 dpkg-source -x --no-check kubernetes_*.dsc src >/dev/null
 cd src
 upstream=$(dpkg-parsechangelog -S Version)
@@ -70,11 +79,12 @@ rm -rf vendor/github.com/modern-go/reflect2
 cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 vendor/github.com/modern-go/reflect2
 
 # A cache missing any binary (e.g. one made before kube-scheduler was added)
-# is rebuilt whole: the four share one build.
-say "building ${tools[*]} (about 9 minutes on 2 cores; log: $work/build.log)"
+# is rebuilt whole: the servers share one build.
+servers=(kube-apiserver kube-controller-manager kube-scheduler)
+say "building ${servers[*]} (about 8 minutes on 2 cores; log: $work/build.log)"
 export PATH="/usr/lib/go-1.19/bin:$PATH" CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor GO111MODULE=on
 export KUBE_GIT_VERSION="v$version" KUBE_GIT_TREE_STATE=clean
-make WHAT="${tools[*]/#/cmd/}" >"$work/build.log" 2>&1 &
+make WHAT="${servers[*]/#/cmd/}" >"$work/build.log" 2>&1 &
 make_pid=$!
 # The Go build is silent for minutes: say every 30 s that it is alive and
 # which step the build log reached.
@@ -94,9 +104,10 @@ if ! wait "$make_pid"; then
 fi
 say "built in $(( (SECONDS - started) / 60 ))m$(( (SECONDS - started) % 60 ))s"
 mkdir -p "$bin.tmp"
-for tool in "${tools[@]}"; do
+for tool in "${servers[@]}"; do
     cp _output/local/bin/linux/*/$tool "$bin.tmp/" 2>/dev/null || cp _output/bin/$tool "$bin.tmp/"
 done
+cp "$work/client/usr/bin/kubectl" "$bin.tmp/"
 rm -rf "$bin"
 mv "$bin.tmp" "$bin"
 cd "$cache"

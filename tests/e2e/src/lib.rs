@@ -121,6 +121,7 @@ pub mod cli;
 pub mod control_plane;
 pub mod env;
 pub mod install;
+#[cfg(feature = "moto")]
 pub mod moto;
 pub mod plot;
 pub mod registry;
