@@ -23,9 +23,9 @@ trap 'kill "$control_plane" 2>/dev/null || true; rm -f "$control_plane_out"' EXI
 # builds the test fixtures too).
 ./scripts/build-plugins.sh sim-provider kubeadm-bootstrap coredns-addon
 echo "==> building the capstan host (the first build takes several minutes on 2 cores; cargo shows its progress)"
-# Without the e2e crate's moto fixtures: what the quickstart runs, no more.
-cargo build -p capstan --bin capstan
-cargo build -p capstan-e2e --no-default-features --bin capstan-quickstart
+# Without the e2e crate's moto fixtures: what the quickstart runs, no more
+# (one invocation, so both binaries share one build of every dependency).
+cargo build -p capstan -p capstan-e2e --no-default-features --bin capstan --bin capstan-quickstart
 if ! wait "$control_plane"; then
     echo "error: the local control plane did not build (its messages are above)" >&2
     exit 1
