@@ -902,7 +902,10 @@ async fn bootstrap_data_reaches_the_instance_as_user_data_within_ec2s_limit() {
     let with_data = |c: &&capstan_runtime::CallInputs| {
         c.plugin == "ec2-provider" && c.call == "create" && c.inputs[1].starts_with("Some(")
     };
-    assert!(calls.iter().any(|c| with_data(&c)), "EC2's create got the data");
+    assert!(
+        calls.iter().any(|c| with_data(&c)),
+        "EC2's create got the data"
+    );
 
     let message = env
         .eventually(

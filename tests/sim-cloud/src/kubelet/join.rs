@@ -395,9 +395,7 @@ async fn shared_cluster_info(endpoint: &str) -> ClusterInfo {
     {
         return info.clone();
     }
-    let info = fetch_cluster_info(endpoint)
-        .await
-        .map(std::sync::Arc::new);
+    let info = fetch_cluster_info(endpoint).await.map(std::sync::Arc::new);
     reads.insert(endpoint.to_string(), (Instant::now(), info.clone()));
     info
 }
