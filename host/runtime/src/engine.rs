@@ -62,13 +62,18 @@ pub(crate) struct RuntimeInner {
     pub(crate) call_threads: crate::workers::CallThreads,
     /// Asked before every outbound request of every call
     /// ([`Runtime::gate_outbound`]).
-    pub(crate) outbound: std::sync::OnceLock<OutboundGate>,
+    /// Shared with the connection pools, whose connection tasks stop once
+    /// it says no.
+    pub(crate) outbound: OutboundGateCell,
     /// Told the inputs of every call ([`Runtime::record_inputs`]).
     pub(crate) recorder: std::sync::OnceLock<InputRecorder>,
 }
 
 /// Whether plugin calls may send requests now.
 pub type OutboundGate = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Where a runtime's [`OutboundGate`] is kept once set.
+pub(crate) type OutboundGateCell = Arc<std::sync::OnceLock<OutboundGate>>;
 
 /// One plugin call's inputs, as the host passes them to the plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,14 +196,16 @@ impl Runtime {
         let mut hasher = std::hash::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let engine_hash = format!("{:016x}", hasher.finish());
-        let http_client = http::pooled_client().map_err(Error::Engine)?;
+        let outbound = OutboundGateCell::default();
+        let http_client = http::pooled_client(outbound.clone()).map_err(Error::Engine)?;
         let cache = config
             .cache_dir
             .as_deref()
             .map(CodeCache::open)
             .transpose()?;
 
-        let call_threads = crate::workers::CallThreads::start(config.call_threads)?;
+        let call_threads =
+            crate::workers::CallThreads::start(config.call_threads, outbound.clone())?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let engine = engine.clone();
@@ -229,7 +236,7 @@ impl Runtime {
                 calls: Arc::new(tokio::sync::Semaphore::new(n as usize)),
                 profile: Default::default(),
                 call_threads,
-                outbound: std::sync::OnceLock::new(),
+                outbound,
                 recorder: std::sync::OnceLock::new(),
                 config,
             }),

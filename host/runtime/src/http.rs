@@ -23,6 +23,7 @@
 //! not pay for a TCP and TLS handshake every time. The pool is invisible to
 //! plugins: each request still carries only its own headers.
 
+use crate::engine::OutboundGateCell;
 use crate::grants::{Credential, Grants, HttpDecision, decide};
 use crate::limits::RequestLimit;
 use capstan_manifest::{Destination, HttpCapability};
@@ -44,8 +45,9 @@ pub(crate) type PooledClient = hyper_util::client::legacy::Client<
 
 /// Build the pool: http and https (ring, Web PKI roots), HTTP/1.1,
 /// keep-alive with idle connections closed after 30 s; names never resolve
-/// to internal addresses ([`crate::resolve`]).
-pub(crate) fn pooled_client() -> Result<PooledClient, String> {
+/// to internal addresses ([`crate::resolve`]). Its connection tasks stop at
+/// `gate` once one is set and says no ([`GatedExecutor`]).
+pub(crate) fn pooled_client(gate: OutboundGateCell) -> Result<PooledClient, String> {
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(
         crate::resolve::GrantedNames::new(),
     );
@@ -59,13 +61,39 @@ pub(crate) fn pooled_client() -> Result<PooledClient, String> {
         .enable_http1()
         .wrap_connector(http);
     Ok(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        hyper_util::client::legacy::Client::builder(GatedExecutor(gate))
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(64)
             .build(connector),
     )
 }
+
+/// The executor of the pool's connection tasks. A request is written to
+/// the socket by its connection's task, not by the call that made it, so a
+/// request handed over just before the process was stopped (SIGSTOP, a
+/// long pause) would otherwise still go out when it runs again, after the
+/// Lease it was sent under was lost. Each task stops (closing its
+/// connection) the first time it would run while the gate says no.
+#[derive(Clone)]
+struct GatedExecutor(OutboundGateCell);
+
+type ConnectionTask = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl hyper::rt::Executor<ConnectionTask> for GatedExecutor {
+    fn execute(&self, mut task: ConnectionTask) {
+        let gate = self.0.clone();
+        tokio::spawn(std::future::poll_fn(move |cx| {
+            if gate.get().is_some_and(|may_send| !may_send()) {
+                return std::task::Poll::Ready(());
+            }
+            task.as_mut().poll(cx)
+        }));
+    }
+}
+
+/// Why a request is refused while the runtime's outbound gate is closed.
+const GATE_CLOSED: &str = "this replica may not act now (it is not the leader, or could not renew its Lease in time): nothing is sent";
 
 /// Per-call HTTP gate.
 pub(crate) struct HttpGate {
@@ -177,10 +205,7 @@ impl WasiHttpHooks for HttpGate {
         if let Some(may_send) = &self.may_send
             && !may_send()
         {
-            self.deny(
-                "this replica may not act now (it is not the leader, or could not renew its Lease in time): nothing is sent"
-                    .into(),
-            );
+            self.deny(GATE_CLOSED.into());
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
         }
         let uri = request.uri();
@@ -216,6 +241,7 @@ impl WasiHttpHooks for HttpGate {
                 let plugin = self.plugin.clone();
                 let denial = self.denial.clone();
                 let waited = self.waited.clone();
+                let may_send = self.may_send.clone();
                 Box::new(async move {
                     if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
                         request = match crate::credentials::sign_aws(
@@ -238,7 +264,25 @@ impl WasiHttpHooks for HttpGate {
                         };
                     }
                     let sent = std::time::Instant::now();
-                    let response = client.request(request).await;
+                    // The gate is asked again before every poll: this
+                    // future may first run long after `send_request`
+                    // returned (the process was stopped in between).
+                    let mut request = std::pin::pin!(client.request(request));
+                    let response = std::future::poll_fn(|cx| {
+                        if may_send.as_ref().is_some_and(|may_send| !may_send()) {
+                            return std::task::Poll::Ready(None);
+                        }
+                        request.as_mut().poll(cx).map(Some)
+                    })
+                    .await;
+                    let Some(response) = response else {
+                        tracing::warn!(%plugin, reason = GATE_CLOSED, "outbound request denied");
+                        denial
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(GATE_CLOSED.into());
+                        return Err(HttpError::HttpRequestDenied);
+                    };
                     waited.fetch_add(
                         u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX),
                         Ordering::Relaxed,

@@ -51,10 +51,13 @@ struct CallThread {
 
 impl CallThreads {
     /// Start `count` call threads (none: calls run where they are awaited).
-    pub(crate) fn start(count: usize) -> Result<Self, Error> {
+    pub(crate) fn start(
+        count: usize,
+        gate: crate::engine::OutboundGateCell,
+    ) -> Result<Self, Error> {
         let mut threads = Vec::with_capacity(count);
         for i in 0..count {
-            threads.push(CallThread::start(i)?);
+            threads.push(CallThread::start(i, gate.clone())?);
         }
         Ok(CallThreads { threads })
     }
@@ -93,7 +96,7 @@ impl CallThreads {
 }
 
 impl CallThread {
-    fn start(index: usize) -> Result<Self, Error> {
+    fn start(index: usize, gate: crate::engine::OutboundGateCell) -> Result<Self, Error> {
         let io = |error| Error::Io {
             what: "cannot start a plugin call thread".into(),
             error,
@@ -103,7 +106,7 @@ impl CallThread {
             .build()
             .map_err(io)?;
         let handle = executor.handle().clone();
-        let client = pooled_client().map_err(Error::Engine)?;
+        let client = pooled_client(gate).map_err(Error::Engine)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let join = std::thread::Builder::new()
             .name(format!("capstan-calls-{index}"))
@@ -181,7 +184,7 @@ mod tests {
 
     #[tokio::test]
     async fn calls_run_on_the_call_threads_and_spread_over_them() {
-        let threads = CallThreads::start(2).unwrap();
+        let threads = CallThreads::start(2, Default::default()).unwrap();
         // Two calls that can only finish together: the second finds the
         // first thread busy.
         let both = Arc::new(tokio::sync::Barrier::new(2));
@@ -209,7 +212,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_threads_a_call_runs_in_place() {
-        let threads = CallThreads::start(0).unwrap();
+        let threads = CallThreads::start(0, Default::default()).unwrap();
         let here = std::thread::current().id();
         let there = threads
             .run(async { Ok(std::thread::current().id()) })
@@ -220,7 +223,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_whose_caller_stops_waiting_is_cancelled() {
-        let threads = CallThreads::start(1).unwrap();
+        let threads = CallThreads::start(1, Default::default()).unwrap();
         let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<()>();
         struct Guard(Option<tokio::sync::oneshot::Sender<()>>);
         impl Drop for Guard {
@@ -256,7 +259,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_call_panics_its_caller() {
-        let threads = Arc::new(CallThreads::start(1).unwrap());
+        let threads = Arc::new(CallThreads::start(1, Default::default()).unwrap());
         let t = threads.clone();
         let caller = tokio::spawn(async move {
             t.run(async {

@@ -591,8 +591,19 @@ async fn a_stopped_leader_writes_nothing_once_a_standby_took_over() {
     // While the old leader wakes, the new one is paused too, so every
     // request reaching the cloud meanwhile would be the old leader's.
     stop("-STOP", standby.pid());
-    std::thread::sleep(Duration::from_millis(500));
-    let cloud_before = env.cloud.stats().requests;
+    // Requests the standby sent just before it stopped may still be on
+    // their way (a loaded machine): count from when the cloud went quiet.
+    let mut cloud_before = env.cloud.stats().requests;
+    let mut quiet_since = Instant::now();
+    let settle_deadline = Instant::now() + Duration::from_secs(10);
+    while quiet_since.elapsed() < Duration::from_secs(1) && Instant::now() < settle_deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = env.cloud.stats().requests;
+        if now != cloud_before {
+            cloud_before = now;
+            quiet_since = Instant::now();
+        }
+    }
     // Work for the old leader's workload-cluster client: drift to undo.
     drifted().await;
     let resumed = k8s_openapi::jiff::Timestamp::now();

@@ -576,6 +576,36 @@ async fn a_closed_outbound_gate_lets_no_plugin_request_leave() {
     assert_eq!(cloud.stats().instances_launched, 1);
 }
 
+/// The window a stopped leader's request slipped through (CI, stop 50): the
+/// gate said yes when the plugin made the request, and no by the time it
+/// would have gone out (the process was stopped in between). A gate that
+/// allows exactly its first question stands in for that: the request is
+/// made, then refused before it leaves, and the cloud sees nothing.
+#[tokio::test]
+async fn a_request_made_before_the_gate_closed_does_not_leave_after() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let cloud = cloud().await;
+    let rt = runtime();
+    let asked = Arc::new(AtomicU32::new(0));
+    let counter = asked.clone();
+    assert!(rt.gate_outbound(move || counter.fetch_add(1, Ordering::SeqCst) == 0));
+    let sim = sim_provider(&rt, &cloud);
+    let m = machine("late", serde_json::json!({ "endpoint": cloud.url() }));
+    let err = sim.create(&m, None).await.unwrap_err();
+    match &err {
+        Error::CapabilityDenied { detail, .. } => {
+            assert!(detail.contains("this replica may not act now"), "{detail}")
+        }
+        other => panic!("expected capability denied, got {other}"),
+    }
+    assert!(
+        asked.load(Ordering::SeqCst) >= 2,
+        "the gate was asked again after the request was made"
+    );
+    assert_eq!(cloud.stats().requests, 0, "nothing reached the cloud");
+}
+
 #[tokio::test]
 async fn a_panic_is_a_trap_naming_plugin_and_call() {
     let cloud = cloud().await;
