@@ -56,6 +56,13 @@ pub struct PluginSpec {
     /// Per-call limits (defaults: 64 MiB, 10 s).
     #[serde(default)]
     pub limits: PluginLimits,
+    /// What the plugin may take from the host across its calls, shared by
+    /// every revision of it that serves at once. Unset: no bound beyond
+    /// the host-wide ones. A call refused by its quota waits and is
+    /// retried (reason `PluginQuotaExceeded`); it is never counted as the
+    /// plugin's fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<PluginQuota>,
     /// The namespaces whose Machines, MachineSets, MachineDeployments,
     /// MachineHealthChecks and Addons may use this plugin. Unset: only
     /// Capstan's own namespace. Elsewhere the object gets the condition
@@ -436,6 +443,32 @@ pub struct PluginLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
     pub max_requests_per_call: Option<u32>,
+}
+
+/// A plugin's share of the host across its calls (`spec.quota`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginQuota {
+    /// Calls of this plugin running at once, for every object using it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub concurrent_calls: Option<u32>,
+    /// How long a call waits for one of those before it is refused, in
+    /// milliseconds (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 60000))]
+    pub queue_timeout_ms: Option<u32>,
+    /// Calls started per minute (a token bucket holding ten seconds'
+    /// worth, at least one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub calls_per_minute: Option<u32>,
+    /// Outbound requests per minute, by all calls together, counted at the
+    /// sandbox's HTTP gate (a token bucket holding ten seconds' worth, at
+    /// least one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub requests_per_minute: Option<u32>,
 }
 
 /// What the host found when it loaded the plugin. Fields describe the

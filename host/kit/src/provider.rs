@@ -43,6 +43,16 @@ pub enum ProviderError {
     /// limit); retried with backoff because a host can outlive a bad call.
     #[error("{0}")]
     Fault(String),
+    /// The host held the call back: the Plugin's quota
+    /// (`Plugin.spec.quota`) is used up. Not the plugin's fault; retried
+    /// after the given delay.
+    #[error("{message}")]
+    Quota {
+        /// Which quota, its size, and what to do.
+        message: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
 }
 
 /// Plugin text reaches conditions, events and logs: bounded
@@ -64,6 +74,10 @@ impl From<RuntimeError> for ProviderError {
             None if matches!(error, RuntimeError::Unsupported { .. }) => {
                 ProviderError::Terminal(bound(&error.to_string()))
             }
+            None if matches!(error, RuntimeError::QuotaExceeded { .. }) => ProviderError::Quota {
+                retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
+                message: bound(&error.to_string()),
+            },
             None => ProviderError::Fault(bound(&error.to_string())),
         }
     }
@@ -79,6 +93,7 @@ impl ProviderError {
             ProviderError::Unauthorized(_) => "unauthorized",
             ProviderError::Terminal(_) => "terminal",
             ProviderError::Fault(_) => "fault",
+            ProviderError::Quota { .. } => "quota",
         }
     }
 }

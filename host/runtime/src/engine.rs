@@ -343,6 +343,7 @@ impl Runtime {
                 grants: Arc::new(grants),
                 declared,
                 runtime: self.inner.clone(),
+                quota: None,
             }),
         })
     }

@@ -120,6 +120,18 @@ pub enum Error {
         call: &'static str,
         detail: String,
     },
+    /// The plugin's quota (`Plugin.spec.quota`) ran out: a host decision,
+    /// not the plugin's fault; try again after `retry_after`.
+    #[error(
+        "plugin {plugin} {call} was held back: its quota of {size} {kind} is used up (retry after {} ms); raise spec.quota on the Plugin if it legitimately needs more", retry_after.as_millis()
+    )]
+    QuotaExceeded {
+        plugin: String,
+        call: &'static str,
+        kind: crate::quota::QuotaKind,
+        size: u32,
+        retry_after: Duration,
+    },
     /// The plugin's contract version cannot carry what the call needs (a
     /// 0.1.0 provider asked to create an instance with bootstrap data).
     #[error("plugin {plugin} {call}: {reason}")]
@@ -135,6 +147,14 @@ impl Error {
     pub fn plugin_error(&self) -> Option<&PluginError> {
         match self {
             Error::Plugin { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// When a call refused by the host (a quota) may be tried again.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::QuotaExceeded { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -114,6 +114,10 @@ pub(crate) struct HttpGate {
     pub(crate) waited: Arc<std::sync::atomic::AtomicU64>,
     /// The runtime's outbound gate, if it has one.
     pub(crate) may_send: Option<crate::OutboundGate>,
+    /// The Plugin's quota, if it has one (requests per minute).
+    pub(crate) quota: Option<crate::Quota>,
+    /// The first quota this call's requests ran out of.
+    pub(crate) quota_hit: Arc<Mutex<Option<crate::QuotaHit>>>,
 }
 
 /// Holds one slot of the in-flight budget until dropped (with the response
@@ -140,6 +144,10 @@ impl HttpGate {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    pub(crate) fn quota_hit(&self) -> Option<crate::QuotaHit> {
+        *self.quota_hit.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn exhausted(&self) -> Option<(RequestLimit, u32)> {
@@ -223,6 +231,18 @@ impl WasiHttpHooks for HttpGate {
         match (verdict, dest) {
             (HttpDecision::Allow { credential }, Ok((_, authority))) => {
                 let credential = credential.cloned();
+                // The Plugin's requests-per-minute, shared by all its calls:
+                // counted only for requests that would otherwise leave.
+                if let Some(quota) = &self.quota
+                    && let Err(hit) = quota.admit_request()
+                {
+                    tracing::info!(plugin = %self.plugin, quota = %hit.kind, "outbound request held back by the plugin's quota");
+                    self.quota_hit
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(hit);
+                    return Box::new(async { Err(HttpError::HttpRequestDenied) });
+                }
                 let Ok(slot) = self.admit() else {
                     return Box::new(async { Err(HttpError::ConnectionLimitReached) });
                 };

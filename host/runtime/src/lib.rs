@@ -38,6 +38,7 @@
 //! | `worlds` | typed handles per world, one method per contract function |
 //! | `call` | what one call holds: store state, log host, memory limiter, return sizes |
 //! | `http` | the egress gate every outbound request passes |
+//! | `quota` | per-plugin quotas across calls: concurrent calls, calls and requests per minute |
 //! | `resolve` | name resolution of that gate: granted names never reach internal addresses |
 //! | `workers` | the call threads calls run on (one executor and connection pool each) |
 //! | [`profile`] | where calls spend their time ([`Runtime::call_profile`]) |
@@ -57,6 +58,7 @@ mod http;
 pub mod limits;
 mod plugin;
 pub mod profile;
+pub mod quota;
 mod resolve;
 mod workers;
 mod worlds;
@@ -69,6 +71,7 @@ pub use error::{Error, OutputKind, describe};
 pub use grants::{CREDENTIAL_METHODS, Credential, Grants};
 pub use limits::Limits;
 pub use profile::CallProfile;
+pub use quota::{Quota, QuotaHit, QuotaKind, QuotaSpec};
 
 use capstan_manifest::HttpCapability;
 use capture::Capture;

@@ -21,6 +21,8 @@ pub(crate) struct PluginInner {
     pub(crate) grants: Arc<Grants>,
     pub(crate) declared: Arc<[HttpCapability]>,
     pub(crate) runtime: Arc<RuntimeInner>,
+    /// Shared with the Plugin's other live revisions.
+    pub(crate) quota: Option<crate::Quota>,
 }
 
 impl std::fmt::Debug for PluginInner {
@@ -54,6 +56,33 @@ impl Plugin {
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
     }
+    /// This plugin with its calls counted against `quota`, which the
+    /// Plugin's other live revisions share. Cheap: the component and its
+    /// pre-instantiation are shared.
+    pub fn with_quota(&self, quota: Option<crate::Quota>) -> Plugin {
+        let inner = &self.inner;
+        Plugin {
+            inner: Arc::new(PluginInner {
+                name: inner.name.clone(),
+                manifest: inner.manifest.clone(),
+                digest: inner.digest.clone(),
+                load_path: inner.load_path,
+                component: inner.component.clone(),
+                pre: inner.pre.clone(),
+                limits: inner.limits,
+                grants: inner.grants.clone(),
+                declared: inner.declared.clone(),
+                runtime: inner.runtime.clone(),
+                quota,
+            }),
+        }
+    }
+
+    /// The quota this plugin's calls count against, if any.
+    pub fn quota(&self) -> Option<&crate::Quota> {
+        self.inner.quota.as_ref()
+    }
+
     /// Names of the component's imports (interfaces and functions).
     pub fn imports(&self) -> Vec<String> {
         let engine = &self.inner.runtime.engine;
@@ -147,6 +176,8 @@ impl Plugin {
                     .unwrap_or_else(|| inner.runtime.http_client.clone()),
                 waited: Arc::default(),
                 may_send: inner.runtime.outbound.get().cloned(),
+                quota: inner.quota.clone(),
+                quota_hit: Arc::default(),
             },
             memory: MemoryLimiter {
                 limit: limits.memory_bytes,
@@ -188,6 +219,15 @@ impl Plugin {
     ) -> Result<T, Error> {
         let started = std::time::Instant::now();
         let limit = self.inner.limits.call_timeout;
+        // The plugin's own quota before a host-wide slot: a plugin over its
+        // share waits (briefly) without holding what others need.
+        let _quota = match &self.inner.quota {
+            Some(quota) => Some(quota.admit_call().await.map_err(|hit| {
+                tracing::info!(plugin = %self.inner.name, call, quota = %hit.kind, "plugin call refused by its quota");
+                self.quota_exceeded(call, hit)
+            })?),
+            None => None,
+        };
         // A slot first: the deadline counts from when the call may run.
         let _slot = tokio::time::timeout(limit, self.inner.runtime.calls.clone().acquire_owned())
             .await
@@ -239,7 +279,22 @@ impl Plugin {
         result
     }
 
+    fn quota_exceeded(&self, call: &'static str, hit: crate::QuotaHit) -> Error {
+        Error::QuotaExceeded {
+            plugin: self.name().into(),
+            call,
+            kind: hit.kind,
+            size: hit.size,
+            retry_after: hit.retry_after,
+        }
+    }
+
     pub(crate) fn limit_hit(&self, call: &'static str, state: &CallState) -> Option<Error> {
+        // The host held the call back: whatever the plugin made of the
+        // refused request, the call is the quota's, not a fault.
+        if let Some(hit) = state.http.quota_hit() {
+            return Some(self.quota_exceeded(call, hit));
+        }
         let plugin = self.name().to_string();
         let limits = &self.inner.limits;
         if let Some(requested_bytes) = state.memory.refused {

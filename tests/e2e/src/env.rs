@@ -588,6 +588,7 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
             ..Default::default()
         },
         limits: Default::default(),
+        quota: None,
         // The sample machines live in `default`, outside Capstan's namespace.
         allowed_namespaces: Some(capstan_api::AllowedNamespaces {
             names: vec!["default".into()],

@@ -317,6 +317,15 @@ async fn converge(
     )
     .await
     .map_err(|e| match e {
+        // The host held the call back (the Plugin's quota): waiting, not
+        // failed, and not the plugin's fault.
+        RenderError::Plugin {
+            error: error @ capstan_runtime::Error::QuotaExceeded { .. },
+            ..
+        } => Failure {
+            waiting: true,
+            ..fail(APPLIED, "PluginQuotaExceeded", plugin_text(&error))
+        },
         RenderError::Plugin {
             call: "render",
             error,

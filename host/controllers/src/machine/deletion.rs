@@ -152,10 +152,16 @@ impl Pass<'_> {
         self.view.release = Some(match outcome {
             Ok(Deletion::Done) | Err(ProviderError::NotFound(_)) => Release::Done,
             Ok(Deletion::InProgress(ms)) => Release::InProgress(ms),
-            Err(ProviderError::Transient {
-                message,
-                retry_after,
-            }) => {
+            Err(
+                ProviderError::Transient {
+                    message,
+                    retry_after,
+                }
+                | ProviderError::Quota {
+                    message,
+                    retry_after,
+                },
+            ) => {
                 tracing::debug!(machine = %key_of(machine), %message, "delete will be retried");
                 Release::Retry(retry_after.as_millis() as u64)
             }

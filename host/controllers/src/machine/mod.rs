@@ -684,6 +684,9 @@ fn call_error(error: ProviderError) -> CallError {
         }
         ProviderError::Unauthorized(_) => retry("Unauthorized", Duration::from_secs(30), &error),
         ProviderError::Fault(_) => retry("PluginFault", Duration::from_secs(30), &error),
+        ProviderError::Quota { retry_after, .. } => {
+            retry("PluginQuotaExceeded", *retry_after, &error)
+        }
     }
 }
 

@@ -335,10 +335,16 @@ fn record_answer(
             step.message = Some(message.clone());
             StepOutcome::Failed(format!("{label}: {message}"))
         }
-        Err(ProviderError::Transient {
-            message,
-            retry_after,
-        }) => {
+        Err(
+            ProviderError::Transient {
+                message,
+                retry_after,
+            }
+            | ProviderError::Quota {
+                message,
+                retry_after,
+            },
+        ) => {
             step.message = Some(message.clone());
             let wait = retry_after.clamp(Duration::from_millis(100), Duration::from_secs(60));
             StepOutcome::Wait(wait, format!("{label}: {message} (retrying)"))

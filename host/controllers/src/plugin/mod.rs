@@ -83,6 +83,10 @@ pub(crate) struct Context {
     /// Plugins loaded so far: name → (generation, revision), so an idle
     /// reconcile does not reload.
     loaded: std::sync::Mutex<std::collections::HashMap<String, (i64, Revision)>>,
+    /// Each Plugin's quota, kept while its spec is unchanged so every
+    /// revision that serves at once (the old one until the new one is
+    /// registered) counts against the same allowance.
+    quotas: std::sync::Mutex<std::collections::HashMap<String, capstan_runtime::Quota>>,
     /// Registry access and trust for `oci://` sources.
     supply: Option<Arc<Supply>>,
     /// `file://` directories whose plugins load unsigned.
@@ -122,6 +126,7 @@ impl Context {
             addons,
             updater_activation: tokio::sync::Mutex::default(),
             loaded: std::sync::Mutex::default(),
+            quotas: std::sync::Mutex::default(),
             supply: options.supply.clone(),
             unsigned_plugin_dirs: options.unsigned_plugin_dirs.clone(),
         }
@@ -386,7 +391,8 @@ async fn load(
     let bytes = fetched.bytes;
     let loaded = blocking(move || runtime.load(&source_name, &bytes, limits, grants))
         .await?
-        .map_err(|e| ("LoadFailed", e.to_string()))?;
+        .map_err(|e| ("LoadFailed", e.to_string()))?
+        .with_quota(ctx.quota_for(name, plugin));
     let manifest = loaded.manifest().clone();
     let digest = loaded.digest().to_string();
     let (message, compiled) = match loaded.load_path() {
@@ -491,6 +497,41 @@ fn check_declared(
         ));
     }
     Ok((addon_grants, update_fields))
+}
+
+impl Context {
+    /// The quota a Plugin's calls count against: the one its revisions
+    /// already share while `spec.quota` is unchanged, a fresh one when it
+    /// changed, none when unset.
+    fn quota_for(&self, name: &str, plugin: &Plugin) -> Option<capstan_runtime::Quota> {
+        let mut quotas = self.quotas.lock().expect("quotas lock");
+        let Some(spec) = quota_of(plugin) else {
+            quotas.remove(name);
+            return None;
+        };
+        let quota = quotas
+            .entry(name.to_string())
+            .and_modify(|q| {
+                if q.spec() != spec {
+                    *q = capstan_runtime::Quota::new(spec);
+                }
+            })
+            .or_insert_with(|| capstan_runtime::Quota::new(spec));
+        Some(quota.clone())
+    }
+}
+
+/// The quota a Plugin's `spec.quota` asks for.
+fn quota_of(plugin: &Plugin) -> Option<capstan_runtime::QuotaSpec> {
+    let q = plugin.spec.quota?;
+    Some(capstan_runtime::QuotaSpec {
+        concurrent_calls: q.concurrent_calls,
+        queue_timeout: q
+            .queue_timeout_ms
+            .map(|ms| Duration::from_millis(u64::from(ms))),
+        calls_per_minute: q.calls_per_minute,
+        requests_per_minute: q.requests_per_minute,
+    })
 }
 
 /// The sandbox limits a Plugin's `spec.limits` ask for (defaults

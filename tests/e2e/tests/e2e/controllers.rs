@@ -1572,3 +1572,69 @@ async fn a_deleted_deployment_deletes_its_sets_and_machines_itself_and_goes_last
     );
     env.stop_controllers().await;
 }
+
+/// `Plugin.spec.quota.requestsPerMinute` through the controllers: a
+/// deployment's machines share their provider's allowance, so what reaches
+/// the cloud stays within burst + rate × time however many machines ask;
+/// machines held back say `PluginQuotaExceeded` and wait (no fault, no
+/// failure), and the deployment still rolls out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugins_request_quota_bounds_what_reaches_the_cloud() {
+    let mut env = Env::start(faults(200)).await.expect("environment starts");
+    let per_minute = 60.0;
+    let burst = 10.0;
+    Api::<capstan_api::Plugin>::all(env.client.clone())
+        .patch(
+            SIM_PLUGIN,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"quota": {"requestsPerMinute": 60}}})),
+        )
+        .await
+        .unwrap();
+    env.start_controllers(Providers::default(), fast_options())
+        .await;
+    let started = std::time::Instant::now();
+    let before = env.cloud.stats().requests;
+    apply(
+        &env,
+        &sample_deployment("metered", SIM_PLUGIN, &env.cloud.url(), 6, "v1.30.0"),
+    )
+    .await;
+    let mut held_back = false;
+    let mut peak_over = f64::MIN;
+    eventually("the metered deployment rolls out", LONG, async || {
+        let sent = (env.cloud.stats().requests - before) as f64;
+        let allowed = burst + per_minute * started.elapsed().as_secs_f64() / 60.0;
+        peak_over = peak_over.max(sent - allowed);
+        held_back |= env.machines(NS).await.iter().any(|m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.reason == "PluginQuotaExceeded")
+            })
+        });
+        let md = env.deployment(NS, "metered").await;
+        (md.status.map(|s| s.ready_replicas) == Some(6)).then_some(())
+    })
+    .await;
+    // One request may be counted by the cloud a moment before this clock.
+    assert!(
+        peak_over <= 1.0,
+        "the cloud got {peak_over:.1} requests more than burst + rate × time"
+    );
+    assert!(held_back, "some machine waited, saying PluginQuotaExceeded");
+    let metrics = env.metrics.encode();
+    let count = |result: &str| {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("capstan_plugin_call_duration_seconds_count")
+                    && l.contains(&format!("result=\"{result}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    assert!(count("quota") > 0.0, "quota hits are counted as such");
+    assert_eq!(count("fault"), 0.0, "and never as the plugin's fault");
+    assert_cloud_matches(&env).await;
+}

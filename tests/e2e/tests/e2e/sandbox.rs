@@ -1129,3 +1129,149 @@ async fn aws_keys_sign_requests_but_never_reach_the_plugin() {
     assert_eq!(expected.get("authorization"), Some(authorization[0]));
     assert!(!format!("{got:?}").contains(SECRET));
 }
+
+/// `Plugin.spec.quota.requestsPerMinute` as the runtime enforces it: a
+/// hostile plugin sending requests one after another is stopped at the
+/// bucket's burst, and the call ends as a host decision with a retry-after
+/// (not a fault, not the per-call request limit). The quota is the
+/// Plugin's, not the revision's: another revision sharing it finds it
+/// spent, and sends nothing.
+#[tokio::test]
+async fn a_request_quota_is_shared_by_revisions_and_is_never_the_plugins_fault() {
+    use capstan_runtime::{Quota, QuotaKind, QuotaSpec};
+    let cloud = cloud().await;
+    let rt = runtime();
+    let quota = Quota::new(QuotaSpec {
+        requests_per_minute: Some(6),
+        ..Default::default()
+    });
+    let hostile = hostile(&rt, &cloud, Limits::default())
+        .plugin()
+        .with_quota(Some(quota.clone()))
+        .provider()
+        .unwrap();
+    let target = format!("{}/debug/echo", cloud.url());
+    let attack = machine(
+        "metered",
+        serde_json::json!({ "attack": "request-serial", "target": target }),
+    );
+    let err = hostile.create(&attack, None).await.unwrap_err();
+    match &err {
+        Error::QuotaExceeded {
+            kind,
+            size,
+            retry_after,
+            ..
+        } => {
+            assert_eq!((*kind, *size), (QuotaKind::RequestsPerMinute, 6));
+            assert!(
+                *retry_after > Duration::ZERO && *retry_after <= Duration::from_secs(10),
+                "one token every ten seconds: {retry_after:?}"
+            );
+        }
+        other => panic!("expected the quota, got {other}"),
+    }
+    assert!(!err.is_fault(), "a quota is the host's decision");
+    assert!(err.to_string().contains("spec.quota"), "{err}");
+    // Ten seconds' worth of 6 a minute: one request, then nothing.
+    assert_eq!(cloud.stats().debug_requests, 1);
+
+    // Another revision of the same Plugin shares the spent quota.
+    let next = sim_provider(&rt, &cloud)
+        .plugin()
+        .with_quota(Some(quota))
+        .provider()
+        .unwrap();
+    let m = machine("next", serde_json::json!({ "endpoint": cloud.url() }));
+    let err = next.create(&m, None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::QuotaExceeded {
+                kind: QuotaKind::RequestsPerMinute,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(cloud.stats().requests, 0, "nothing reached the cloud API");
+}
+
+/// `concurrentCalls` as the runtime enforces it: a plugin whose calls hang
+/// holds at most its quota of calls; one more waits the queue timeout and
+/// is refused (a host decision), while another plugin's calls run as if
+/// nothing happened; a slot freed is taken again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_concurrent_call_quota_holds_a_hanging_plugin_back_and_no_one_else() {
+    use capstan_runtime::{Quota, QuotaKind, QuotaSpec};
+    let cloud = cloud().await;
+    let rt = runtime();
+    let quota = Quota::new(QuotaSpec {
+        concurrent_calls: Some(2),
+        queue_timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    });
+    let spinner = hostile(
+        &rt,
+        &cloud,
+        Limits {
+            call_timeout: Duration::from_secs(3),
+            ..Limits::default()
+        },
+    )
+    .plugin()
+    .with_quota(Some(quota.clone()))
+    .provider()
+    .unwrap();
+    let spin = machine("spin", serde_json::json!({ "attack": "infinite-loop" }));
+    let hanging: Vec<_> = (0..2)
+        .map(|_| {
+            let (p, m) = (spinner.clone(), spin.clone());
+            tokio::spawn(async move { p.create(&m, None).await })
+        })
+        .collect();
+    eventually_in_flight(&quota, 2).await;
+    let asked = std::time::Instant::now();
+    let err = spinner.create(&spin, None).await.unwrap_err();
+    let waited = asked.elapsed();
+    assert!(
+        matches!(
+            err,
+            Error::QuotaExceeded {
+                kind: QuotaKind::ConcurrentCalls,
+                size: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        waited >= Duration::from_millis(300),
+        "it queued first: {waited:?}"
+    );
+    assert!(!err.is_fault());
+    assert_eq!(quota.calls_in_flight(), 2, "never more than the quota");
+    // Another plugin is not held back by this one's quota.
+    assert_host_still_serves(&rt, &cloud, "beside-the-spinner").await;
+    for call in hanging {
+        let err = call.await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
+    }
+    assert_eq!(quota.calls_in_flight(), 0, "slots come back with the calls");
+    let fine = machine("fine", serde_json::json!({ "attack": "none" }));
+    spinner
+        .create(&fine, None)
+        .await
+        .expect("a freed slot is taken");
+}
+
+async fn eventually_in_flight(quota: &capstan_runtime::Quota, n: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while quota.calls_in_flight() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} calls never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -304,6 +304,16 @@ async fn rendered_data(
             return retry("BootstrapRetrying", message, retry_after.as_millis() as u64);
         }
         Err(ProviderError::Fault(m)) => return retry("BootstrapPluginFault", m, 30_000),
+        Err(ProviderError::Quota {
+            message,
+            retry_after,
+        }) => {
+            return retry(
+                "PluginQuotaExceeded",
+                message,
+                retry_after.as_millis() as u64,
+            );
+        }
         Err(other) => return failed("BootstrapFailed", other.to_string()),
     };
     if let Err(message) = check_size(rendered.value.len()) {
