@@ -8,7 +8,7 @@
 #
 # The binaries are cached outside the repo (default
 # ~/.cache/capstan/kubernetes-1.20.2/bin, override with CAPSTAN_K8S_DIR), so
-# only the first run builds (about 11 minutes on 2 cores, installing Go and etcd included); later runs take
+# only the first run builds (about 10 minutes on 2 cores, installing Go and etcd included); later runs take
 # seconds. Progress goes to stderr; stdout is only the bin directory, on its
 # last line, so callers can `$(scripts/control-plane.sh | tail -n 1)`.
 set -euo pipefail
@@ -81,7 +81,7 @@ cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 vendor/github.com/mode
 # A cache missing any binary (e.g. one made before kube-scheduler was added)
 # is rebuilt whole: the servers share one build.
 servers=(kube-apiserver kube-controller-manager kube-scheduler)
-say "building ${servers[*]} (about 8 minutes on 2 cores; log: $work/build.log)"
+say "building ${servers[*]} (about 8 minutes on 2 cores, longer beside another build; log: $work/build.log)"
 # `providerless` leaves out the in-tree cloud providers (their SDKs are a
 # large share of the build) that a local control plane never uses.
 export PATH="/usr/lib/go-1.19/bin:$PATH" CGO_ENABLED=0 GOPROXY=off GOFLAGS="-mod=vendor -tags=providerless" GO111MODULE=on

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # The image tests unpack and run it; built here, before the tests compete
 # for the cores.
 "$(dirname "$0")/build-image.sh"
-echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 11 minutes with its Go toolchain, then cached)"
+echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 10 minutes with its Go toolchain, then cached)"
 CAPSTAN_K8S_BIN="$("$(dirname "$0")/control-plane.sh" | tail -n 1)"
 export CAPSTAN_K8S_BIN
 export CAPSTAN_PLUGIN_DIR="$PWD/${CARGO_TARGET_DIR:-target}/plugins/wasm32-wasip2/release"

@@ -10,6 +10,7 @@ pub struct Plugin {
     pub(crate) inner: Arc<PluginInner>,
 }
 
+#[derive(Clone)]
 pub(crate) struct PluginInner {
     pub(crate) name: Arc<str>,
     pub(crate) manifest: PluginManifest,
@@ -60,21 +61,10 @@ impl Plugin {
     /// Plugin's other live revisions share. Cheap: the component and its
     /// pre-instantiation are shared.
     pub fn with_quota(&self, quota: Option<crate::Quota>) -> Plugin {
-        let inner = &self.inner;
+        let mut inner = (*self.inner).clone();
+        inner.quota = quota;
         Plugin {
-            inner: Arc::new(PluginInner {
-                name: inner.name.clone(),
-                manifest: inner.manifest.clone(),
-                digest: inner.digest.clone(),
-                load_path: inner.load_path,
-                component: inner.component.clone(),
-                pre: inner.pre.clone(),
-                limits: inner.limits,
-                grants: inner.grants.clone(),
-                declared: inner.declared.clone(),
-                runtime: inner.runtime.clone(),
-                quota,
-            }),
+            inner: Arc::new(inner),
         }
     }
 
