@@ -449,7 +449,9 @@ pub struct PluginLimits {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginQuota {
-    /// Calls of this plugin running at once, for every object using it.
+    /// Calls of this plugin running at once, for every object using it
+    /// (default 16: half the Machine controller's workers, so a plugin
+    /// whose calls hang cannot hold all of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 256))]
     pub concurrent_calls: Option<u32>,
@@ -469,6 +471,18 @@ pub struct PluginQuota {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000000))]
     pub requests_per_minute: Option<u32>,
+    /// Host memory all the plugin's calls may hold at once, in bytes. A
+    /// revision is refused (`HostBytesTooSmall`) unless `concurrentCalls`
+    /// calls at their most fit: `capstan plugin inspect` prints what one
+    /// call may hold (`hostBytesPerCall`, from the limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1048576))]
+    pub host_bytes: Option<u64>,
+}
+
+impl PluginQuota {
+    /// `concurrentCalls` when unset.
+    pub const DEFAULT_CONCURRENT_CALLS: u32 = 16;
 }
 
 /// What the host found when it loaded the plugin. Fields describe the

@@ -37,6 +37,9 @@ struct Inspection {
     host_supports_contract: bool,
     imports: Vec<String>,
     exports: Vec<String>,
+    /// The most host memory one call may hold with the default limits
+    /// (`spec.quota.hostBytes` must hold `concurrentCalls` of these).
+    host_bytes_per_call: u64,
 }
 
 /// Run the command.
@@ -72,6 +75,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         host_supports_contract: capstan_runtime::PluginManifest::validate(&manifest).is_ok(),
         imports: plugin.imports(),
         exports: plugin.exports(),
+        host_bytes_per_call: Limits::default().host_bytes_per_call(),
         manifest,
     };
     match args.output {
@@ -101,6 +105,11 @@ fn render(i: &Inspection) -> String {
         },
     );
     out.push_str(&render_capabilities(m));
+    out.push_str(&format!(
+        "Host bytes per call: {} ({:.1} MiB with the default limits; spec.quota.hostBytes must hold concurrentCalls of these)\n",
+        i.host_bytes_per_call,
+        i.host_bytes_per_call as f64 / (1024.0 * 1024.0),
+    ));
     out.push_str("Exports:\n");
     for e in &i.exports {
         out.push_str(&format!("  {e}\n"));

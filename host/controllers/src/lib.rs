@@ -198,6 +198,10 @@ pub async fn run(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
+    if let Some(runtime) = &runtime {
+        // Per-plugin call and request metrics (a second run's are ignored).
+        runtime.observe(std::sync::Arc::new(metrics.clone()));
+    }
     let mut no_retries = config.clone();
     no_retries.default_retry = false;
     // One bucket for both clients: the limit is the process's.

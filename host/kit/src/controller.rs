@@ -2,8 +2,11 @@
 //! else it watches, its context and its reconcile function, and adds what
 //! every controller has — queue-depth bookkeeping, reconcile timing and
 //! error metrics, no decision from a half-listed cache, a retry after a
-//! failure, graceful shutdown and logging.
+//! failure, graceful shutdown, logging, and fair workers ([`crate::fair`]):
+//! the reconciles that run at once are bounded per namespace and per
+//! Plugin, not only in total.
 
+use crate::fair::{FairWorkers, Flow};
 use crate::{Kind, Kube, Metrics, key_of};
 use futures::{Stream, StreamExt};
 use kube::Resource;
@@ -28,6 +31,9 @@ pub struct Spec<K: Resource<DynamicType = ()> + Clone + 'static> {
     pub store: Store<K>,
     /// Concurrent reconciles.
     pub concurrency: u16,
+    /// Whom a reconcile of an object works for (fair queueing); by
+    /// default its namespace.
+    pub flow: fn(&K) -> Flow,
 }
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> std::fmt::Debug for Spec<K> {
@@ -52,7 +58,15 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Spec<K> {
             trigger,
             store,
             concurrency,
+            flow: |o| Flow::namespace(o.meta().namespace.clone().unwrap_or_default()),
         }
+    }
+
+    /// Queue reconciles by `flow` (for example namespace and Plugin) rather
+    /// than by namespace alone.
+    pub fn with_flow(mut self, flow: fn(&K) -> Flow) -> Self {
+        self.flow = flow;
+        self
     }
 }
 
@@ -77,14 +91,30 @@ pub async fn run<K, C, E, Fut, R>(
         trigger,
         store,
         concurrency,
+        flow,
     } = spec;
     let trigger = counted(name, &(*ctx).as_ref().metrics, trigger, |o| Some(key_of(o)));
     let controller = Controller::for_shared_stream(trigger, store);
+    // The runner itself is unbounded: a queued reconcile is a parked future
+    // in the fair queue, which is what bounds those that run.
+    let gauges = (*ctx).as_ref().metrics.clone();
+    let workers = FairWorkers::observed(usize::from(concurrency), move |running, waiting| {
+        gauges.workers(name, running, waiting);
+    });
+    let closing = workers.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Reconciles not started yet do not start during shutdown.
+        closing.close();
+    };
     let stream = watches(controller)
-        .with_config(Config::default().concurrency(concurrency))
+        .with_config(Config::default().concurrency(0))
         .graceful_shutdown_on(shutdown)
         .run(
-            move |obj, ctx| instrumented(name, obj, ctx, reconcile),
+            move |obj, ctx| {
+                let flow = flow(&obj);
+                instrumented(name, obj, ctx, (workers.clone(), flow), reconcile)
+            },
             |_, _, _| Action::requeue(RETRY_AFTER),
             ctx,
         );
@@ -96,6 +126,7 @@ async fn instrumented<K, C, E, F>(
     controller: &'static str,
     obj: Arc<K>,
     ctx: Arc<C>,
+    (workers, flow): (FairWorkers, Flow),
     reconcile: impl FnOnce(Arc<K>, Arc<C>) -> F,
 ) -> Result<Action, E>
 where
@@ -111,6 +142,10 @@ where
     if !metrics.is_ready() {
         return Ok(Action::requeue(Duration::from_millis(250)));
     }
+    let Some(_worker) = workers.acquire(flow).await else {
+        // Shutting down: what did not start stays for the next leader.
+        return Ok(Action::await_change());
+    };
     metrics.dequeued(controller, &key);
     let started = Instant::now();
     let result = reconcile(obj, ctx).await;

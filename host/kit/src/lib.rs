@@ -31,6 +31,7 @@ pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod expectations;
+pub mod fair;
 pub mod impersonate;
 pub mod leader;
 pub mod metrics;

@@ -5,9 +5,18 @@
 //! `capstan_reconcile_errors_total{controller}`,
 //! `capstan_plugin_call_duration_seconds{plugin,function,result}`,
 //! `capstan_queue_depth{controller}` (objects triggered but not yet picked
-//! up by a reconcile), `capstan_api_writes_total{controller,verb}`,
+//! up by a reconcile), `capstan_reconciles_running{controller}` and
+//! `capstan_reconciles_waiting{controller}` (reconciles holding a worker,
+//! and waiting in the fair queue for one: [`crate::fair`]), `capstan_api_writes_total{controller,verb}`,
 //! `capstan_leader` (1 while this replica holds the leader Lease, 0 while it
 //! stands by; 1 without leader election).
+//!
+//! Per plugin, from the runtime ([`capstan_runtime::Observer`]):
+//! `capstan_plugin_calls_in_flight{plugin}`,
+//! `capstan_plugin_quota_wait_seconds{plugin}` (how long calls waited for
+//! the plugin's `concurrentCalls`), `capstan_plugin_quota_rejections_total{plugin,quota}`
+//! and `capstan_plugin_outbound_requests_total{plugin,result}` (`ok`,
+//! `denied`, `budget`, `quota`, `fenced`, `error`).
 //!
 //! `/readyz` answers 200 once a leader's caches are synced, and 200 for a
 //! standby replica (its body says `standby`), so a rollout of the
@@ -33,6 +42,23 @@ struct ControllerLabel {
 struct CallLabels {
     plugin: String,
     function: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabel {
+    plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    plugin: String,
+    quota: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboundLabels {
+    plugin: String,
     result: String,
 }
 
@@ -65,6 +91,12 @@ struct Inner {
     reconcile_errors: Family<ControllerLabel, Counter>,
     plugin_calls: Family<CallLabels, Histogram, fn() -> Histogram>,
     queue_depth: Family<ControllerLabel, Gauge>,
+    running: Family<ControllerLabel, Gauge>,
+    waiting: Family<ControllerLabel, Gauge>,
+    calls_in_flight: Family<PluginLabel, Gauge>,
+    quota_wait: Family<PluginLabel, Histogram, fn() -> Histogram>,
+    quota_rejections: Family<QuotaLabels, Counter>,
+    outbound: Family<OutboundLabels, Counter>,
     writes: Family<WriteLabels, Counter>,
     artifacts: Family<ArtifactLabels, Counter>,
     writes_total: AtomicU64,
@@ -79,6 +111,54 @@ impl Default for Metrics {
     }
 }
 
+impl capstan_runtime::Observer for Metrics {
+    fn call_started(&self, plugin: &str, waited: Duration) {
+        let label = PluginLabel {
+            plugin: plugin.to_string(),
+        };
+        self.inner.calls_in_flight.get_or_create(&label).inc();
+        self.inner
+            .quota_wait
+            .get_or_create(&label)
+            .observe(waited.as_secs_f64());
+    }
+
+    fn call_ended(&self, plugin: &str) {
+        self.inner
+            .calls_in_flight
+            .get_or_create(&PluginLabel {
+                plugin: plugin.to_string(),
+            })
+            .dec();
+    }
+
+    fn quota_refused(&self, plugin: &str, kind: capstan_runtime::QuotaKind, waited: Duration) {
+        self.inner
+            .quota_wait
+            .get_or_create(&PluginLabel {
+                plugin: plugin.to_string(),
+            })
+            .observe(waited.as_secs_f64());
+        self.inner
+            .quota_rejections
+            .get_or_create(&QuotaLabels {
+                plugin: plugin.to_string(),
+                quota: kind.to_string(),
+            })
+            .inc();
+    }
+
+    fn outbound(&self, plugin: &str, result: capstan_runtime::Outbound) {
+        self.inner
+            .outbound
+            .get_or_create(&OutboundLabels {
+                plugin: plugin.to_string(),
+                result: result.as_str().to_string(),
+            })
+            .inc();
+    }
+}
+
 impl Metrics {
     /// Fresh metrics in their own registry.
     pub fn new() -> Self {
@@ -89,6 +169,42 @@ impl Metrics {
         let queue_depth = Family::default();
         let writes = Family::default();
         let artifacts = Family::default();
+        let running = Family::default();
+        let waiting = Family::default();
+        let calls_in_flight = Family::default();
+        let quota_wait = Family::new_with_constructor(duration_histogram as fn() -> Histogram);
+        let quota_rejections = Family::default();
+        let outbound = Family::default();
+        registry.register(
+            "plugin_calls_in_flight",
+            "Plugin calls running now, by plugin",
+            calls_in_flight.clone(),
+        );
+        registry.register(
+            "plugin_quota_wait_seconds",
+            "How long plugin calls waited for their plugin's concurrentCalls, by plugin",
+            quota_wait.clone(),
+        );
+        registry.register(
+            "plugin_quota_rejections",
+            "Plugin calls refused by their plugin's quota, by plugin and quota",
+            quota_rejections.clone(),
+        );
+        registry.register(
+            "plugin_outbound_requests",
+            "Outbound requests of plugin calls, by plugin and result",
+            outbound.clone(),
+        );
+        registry.register(
+            "reconciles_running",
+            "Reconciles holding one of the controller's workers",
+            running.clone(),
+        );
+        registry.register(
+            "reconciles_waiting",
+            "Reconciles waiting in the fair queue (per namespace and Plugin) for a worker",
+            waiting.clone(),
+        );
         registry.register(
             "plugin_artifact_steps",
             "Plugin supply steps by step (resolve, verify, fetch for oci:// sources; compile for every load) and result (ok, cached, failed)",
@@ -133,6 +249,12 @@ impl Metrics {
                 reconcile_errors,
                 plugin_calls,
                 queue_depth,
+                running,
+                waiting,
+                calls_in_flight,
+                quota_wait,
+                quota_rejections,
+                outbound,
                 writes,
                 artifacts,
                 writes_total: AtomicU64::new(0),
@@ -173,6 +295,14 @@ impl Metrics {
                 result: result.to_string(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// The reconciles of `controller` running and waiting for a worker.
+    pub fn workers(&self, controller: &str, running: usize, waiting: usize) {
+        let label = Self::label(controller);
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.inner.running.get_or_create(&label).set(gauge(running));
+        self.inner.waiting.get_or_create(&label).set(gauge(waiting));
     }
 
     /// Record one API write.

@@ -78,6 +78,12 @@ impl From<RuntimeError> for ProviderError {
                 retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
                 message: bound(&error.to_string()),
             },
+            // The host stopped it (this replica no longer leads): whoever
+            // leads now retries; nothing here is the plugin's doing.
+            None if matches!(error, RuntimeError::Fenced { .. }) => ProviderError::Transient {
+                message: bound(&error.to_string()),
+                retry_after: Duration::from_secs(1),
+            },
             None => ProviderError::Fault(bound(&error.to_string())),
         }
     }

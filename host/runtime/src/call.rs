@@ -257,13 +257,13 @@ impl ReturnSize for PluginError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A core module with `memories` memories of `pages` 64 KiB pages each
     /// and `tables` funcref tables of `elements` elements each, encoded by
     /// hand (no text-format dependency).
-    fn module(memories: u32, pages: u32, tables: u32, elements: u32) -> Vec<u8> {
+    pub(crate) fn module(memories: u32, pages: u32, tables: u32, elements: u32) -> Vec<u8> {
         fn leb(mut n: u32, out: &mut Vec<u8>) {
             loop {
                 let byte = (n & 0x7f) as u8;

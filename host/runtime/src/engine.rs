@@ -67,6 +67,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) outbound: OutboundGateCell,
     /// Told the inputs of every call ([`Runtime::record_inputs`]).
     pub(crate) recorder: std::sync::OnceLock<InputRecorder>,
+    /// Told about calls and requests ([`Runtime::observe`]).
+    pub(crate) observer: crate::observe::ObserverCell,
 }
 
 /// Whether plugin calls may send requests now.
@@ -149,6 +151,13 @@ impl Runtime {
         self.inner.outbound.set(Arc::new(may_send)).is_ok()
     }
 
+    /// Tell `observer` about every call and outbound request from now on
+    /// (per-plugin metrics). Set once; a second observer is ignored
+    /// (`false`).
+    pub fn observe(&self, observer: Arc<dyn crate::Observer>) -> bool {
+        self.inner.observer.set(observer).is_ok()
+    }
+
     /// Tell `recorder` the inputs of every plugin call before it runs:
     /// what lets a test check what a plugin was (and was not) given, such
     /// as that a bootstrap plugin never receives a token. Set once; a
@@ -163,10 +172,16 @@ impl Runtime {
         let engine_err = |e: wasmtime::Error| Error::Engine(format!("{e:#}"));
         let mut pool = PoolingAllocationConfig::new();
         let n = config.max_concurrent_calls.max(1);
+        // Room for every call to hold the most a call may hold, so the calls
+        // of one plugin with many memories (or core instances) never leave
+        // another plugin's call without a slot: a full pool would fail the
+        // other call's instantiation, not queue it. Slots are address space
+        // reserved up front, touched only when used.
+        let per_call = |most: usize| n.saturating_mul(u32::try_from(most).unwrap_or(u32::MAX));
         pool.total_component_instances(n)
-            .total_core_instances(n.saturating_mul(4))
-            .total_memories(n.saturating_mul(2))
-            .total_tables(n.saturating_mul(4))
+            .total_core_instances(per_call(crate::call::MAX_INSTANCES_PER_CALL))
+            .total_memories(per_call(crate::call::MAX_MEMORIES_PER_CALL))
+            .total_tables(per_call(crate::call::MAX_TABLES_PER_CALL))
             .total_stacks(n)
             .max_memory_size(config.max_memory_bytes);
         // Reset a returned slot's memory by rewriting the pages the call
@@ -238,6 +253,7 @@ impl Runtime {
                 call_threads,
                 outbound,
                 recorder: std::sync::OnceLock::new(),
+                observer: Default::default(),
                 config,
             }),
         })
@@ -333,6 +349,7 @@ impl Runtime {
         let declared: Arc<[HttpCapability]> = manifest.capabilities.http.clone().into();
         Ok(Plugin {
             inner: Arc::new(PluginInner {
+                label: name.as_str().into(),
                 name: name.into(),
                 manifest,
                 digest,
@@ -398,4 +415,53 @@ impl Runtime {
 /// `sha256:<hex>` of some bytes: how plugins are identified.
 pub fn digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::tests::module;
+    use crate::call::{MAX_INSTANCES_PER_CALL, MAX_MEMORIES_PER_CALL, MAX_TABLES_PER_CALL};
+
+    /// Every call slot may hold the most one call may hold at the same
+    /// time: calls of a plugin with 16 memories (or 64 core instances) at
+    /// the host's full concurrency leave room for every other call.
+    #[tokio::test]
+    async fn the_pool_holds_every_call_at_its_most_at_once() {
+        let calls = 8;
+        let rt = Runtime::new(RuntimeConfig {
+            max_concurrent_calls: calls,
+            call_threads: 0,
+            ..Default::default()
+        })
+        .expect("runtime");
+        let engine = &rt.inner.engine;
+        let module = |memories, tables| {
+            wasmtime::Module::new(engine, module(memories, 1, tables, 1)).expect("a valid module")
+        };
+        // The pool allows one memory and one table per core module: a call
+        // at its most is core instances with a memory each, with a table
+        // each, and empty ones.
+        let (with_memory, with_table, empty) = (module(1, 0), module(0, 1), module(0, 0));
+        let memories = MAX_MEMORIES_PER_CALL;
+        let tables = MAX_TABLES_PER_CALL;
+        let rest = MAX_INSTANCES_PER_CALL - memories - tables;
+        let mut held = Vec::new();
+        for _ in 0..calls {
+            let mut store = Store::new(engine, ());
+            for (module, count) in [
+                (&with_memory, memories),
+                (&with_table, tables),
+                (&empty, rest),
+            ] {
+                for _ in 0..count {
+                    wasmtime::Instance::new_async(&mut store, module, &[])
+                        .await
+                        .expect("every call fits at its most, all calls at once");
+                }
+            }
+            held.push(store);
+        }
+        assert_eq!(held.len(), calls as usize);
+    }
 }

@@ -15,6 +15,9 @@ pub enum OutputKind {
     Stderr,
     Log,
     ReturnValue,
+    /// What the guest hands the host in one crossing (a host call's
+    /// arguments, or the call's result), bounded before it is copied.
+    HostCall,
 }
 
 impl std::fmt::Display for OutputKind {
@@ -24,6 +27,7 @@ impl std::fmt::Display for OutputKind {
             OutputKind::Stderr => "stderr",
             OutputKind::Log => "log",
             OutputKind::ReturnValue => "return value",
+            OutputKind::HostCall => "host call data",
         })
     }
 }
@@ -95,6 +99,13 @@ pub enum Error {
         limit_bytes: usize,
         requested_bytes: usize,
     },
+    /// The call's outbound request was held back because this replica may
+    /// not act now (it lost, or could not renew, the leader Lease): the
+    /// host's decision, never the plugin's fault.
+    #[error(
+        "plugin {plugin} {call} was stopped before sending: this replica may not act now (it is not the leader, or could not renew its Lease in time)"
+    )]
+    Fenced { plugin: String, call: &'static str },
     /// The call produced more output than allowed.
     #[error("plugin {plugin} {call} exceeded its {kind} limit of {limit_bytes} bytes")]
     OutputLimit {

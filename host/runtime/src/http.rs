@@ -93,7 +93,7 @@ impl hyper::rt::Executor<ConnectionTask> for GatedExecutor {
 }
 
 /// Why a request is refused while the runtime's outbound gate is closed.
-const GATE_CLOSED: &str = "this replica may not act now (it is not the leader, or could not renew its Lease in time): nothing is sent";
+pub(crate) const GATE_CLOSED: &str = "this replica may not act now (it is not the leader, or could not renew its Lease in time): nothing is sent";
 
 /// Per-call HTTP gate.
 pub(crate) struct HttpGate {
@@ -118,6 +118,15 @@ pub(crate) struct HttpGate {
     pub(crate) quota: Option<crate::Quota>,
     /// The first quota this call's requests ran out of.
     pub(crate) quota_hit: Arc<Mutex<Option<crate::QuotaHit>>>,
+    /// Told what became of each request, with the plugin's label.
+    pub(crate) observer: Option<(Arc<dyn crate::Observer>, Arc<str>)>,
+}
+
+/// Tell `observer` (if any) what became of a request.
+fn tell(observer: Option<&(Arc<dyn crate::Observer>, Arc<str>)>, result: crate::Outbound) {
+    if let Some((observer, label)) = observer {
+        observer.outbound(label, result);
+    }
 }
 
 /// Holds one slot of the in-flight budget until dropped (with the response
@@ -214,6 +223,7 @@ impl WasiHttpHooks for HttpGate {
             && !may_send()
         {
             self.deny(GATE_CLOSED.into());
+            tell(self.observer.as_ref(), crate::Outbound::Fenced);
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
         }
         let uri = request.uri();
@@ -241,9 +251,11 @@ impl WasiHttpHooks for HttpGate {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .get_or_insert(hit);
+                    tell(self.observer.as_ref(), crate::Outbound::Quota);
                     return Box::new(async { Err(HttpError::HttpRequestDenied) });
                 }
                 let Ok(slot) = self.admit() else {
+                    tell(self.observer.as_ref(), crate::Outbound::Budget);
                     return Box::new(async { Err(HttpError::ConnectionLimitReached) });
                 };
                 let headers = request.headers_mut();
@@ -262,6 +274,8 @@ impl WasiHttpHooks for HttpGate {
                 let denial = self.denial.clone();
                 let waited = self.waited.clone();
                 let may_send = self.may_send.clone();
+                let observer = self.observer.clone();
+                let told = move |result| tell(observer.as_ref(), result);
                 Box::new(async move {
                     if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
                         request = match crate::credentials::sign_aws(
@@ -275,6 +289,7 @@ impl WasiHttpHooks for HttpGate {
                             Ok(r) => r,
                             Err(reason) => {
                                 tracing::warn!(%plugin, %reason, "outbound request not signed");
+                                told(crate::Outbound::Denied);
                                 denial
                                     .lock()
                                     .unwrap_or_else(|p| p.into_inner())
@@ -297,6 +312,7 @@ impl WasiHttpHooks for HttpGate {
                     .await;
                     let Some(response) = response else {
                         tracing::warn!(%plugin, reason = GATE_CLOSED, "outbound request denied");
+                        told(crate::Outbound::Fenced);
                         denial
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -309,7 +325,13 @@ impl WasiHttpHooks for HttpGate {
                     );
                     let response = response.map_err(|e| {
                         tracing::debug!(%plugin, error = %e, "outbound request failed");
-                        if let Some(reason) = crate::resolve::refusal(&e) {
+                        let refusal = crate::resolve::refusal(&e);
+                        told(if refusal.is_some() {
+                            crate::Outbound::Denied
+                        } else {
+                            crate::Outbound::Error
+                        });
+                        if let Some(reason) = refusal {
                             denial
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
@@ -321,6 +343,7 @@ impl WasiHttpHooks for HttpGate {
                             HttpError::HttpProtocolError
                         }
                     })?;
+                    told(crate::Outbound::Ok);
                     Ok((
                         response.map(|body| {
                             body.map_err(HttpError::from)
@@ -337,6 +360,7 @@ impl WasiHttpHooks for HttpGate {
             }
             (HttpDecision::Deny { reason }, _) | (_, Err(reason)) => {
                 self.deny(reason);
+                tell(self.observer.as_ref(), crate::Outbound::Denied);
                 Box::new(async { Err(HttpError::HttpRequestDenied) })
             }
         }

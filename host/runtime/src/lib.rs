@@ -18,6 +18,8 @@
 //! - a memory cap over every memory and table of the instance (a store
 //!   limiter), and host-side objects within a per-call budget;
 //! - bounded stdout/stderr and log volume, and a bounded return value;
+//!   what the guest hands the host in one crossing is bounded before the
+//!   host copies it (wasmtime's hostcall fuel, [`Limits::hostcall_bytes`]);
 //! - outbound HTTP only to destinations declared *and* granted, with
 //!   credentials attached (or AWS requests signed) by the host (see
 //!   [`grants`]), within per-call budgets of requests in flight and in total;
@@ -39,6 +41,7 @@
 //! | `call` | what one call holds: store state, log host, memory limiter, return sizes |
 //! | `http` | the egress gate every outbound request passes |
 //! | `quota` | per-plugin quotas across calls: concurrent calls, calls and requests per minute |
+//! | [`observe`] | what the runtime tells its observer (the controllers' per-plugin metrics) |
 //! | `resolve` | name resolution of that gate: granted names never reach internal addresses |
 //! | `workers` | the call threads calls run on (one executor and connection pool each) |
 //! | [`profile`] | where calls spend their time ([`Runtime::call_profile`]) |
@@ -56,6 +59,7 @@ mod error;
 pub mod grants;
 mod http;
 pub mod limits;
+pub mod observe;
 mod plugin;
 pub mod profile;
 pub mod quota;
@@ -70,6 +74,7 @@ pub use engine::{CallInputs, InputRecorder, OutboundGate};
 pub use error::{Error, OutputKind, describe};
 pub use grants::{CREDENTIAL_METHODS, Credential, Grants};
 pub use limits::Limits;
+pub use observe::{Observer, Outbound};
 pub use profile::CallProfile;
 pub use quota::{Quota, QuotaHit, QuotaKind, QuotaSpec};
 

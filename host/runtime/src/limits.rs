@@ -88,6 +88,41 @@ pub struct Limits {
     pub max_requests_per_call: u32,
 }
 
+impl Limits {
+    /// The most host memory one call may hold, by construction: its
+    /// memories and tables (`memory_bytes`), its host-side objects
+    /// ([`HOST_OBJECT_BYTES_PER_CALL`]), one crossing's data
+    /// ([`Self::hostcall_bytes`]), its captured output (stdout, stderr and
+    /// log) and the request bodies the host buffers to sign, one per request
+    /// in flight. A Plugin's `spec.quota.hostBytes` must hold
+    /// `concurrentCalls` of these; `capstan plugin inspect` prints it.
+    pub fn host_bytes_per_call(&self) -> u64 {
+        let signed = (self.max_requests_in_flight as usize)
+            .saturating_mul(crate::credentials::MAX_SIGNED_BODY_BYTES);
+        [
+            self.memory_bytes,
+            HOST_OBJECT_BYTES_PER_CALL,
+            self.hostcall_bytes(),
+            self.stdio_bytes.saturating_mul(2),
+            self.log_bytes,
+            signed,
+        ]
+        .into_iter()
+        .fold(0u64, |sum, b| sum.saturating_add(b as u64))
+    }
+
+    /// The most the guest may hand the host in one crossing (a host call's
+    /// arguments or the call's result), set as wasmtime's hostcall fuel so
+    /// it is refused before the host copies it: the largest output limit
+    /// four times over (fuel counts a list element at its host size, larger
+    /// than its bytes in the guest), plus 1 MiB. With the defaults, 5 MiB
+    /// instead of wasmtime's 128 MiB.
+    pub fn hostcall_bytes(&self) -> usize {
+        let largest = self.return_bytes.max(self.log_bytes).max(self.stdio_bytes);
+        largest.saturating_mul(4).saturating_add(1024 * 1024)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {

@@ -24,6 +24,9 @@ pub(crate) struct PluginInner {
     pub(crate) runtime: Arc<RuntimeInner>,
     /// Shared with the Plugin's other live revisions.
     pub(crate) quota: Option<crate::Quota>,
+    /// The name the observer is told (the Plugin object's; the manifest's
+    /// until [`Plugin::observed_as`]).
+    pub(crate) label: Arc<str>,
 }
 
 impl std::fmt::Debug for PluginInner {
@@ -63,6 +66,17 @@ impl Plugin {
     pub fn with_quota(&self, quota: Option<crate::Quota>) -> Plugin {
         let mut inner = (*self.inner).clone();
         inner.quota = quota;
+        Plugin {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// This plugin with its calls and requests reported to the runtime's
+    /// observer as `label` (the Plugin object's name, which metrics use),
+    /// not the manifest's name. Cheap, as [`Self::with_quota`].
+    pub fn observed_as(&self, label: &str) -> Plugin {
+        let mut inner = (*self.inner).clone();
+        inner.label = label.into();
         Plugin {
             inner: Arc::new(inner),
         }
@@ -166,6 +180,11 @@ impl Plugin {
                     .unwrap_or_else(|| inner.runtime.http_client.clone()),
                 waited: Arc::default(),
                 may_send: inner.runtime.outbound.get().cloned(),
+                observer: inner
+                    .runtime
+                    .observer
+                    .get()
+                    .map(|o| (o.clone(), inner.label.clone())),
                 quota: inner.quota.clone(),
                 quota_hit: Arc::default(),
             },
@@ -184,6 +203,7 @@ impl Plugin {
         };
         let mut store = Store::new(&inner.runtime.engine, state);
         store.limiter(|s| &mut s.memory);
+        store.set_hostcall_fuel(limits.hostcall_bytes());
         // Every tick, running Wasm hands its thread back to the executor
         // (tokio's own yield, so the task's budget is honoured too); past
         // the wall-clock deadline it traps. Set before instantiating, since
@@ -211,12 +231,23 @@ impl Plugin {
         let limit = self.inner.limits.call_timeout;
         // The plugin's own quota before a host-wide slot: a plugin over its
         // share waits (briefly) without holding what others need.
+        let observer = self.inner.runtime.observer.get().cloned();
         let _quota = match &self.inner.quota {
             Some(quota) => Some(quota.admit_call().await.map_err(|hit| {
                 tracing::info!(plugin = %self.inner.name, call, quota = %hit.kind, "plugin call refused by its quota");
+                if let Some(observer) = &observer {
+                    observer.quota_refused(&self.inner.label, hit.kind, started.elapsed());
+                }
                 self.quota_exceeded(call, hit)
             })?),
             None => None,
+        };
+        if let Some(observer) = &observer {
+            observer.call_started(&self.inner.label, started.elapsed());
+        }
+        let _running = crate::observe::Running {
+            observer,
+            plugin: self.inner.label.clone(),
         };
         // A slot first: the deadline counts from when the call may run.
         let _slot = tokio::time::timeout(limit, self.inner.runtime.calls.clone().acquire_owned())
@@ -318,10 +349,20 @@ impl Plugin {
                 size,
             });
         }
-        state.http.denial().map(|detail| Error::CapabilityDenied {
-            plugin: plugin.clone(),
-            call,
-            detail,
+        state.http.denial().map(|detail| {
+            // A closed gate is the host's decision (this replica may not
+            // act), not a destination the plugin was refused.
+            if detail == http::GATE_CLOSED {
+                return Error::Fenced {
+                    plugin: plugin.clone(),
+                    call,
+                };
+            }
+            Error::CapabilityDenied {
+                plugin: plugin.clone(),
+                call,
+                detail,
+            }
         })
     }
 
@@ -333,6 +374,14 @@ impl Plugin {
     ) -> Error {
         if let Some(limit) = self.limit_hit(call, state) {
             return limit;
+        }
+        if hostcall_fuel_exhausted(err) {
+            return Error::OutputLimit {
+                plugin: self.name().into(),
+                call,
+                kind: OutputKind::HostCall,
+                limit_bytes: self.inner.limits.hostcall_bytes(),
+            };
         }
         if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
             return Error::DeadlineExceeded {
@@ -394,4 +443,13 @@ impl Plugin {
             error,
         })
     }
+}
+
+/// Whether wasmtime refused to copy guest data past the hostcall fuel. Its
+/// error type is private, so this reads its message.
+fn hostcall_fuel_exhausted(err: &wasmtime::Error) -> bool {
+    err.chain().any(|e| {
+        e.to_string()
+            .contains("fuel allocated for hostcalls has been exhausted")
+    })
 }

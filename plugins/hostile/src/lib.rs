@@ -87,6 +87,11 @@ impl Provider for Hostile {
                     n = std::hint::black_box(n.wrapping_add(1));
                 }
             }
+            // Waits, costing no CPU, until the host's deadline ends the
+            // call: a slow endpoint, or a plugin holding workers on purpose.
+            "hang" => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
             "memory-bomb" => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
@@ -97,6 +102,12 @@ impl Provider for Hostile {
             "stdout-flood" => loop {
                 println!("{}", "flood ".repeat(200));
             },
+            // One log message far over every output limit: the host must
+            // refuse it before copying it out of the guest.
+            "log-bomb" => {
+                let message = "b".repeat(100 * 1024 * 1024);
+                capstan_sdk::log::info(&message, &[("attack", "log-bomb")]);
+            }
             "log-flood" => loop {
                 capstan_sdk::log::info(&"flood ".repeat(200), &[("attack", "log-flood")]);
             },

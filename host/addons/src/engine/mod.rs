@@ -154,7 +154,12 @@ pub async fn controller(
             })
             .reconcile_on(drift)
     };
-    let spec = Spec::new(CONTROLLER, addons, store, concurrency);
+    // Queued per namespace and per Plugin, as Machines are.
+    let spec =
+        Spec::new(CONTROLLER, addons, store, concurrency).with_flow(|a| capstan_kit::fair::Flow {
+            namespace: a.metadata.namespace.clone().unwrap_or_default(),
+            plugin: Some(a.spec.plugin.clone()),
+        });
     capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
 }
 

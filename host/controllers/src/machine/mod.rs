@@ -151,7 +151,14 @@ pub(crate) async fn controller(
             })
             .reconcile_on(node_deletions)
     };
-    let spec = Spec::new(CONTROLLER, machines, store, concurrency);
+    // Queued per namespace and per provider Plugin: a hanging provider
+    // holds at most its share of the workers.
+    let spec = Spec::new(CONTROLLER, machines, store, concurrency).with_flow(|m| {
+        capstan_kit::fair::Flow {
+            namespace: m.metadata.namespace.clone().unwrap_or_default(),
+            plugin: Some(m.spec.provider.plugin.clone()),
+        }
+    });
     capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
 }
 

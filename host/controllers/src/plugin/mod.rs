@@ -363,6 +363,7 @@ async fn load(
             "this host runs without a plugin runtime".to_string(),
         ));
     };
+    host_bytes_fit(plugin.spec.quota.unwrap_or_default(), &limits_of(plugin))?;
     let found = find(plugin, ctx).await?;
     // What the revision declares is known from its manifest, so a revision
     // asking for more than is granted is refused before anything is
@@ -392,7 +393,8 @@ async fn load(
     let loaded = blocking(move || runtime.load(&source_name, &bytes, limits, grants))
         .await?
         .map_err(|e| ("LoadFailed", e.to_string()))?
-        .with_quota(ctx.quota_for(name, plugin));
+        .with_quota(ctx.quota_for(name, plugin))
+        .observed_as(name);
     let manifest = loaded.manifest().clone();
     let digest = loaded.digest().to_string();
     let (message, compiled) = match loaded.load_path() {
@@ -505,10 +507,7 @@ impl Context {
     /// changed, none when unset.
     fn quota_for(&self, name: &str, plugin: &Plugin) -> Option<capstan_runtime::Quota> {
         let mut quotas = self.quotas.lock().expect("quotas lock");
-        let Some(spec) = quota_of(plugin) else {
-            quotas.remove(name);
-            return None;
-        };
+        let spec = quota_of(plugin);
         let quota = quotas
             .entry(name.to_string())
             .and_modify(|q| {
@@ -521,17 +520,47 @@ impl Context {
     }
 }
 
-/// The quota a Plugin's `spec.quota` asks for.
-fn quota_of(plugin: &Plugin) -> Option<capstan_runtime::QuotaSpec> {
-    let q = plugin.spec.quota?;
-    Some(capstan_runtime::QuotaSpec {
-        concurrent_calls: q.concurrent_calls,
+/// The quota a Plugin's `spec.quota` asks for; unset, only the default
+/// bound on concurrent calls.
+fn quota_of(plugin: &Plugin) -> capstan_runtime::QuotaSpec {
+    let q = plugin.spec.quota.unwrap_or_default();
+    capstan_runtime::QuotaSpec {
+        concurrent_calls: Some(
+            q.concurrent_calls
+                .unwrap_or(capstan_api::PluginQuota::DEFAULT_CONCURRENT_CALLS),
+        ),
         queue_timeout: q
             .queue_timeout_ms
             .map(|ms| Duration::from_millis(u64::from(ms))),
         calls_per_minute: q.calls_per_minute,
         requests_per_minute: q.requests_per_minute,
-    })
+    }
+}
+
+/// `spec.quota.hostBytes`, if set, must hold `concurrentCalls` calls at
+/// their most (so the bound holds by construction): refused otherwise,
+/// before anything is fetched.
+fn host_bytes_fit(quota: capstan_api::PluginQuota, limits: &Limits) -> Result<(), Failure> {
+    let Some(host_bytes) = quota.host_bytes else {
+        return Ok(());
+    };
+    let calls = quota
+        .concurrent_calls
+        .unwrap_or(capstan_api::PluginQuota::DEFAULT_CONCURRENT_CALLS);
+    let per_call = limits.host_bytes_per_call();
+    let needed = u64::from(calls).saturating_mul(per_call);
+    if needed <= host_bytes {
+        return Ok(());
+    }
+    Err((
+        "HostBytesTooSmall",
+        format!(
+            "spec.quota.hostBytes is {host_bytes}, but {calls} concurrent calls \
+             (spec.quota.concurrentCalls) of up to {per_call} bytes each (hostBytesPerCall, \
+             from spec.limits: memory, host objects, host call data, output, signed bodies) \
+             need {needed}; raise hostBytes, or lower concurrentCalls or spec.limits.memoryMib"
+        ),
+    ))
 }
 
 /// The sandbox limits a Plugin's `spec.limits` ask for (defaults
@@ -647,4 +676,41 @@ async fn register(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_bytes_must_hold_every_concurrent_call_at_its_most() {
+        let limits = Limits::default();
+        let per_call = limits.host_bytes_per_call();
+        let quota = |calls, bytes| capstan_api::PluginQuota {
+            concurrent_calls: calls,
+            host_bytes: Some(bytes),
+            ..Default::default()
+        };
+        assert!(host_bytes_fit(quota(Some(4), 4 * per_call), &limits).is_ok());
+        let (reason, message) =
+            host_bytes_fit(quota(Some(4), 4 * per_call - 1), &limits).expect_err("one byte short");
+        assert_eq!(reason, "HostBytesTooSmall");
+        assert!(
+            message.contains("4 concurrent calls")
+                && message.contains(&format!("{per_call} bytes each")),
+            "{message}"
+        );
+        // Unset concurrentCalls counts as its default.
+        let default = u64::from(capstan_api::PluginQuota::DEFAULT_CONCURRENT_CALLS);
+        assert!(host_bytes_fit(quota(None, default * per_call - 1), &limits).is_err());
+        assert!(host_bytes_fit(quota(None, default * per_call), &limits).is_ok());
+        // A smaller memory limit makes a call cheaper.
+        let small = Limits {
+            memory_bytes: 16 * 1024 * 1024,
+            ..Limits::default()
+        };
+        assert!(host_bytes_fit(quota(Some(4), 4 * per_call - 1), &small).is_ok());
+        // Unset hostBytes: no bound.
+        assert!(host_bytes_fit(capstan_api::PluginQuota::default(), &limits).is_ok());
+    }
 }

@@ -1636,5 +1636,176 @@ async fn a_plugins_request_quota_bounds_what_reaches_the_cloud() {
     };
     assert!(count("quota") > 0.0, "quota hits are counted as such");
     assert_eq!(count("fault"), 0.0, "and never as the plugin's fault");
+    // Every request that left is counted per plugin, and so is every one
+    // the quota held back.
+    let outbound = |result: &str| {
+        metric(
+            &metrics,
+            &format!(
+                "capstan_plugin_outbound_requests_total{{plugin=\"{SIM_PLUGIN}\",result=\"{result}\"}}"
+            ),
+        )
+    };
+    let sent = (env.cloud.stats().requests - before) as f64;
+    assert!(outbound("quota") > 0.0, "held-back requests are counted");
+    assert!(
+        outbound("ok") > 0.0 && outbound("ok") <= sent,
+        "{} requests counted as sent, {sent} reached the cloud",
+        outbound("ok")
+    );
     assert_cloud_matches(&env).await;
+}
+
+/// One sample of the encoded metrics (0 when absent).
+fn metric(encoded: &str, series: &str) -> f64 {
+    let prefix = format!("{series} ");
+    encoded
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// One gauge of the controllers' metrics, for `controller`.
+fn gauge(env: &Env, name: &str, controller: &str) -> f64 {
+    metric(
+        &env.metrics.encode(),
+        &format!("{name}{{controller=\"{controller}\"}}"),
+    )
+}
+
+/// Fair queues: 100 Machines of one namespace on a provider whose calls
+/// hang until their deadline hold at most their share of the Machine
+/// controller's workers, and a 20-replica deployment in another namespace
+/// rolls out beside them without waiting for any of those deadlines.
+#[tokio::test(flavor = "multi_thread")]
+async fn machines_hanging_in_one_namespace_do_not_hold_back_another() {
+    let mut env = Env::start(faults(100)).await.expect("env");
+    env.create_plugin("hanging", &capstan_e2e::plugin("hostile_plugin"))
+        .await
+        .unwrap();
+    let deadline = Duration::from_secs(10);
+    Api::<capstan_api::Plugin>::all(env.client.clone())
+        .patch(
+            "hanging",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {
+                "limits": {"callTimeoutMs": deadline.as_millis() as u64},
+                "allowedNamespaces": {"names": ["hog"]},
+            }})),
+        )
+        .await
+        .unwrap();
+    let options = fast_options();
+    let workers = f64::from(options.concurrency.machines);
+    env.start_controllers(Providers::default(), options).await;
+
+    // The deployment with the controllers to itself.
+    let started = std::time::Instant::now();
+    apply(
+        &env,
+        &sample_deployment("alone", SIM_PLUGIN, &env.cloud.url(), 20, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "alone", LONG).await;
+    let alone = started.elapsed();
+
+    let hog = "hog";
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": hog}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let hanging: Api<Machine> = Api::namespaced(env.client.clone(), hog);
+    for i in 0..100 {
+        let machine: Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "capstan.dev/v1alpha1",
+            "kind": "Machine",
+            "metadata": { "name": format!("hang-{i}"), "namespace": hog },
+            "spec": { "provider": { "plugin": "hanging", "config": { "attack": "hang" } } },
+        }))
+        .unwrap();
+        hanging
+            .create(&PostParams::default(), &machine)
+            .await
+            .unwrap();
+    }
+    // The hog's reconciles hang in their calls, holding workers, and the
+    // rest wait in the fair queue; for a while, the most they hold.
+    let mut held = 0.0_f64;
+    eventually("the hanging calls hold workers", LONG, async || {
+        held = held.max(gauge(&env, "capstan_reconciles_running", "machine"));
+        let waiting = gauge(&env, "capstan_reconciles_waiting", "machine");
+        (held >= f64::from(capstan_api::PluginQuota::DEFAULT_CONCURRENT_CALLS) && waiting > 0.0)
+            .then_some(())
+    })
+    .await;
+    let mut calls: f64 = 0.0;
+    for _ in 0..20 {
+        held = held.max(gauge(&env, "capstan_reconciles_running", "machine"));
+        let metrics = env.metrics.encode();
+        calls = calls.max(metric(
+            &metrics,
+            "capstan_plugin_calls_in_flight{plugin=\"hanging\"}",
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The plugin's default concurrentCalls bounds its calls; the reconciles
+    // past it wait for a call slot and are refused by the quota.
+    assert_eq!(
+        calls,
+        f64::from(capstan_api::PluginQuota::DEFAULT_CONCURRENT_CALLS),
+        "calls of the hanging plugin in flight"
+    );
+
+    let started = std::time::Instant::now();
+    apply(
+        &env,
+        &sample_deployment("beside", SIM_PLUGIN, &env.cloud.url(), 20, "v1.30.0"),
+    )
+    .await;
+    env.wait_rolled_out(NS, "beside", LONG).await;
+    let beside = started.elapsed();
+    println!(
+        "fair queues: a 20-replica deployment rolled out in {:.1} s alone and in {:.1} s beside \
+         100 machines hanging for {} s ({:.2}×; goal ≤ 1.2×); alone, the hanging namespace \
+         held at most {held} of the Machine controller's {workers} workers",
+        alone.as_secs_f64(),
+        beside.as_secs_f64(),
+        deadline.as_secs(),
+        beside.as_secs_f64() / alone.as_secs_f64(),
+    );
+    // Without fair queues every worker would hang in the hog's calls and
+    // the deployment could not start before the first deadline.
+    assert!(
+        beside < deadline,
+        "the deployment waited for a hanging call's deadline: {beside:?}"
+    );
+    assert!(
+        held < workers,
+        "the hanging namespace took every worker ({held} of {workers}), leaving none for others"
+    );
+    let rejected = metric(
+        &env.metrics.encode(),
+        "capstan_plugin_quota_rejections_total{plugin=\"hanging\",quota=\"concurrentCalls\"}",
+    );
+    assert!(
+        rejected > 0.0,
+        "calls past concurrentCalls are refused, and counted"
+    );
+    assert!(
+        hanging
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|m| m
+                .status
+                .as_ref()
+                .and_then(|s| s.provider_id.as_ref())
+                .is_none()),
+        "the hog's calls really hang"
+    );
 }

@@ -379,6 +379,43 @@ async fn memory_bomb_hits_the_memory_limit() {
     assert_host_still_serves(&rt, &cloud, "after-bomb").await;
 }
 
+/// What the guest hands the host in one crossing is bounded before the host
+/// copies it: a 100 MiB log message (the plugin may hold it: 256 MiB of
+/// memory) is refused as host call data, naming the limit, not copied and
+/// then found over the log limit.
+#[tokio::test]
+async fn a_100_mib_log_message_is_refused_before_the_host_copies_it() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let limits = Limits {
+        memory_bytes: 256 * 1024 * 1024,
+        ..Default::default()
+    };
+    let p = hostile(&rt, &cloud, limits);
+    let err = p
+        .create(
+            &machine("log-bomb", serde_json::json!({ "attack": "log-bomb" })),
+            None,
+        )
+        .await
+        .unwrap_err();
+    match &err {
+        Error::OutputLimit {
+            kind: OutputKind::HostCall,
+            limit_bytes,
+            ..
+        } => assert_eq!(*limit_bytes, limits.hostcall_bytes()),
+        other => panic!("expected the host call data limit, got {other}"),
+    }
+    assert!(
+        err.to_string()
+            .contains("exceeded its host call data limit of 5242880 bytes"),
+        "{err}"
+    );
+    assert!(err.is_fault(), "over a limit is the plugin's fault");
+    assert_host_still_serves(&rt, &cloud, "after-log-bomb").await;
+}
+
 async fn expect_output_limit(attack: &str, kind: OutputKind) {
     let cloud = cloud().await;
     let rt = runtime();
@@ -564,11 +601,13 @@ async fn a_closed_outbound_gate_lets_no_plugin_request_leave() {
     let m = machine("fenced", serde_json::json!({ "endpoint": cloud.url() }));
     let err = sim.create(&m, None).await.unwrap_err();
     match &err {
-        Error::CapabilityDenied { detail, .. } => {
-            assert!(detail.contains("this replica may not act now"), "{detail}")
-        }
-        other => panic!("expected capability denied, got {other}"),
+        Error::Fenced { call, .. } => assert_eq!(*call, "create"),
+        other => panic!("expected fenced, got {other}"),
     }
+    assert!(
+        err.to_string().contains("this replica may not act now") && !err.is_fault(),
+        "the host's decision, not the plugin's fault: {err}"
+    );
     assert_eq!(cloud.stats().requests, 0, "nothing reached the cloud");
     leading.store(true, Ordering::SeqCst);
     let status = sim.create(&m, None).await.expect("sends once leading");
@@ -594,11 +633,13 @@ async fn a_request_made_before_the_gate_closed_does_not_leave_after() {
     let m = machine("late", serde_json::json!({ "endpoint": cloud.url() }));
     let err = sim.create(&m, None).await.unwrap_err();
     match &err {
-        Error::CapabilityDenied { detail, .. } => {
-            assert!(detail.contains("this replica may not act now"), "{detail}")
-        }
-        other => panic!("expected capability denied, got {other}"),
+        Error::Fenced { call, .. } => assert_eq!(*call, "create"),
+        other => panic!("expected fenced, got {other}"),
     }
+    assert!(
+        err.to_string().contains("this replica may not act now") && !err.is_fault(),
+        "the host's decision, not the plugin's fault: {err}"
+    );
     assert!(
         asked.load(Ordering::SeqCst) >= 2,
         "the gate was asked again after the request was made"
