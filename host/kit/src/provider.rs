@@ -90,6 +90,22 @@ impl From<RuntimeError> for ProviderError {
 }
 
 impl ProviderError {
+    /// The message and the wait of an error to retry as it is: the
+    /// plugin's `transient`, or the host's quota.
+    pub fn retry(&self) -> Option<(&str, Duration)> {
+        match self {
+            ProviderError::Transient {
+                message,
+                retry_after,
+            }
+            | ProviderError::Quota {
+                message,
+                retry_after,
+            } => Some((message, *retry_after)),
+            _ => None,
+        }
+    }
+
     /// Label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {

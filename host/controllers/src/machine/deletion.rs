@@ -152,20 +152,13 @@ impl Pass<'_> {
         self.view.release = Some(match outcome {
             Ok(Deletion::Done) | Err(ProviderError::NotFound(_)) => Release::Done,
             Ok(Deletion::InProgress(ms)) => Release::InProgress(ms),
-            Err(
-                ProviderError::Transient {
-                    message,
-                    retry_after,
+            Err(error) => match error.retry() {
+                Some((message, retry_after)) => {
+                    tracing::debug!(machine = %key_of(machine), %message, "delete will be retried");
+                    Release::Retry(retry_after.as_millis() as u64)
                 }
-                | ProviderError::Quota {
-                    message,
-                    retry_after,
-                },
-            ) => {
-                tracing::debug!(machine = %key_of(machine), %message, "delete will be retried");
-                Release::Retry(retry_after.as_millis() as u64)
-            }
-            Err(error) => Release::Failed(error.to_string()),
+                None => Release::Failed(error.to_string()),
+            },
         });
     }
 }

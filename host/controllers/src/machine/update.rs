@@ -335,17 +335,8 @@ fn record_answer(
             step.message = Some(message.clone());
             StepOutcome::Failed(format!("{label}: {message}"))
         }
-        Err(
-            ProviderError::Transient {
-                message,
-                retry_after,
-            }
-            | ProviderError::Quota {
-                message,
-                retry_after,
-            },
-        ) => {
-            step.message = Some(message.clone());
+        Err(ref error) if let Some((message, retry_after)) = error.retry() => {
+            step.message = Some(message.to_string());
             let wait = retry_after.clamp(Duration::from_millis(100), Duration::from_secs(60));
             StepOutcome::Wait(wait, format!("{label}: {message} (retrying)"))
         }

@@ -1699,15 +1699,18 @@ async fn machines_hanging_in_one_namespace_do_not_hold_back_another() {
     let workers = f64::from(options.concurrency.machines);
     env.start_controllers(Providers::default(), options).await;
 
+    let roll_out = async |name: &str| {
+        let started = std::time::Instant::now();
+        apply(
+            &env,
+            &sample_deployment(name, SIM_PLUGIN, &env.cloud.url(), 20, "v1.30.0"),
+        )
+        .await;
+        env.wait_rolled_out(NS, name, LONG).await;
+        started.elapsed()
+    };
     // The deployment with the controllers to itself.
-    let started = std::time::Instant::now();
-    apply(
-        &env,
-        &sample_deployment("alone", SIM_PLUGIN, &env.cloud.url(), 20, "v1.30.0"),
-    )
-    .await;
-    env.wait_rolled_out(NS, "alone", LONG).await;
-    let alone = started.elapsed();
+    let alone = roll_out("alone").await;
 
     let hog = "hog";
     Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
@@ -1759,14 +1762,7 @@ async fn machines_hanging_in_one_namespace_do_not_hold_back_another() {
         "calls of the hanging plugin in flight"
     );
 
-    let started = std::time::Instant::now();
-    apply(
-        &env,
-        &sample_deployment("beside", SIM_PLUGIN, &env.cloud.url(), 20, "v1.30.0"),
-    )
-    .await;
-    env.wait_rolled_out(NS, "beside", LONG).await;
-    let beside = started.elapsed();
+    let beside = roll_out("beside").await;
     println!(
         "fair queues: a 20-replica deployment rolled out in {:.1} s alone and in {:.1} s beside \
          100 machines hanging for {} s ({:.2}×; goal ≤ 1.2×); alone, the hanging namespace \
