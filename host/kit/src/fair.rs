@@ -296,9 +296,10 @@ impl Drop for Waiting<'_> {
             shared.queue.release(self.flow);
             FairWorkers::wake(&mut shared);
         } else if shared.wakers.remove(&self.ticket).is_some() {
-            // Not granted yet (grants take the waker first).
+            // Not granted yet (grants take the waker first). One flow
+            // less with work may raise the others' shares.
             shared.queue.cancel(self.ticket, self.flow);
-            (shared.observe)(shared.queue.running(), shared.queue.waiting());
+            FairWorkers::wake(&mut shared);
         }
     }
 }
