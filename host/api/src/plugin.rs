@@ -483,6 +483,12 @@ pub struct PluginQuota {
 impl PluginQuota {
     /// `concurrentCalls` when unset.
     pub const DEFAULT_CONCURRENT_CALLS: u32 = 16;
+
+    /// `concurrentCalls`, or its default when unset.
+    pub fn concurrent_calls(&self) -> u32 {
+        self.concurrent_calls
+            .unwrap_or(Self::DEFAULT_CONCURRENT_CALLS)
+    }
 }
 
 /// What the host found when it loaded the plugin. Fields describe the

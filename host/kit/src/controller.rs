@@ -97,9 +97,11 @@ pub async fn run<K, C, E, Fut, R>(
     let controller = Controller::for_shared_stream(trigger, store);
     // The runner itself is unbounded: a queued reconcile is a parked future
     // in the fair queue, which is what bounds those that run.
-    let gauges = (*ctx).as_ref().metrics.clone();
+    let (running_gauge, waiting_gauge) = (*ctx).as_ref().metrics.worker_gauges(name);
     let workers = FairWorkers::observed(usize::from(concurrency), move |running, waiting| {
-        gauges.workers(name, running, waiting);
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        running_gauge.set(count(running));
+        waiting_gauge.set(count(waiting));
     });
     let closing = workers.clone();
     let shutdown = async move {

@@ -297,12 +297,14 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// The reconciles of `controller` running and waiting for a worker.
-    pub fn workers(&self, controller: &str, running: usize, waiting: usize) {
+    /// The gauges of `controller`'s reconciles running and waiting for a
+    /// worker, looked up once: the fair queue sets them on every change.
+    pub fn worker_gauges(&self, controller: &str) -> (Gauge, Gauge) {
         let label = Self::label(controller);
-        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.inner.running.get_or_create(&label).set(gauge(running));
-        self.inner.waiting.get_or_create(&label).set(gauge(waiting));
+        (
+            self.inner.running.get_or_create(&label).clone(),
+            self.inner.waiting.get_or_create(&label).clone(),
+        )
     }
 
     /// Record one API write.

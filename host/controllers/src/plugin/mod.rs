@@ -525,10 +525,7 @@ impl Context {
 fn quota_of(plugin: &Plugin) -> capstan_runtime::QuotaSpec {
     let q = plugin.spec.quota.unwrap_or_default();
     capstan_runtime::QuotaSpec {
-        concurrent_calls: Some(
-            q.concurrent_calls
-                .unwrap_or(capstan_api::PluginQuota::DEFAULT_CONCURRENT_CALLS),
-        ),
+        concurrent_calls: Some(q.concurrent_calls()),
         queue_timeout: q
             .queue_timeout_ms
             .map(|ms| Duration::from_millis(u64::from(ms))),
@@ -544,9 +541,7 @@ fn host_bytes_fit(quota: capstan_api::PluginQuota, limits: &Limits) -> Result<()
     let Some(host_bytes) = quota.host_bytes else {
         return Ok(());
     };
-    let calls = quota
-        .concurrent_calls
-        .unwrap_or(capstan_api::PluginQuota::DEFAULT_CONCURRENT_CALLS);
+    let calls = quota.concurrent_calls();
     let per_call = limits.host_bytes_per_call();
     let needed = u64::from(calls).saturating_mul(per_call);
     if needed <= host_bytes {
