@@ -232,7 +232,7 @@ impl Plugin {
         // The plugin's own quota before a host-wide slot: a plugin over its
         // share waits (briefly) without holding what others need.
         let observer = self.inner.runtime.observer.get().cloned();
-        let _quota = match &self.inner.quota {
+        let quota_permit = match &self.inner.quota {
             Some(quota) => Some(quota.admit_call().await.map_err(|hit| {
                 tracing::info!(plugin = %self.inner.name, call, quota = %hit.kind, "plugin call refused by its quota");
                 if let Some(observer) = &observer {
@@ -250,14 +250,15 @@ impl Plugin {
             plugin: self.inner.label.clone(),
         };
         // A slot first: the deadline counts from when the call may run.
-        let _slot = tokio::time::timeout(limit, self.inner.runtime.calls.clone().acquire_owned())
-            .await
-            .map_err(|_| Error::DeadlineExceeded {
-                plugin: self.name().into(),
-                call,
-                limit,
-            })?
-            .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
+        let slot_permit =
+            tokio::time::timeout(limit, self.inner.runtime.calls.clone().acquire_owned())
+                .await
+                .map_err(|_| Error::DeadlineExceeded {
+                    plugin: self.name().into(),
+                    call,
+                    limit,
+                })?
+                .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
         let slot = started.elapsed();
         let mut store = self.new_store(call);
         let stored = started.elapsed();
@@ -285,11 +286,30 @@ impl Plugin {
             requests: u64::from(state.http.sent),
             total: std::time::Duration::ZERO,
         };
-        // Dropping the store (returning the instance to the pool) is part
-        // of what a call costs.
-        drop(store);
         times.total = started.elapsed();
         self.inner.runtime.profile.add(&times);
+        // Dropping the store returns the instance to the pool, resetting
+        // the pages the call dirtied: CPU every call costs, but nothing the
+        // caller needs to wait for. On a call thread it runs as a task of
+        // its own, the next thing the thread does after this call's task
+        // has handed its result back. Elsewhere it stays inline: on a
+        // multi-thread executor the task would move to another worker and
+        // find the instance's pages cold (measured: 34 µs instead of 7).
+        // The host's call slot and the plugin's quota permit go with the
+        // store, so there are never more live instances than slots.
+        let runtime = self.inner.runtime.clone();
+        let release = move || {
+            let releasing = std::time::Instant::now();
+            drop(store);
+            drop((slot_permit, quota_permit));
+            runtime.profile.add_release(releasing.elapsed());
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(executor) if crate::workers::on_call_thread() => {
+                drop(executor.spawn(async move { release() }));
+            }
+            _ => release(),
+        }
         tracing::debug!(
             plugin = %self.inner.name,
             call,

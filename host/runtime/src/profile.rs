@@ -1,7 +1,8 @@
 //! Where plugin calls spend their time, summed over every call a
 //! [`crate::Runtime`] made: waiting for a call slot, building the store,
 //! instantiating, running (guest code and the sandbox's host functions),
-//! waiting on outbound HTTP, and finishing (limits, stdio, result checks).
+//! waiting on outbound HTTP, finishing (limits, stdio, result checks), and,
+//! after the caller has its result, releasing the instance to the pool.
 //!
 //! Always on: a handful of clock reads and relaxed atomic adds per call,
 //! noise next to the ~10 µs an instance costs. `capstan-bench-plugin
@@ -30,10 +31,14 @@ pub struct CallProfile {
     pub outbound: Duration,
     /// Outbound requests sent.
     pub requests: u64,
-    /// After the export returned: limit checks, stdio, dropping the store.
+    /// After the export returned: limit checks, stdio, the result.
     pub finish: Duration,
     /// Whole calls, slot to result.
     pub total: Duration,
+    /// Dropping the store, which returns the instance's memories and tables
+    /// to the pool (resetting what the call dirtied). CPU every call costs,
+    /// but after the caller has its result, so not part of `total`.
+    pub release: Duration,
 }
 
 impl CallProfile {
@@ -49,11 +54,13 @@ impl CallProfile {
             requests: self.requests - earlier.requests,
             finish: self.finish - earlier.finish,
             total: self.total - earlier.total,
+            release: self.release - earlier.release,
         }
     }
 
-    /// Each phase's mean per call in µs, named, in call order (`total`
-    /// last). Empty when no call finished.
+    /// Each phase's mean per call in µs, named, in call order (`total`,
+    /// then `release`, which comes after the caller has its result, last).
+    /// Empty when no call finished.
     pub fn mean_us(&self) -> Vec<(&'static str, f64)> {
         if self.calls == 0 {
             return vec![];
@@ -67,6 +74,7 @@ impl CallProfile {
             ("outbound", per(self.outbound)),
             ("finish", per(self.finish)),
             ("total", per(self.total)),
+            ("release", per(self.release)),
         ]
     }
 }
@@ -84,6 +92,7 @@ impl std::ops::Add for CallProfile {
             requests: self.requests + o.requests,
             finish: self.finish + o.finish,
             total: self.total + o.total,
+            release: self.release + o.release,
         }
     }
 }
@@ -113,6 +122,7 @@ pub(crate) struct Totals {
     requests: AtomicU64,
     finish: AtomicU64,
     total: AtomicU64,
+    release: AtomicU64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -138,6 +148,11 @@ impl Totals {
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// One call's release, measured after its result was handed back.
+    pub(crate) fn add_release(&self, d: Duration) {
+        self.release.fetch_add(nanos(d), Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> CallProfile {
         let d = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
         CallProfile {
@@ -150,6 +165,7 @@ impl Totals {
             requests: self.requests.load(Ordering::Relaxed),
             finish: d(&self.finish),
             total: d(&self.total),
+            release: d(&self.release),
         }
     }
 }
@@ -178,8 +194,12 @@ mod tests {
         assert_eq!(sum, p.total);
         assert_eq!(p.since(&CallProfile::default()), p);
         assert_eq!((p + p).since(&p), p);
+        totals.add_release(ms(2));
+        let p = totals.snapshot();
+        assert_eq!(p.total, ms(14), "the release is not part of the call");
         let means = p.mean_us();
-        assert_eq!(means.last(), Some(&("total", 14_000.0)));
+        assert_eq!(means[means.len() - 2], ("total", 14_000.0));
+        assert_eq!(means.last(), Some(&("release", 2_000.0)));
         assert!(CallProfile::default().mean_us().is_empty());
     }
 }

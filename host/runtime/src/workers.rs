@@ -35,6 +35,11 @@ pub(crate) fn thread_client() -> Option<PooledClient> {
     THREAD_CLIENT.with(|c| c.get().cloned())
 }
 
+/// Whether this thread is a call thread.
+pub(crate) fn on_call_thread() -> bool {
+    THREAD_CLIENT.with(|c| c.get().is_some())
+}
+
 /// The call threads of one [`crate::Runtime`].
 pub(crate) struct CallThreads {
     threads: Vec<CallThread>,

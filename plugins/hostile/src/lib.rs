@@ -370,19 +370,20 @@ fn flood(url: &str) -> String {
     )
 }
 
-/// Build header maps on the host, each holding 12 KiB (under the per-map
-/// cap, which traps when crossed), and keep them all: host memory the
-/// guest's own memory limit does not see.
+/// Build header maps on the host, each filled to the per-map cap (15 values
+/// of 1 KiB with their bookkeeping; a 16th would cross the 16 KiB cap, which
+/// traps), and keep them all: host memory the guest's own memory limit does
+/// not see.
 #[cfg(target_arch = "wasm32")]
 fn header_hoard() -> String {
     use wasip2::http::types::Fields;
-    let value = vec![b'v'; 4 * 1024];
+    let value = vec![b'v'; 1024];
     let mut hoard = Vec::new();
     let mut accepted = 0usize;
     for _ in 0..100_000 {
         let fields = Fields::new();
-        for j in 0..3 {
-            if fields.append(&format!("x-hoard-{j}"), &value).is_err() {
+        for _ in 0..15 {
+            if fields.append("x-hoard", &value).is_err() {
                 break;
             }
             accepted += value.len();

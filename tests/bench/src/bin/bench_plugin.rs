@@ -19,7 +19,16 @@
 //! - `*_wasm_on_caller_*`: the Wasm path again with no call threads
 //!   (`RuntimeConfig::call_threads` 0: calls run on the caller's
 //!   multi-thread executor, as before call threads), to show what they save;
-//! - `ratio_*`: the ratios of the medians above;
+//! - `{validate,create}_<path>_cpu_us`: CPU per call of each path, the
+//!   whole process's CPU clock over the path's calls less the simulated
+//!   cloud's thread (a remote cloud's CPU is not the caller's): the
+//!   caller, call threads, the webhook's server, every wake-up between;
+//! - `ratio_*`: the ratios of the medians above, and `ratio_*_cpu_*` of
+//!   the CPU per call;
+//! - the whole run again pinned to one CPU (`taskset -c 0`, its lines
+//!   prefixed `pinned_`), unless `--unpinned-only`: on one CPU a wake-up
+//!   is a context switch, not another CPU leaving its halt, so the pinned
+//!   figures are what the calls themselves cost;
 //! - with `--breakdown`, `breakdown_{validate,create}_wasm_<phase>_us`:
 //!   where a Wasm call's time goes, the mean per call of each phase of
 //!   [`capstan_runtime::profile`] (slot, store, instantiate, run, outbound,
@@ -64,6 +73,13 @@ pub struct Args {
     /// Call threads of the measured runtime (default: one per core).
     #[arg(long, default_value_t = capstan_runtime::default_call_threads())]
     pub call_threads: usize,
+    /// Calls the measured runtimes run at once (`capstan controller
+    /// --max-concurrent-calls`); the instance pool is sized from it.
+    #[arg(long, default_value_t = 64)]
+    pub max_concurrent_calls: u32,
+    /// Skip the second run pinned to one CPU.
+    #[arg(long)]
+    pub unpinned_only: bool,
 }
 
 const TOKEN: &str = "bench-token";
@@ -125,9 +141,62 @@ fn webhook_request(m: &Machine) -> WebhookRequest {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
-    run(Args::parse()).await
+fn main() -> anyhow::Result<ExitCode> {
+    let args = Args::parse();
+    let unpinned_only = args.unpinned_only;
+    let code = tokio::runtime::Runtime::new()?.block_on(run(args))?;
+    if unpinned_only {
+        return Ok(code);
+    }
+    run_pinned()
+}
+
+/// Run this benchmark again pinned to CPU 0 (every thread: the affinity is
+/// set before the process starts any), printing its lines prefixed
+/// `pinned_`.
+fn run_pinned() -> anyhow::Result<ExitCode> {
+    use std::io::BufRead as _;
+    let exe = std::env::current_exe()?;
+    let mut child = std::process::Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(&exe)
+        .args(std::env::args_os().skip(1))
+        .arg("--unpinned-only")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run taskset (util-linux) to pin the second run to one CPU")?;
+    let out = child.stdout.take().context("the pinned run's output")?;
+    for l in std::io::BufReader::new(out).lines() {
+        let l = l?;
+        match l.strip_prefix("# ") {
+            Some(comment) => println!("# pinned to CPU 0: {comment}"),
+            None => println!("pinned_{l}"),
+        }
+    }
+    let status = child.wait()?;
+    ensure!(status.success(), "the pinned run failed: {status}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// CPU time spent so far by this whole process (every thread, exited ones
+/// included) less the simulated cloud's worker thread.
+struct CpuMeter {
+    cloud: tokio::runtime::Handle,
+}
+
+impl CpuMeter {
+    async fn now(&self) -> anyhow::Result<Duration> {
+        let clock = |id| {
+            let t = rustix::time::clock_gettime(id);
+            Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+        };
+        // Read on the cloud's one worker thread: its own CPU clock.
+        let cloud = self
+            .cloud
+            .spawn(async move { clock(rustix::time::ClockId::ThreadCPUTime) })
+            .await?;
+        Ok(clock(rustix::time::ClockId::ProcessCPUTime).saturating_sub(cloud))
+    }
 }
 
 /// Run the benchmark.
@@ -186,13 +255,13 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         std::env::temp_dir().join(format!("capstan-bench-cache-{}", std::process::id()));
     let rt = Runtime::new(RuntimeConfig {
         cache_dir: Some(cache_dir.clone()),
-        max_concurrent_calls: 64,
+        max_concurrent_calls: args.max_concurrent_calls,
         call_threads: args.call_threads,
         ..Default::default()
     })?;
     let on_caller = Runtime::new(RuntimeConfig {
         cache_dir: Some(cache_dir.clone()),
-        max_concurrent_calls: 64,
+        max_concurrent_calls: args.max_concurrent_calls,
         call_threads: 0,
         ..Default::default()
     })?;
@@ -243,6 +312,12 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Per operation: Wasm, native, webhook, Wasm on the caller's executor.
     let mut results: [[Vec<Duration>; 4]; 2] = Default::default();
     let mut profiles = [[CallProfile::default(); 2]; 2];
+    // CPU per operation and path, as `results`; `hyper_cpu` for native_hyper.
+    let meter = CpuMeter {
+        cloud: cloud_executor.handle().clone(),
+    };
+    let mut cpu = [[Duration::ZERO; 4]; 2];
+    let mut hyper_cpu = Duration::ZERO;
     for round in 0..rounds {
         for (op, kind) in ["validate", "create"].iter().enumerate() {
             // Distinct machine uids per path: every create launches an instance.
@@ -252,22 +327,39 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .collect()
             };
             let before = rt.call_profile();
+            let t = meter.now().await?;
             results[op][0].extend(wasm_calls(&provider, kind, &batch("wasm")).await?);
+            // Each call's release runs after its result; let the last one finish.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            cpu[op][0] += meter.now().await? - t;
             profiles[op][0] = profiles[op][0] + rt.call_profile().since(&before);
+            let t = meter.now().await?;
             results[op][1].extend(native_calls(&native, kind, &batch("native")).await?);
+            cpu[op][1] += meter.now().await? - t;
             if *kind == "create" {
+                let t = meter.now().await?;
                 hyper_create.extend(native_hyper_creates(&native_hyper, &batch("hyper")).await?);
+                hyper_cpu += meter.now().await? - t;
             }
+            let t = meter.now().await?;
             results[op][2].extend(webhook_calls(&agent, &url, kind, &batch("webhook")).await?);
+            cpu[op][2] += meter.now().await? - t;
             let before = on_caller.call_profile();
             let machines = batch("wasm-on-caller");
+            let t = meter.now().await?;
             results[op][3].extend(wasm_calls(&provider_on_caller, kind, &machines).await?);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            cpu[op][3] += meter.now().await? - t;
             profiles[op][1] = profiles[op][1] + on_caller.call_profile().since(&before);
         }
     }
+    let calls_per_path = (per_round * rounds) as f64;
+    let cpu_us = |d: Duration| d.as_secs_f64() * 1e6 / calls_per_path;
+    let hyper_create_cpu_us = cpu_us(hyper_cpu);
     let hyper_create = Samples(hyper_create);
     line("create_native_hyper_us_p50", hyper_create.us(50));
     line("create_native_hyper_us_p99", hyper_create.us(99));
+    line("create_native_hyper_cpu_us", hyper_create_cpu_us);
     let native_create = &results[1][1];
     let native_create_mean_us = native_create.iter().sum::<Duration>().as_secs_f64() * 1e6
         / native_create.len().max(1) as f64;
@@ -279,10 +371,16 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             ("webhook", &hook),
             ("wasm_on_caller", &caller),
         ];
-        for (path, s) in paths {
+        for (i, (path, s)) in paths.into_iter().enumerate() {
             line(&format!("{kind}_{path}_us_p50"), s.us(50));
             line(&format!("{kind}_{path}_us_p99"), s.us(99));
+            line(&format!("{kind}_{path}_cpu_us"), cpu_us(cpu[op][i]));
         }
+        let [wasm_cpu, _, hook_cpu, _] = cpu[op].map(cpu_us);
+        line(
+            &format!("ratio_{kind}_cpu_wasm_vs_webhook"),
+            wasm_cpu / hook_cpu,
+        );
         line(
             &format!("ratio_{kind}_wasm_vs_native_p50"),
             wasm.us(50) / native.us(50),
@@ -299,6 +397,10 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             line(
                 "ratio_create_wasm_vs_native_hyper_p50",
                 wasm.us(50) / hyper_create.us(50),
+            );
+            line(
+                "ratio_create_cpu_wasm_vs_native_hyper",
+                wasm_cpu / hyper_create_cpu_us,
             );
         }
     }

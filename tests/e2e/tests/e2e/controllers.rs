@@ -1573,21 +1573,24 @@ async fn a_deleted_deployment_deletes_its_sets_and_machines_itself_and_goes_last
     env.stop_controllers().await;
 }
 
-/// `Plugin.spec.quota.requestsPerMinute` through the controllers: a
-/// deployment's machines share their provider's allowance, so what reaches
-/// the cloud stays within burst + rate × time however many machines ask;
-/// machines held back say `PluginQuotaExceeded` and wait (no fault, no
-/// failure), and the deployment still rolls out.
+/// `Plugin.spec.quota.requestsPerMinute: 300` through the controllers: a
+/// 50-machine deployment's machines share their provider's allowance, so
+/// what reaches the cloud stays within burst + rate × time however many
+/// machines ask (at most 300 + burst in the first minute); machines held
+/// back say `PluginQuotaExceeded` and wait (no fault, no failure), and the
+/// deployment still rolls out.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plugins_request_quota_bounds_what_reaches_the_cloud() {
     let mut env = Env::start(faults(200)).await.expect("environment starts");
-    let per_minute = 60.0;
-    let burst = 10.0;
+    let per_minute = 300.0;
+    // Ten seconds' worth (`capstan_runtime::TokenBucket`).
+    let burst = 50.0;
+    let replicas = 50;
     Api::<capstan_api::Plugin>::all(env.client.clone())
         .patch(
             SIM_PLUGIN,
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"quota": {"requestsPerMinute": 60}}})),
+            &Patch::Merge(serde_json::json!({"spec": {"quota": {"requestsPerMinute": 300}}})),
         )
         .await
         .unwrap();
@@ -1597,15 +1600,20 @@ async fn a_plugins_request_quota_bounds_what_reaches_the_cloud() {
     let before = env.cloud.stats().requests;
     apply(
         &env,
-        &sample_deployment("metered", SIM_PLUGIN, &env.cloud.url(), 6, "v1.30.0"),
+        &sample_deployment("metered", SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0"),
     )
     .await;
     let mut held_back = false;
     let mut peak_over = f64::MIN;
+    let mut first_minute = 0.0;
     eventually("the metered deployment rolls out", LONG, async || {
         let sent = (env.cloud.stats().requests - before) as f64;
-        let allowed = burst + per_minute * started.elapsed().as_secs_f64() / 60.0;
+        let elapsed = started.elapsed().as_secs_f64();
+        let allowed = burst + per_minute * elapsed / 60.0;
         peak_over = peak_over.max(sent - allowed);
+        if elapsed <= 60.0 {
+            first_minute = sent;
+        }
         held_back |= env.machines(NS).await.iter().any(|m| {
             m.status.as_ref().is_some_and(|s| {
                 s.conditions
@@ -1614,14 +1622,22 @@ async fn a_plugins_request_quota_bounds_what_reaches_the_cloud() {
             })
         });
         let md = env.deployment(NS, "metered").await;
-        (md.status.map(|s| s.ready_replicas) == Some(6)).then_some(())
+        (md.status.map(|s| s.ready_replicas) == Some(replicas)).then_some(())
     })
     .await;
+    eprintln!(
+        "requestsPerMinute {per_minute}: {replicas} machines ready in {:.1} s; the cloud got \
+         {first_minute} requests in the first minute (at most {}), {} in all",
+        started.elapsed().as_secs_f64(),
+        per_minute + burst,
+        env.cloud.stats().requests - before
+    );
     // One request may be counted by the cloud a moment before this clock.
     assert!(
         peak_over <= 1.0,
         "the cloud got {peak_over:.1} requests more than burst + rate × time"
     );
+    assert!(first_minute <= per_minute + burst + 1.0);
     assert!(held_back, "some machine waited, saying PluginQuotaExceeded");
     let metrics = env.metrics.encode();
     let count = |result: &str| {
