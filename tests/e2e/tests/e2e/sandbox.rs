@@ -903,14 +903,19 @@ async fn hundreds_of_requests_in_a_row_all_succeed() {
 
 /// Resident memory of this process, in KiB.
 fn rss_kib() -> u64 {
+    proc_status_kib("VmRSS:").unwrap_or(0)
+}
+
+/// One `kB` field of `/proc/self/status`.
+fn proc_status_kib(field: &str) -> Option<u64> {
     std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// The peak resident memory of this process while it runs, sampled every
@@ -1118,14 +1123,7 @@ fn reset_peak_rss() -> u64 {
 
 /// This process's peak resident memory since the last reset, in KiB.
 fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .expect("VmHWM in /proc/self/status")
+    proc_status_kib("VmHWM:").expect("VmHWM in /proc/self/status")
 }
 
 #[tokio::test]
