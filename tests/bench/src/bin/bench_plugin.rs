@@ -197,6 +197,16 @@ impl CpuMeter {
             .await?;
         Ok(clock(rustix::time::ClockId::ProcessCPUTime).saturating_sub(cloud))
     }
+
+    /// Run `calls`; what they returned and the CPU they took.
+    async fn measure<T>(
+        &self,
+        calls: impl std::future::Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<(T, Duration)> {
+        let before = self.now().await?;
+        let out = calls.await?;
+        Ok((out, self.now().await?.saturating_sub(before)))
+    }
 }
 
 /// Run the benchmark.
@@ -327,29 +337,42 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .collect()
             };
             let before = rt.call_profile();
-            let t = meter.now().await?;
-            results[op][0].extend(wasm_calls(&provider, kind, &batch("wasm")).await?);
-            // Each call's release runs after its result; let the last one finish.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            cpu[op][0] += meter.now().await? - t;
+            let (times, used) = meter
+                .measure(async {
+                    let times = wasm_calls(&provider, kind, &batch("wasm")).await?;
+                    // On call threads each call's release runs after its
+                    // result; let the last one finish.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    Ok(times)
+                })
+                .await?;
+            results[op][0].extend(times);
+            cpu[op][0] += used;
             profiles[op][0] = profiles[op][0] + rt.call_profile().since(&before);
-            let t = meter.now().await?;
-            results[op][1].extend(native_calls(&native, kind, &batch("native")).await?);
-            cpu[op][1] += meter.now().await? - t;
+            let (times, used) = meter
+                .measure(native_calls(&native, kind, &batch("native")))
+                .await?;
+            results[op][1].extend(times);
+            cpu[op][1] += used;
             if *kind == "create" {
-                let t = meter.now().await?;
-                hyper_create.extend(native_hyper_creates(&native_hyper, &batch("hyper")).await?);
-                hyper_cpu += meter.now().await? - t;
+                let (times, used) = meter
+                    .measure(native_hyper_creates(&native_hyper, &batch("hyper")))
+                    .await?;
+                hyper_create.extend(times);
+                hyper_cpu += used;
             }
-            let t = meter.now().await?;
-            results[op][2].extend(webhook_calls(&agent, &url, kind, &batch("webhook")).await?);
-            cpu[op][2] += meter.now().await? - t;
+            let (times, used) = meter
+                .measure(webhook_calls(&agent, &url, kind, &batch("webhook")))
+                .await?;
+            results[op][2].extend(times);
+            cpu[op][2] += used;
             let before = on_caller.call_profile();
             let machines = batch("wasm-on-caller");
-            let t = meter.now().await?;
-            results[op][3].extend(wasm_calls(&provider_on_caller, kind, &machines).await?);
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            cpu[op][3] += meter.now().await? - t;
+            let (times, used) = meter
+                .measure(wasm_calls(&provider_on_caller, kind, &machines))
+                .await?;
+            results[op][3].extend(times);
+            cpu[op][3] += used;
             profiles[op][1] = profiles[op][1] + on_caller.call_profile().since(&before);
         }
     }
