@@ -1,16 +1,27 @@
 //! [`Expectations`]: creations and deletions a controller issued that its
 //! cache has not shown yet, as controller-runtime keeps them. Without them
 //! a reconcile right after a create would see too few objects and create
-//! duplicates.
+//! duplicates. Unlike Kubernetes' ReplicaSet, which trusts its cache again
+//! after a timeout, an overdue expectation is [settled](Expectations::settle)
+//! against a consistent read: an API server whose watch lags by more than
+//! the timeout (a loaded control plane at thousands of Machines) must not
+//! make a set create its missing-looking Machines twice.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// What each owner (by key) created or deleted and the cache has not shown.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Expectations {
     pending: Mutex<HashMap<String, Pending>>,
+    timeout: Duration,
+}
+
+impl Default for Expectations {
+    fn default() -> Self {
+        Self::with_timeout(EXPECTATION_TIMEOUT)
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -20,11 +31,32 @@ struct Pending {
     since: Option<Instant>,
 }
 
-/// How long an unobserved create or delete is waited for before the cache
-/// is trusted again (a watch that lost an event recovers by relisting).
+/// How long an unobserved create or delete is waited for before the
+/// caller asks the API server whether the cache lags or missed an event.
 const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Where an owner's expectations stand (see [`Expectations::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// The cache shows everything the owner did: act on it.
+    Satisfied,
+    /// Not yet, within the timeout: look again soon.
+    Waiting,
+    /// Not yet, past the timeout: the cache may lag the API server (then
+    /// acting on it would create or delete twice) or have missed an event
+    /// for good. Ask the API server and [`Expectations::settle`].
+    Overdue,
+}
+
 impl Expectations {
+    /// Expectations waited for `timeout` before they are overdue.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            pending: Mutex::default(),
+            timeout,
+        }
+    }
+
     /// Remember objects `owner` just created / deleted.
     pub fn expect(&self, owner: &str, created: Vec<String>, deleted: Vec<String>) {
         let mut pending = self.pending.lock().expect("expectations lock");
@@ -35,23 +67,75 @@ impl Expectations {
     }
 
     /// Whether the cache shows everything `owner` did: created objects
-    /// present, deleted ones gone or marked for deletion.
-    pub fn satisfied(&self, owner: &str, seen: impl Fn(&str) -> Seen) -> bool {
+    /// present, deleted ones gone or marked for deletion. Satisfied ones
+    /// are forgotten; overdue ones are kept for [`Expectations::settle`].
+    pub fn check(&self, owner: &str, seen: impl Fn(&str) -> Seen) -> Check {
         let mut pending = self.pending.lock().expect("expectations lock");
         let Some(entry) = pending.get_mut(owner) else {
-            return true;
+            return Check::Satisfied;
         };
         entry.created.retain(|n| seen(n) == Seen::Absent);
         entry.deleted.retain(|n| seen(n) == Seen::Present);
-        let done = entry.created.is_empty() && entry.deleted.is_empty();
-        let expired = entry
-            .since
-            .is_some_and(|s| s.elapsed() > EXPECTATION_TIMEOUT);
-        if done || expired {
+        if entry.created.is_empty() && entry.deleted.is_empty() {
             pending.remove(owner);
-            return true;
+            return Check::Satisfied;
         }
-        false
+        if entry.since.is_some_and(|s| s.elapsed() > self.timeout) {
+            Check::Overdue
+        } else {
+            Check::Waiting
+        }
+    }
+
+    /// [`Expectations::check`] for work that is safe to repeat (a delete
+    /// is idempotent): an overdue owner trusts its cache again.
+    pub fn satisfied(&self, owner: &str, seen: impl Fn(&str) -> Seen) -> bool {
+        match self.check(owner, seen) {
+            Check::Satisfied => true,
+            Check::Waiting => false,
+            Check::Overdue => {
+                self.forget(owner);
+                true
+            }
+        }
+    }
+
+    /// Settle an overdue owner against the API server's own view (`live`,
+    /// from a consistent read): what the API server shows and the cache
+    /// (`cached`) does not is still awaited, with the timeout re-armed,
+    /// because the cache lags; the rest is forgotten, because the cache
+    /// shows the truth (an object created and deleted before the cache
+    /// saw it). Returns how many are still awaited (0: act on the cache).
+    pub fn settle(
+        &self,
+        owner: &str,
+        cached: impl Fn(&str) -> Seen,
+        live: impl Fn(&str) -> Seen,
+    ) -> usize {
+        let mut pending = self.pending.lock().expect("expectations lock");
+        let Some(entry) = pending.get_mut(owner) else {
+            return 0;
+        };
+        entry
+            .created
+            .retain(|n| cached(n) == Seen::Absent && live(n) != Seen::Absent);
+        entry
+            .deleted
+            .retain(|n| cached(n) == Seen::Present && live(n) != Seen::Present);
+        let lagging = entry.created.len() + entry.deleted.len();
+        if lagging == 0 {
+            pending.remove(owner);
+        } else {
+            entry.since = Some(Instant::now());
+        }
+        lagging
+    }
+
+    fn forget(&self, owner: &str) {
+        self.pending
+            .lock()
+            .expect("expectations lock")
+            .remove(owner);
     }
 }
 
@@ -94,5 +178,90 @@ mod tests {
         }));
         // Satisfied once, forgotten.
         assert!(expectations.satisfied("ns/set", |_| Seen::Absent));
+    }
+
+    #[test]
+    fn an_overdue_create_the_api_server_shows_is_awaited_again() {
+        let expectations = Expectations::with_timeout(Duration::ZERO);
+        expectations.expect("ns/set", vec!["m1".into(), "m2".into()], vec![]);
+        std::thread::sleep(Duration::from_millis(2));
+        // The cache shows neither after the timeout.
+        assert_eq!(
+            expectations.check("ns/set", |_| Seen::Absent),
+            Check::Overdue
+        );
+        // The API server has m1 (the cache lags) but not m2 (deleted
+        // before the cache saw it): m1 is still awaited.
+        let live = |n: &str| {
+            if n == "m1" {
+                Seen::Present
+            } else {
+                Seen::Absent
+            }
+        };
+        assert_eq!(expectations.settle("ns/set", |_| Seen::Absent, live), 1);
+        // Re-armed, and still overdue (zero timeout) while the cache lags.
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(
+            expectations.check("ns/set", |_| Seen::Absent),
+            Check::Overdue
+        );
+        // The cache catches up.
+        assert_eq!(
+            expectations.check("ns/set", |n| if n == "m1" {
+                Seen::Present
+            } else {
+                Seen::Absent
+            }),
+            Check::Satisfied
+        );
+    }
+
+    #[test]
+    fn an_overdue_delete_the_cache_missed_is_forgotten_once_the_api_server_agrees() {
+        let expectations = Expectations::with_timeout(Duration::ZERO);
+        expectations.expect("ns/set", vec![], vec!["m0".into()]);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(
+            expectations.check("ns/set", |_| Seen::Present),
+            Check::Overdue
+        );
+        // The API server shows it deleting while the cache does not: wait.
+        assert_eq!(
+            expectations.settle("ns/set", |_| Seen::Present, |_| Seen::Deleting),
+            1
+        );
+        // Both show it present (the delete never took): act on the cache.
+        assert_eq!(
+            expectations.settle("ns/set", |_| Seen::Present, |_| Seen::Present),
+            0
+        );
+        assert_eq!(
+            expectations.check("ns/set", |_| Seen::Present),
+            Check::Satisfied
+        );
+    }
+
+    #[test]
+    fn idempotent_work_trusts_the_cache_once_overdue() {
+        let expectations = Expectations::with_timeout(Duration::ZERO);
+        expectations.expect("ns/owner", vec![], vec!["c".into()]);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(expectations.satisfied("ns/owner", |_| Seen::Present));
+        assert_eq!(
+            expectations.check("ns/owner", |_| Seen::Present),
+            Check::Satisfied
+        );
+    }
+
+    #[test]
+    fn within_the_timeout_an_owner_waits() {
+        let expectations = Expectations::default();
+        expectations.expect("ns/set", vec!["m1".into()], vec![]);
+        assert_eq!(
+            expectations.check("ns/set", |_| Seen::Absent),
+            Check::Waiting
+        );
+        assert!(!expectations.satisfied("ns/set", |_| Seen::Absent));
     }
 }

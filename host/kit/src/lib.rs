@@ -46,7 +46,7 @@ pub mod write;
 
 pub use conditions::Conditions;
 pub use context::{Kind, Kube, ScopeApi, Stores};
-pub use expectations::{Expectations, Seen};
+pub use expectations::{Check, Expectations, Seen};
 pub use metrics::Metrics;
 pub use objects::{key_of, merge_patch, now, paused};
 pub use owners::owner_key;

@@ -21,14 +21,14 @@ use capstan_kit::cascade::start_pass;
 use capstan_kit::controller::Spec;
 use capstan_kit::owners::{claim, controlled_by, controller_of, owner_reference};
 use capstan_kit::write::apply_status;
-use capstan_kit::{Conditions, Error, Expectations, Kube, Seen, key_of, kube_err, now};
+use capstan_kit::{Check, Conditions, Error, Expectations, Kube, Seen, key_of, kube_err, now};
 use capstan_planner::Health;
 use capstan_planner::machineset::{self as plan, MachineView};
 use capstan_planner::metadata::{Carried, carry};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use std::sync::Arc;
@@ -210,8 +210,14 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
         Some(_) => Seen::Present,
     };
-    if !ctx.expectations.satisfied(&uid, seen) {
-        return Ok(Action::requeue(Duration::from_millis(500)));
+    match ctx.expectations.check(&uid, seen) {
+        Check::Satisfied => {}
+        Check::Waiting => return Ok(Action::requeue(Duration::from_millis(500))),
+        Check::Overdue => {
+            if let Some(wait) = settle_overdue(&ctx, &machines_api, &set, &uid, seen).await? {
+                return Ok(Action::requeue(wait));
+            }
+        }
     }
 
     let mut deleted = remediate(&ctx, &machines_api, &set, &mine).await?;
@@ -254,6 +260,43 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
         None => Action::requeue(ctx.kube.resync),
     })
+}
+
+/// Ask the API server (a consistent list of the set's Machines) about
+/// creates and deletes the cache has not shown within the expectations'
+/// timeout. `Some(wait)`: the cache lags what the API server shows, and
+/// scaling on it would create or delete twice; `None`: the cache is right.
+async fn settle_overdue(
+    ctx: &Context,
+    machines_api: &Api<Machine>,
+    set: &MachineSet,
+    uid: &str,
+    cached: impl Fn(&str) -> Seen,
+) -> Result<Option<Duration>, Error> {
+    let selector = selector_string(&set.spec.selector);
+    let live = machines_api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_err(format!(
+            "list the Machines of MachineSet {}",
+            key_of(set)
+        )))?;
+    let live_seen = |name: &str| match live.items.iter().find(|m| m.name_any() == name) {
+        None => Seen::Absent,
+        Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
+        Some(_) => Seen::Present,
+    };
+    let lagging = ctx.expectations.settle(uid, cached, live_seen);
+    if lagging == 0 {
+        return Ok(None);
+    }
+    tracing::warn!(
+        set = %key_of(set),
+        lagging,
+        "the cache lags the API server: Machines this set created or deleted over a minute ago \
+         are not shown yet; scaling waits for them"
+    );
+    Ok(Some(Duration::from_secs(5)))
 }
 
 /// Why the set's spec cannot be acted on (reason, message), if it cannot.

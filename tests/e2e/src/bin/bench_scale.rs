@@ -4,7 +4,10 @@
 //! process (`capstan controller`, and `capstan-bench-controller` from
 //! `tests/bench` for the native variant), side by side in one run against one local
 //! control plane and simulated cloud. Prints `name value` lines (not a timed
-//! test): time to all Ready, controller CPU seconds, controller peak RSS, API
+//! test): time to all Ready, controller CPU seconds, provider calls per
+//! machine and controller CPU per call (a CPU gap splits into "more calls"
+//! and "dearer calls"), controller peak RSS (per shard too), the most
+//! instances the cloud held (more than N: a set created twice), API
 //! writes per machine (and by controller and verb, as comments), the API
 //! server's CPU seconds, the time to delete them all (every instance
 //! released, the deployment gone; deleted as `kubectl delete` does,
@@ -38,7 +41,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
-    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--kube-api-qps Q/B] [--delete-propagation background|foreground] [--svg PATH]
+    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--no-native] [--kube-api-qps Q/B] [--delete-propagation background|foreground] [--svg PATH]
   --machines N[,N...]       machines to scale to (default 1000); several sizes run one after another
   --kube-api-qps Q/B        also run the Wasm variant with the controller limited to Q requests per second
                             and bursts of B (its --kube-api-qps and --kube-api-burst; default: not run)
@@ -46,6 +49,7 @@ const USAGE: &str =
                             discovery and TLS bootstrapping, each Node with its own client certificate
   --shards K                also run the Wasm variant as K controllers with --watch-filter, each owning a labelled
                             deployment with its share of the machines (default 1: not run)
+  --no-native               skip the native variant (for large sharded runs); its figures and ratios are not printed
   --delete-propagation P    how the deployments are deleted at the end: background (default, as kubectl
                             does) or foreground (the garbage collector deletes the sets and machines too)
   --svg PATH                also write time to Ready, controller CPU and writes per machine against N as an SVG chart
@@ -67,6 +71,7 @@ struct Args {
     heartbeat_interval_ms: u64,
     foreground: bool,
     bootstrap: bool,
+    native: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -80,6 +85,7 @@ fn parse_args() -> anyhow::Result<Args> {
         heartbeat_interval_ms: 0,
         foreground: false,
         bootstrap: false,
+        native: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -131,6 +137,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 }
             }
             "--bootstrap" => args.bootstrap = true,
+            "--no-native" => args.native = false,
             "--svg" => args.svg = Some(it.next().context("--svg needs a path")?.into()),
             "--idle-seconds" => args.idle = Duration::from_secs(value("--idle-seconds")?),
             "--boot-latency-ms" => args.boot_latency_ms = value("--boot-latency-ms")?,
@@ -144,6 +151,10 @@ fn parse_args() -> anyhow::Result<Args> {
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
+    anyhow::ensure!(
+        args.native || args.svg.is_none(),
+        "--svg draws Wasm against native: leave out --no-native"
+    );
     Ok(args)
 }
 
@@ -176,6 +187,16 @@ struct Figures {
     seconds_to_ready: f64,
     cpu_seconds: f64,
     peak_rss_mib: f64,
+    /// Peak RSS of each controller process (one per shard).
+    peak_rss_mib_each: Vec<f64>,
+    /// Provider calls per machine while scaling up (every export: create,
+    /// get, ...), and the controller's CPU per call: a CPU gap between the
+    /// variants splits into "more calls" and "dearer calls".
+    provider_calls_per_machine: f64,
+    cpu_ms_per_provider_call: f64,
+    /// The most instances the cloud held while scaling up: more than the
+    /// fleet means a set created twice.
+    most_instances: usize,
     writes_per_machine: f64,
     /// Writes per machine by `controller` and `verb`, largest first.
     writes_by_kind: Vec<(String, f64)>,
@@ -194,10 +215,18 @@ struct Figures {
 
 impl Figures {
     /// The figures printed for every run and compared as ratios, named.
-    fn compared(&self) -> [(&'static str, f64); 8] {
+    fn compared(&self) -> [(&'static str, f64); 10] {
         [
             ("seconds_to_all_ready", self.seconds_to_ready),
             ("controller_cpu_seconds", self.cpu_seconds),
+            (
+                "provider_calls_per_machine",
+                self.provider_calls_per_machine,
+            ),
+            (
+                "controller_cpu_ms_per_provider_call",
+                self.cpu_ms_per_provider_call,
+            ),
             ("controller_peak_rss_mib", self.peak_rss_mib),
             ("api_writes_per_machine", self.writes_per_machine),
             ("apiserver_cpu_seconds", self.apiserver_cpu_seconds),
@@ -292,9 +321,18 @@ impl Controllers {
     fn cpu_seconds(&self) -> anyhow::Result<f64> {
         self.0.iter().map(|c| cpu_seconds(c.pid())).sum()
     }
-    fn peak_rss_mib(&self) -> anyhow::Result<f64> {
-        let each: anyhow::Result<Vec<f64>> = self.0.iter().map(|c| peak_rss_mib(c.pid())).collect();
-        Ok(each?.into_iter().fold(0.0, f64::max))
+    fn peak_rss_mib_each(&self) -> anyhow::Result<Vec<f64>> {
+        self.0.iter().map(|c| peak_rss_mib(c.pid())).collect()
+    }
+    /// Provider calls so far, every export and result.
+    fn provider_calls(&self) -> anyhow::Result<f64> {
+        self.0
+            .iter()
+            .map(|c| {
+                c.metric_sum("capstan_plugin_call_duration_seconds_count")
+                    .map_err(anyhow::Error::msg)
+            })
+            .sum()
     }
     fn writes(&self) -> anyhow::Result<f64> {
         self.0
@@ -417,6 +455,8 @@ async fn run_variant(
     let apiserver_before = plane_cpu(env, "kube-apiserver")?;
     let writes_before = controllers.writes()?;
     let kinds_before = controllers.writes_by_kind()?;
+    let calls_before = controllers.provider_calls()?;
+    let mut most_instances = 0;
     eprintln!("# {label}: scaling from 0 to {machines} machines");
     let started = Instant::now();
     for (name, replicas) in &fleet {
@@ -436,14 +476,15 @@ async fn run_variant(
             ready += status.ready_replicas;
             done &= status.ready_replicas == *wanted && status.updated_replicas == *wanted;
         }
+        let instances = env.cloud.instances().len();
+        most_instances = most_instances.max(instances);
         if done {
             break;
         }
         if last_print.elapsed() > Duration::from_secs(10) {
             eprintln!(
-                "# {label}: {:.0}s: {replicas} machines, {ready} ready, cloud {} instances",
+                "# {label}: {:.0}s: {replicas} machines, {ready} ready, cloud {instances} instances",
                 started.elapsed().as_secs_f64(),
-                env.cloud.instances().len()
             );
             last_print = Instant::now();
         }
@@ -458,7 +499,8 @@ async fn run_variant(
     let seconds_to_ready = started.elapsed().as_secs_f64();
     let cpu = controllers.cpu_seconds()? - cpu_before;
     let apiserver_cpu_seconds = plane_cpu(env, "kube-apiserver")? - apiserver_before;
-    let rss = controllers.peak_rss_mib()?;
+    let calls = controllers.provider_calls()? - calls_before;
+    let rss_each = controllers.peak_rss_mib_each()?;
     // Let the last status writes land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes = controllers.writes()? - writes_before;
@@ -528,13 +570,38 @@ async fn run_variant(
         (controllers.writes()? - deletion_writes_before) / per_machine;
     let deletion_writes_by_kind =
         controllers.writes_by_kind_since(&deletion_kinds_before, per_machine)?;
+    // A MachineSet that waited on a lagging cache says so (and did not
+    // create twice): how often, as evidence of a loaded API server.
+    let lagging: usize = controllers
+        .0
+        .iter()
+        .map(|c| {
+            std::fs::read_to_string(&c.log)
+                .unwrap_or_default()
+                .matches("the cache lags the API server")
+                .count()
+        })
+        .sum();
+    if lagging > 0 {
+        eprintln!(
+            "# {label}: a MachineSet waited {lagging} times for a cache lagging the API server by over a minute"
+        );
+    }
     for mut c in controllers.0 {
         c.stop();
     }
     Ok(Figures {
         seconds_to_ready,
         cpu_seconds: cpu,
-        peak_rss_mib: rss,
+        peak_rss_mib: rss_each.iter().copied().fold(0.0, f64::max),
+        peak_rss_mib_each: rss_each,
+        provider_calls_per_machine: calls / per_machine,
+        cpu_ms_per_provider_call: if calls > 0.0 {
+            1000.0 * cpu / calls
+        } else {
+            f64::NAN
+        },
+        most_instances,
         writes_per_machine: writes / per_machine,
         writes_by_kind,
         apiserver_cpu_seconds,
@@ -599,17 +666,13 @@ async fn main() -> anyhow::Result<()> {
     for &machines in &args.machines {
         let wasm_plugin = ("wasm", SIM_PLUGIN);
         let wasm = run_variant(&env, &args, machines, wasm_plugin, 1, None, false).await?;
-        let native = run_variant(
-            &env,
-            &args,
-            machines,
-            ("native", "sim-native"),
-            1,
-            None,
-            false,
-        )
-        .await?;
-        print_figures(&args, machines, &wasm, &native);
+        let native = if args.native {
+            let variant = ("native", "sim-native");
+            Some(run_variant(&env, &args, machines, variant, 1, None, false).await?)
+        } else {
+            None
+        };
+        print_figures(&args, machines, &wasm, native.as_ref());
         if args.bootstrap {
             let joined = run_variant(&env, &args, machines, wasm_plugin, 1, None, true).await?;
             print_beside("wasm_bootstrap", &wasm, &joined);
@@ -627,7 +690,9 @@ async fn main() -> anyhow::Result<()> {
                 run_variant(&env, &args, machines, wasm_plugin, 1, args.rate, false).await?;
             print_beside(&format!("wasm_qps_{qps}_burst_{burst}"), &wasm, &limited);
         }
-        points.push((machines, wasm, native));
+        if let Some(native) = native {
+            points.push((machines, wasm, native));
+        }
     }
     if let Some(path) = &args.svg {
         std::fs::write(path, chart(&args, &points))
@@ -680,10 +745,16 @@ fn print_beside(suffix: &str, one: &Figures, other: &Figures) {
         );
     }
     println!("idle_writes_{suffix} {}", other.idle_writes);
+    println!("most_cloud_instances_{suffix} {}", other.most_instances);
+    if other.peak_rss_mib_each.len() > 1 {
+        for (shard, rss) in other.peak_rss_mib_each.iter().enumerate() {
+            println!("controller_peak_rss_mib_{suffix}_shard_{shard} {rss:.1}");
+        }
+    }
 }
 
 /// The `name value` lines of one fleet size.
-fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: &Figures) {
+fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: Option<&Figures>) {
     let heartbeat = Duration::from_millis(args.heartbeat_interval_ms);
     println!(
         "# capstan-bench-scale: 0 -> {} machines, boot latency {} ms, controller --machine-concurrency=64, kubelet heartbeats {}, deleted with {} propagation",
@@ -700,26 +771,34 @@ fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: &Figures) {
             "background"
         }
     );
-    for ((name, w), (_, n)) in wasm.compared().into_iter().zip(native.compared()) {
+    for (k, (name, w)) in wasm.compared().into_iter().enumerate() {
         println!("{name}_wasm {w:.3}");
-        println!("{name}_native {n:.3}");
-        println!(
-            "ratio_{name}_wasm_vs_native {:.3}",
-            if n > 0.0 { w / n } else { f64::NAN }
-        );
+        if let Some(native) = native {
+            let n = native.compared()[k].1;
+            println!("{name}_native {n:.3}");
+            println!(
+                "ratio_{name}_wasm_vs_native {:.3}",
+                if n > 0.0 { w / n } else { f64::NAN }
+            );
+        }
     }
-    println!(
-        "idle_{}s_writes_wasm {}",
-        args.idle.as_secs(),
-        wasm.idle_writes
-    );
-    println!(
-        "idle_{}s_writes_native {}",
-        args.idle.as_secs(),
-        native.idle_writes
-    );
+    let variants: Vec<(&str, &Figures)> = std::iter::once(("wasm", wasm))
+        .chain(native.map(|n| ("native", n)))
+        .collect();
     let idle = args.idle.as_secs();
-    for (variant, f) in [("wasm", wasm), ("native", native)] {
+    for (variant, f) in &variants {
+        println!("idle_{idle}s_writes_{variant} {}", f.idle_writes);
+    }
+    for (variant, f) in &variants {
+        println!("most_cloud_instances_{variant} {}", f.most_instances);
+        if f.most_instances > usize::try_from(machines).unwrap_or(0) {
+            println!(
+                "# {variant}: the cloud held {} instances for {machines} machines: a set created twice",
+                f.most_instances
+            );
+        }
+    }
+    for (variant, f) in &variants {
         for (kind, per) in &f.writes_by_kind {
             println!("# writes per machine, {variant}, {kind}: {per:.3}");
         }
@@ -727,7 +806,7 @@ fn print_figures(args: &Args, machines: i32, wasm: &Figures, native: &Figures) {
             println!("# writes per machine deleting, {variant}, {kind}: {per:.3}");
         }
     }
-    for (variant, f) in [("wasm", wasm), ("native", native)] {
+    for (variant, f) in &variants {
         println!(
             "idle_{idle}s_apiserver_cpu_percent_{variant} {:.1}",
             f.idle_apiserver_cpu_percent
