@@ -100,17 +100,28 @@ impl Expectations {
         }
     }
 
+    /// What `owner` still awaits after its last [`Expectations::check`]:
+    /// (created, deleted) names, to ask the API server about.
+    pub fn unseen(&self, owner: &str) -> (Vec<String>, Vec<String>) {
+        let pending = self.pending.lock().expect("expectations lock");
+        pending
+            .get(owner)
+            .map(|e| (e.created.clone(), e.deleted.clone()))
+            .unwrap_or_default()
+    }
+
     /// Settle an overdue owner against the API server's own view (`live`,
-    /// from a consistent read): what the API server shows and the cache
-    /// (`cached`) does not is still awaited, with the timeout re-armed,
-    /// because the cache lags; the rest is forgotten, because the cache
-    /// shows the truth (an object created and deleted before the cache
-    /// saw it). Returns how many are still awaited (0: act on the cache).
+    /// from consistent reads; `None`: not asked): what the API server
+    /// shows and the cache (`cached`) does not, or was not asked about, is
+    /// still awaited, with the timeout re-armed, because the cache lags;
+    /// the rest is forgotten, because the cache shows the truth (a create
+    /// that failed, or an object created and deleted before the cache saw
+    /// it). Returns how many are still awaited (0: act on the cache).
     pub fn settle(
         &self,
         owner: &str,
         cached: impl Fn(&str) -> Seen,
-        live: impl Fn(&str) -> Seen,
+        live: impl Fn(&str) -> Option<Seen>,
     ) -> usize {
         let mut pending = self.pending.lock().expect("expectations lock");
         let Some(entry) = pending.get_mut(owner) else {
@@ -118,10 +129,10 @@ impl Expectations {
         };
         entry
             .created
-            .retain(|n| cached(n) == Seen::Absent && live(n) != Seen::Absent);
+            .retain(|n| cached(n) == Seen::Absent && live(n) != Some(Seen::Absent));
         entry
             .deleted
-            .retain(|n| cached(n) == Seen::Present && live(n) != Seen::Present);
+            .retain(|n| cached(n) == Seen::Present && live(n) != Some(Seen::Present));
         let lagging = entry.created.len() + entry.deleted.len();
         if lagging == 0 {
             pending.remove(owner);
@@ -193,12 +204,16 @@ mod tests {
         // The API server has m1 (the cache lags) but not m2 (deleted
         // before the cache saw it): m1 is still awaited.
         let live = |n: &str| {
-            if n == "m1" {
+            Some(if n == "m1" {
                 Seen::Present
             } else {
                 Seen::Absent
-            }
+            })
         };
+        assert_eq!(
+            expectations.unseen("ns/set"),
+            (vec!["m1".to_string(), "m2".to_string()], vec![])
+        );
         assert_eq!(expectations.settle("ns/set", |_| Seen::Absent, live), 1);
         // Re-armed, and still overdue (zero timeout) while the cache lags.
         std::thread::sleep(Duration::from_millis(2));
@@ -228,17 +243,40 @@ mod tests {
         );
         // The API server shows it deleting while the cache does not: wait.
         assert_eq!(
-            expectations.settle("ns/set", |_| Seen::Present, |_| Seen::Deleting),
+            expectations.settle("ns/set", |_| Seen::Present, |_| Some(Seen::Deleting)),
             1
         );
         // Both show it present (the delete never took): act on the cache.
         assert_eq!(
-            expectations.settle("ns/set", |_| Seen::Present, |_| Seen::Present),
+            expectations.settle("ns/set", |_| Seen::Present, |_| Some(Seen::Present)),
             0
         );
         assert_eq!(
             expectations.check("ns/set", |_| Seen::Present),
             Check::Satisfied
+        );
+    }
+
+    #[test]
+    fn names_not_asked_about_stay_awaited() {
+        let expectations = Expectations::with_timeout(Duration::ZERO);
+        expectations.expect("ns/set", vec!["a".into(), "b".into(), "c".into()], vec![]);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(
+            expectations.check("ns/set", |_| Seen::Absent),
+            Check::Overdue
+        );
+        // Asked about `a` (a failed create: absent) and `b` (there: the
+        // cache lags), which settles that the set waits; `c` not asked.
+        let live = |n: &str| match n {
+            "a" => Some(Seen::Absent),
+            "b" => Some(Seen::Present),
+            _ => None,
+        };
+        assert_eq!(expectations.settle("ns/set", |_| Seen::Absent, live), 2);
+        assert_eq!(
+            expectations.unseen("ns/set"),
+            (vec!["b".to_string(), "c".to_string()], vec![])
         );
     }
 
