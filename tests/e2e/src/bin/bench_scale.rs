@@ -41,7 +41,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
-    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--no-native] [--kube-api-qps Q/B] [--delete-propagation background|foreground] [--svg PATH]
+    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--no-native] [--sharded-only] [--kube-api-qps Q/B] [--delete-propagation background|foreground] [--svg PATH]
   --machines N[,N...]       machines to scale to (default 1000); several sizes run one after another
   --kube-api-qps Q/B        also run the Wasm variant with the controller limited to Q requests per second
                             and bursts of B (its --kube-api-qps and --kube-api-burst; default: not run)
@@ -50,6 +50,7 @@ const USAGE: &str =
   --shards K                also run the Wasm variant as K controllers with --watch-filter, each owning a labelled
                             deployment with its share of the machines (default 1: not run)
   --no-native               skip the native variant (for large sharded runs); its figures and ratios are not printed
+  --sharded-only            run only the --shards K variant (K at least 2), without ratios to the other runs
   --delete-propagation P    how the deployments are deleted at the end: background (default, as kubectl
                             does) or foreground (the garbage collector deletes the sets and machines too)
   --svg PATH                also write time to Ready, controller CPU and writes per machine against N as an SVG chart
@@ -72,6 +73,7 @@ struct Args {
     foreground: bool,
     bootstrap: bool,
     native: bool,
+    sharded_only: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -86,6 +88,7 @@ fn parse_args() -> anyhow::Result<Args> {
         foreground: false,
         bootstrap: false,
         native: true,
+        sharded_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -138,6 +141,7 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "--bootstrap" => args.bootstrap = true,
             "--no-native" => args.native = false,
+            "--sharded-only" => args.sharded_only = true,
             "--svg" => args.svg = Some(it.next().context("--svg needs a path")?.into()),
             "--idle-seconds" => args.idle = Duration::from_secs(value("--idle-seconds")?),
             "--boot-latency-ms" => args.boot_latency_ms = value("--boot-latency-ms")?,
@@ -151,6 +155,11 @@ fn parse_args() -> anyhow::Result<Args> {
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
+    anyhow::ensure!(
+        !args.sharded_only
+            || (args.shards > 1 && !args.bootstrap && args.rate.is_none() && args.svg.is_none()),
+        "--sharded-only needs --shards 2 or more and runs nothing else: leave out --bootstrap, --kube-api-qps and --svg"
+    );
     anyhow::ensure!(
         args.native || args.svg.is_none(),
         "--svg draws Wasm against native: leave out --no-native"
@@ -665,6 +674,16 @@ async fn main() -> anyhow::Result<()> {
     let mut points = vec![];
     for &machines in &args.machines {
         let wasm_plugin = ("wasm", SIM_PLUGIN);
+        if args.sharded_only {
+            let sharded =
+                run_variant(&env, &args, machines, wasm_plugin, args.shards, None, false).await?;
+            println!(
+                "# capstan-bench-scale: 0 -> {machines} machines, {} shards only",
+                args.shards
+            );
+            print_beside(&format!("wasm_{}_shards", args.shards), None, &sharded);
+            continue;
+        }
         let wasm = run_variant(&env, &args, machines, wasm_plugin, 1, None, false).await?;
         let native = if args.native {
             let variant = ("native", "sim-native");
@@ -675,7 +694,7 @@ async fn main() -> anyhow::Result<()> {
         print_figures(&args, machines, &wasm, native.as_ref());
         if args.bootstrap {
             let joined = run_variant(&env, &args, machines, wasm_plugin, 1, None, true).await?;
-            print_beside("wasm_bootstrap", &wasm, &joined);
+            print_beside("wasm_bootstrap", Some(&wasm), &joined);
             for (kind, per) in &joined.writes_by_kind {
                 println!("# writes per machine, wasm with bootstrap, {kind}: {per:.3}");
             }
@@ -683,12 +702,20 @@ async fn main() -> anyhow::Result<()> {
         if args.shards > 1 {
             let sharded =
                 run_variant(&env, &args, machines, wasm_plugin, args.shards, None, false).await?;
-            print_beside(&format!("wasm_{}_shards", args.shards), &wasm, &sharded);
+            print_beside(
+                &format!("wasm_{}_shards", args.shards),
+                Some(&wasm),
+                &sharded,
+            );
         }
         if let Some((qps, burst)) = args.rate {
             let limited =
                 run_variant(&env, &args, machines, wasm_plugin, 1, args.rate, false).await?;
-            print_beside(&format!("wasm_qps_{qps}_burst_{burst}"), &wasm, &limited);
+            print_beside(
+                &format!("wasm_qps_{qps}_burst_{burst}"),
+                Some(&wasm),
+                &limited,
+            );
         }
         if let Some(native) = native {
             points.push((machines, wasm, native));
@@ -735,14 +762,17 @@ fn chart(args: &Args, points: &[(i32, Figures, Figures)]) -> String {
 }
 
 /// The lines of a sharded or rate-limited Wasm run (`suffix` names it),
-/// each with its ratio to the plain Wasm run's.
-fn print_beside(suffix: &str, one: &Figures, other: &Figures) {
-    for ((name, s), (_, o)) in other.compared().into_iter().zip(one.compared()) {
+/// each with its ratio to the plain Wasm run's (`one`, when it ran).
+fn print_beside(suffix: &str, one: Option<&Figures>, other: &Figures) {
+    for (k, (name, s)) in other.compared().into_iter().enumerate() {
         println!("{name}_{suffix} {s:.3}");
-        println!(
-            "ratio_{name}_{suffix}_vs_wasm {:.3}",
-            if o > 0.0 { s / o } else { f64::NAN }
-        );
+        if let Some(one) = one {
+            let o = one.compared()[k].1;
+            println!(
+                "ratio_{name}_{suffix}_vs_wasm {:.3}",
+                if o > 0.0 { s / o } else { f64::NAN }
+            );
+        }
     }
     println!("idle_writes_{suffix} {}", other.idle_writes);
     println!("most_cloud_instances_{suffix} {}", other.most_instances);
