@@ -147,13 +147,13 @@ where
 {
     let key = owner.uid().unwrap_or_default();
     let namespace = owner.namespace();
-    let seen = |name: &str| match candidates
-        .iter()
-        .find(|c| c.name_any() == name && c.namespace() == namespace)
-    {
-        None => Seen::Absent,
-        Some(c) if c.meta().deletion_timestamp.is_some() => Seen::Deleting,
-        Some(_) => Seen::Present,
+    let seen = |name: &str| {
+        Seen::of(
+            candidates
+                .iter()
+                .find(|c| c.name_any() == name && c.namespace() == namespace)
+                .map(|c| c.meta()),
+        )
     };
     if !expectations.satisfied(&key, seen) {
         return Ok(Action::requeue(Duration::from_millis(500)));

@@ -161,6 +161,18 @@ pub enum Seen {
     Deleting,
 }
 
+impl Seen {
+    /// How a view (the cache, or a read from the API server) shows an
+    /// object: `None` when it is not there.
+    pub fn of(object: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>) -> Self {
+        match object {
+            None => Seen::Absent,
+            Some(meta) if meta.deletion_timestamp.is_some() => Seen::Deleting,
+            Some(_) => Seen::Present,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

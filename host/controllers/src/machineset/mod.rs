@@ -6,8 +6,10 @@
 //! cache shows them, so a reconcile never acts on a cache that has not
 //! caught up (which would create duplicate machines).
 
+mod overdue;
 mod remediation;
 
+use overdue::settle_overdue;
 use remediation::{remediate, unhealthy};
 
 use capstan_api::set_conditions::AVAILABLE;
@@ -31,7 +33,6 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -206,10 +207,12 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     };
     carry_template(&ctx, &machines_api, &set, &mine).await?;
 
-    let seen = |name: &str| match mine.iter().find(|m| m.name_any() == name) {
-        None => Seen::Absent,
-        Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
-        Some(_) => Seen::Present,
+    let seen = |name: &str| {
+        Seen::of(
+            mine.iter()
+                .find(|m| m.name_any() == name)
+                .map(|m| &m.metadata),
+        )
     };
     match ctx.expectations.check(&uid, seen) {
         Check::Satisfied => {}
@@ -261,61 +264,6 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
         None => Action::requeue(ctx.kube.resync),
     })
-}
-
-/// Ask the API server (consistent reads, one Machine at a time) about
-/// creates and deletes the cache has not shown within the expectations'
-/// timeout. `Some(wait)`: the cache lags what the API server shows, and
-/// scaling on it would create or delete twice; `None`: the cache is right
-/// (a create that failed, or a Machine gone before the cache saw it).
-/// Reads stop at the first Machine that shows the cache lags, so an
-/// overloaded API server gets a few GETs, never a list of the whole set
-/// (a list of 5,000 Machines timed out at 60 s in a 10,000-machine run).
-async fn settle_overdue(
-    ctx: &Context,
-    machines_api: &Api<Machine>,
-    set: &MachineSet,
-    uid: &str,
-    cached: impl Fn(&str) -> Seen,
-) -> Result<Option<Duration>, Error> {
-    let (created, deleted) = ctx.expectations.unseen(uid);
-    let mut live: HashMap<String, Seen> = HashMap::new();
-    let asked = created
-        .iter()
-        .map(|n| (n, Seen::Absent))
-        .chain(deleted.iter().map(|n| (n, Seen::Present)));
-    for (name, as_cached) in asked {
-        let machine = machines_api.get_opt(name).await.map_err(kube_err(format!(
-            "read Machine {name} of MachineSet {}",
-            key_of(set)
-        )))?;
-        let seen = match machine {
-            None => Seen::Absent,
-            Some(m) if m.metadata.deletion_timestamp.is_some() => Seen::Deleting,
-            Some(_) => Seen::Present,
-        };
-        let lags = match as_cached {
-            Seen::Absent => seen != Seen::Absent,
-            _ => seen != Seen::Present,
-        };
-        live.insert(name.clone(), seen);
-        if lags {
-            break;
-        }
-    }
-    let lagging = ctx
-        .expectations
-        .settle(uid, cached, |n| live.get(n).copied());
-    if lagging == 0 {
-        return Ok(None);
-    }
-    tracing::warn!(
-        set = %key_of(set),
-        lagging,
-        "the cache lags the API server: Machines this set created or deleted over a minute ago \
-         are not shown yet; scaling waits for them"
-    );
-    Ok(Some(Duration::from_secs(5)))
 }
 
 /// Why the set's spec cannot be acted on (reason, message), if it cannot.
