@@ -2,7 +2,7 @@
 # Install what building, running and testing Capstan needs on a fresh
 # Debian 12 machine. Idempotent: a second run only checks.
 #
-#   setup.sh [PART...]    PART: build | registry | interop | moto | image   (default: all)
+#   setup.sh [PART...]    PART: build | registry | interop | moto | image | polyglot   (default: all)
 #
 #   build     a C compiler and the wasm32-wasip2 target (everything needs it)
 #   registry  Debian's docker-registry and htpasswd (the supply-chain tests,
@@ -16,10 +16,13 @@
 #   image     the musl target and musl-gcc (the controller image's static
 #             binary), skopeo, umoci and bubblewrap (pushing, unpacking and
 #             running the image without a container engine)
+#   polyglot  the Python and JavaScript plugin toolchains, pinned, cached
+#             outside the repo: componentize-py in a venv, componentize-js
+#             and rolldown from npm (the Python and JavaScript sample plugins)
 set -euo pipefail
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(build registry interop moto image)
+[ ${#parts[@]} -gt 0 ] || parts=(build registry interop moto image polyglot)
 want() {
     local p
     for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done
@@ -27,8 +30,8 @@ want() {
 }
 for p in "${parts[@]}"; do
     case "$p" in
-        build | registry | interop | moto | image) ;;
-        *) echo "error: unknown setup part '$p' (expected build, registry, interop, moto or image)" >&2; exit 2 ;;
+        build | registry | interop | moto | image | polyglot) ;;
+        *) echo "error: unknown setup part '$p' (expected build, registry, interop, moto, image or polyglot)" >&2; exit 2 ;;
     esac
 done
 
@@ -125,5 +128,38 @@ if want image; then
     if [ ${#missing[@]} -gt 0 ]; then
         echo "==> installing ${missing[*]} (the controller image: build, push, unpack, run)"
         apt_install "${missing[@]}"
+    fi
+fi
+
+if want polyglot; then
+    # Pinned: a plugin's bytes (and so its digest and signature) depend on
+    # the toolchain that built it.
+    COMPONENTIZE_PY_VERSION=0.25.1
+    COMPONENTIZE_JS_VERSION=0.23.0
+    ROLLDOWN_VERSION=1.3.2
+    POLYGLOT="${CAPSTAN_POLYGLOT:-$HOME/.cache/capstan/polyglot}"
+    if ! "$POLYGLOT/python/bin/componentize-py" --version 2>/dev/null | grep -qx "componentize-py $COMPONENTIZE_PY_VERSION"; then
+        echo "==> installing componentize-py $COMPONENTIZE_PY_VERSION into $POLYGLOT/python (Python plugins)"
+        if ! python3 -m venv "$POLYGLOT/python" >/dev/null 2>&1; then
+            apt_install python3-venv
+            python3 -m venv "$POLYGLOT/python"
+        fi
+        "$POLYGLOT/python/bin/pip" install -q "componentize-py==$COMPONENTIZE_PY_VERSION"
+    fi
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "==> installing Node.js and npm (JavaScript plugins)"
+        apt_install nodejs npm
+    fi
+    js_pinned() {
+        local dir="$POLYGLOT/js/node_modules"
+        grep -q "\"version\": \"$COMPONENTIZE_JS_VERSION\"" "$dir/@bytecodealliance/componentize-js/package.json" 2>/dev/null \
+            && grep -q "\"version\": \"$ROLLDOWN_VERSION\"" "$dir/rolldown/package.json" 2>/dev/null
+    }
+    if ! js_pinned; then
+        echo "==> installing componentize-js $COMPONENTIZE_JS_VERSION and rolldown $ROLLDOWN_VERSION into $POLYGLOT/js (JavaScript plugins)"
+        mkdir -p "$POLYGLOT/js"
+        (cd "$POLYGLOT/js" && { [ -f package.json ] || echo '{"private":true}' > package.json; } \
+            && npm install --no-audit --no-fund --silent --save-exact \
+                "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" "rolldown@$ROLLDOWN_VERSION")
     fi
 fi

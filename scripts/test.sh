@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 "$(dirname "$0")/setup.sh"
 "$(dirname "$0")/build-plugins.sh"
+# The Python and JavaScript plugins, from source with pinned toolchains.
+"$(dirname "$0")/build-polyglot-plugins.sh"
+"$(dirname "$0")/test-sdks.sh"
 # The image tests unpack and run it; built here, before the tests compete
 # for the cores.
 "$(dirname "$0")/build-image.sh"

@@ -6,7 +6,7 @@
 use anyhow::{Context, bail};
 use capstan_addons::AddonGrants;
 use capstan_api::{Addon, Plugin};
-use capstan_runtime::{Grants, Limits, Runtime, RuntimeConfig};
+use capstan_runtime::{Grants, Limits};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -100,10 +100,7 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
                 .map_err(|e: String| anyhow::anyhow!("--grant {e}"))?,
         );
     }
-    let runtime = Runtime::new(RuntimeConfig {
-        max_concurrent_calls: 2,
-        ..Default::default()
-    })?;
+    let runtime = crate::options::one_shot_runtime(2)?;
     let plugin = runtime
         .load_file(&args.plugin, Limits::default(), Grants::default())
         .with_context(|| format!("cannot load {}", args.plugin.display()))?

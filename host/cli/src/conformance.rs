@@ -6,7 +6,6 @@
 use crate::options::{Output, SandboxArgs, parse_duration};
 use anyhow::{Context, bail};
 use capstan_manifest::World;
-use capstan_runtime::{Runtime, RuntimeConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -111,10 +110,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         serde_json::from_str::<serde_json::Value>(invalid)
             .with_context(|| format!("--invalid-config {invalid} is not valid JSON"))?;
     }
-    let runtime = Runtime::new(RuntimeConfig {
-        max_concurrent_calls: 4,
-        ..Default::default()
-    })?;
+    let runtime = crate::options::one_shot_runtime(4)?;
     let plugin = runtime.load_file(&args.path, args.sandbox.limits(), args.sandbox.grants()?)?;
     if world == World::Addon {
         let report = capstan_conformance::run_addon(&plugin.addon()?, &config_text).await;

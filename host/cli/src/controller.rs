@@ -331,15 +331,6 @@ pub async fn config(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Config
     })
 }
 
-/// The default code cache directory.
-pub fn default_code_cache() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("capstan").join("code")
-}
-
 async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
@@ -359,7 +350,11 @@ async fn shutdown_signal() {
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let namespace = own_namespace(args.namespace.as_deref());
     let runtime = Runtime::new(RuntimeConfig {
-        cache_dir: Some(args.code_cache.clone().unwrap_or_else(default_code_cache)),
+        cache_dir: Some(
+            args.code_cache
+                .clone()
+                .unwrap_or_else(crate::options::default_code_cache),
+        ),
         call_threads: args.plugin_call_threads,
         ..RuntimeConfig::default()
     })

@@ -7,7 +7,7 @@ use crate::options::Output;
 use crate::supply::{RegistryArgs, TrustArgs};
 use anyhow::Context;
 use capstan_registry::policy::{Signer, TrustPolicy};
-use capstan_runtime::{Grants, Limits, Runtime, RuntimeConfig};
+use capstan_runtime::{Grants, Limits};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,10 +55,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read {}", args.path.display()))?;
     // Loading compiles and links the component, so inspect also proves it
     // would run in this host.
-    let runtime = Runtime::new(RuntimeConfig {
-        max_concurrent_calls: 1,
-        ..Default::default()
-    })?;
+    let runtime = crate::options::one_shot_runtime(1)?;
     let plugin = runtime.load(
         &args.path.display().to_string(),
         &bytes,

@@ -1,7 +1,7 @@
 //! `capstan`: the Capstan command line.
 //!
 //! Subcommands live in their own modules: `plugin inspect` ([`inspect`]),
-//! `plugin conformance` ([`conformance`]), `plugin push|pull|sign|verify`
+//! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin push|pull|sign|verify`
 //! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `crds`,
 //! `controller` ([`controller`])
 //! and `rollout` ([`rollout`]), `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod addon;
+mod annotate;
 mod bundle;
 mod conformance;
 mod controller;
@@ -83,6 +84,10 @@ enum PluginCommand {
     Inspect(inspect::Args),
     /// Run the contract's conformance checks against a plugin and a live target.
     Conformance(conformance::Args),
+    /// Embed a manifest into a component built by any toolchain (Python,
+    /// JavaScript, …), check it against the component's exports and
+    /// imports, and say what the sandbox gives each import.
+    Annotate(annotate::Args),
     /// Push a component to a registry as an OCI artifact (CNCF Wasm layout);
     /// prints the manifest digest.
     Push(distribute::PushArgs),
@@ -141,6 +146,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args).await,
             Command::Plugin(PluginCommand::Conformance(args)) => conformance::run(args).await,
+            Command::Plugin(PluginCommand::Annotate(args)) => annotate::run(args),
             Command::Plugin(PluginCommand::Push(args)) => {
                 blocking(move || distribute::push(args)).await
             }

@@ -2,9 +2,36 @@
 //! and limits an admin gives a plugin on the command line.
 
 use anyhow::{Context, bail};
-use capstan_runtime::{Credential, Grants, Limits};
+use capstan_runtime::{Credential, Grants, Limits, Runtime, RuntimeConfig};
 use clap::ValueEnum;
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// The default code cache directory: `$XDG_CACHE_HOME/capstan/code`, else
+/// `~/.cache/capstan/code`.
+pub fn default_code_cache() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("capstan").join("code")
+}
+
+/// A runtime for a one-shot command (`inspect`, `conformance`, `addon
+/// render`, `annotate`): few call slots, and the controller's code cache
+/// (`$CAPSTAN_CODE_CACHE`, else [`default_code_cache`]), so a plugin that
+/// takes seconds to compile (Python, JavaScript) compiles once.
+pub fn one_shot_runtime(max_concurrent_calls: u32) -> anyhow::Result<Runtime> {
+    let cache_dir = std::env::var_os("CAPSTAN_CODE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_code_cache);
+    Runtime::new(RuntimeConfig {
+        max_concurrent_calls,
+        cache_dir: Some(cache_dir),
+        ..Default::default()
+    })
+    .context("cannot start the plugin runtime")
+}
 
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -9,14 +9,17 @@
 //!
 //! Start with [`PluginManifest::from_component`] (extract and validate) and
 //! [`DestinationPattern`] (how declared and granted destinations match a
-//! request). This crate is pure: no wasmtime, no I/O.
+//! request); [`component`] reads a component's interfaces and footprint and
+//! embeds a manifest into components other toolchains built. This crate is pure: no wasmtime, no I/O.
 
 #![forbid(unsafe_code)]
 
+pub mod component;
 mod destination;
 mod fields;
 mod objects;
 
+pub use component::{Footprint, Interfaces, embed_manifest, footprint, host_provides, interfaces};
 pub use destination::{Destination, DestinationPattern};
 pub use fields::{FieldPattern, granted_fields, overlapping, path_segment, split_path};
 pub use objects::{ObjectKey, ObjectPattern, ObjectScope, group_of, is_dns_label, ungranted_kinds};
@@ -41,7 +44,7 @@ pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error(
-        "the component has no `{CUSTOM_SECTION}` custom section; build the plugin with the Capstan SDK's `plugin_manifest!` macro"
+        "the component has no `{CUSTOM_SECTION}` custom section; build the plugin with the Capstan SDK's `plugin_manifest!` macro (Rust) or add it with `capstan plugin annotate` (any toolchain)"
     )]
     Missing,
     #[error("the component has {0} `{CUSTOM_SECTION}` sections; exactly one is allowed")]

@@ -314,6 +314,19 @@ impl Runtime {
                 ),
             });
         }
+        // Every call slot holds room for the most one call may hold (see
+        // `Runtime::new`); a component that needs more would fail every
+        // instantiation, so it is refused here with its counts.
+        let footprint = capstan_manifest::footprint(bytes).map_err(|error| Error::Manifest {
+            source_name: source.to_string(),
+            error,
+        })?;
+        if let Some(reason) = over_call_maxima(footprint) {
+            return Err(Error::Load {
+                plugin: name,
+                reason,
+            });
+        }
         let digest = digest(bytes);
         let (component, load_path) = self.compile_cached(&name, &digest, bytes)?;
 
@@ -361,6 +374,7 @@ impl Runtime {
                 declared,
                 runtime: self.inner.clone(),
                 quota: None,
+                footprint,
             }),
         })
     }
@@ -410,6 +424,27 @@ impl Runtime {
         // checks the header and version before using it.
         unsafe { Component::deserialize(&self.inner.engine, code) }
     }
+}
+
+/// Why a component holds more than one call may (core instances, memories,
+/// tables), if it does.
+pub fn over_call_maxima(f: capstan_manifest::Footprint) -> Option<String> {
+    use crate::call::{MAX_INSTANCES_PER_CALL, MAX_MEMORIES_PER_CALL, MAX_TABLES_PER_CALL};
+    let over: Vec<String> = [
+        ("core instances", f.core_instances, MAX_INSTANCES_PER_CALL),
+        ("memories", f.memories, MAX_MEMORIES_PER_CALL),
+        ("tables", f.tables, MAX_TABLES_PER_CALL),
+    ]
+    .into_iter()
+    .filter(|(_, has, most)| has > most)
+    .map(|(what, has, most)| format!("{has} {what} (at most {most})"))
+    .collect();
+    (!over.is_empty()).then(|| {
+        format!(
+            "one instantiation holds {}; the host gives each call room for at most {MAX_INSTANCES_PER_CALL} core instances, {MAX_MEMORIES_PER_CALL} memories and {MAX_TABLES_PER_CALL} tables",
+            over.join(", ")
+        )
+    })
 }
 
 /// `sha256:<hex>` of some bytes: how plugins are identified.

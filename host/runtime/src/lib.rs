@@ -39,6 +39,7 @@
 //! | `plugin` | [`Plugin`]: a loaded component and the per-call path (store, slot, deadline, error classification) |
 //! | `worlds` | typed handles per world, one method per contract function |
 //! | `call` | what one call holds: store state, log host, memory limiter, return sizes |
+//! | `last_words` | what a guest said on stderr before it trapped (Rust panic, Python traceback, JavaScript error) |
 //! | `http` | the egress gate every outbound request passes |
 //! | `quota` | per-plugin quotas across calls: concurrent calls, calls and requests per minute |
 //! | [`observe`] | what the runtime tells its observer (the controllers' per-plugin metrics) |
@@ -58,6 +59,7 @@ mod engine;
 mod error;
 pub mod grants;
 mod http;
+mod last_words;
 pub mod limits;
 pub mod observe;
 mod plugin;
@@ -68,7 +70,7 @@ mod workers;
 mod worlds;
 
 pub use cache::CodeCache;
-pub use capstan_manifest::{PluginManifest, World};
+pub use capstan_manifest::{Footprint, PluginManifest, World};
 pub use capstan_sigv4::{Credentials as AwsCredentials, Scope as AwsScope};
 pub use engine::{CallInputs, InputRecorder, OutboundGate};
 pub use error::{Error, OutputKind, describe};
@@ -186,7 +188,9 @@ pub use limits::MAX_RESOURCES_PER_CALL;
 
 use call::{CallState, MemoryLimiter, ReturnSize};
 use engine::RuntimeInner;
-pub use engine::{LoadPath, Runtime, RuntimeConfig, default_call_threads, digest};
+pub use engine::{
+    LoadPath, Runtime, RuntimeConfig, default_call_threads, digest, over_call_maxima,
+};
 pub use plugin::Plugin;
 use plugin::PluginInner;
 pub use worlds::{AddonPlugin, BootstrapPlugin, ProviderPlugin, UpdaterPlugin};

@@ -27,6 +27,8 @@ pub(crate) struct PluginInner {
     /// The name the observer is told (the Plugin object's; the manifest's
     /// until [`Plugin::observed_as`]).
     pub(crate) label: Arc<str>,
+    /// What one instantiation holds, counted at load.
+    pub(crate) footprint: capstan_manifest::Footprint,
 }
 
 impl std::fmt::Debug for PluginInner {
@@ -97,6 +99,11 @@ impl Plugin {
             .map(|(n, _)| n.to_string())
             .collect()
     }
+    /// What one call's instance holds: core instances, memories, tables.
+    pub fn footprint(&self) -> capstan_manifest::Footprint {
+        self.inner.footprint
+    }
+
     /// Names of the component's exports.
     pub fn exports(&self) -> Vec<String> {
         let engine = &self.inner.runtime.engine;
@@ -414,18 +421,10 @@ impl Plugin {
             Some(trap) => trap.to_string(),
             None => format!("{err:#}"),
         };
-        // A Rust guest says why it panicked on stderr just before trapping.
-        // Its message follows on the next line(s), before any `note:` hint.
-        let stderr = state.stderr.text();
-        if let Some(at) = stderr.rfind("panicked at") {
-            let panic: Vec<&str> = stderr[at..]
-                .lines()
-                .take_while(|l| !l.starts_with("note:"))
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .take(4)
-                .collect();
-            message = format!("{message}; the plugin {}", panic.join(" "));
+        // The guest says why on stderr just before trapping, in its own
+        // language's words (a panic, a traceback, a thrown error).
+        if let Some(words) = crate::last_words::last_words(&state.stderr.text()) {
+            message = format!("{message}; the plugin {words}");
         }
         Error::Trap {
             plugin: self.name().into(),

@@ -108,38 +108,9 @@ fn leb128(out: &mut Vec<u8>, mut value: u64) {
     }
 }
 
-/// The component with its embedded plugin manifest replaced by `json`,
-/// padded with spaces to the same length so every enclosing section size
-/// stays valid: a new revision of the same plugin declaring something else.
+/// The component with its embedded plugin manifest replaced by `json`, as
+/// `capstan plugin annotate` does: a new revision of the same plugin
+/// declaring something else.
 pub fn with_manifest(component: &[u8], json: &str) -> Vec<u8> {
-    let sections = capstan_manifest::custom_sections(component, capstan_manifest::CUSTOM_SECTION)
-        .expect("a component");
-    let old = sections.first().expect("an embedded manifest");
-    assert!(
-        json.len() <= old.len(),
-        "the new manifest ({} bytes) must fit in the old one ({} bytes)",
-        json.len(),
-        old.len()
-    );
-    let mut new = json.as_bytes().to_vec();
-    new.resize(old.len(), b' ');
-    // The JSON may also sit in a data segment; replace every copy.
-    let mut out = component.to_vec();
-    let mut at = 0;
-    let mut replaced = 0;
-    while let Some(i) = out[at..]
-        .windows(old.len())
-        .position(|w| w == old.as_slice())
-    {
-        out[at + i..at + i + old.len()].copy_from_slice(&new);
-        at += i + old.len();
-        replaced += 1;
-    }
-    assert!(replaced > 0, "the manifest bytes inside the component");
-    let embedded = capstan_manifest::PluginManifest::from_component(&out).expect("still a plugin");
-    assert_eq!(
-        serde_json::to_value(&embedded).unwrap(),
-        serde_json::from_str::<serde_json::Value>(json).unwrap()
-    );
-    out
+    capstan_manifest::embed_manifest(component, json.as_bytes()).expect("a manifest that fits")
 }

@@ -18,6 +18,7 @@ mod node_claims;
 mod nodes;
 mod oci_plugins;
 mod plot;
+mod polyglot;
 mod quickstart;
 mod rollback;
 mod sandbox;

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Build the Python and JavaScript plugins (plugins/*-py, plugins/*-js) from
+# source with the pinned toolchains (setup.sh polyglot), next to the Rust
+# ones in target/plugins/wasm32-wasip2/release/, and package the SDKs they
+# use as a user would install them: sdk/python as a wheel, sdk/js with
+# `npm pack` (both in target/polyglot/dist/).
+#
+# Each plugin is built for the contract world its capstan-plugin.json names
+# (Python providers and updaters for the worlds that add wasi:http), then
+# `capstan plugin annotate` embeds that manifest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+"$(dirname "$0")/setup.sh" build polyglot
+POLYGLOT="${CAPSTAN_POLYGLOT:-$HOME/.cache/capstan/polyglot}"
+target="${CARGO_TARGET_DIR:-target}"
+out="$PWD/$target/plugins/wasm32-wasip2/release"
+work="$PWD/$target/polyglot"
+mkdir -p "$out" "$work/dist"
+
+echo "==> building the capstan CLI (plugin annotate)"
+cargo build --quiet -p capstan --bin capstan
+capstan="$PWD/$target/debug/capstan"
+
+echo "==> packaging the SDKs: sdk/python (wheel), sdk/js (npm pack)"
+rm -f "$work"/dist/*
+"$POLYGLOT/python/bin/pip" wheel --quiet --no-deps sdk/python -w "$work/dist"
+rm -rf sdk/python/build sdk/python/*.egg-info
+rm -rf "$work/python-sdk"
+"$POLYGLOT/python/bin/pip" install --quiet --no-deps --target "$work/python-sdk" "$work"/dist/capstan_plugin-*.whl
+(cd sdk/js && npm pack --silent --pack-destination "$work/dist" >/dev/null)
+ls "$work/dist"
+
+# The contract world to build a plugin for, from its manifest's role.
+world_of() {
+    local role
+    role="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["world"])' "$1/capstan-plugin.json")"
+    case "$role:$2" in
+        provider:py) echo provider-http-plugin ;;
+        updater:py) echo updater-http-plugin ;;
+        *) echo "$role-plugin" ;;
+    esac
+}
+
+for dir in plugins/*-py; do
+    [ -f "$dir/app.py" ] || continue
+    stem="$(basename "$dir" | tr - _)"
+    world="$(world_of "$dir" py)"
+    echo "==> $dir: componentize-py ($world)"
+    "$POLYGLOT/python/bin/componentize-py" -d wit -w "$world" componentize app \
+        -p "$dir" -p "$work/python-sdk" -o "$work/$stem.component.wasm" >/dev/null
+    "$capstan" plugin annotate "$work/$stem.component.wasm" -m "$dir/capstan-plugin.json" -o "$out/$stem.wasm" \
+        | sed -n '1,4p'
+done
+
+for dir in plugins/*-js; do
+    [ -f "$dir/package.json" ] || continue
+    name="$(basename "$dir")"
+    stem="$(echo "$name" | tr - _)"
+    world="$(world_of "$dir" js)"
+    entry="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("main","index.js"))' "$dir/package.json")"
+    echo "==> $dir: rolldown + componentize-js ($world)"
+    build="$work/$name"
+    rm -rf "$build" && mkdir -p "$build"
+    cp -r "$dir"/*.js "$build/"
+    # The SDK from its packed tarball, as a user's `npm install` gets it.
+    echo '{"private":true,"type":"module"}' > "$build/package.json"
+    (cd "$build" && npm install --silent --no-audit --no-fund --no-save "$work"/dist/capstan-plugin-*.tgz)
+    # WIT imports (`capstan:plugin/log@0.1.0`) stay imports; the rest is bundled.
+    cat > "$build/rolldown.config.mjs" <<CONFIG
+export default {
+  input: '$entry',
+  external: (id) => /^[a-z][a-z0-9-]*:[a-z][a-z0-9-]*\//.test(id),
+  output: { file: 'bundle.js', format: 'esm' },
+};
+CONFIG
+    (cd "$build" && "$POLYGLOT/js/node_modules/.bin/rolldown" -c rolldown.config.mjs >/dev/null)
+    "$POLYGLOT/js/node_modules/.bin/componentize-js" "$build/bundle.js" --wit wit --world-name "$world" \
+        -o "$work/$stem.component.wasm" >/dev/null
+    "$capstan" plugin annotate "$work/$stem.component.wasm" -m "$dir/capstan-plugin.json" -o "$out/$stem.wasm" \
+        | sed -n '1,4p'
+done

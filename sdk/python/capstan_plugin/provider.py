@@ -1,0 +1,62 @@
+"""A base for provider plugins whose configuration is a dataclass.
+
+Subclass it, set `Config`, and implement `check`, `create_instance`,
+`get_instance`, `delete_instance` (and `list`, optionally); the raw
+exports the world asks for (`validate`, `create`, `get`, `delete`,
+`list_instances`) parse `machine.provider_config` into `Config` first, so
+a bad field becomes `invalid-config` naming it before your code runs. The
+host instantiates the plugin afresh for every call: keep no state.
+
+    class Provider(ConfigProvider, exports.Provider):
+        Config = SimConfig
+        def create_instance(self, machine, config, bootstrap): ...
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .config import parse_config
+
+
+class ConfigProvider:
+    #: The dataclass a Machine's `spec.provider.config` parses into.
+    Config: type = type(None)
+
+    def parse(self, text: str) -> Any:
+        return parse_config(text, self.Config, "provider config")
+
+    # Yours to implement.
+    def check(self, config: Any) -> None:
+        """Check a parsed configuration; raise `invalid_config` naming the field."""
+
+    def create_instance(self, machine: Any, config: Any, bootstrap: Optional[Any]) -> Any:
+        raise NotImplementedError
+
+    def get_instance(self, machine: Any, config: Any) -> Any:
+        raise NotImplementedError
+
+    def delete_instance(self, machine: Any, config: Any) -> Any:
+        raise NotImplementedError
+
+    def list(self, config: Any) -> Optional[list]:
+        """The instances this configuration can see; None when not supported."""
+        return None
+
+    # The world's exports.
+    def validate(self, config: str) -> None:
+        self.check(self.parse(config))
+
+    def create(self, machine: Any, bootstrap: Optional[Any]) -> Any:
+        config = self.parse(machine.provider_config)
+        self.check(config)
+        return self.create_instance(machine, config, bootstrap)
+
+    def get(self, machine: Any) -> Any:
+        return self.get_instance(machine, self.parse(machine.provider_config))
+
+    def delete(self, machine: Any) -> Any:
+        return self.delete_instance(machine, self.parse(machine.provider_config))
+
+    def list_instances(self, config: str) -> Optional[list]:
+        return self.list(self.parse(config))

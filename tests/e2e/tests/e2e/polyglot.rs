@@ -1,0 +1,553 @@
+//! Plugins in Python and JavaScript, built from source by
+//! scripts/build-polyglot-plugins.sh with the pinned toolchains
+//! (componentize-py, componentize-js) and annotated with `capstan plugin
+//! annotate`: the annotate round trip and its refusals, conformance, the
+//! same limits as a Rust plugin for a hostile Python plugin, 100 Python
+//! calls queueing for 8 slots, and on a real control plane the signed
+//! Python provider bringing a MachineDeployment to Ready and the signed
+//! JavaScript addon applying and judged healthy.
+
+use capstan_api::machine_conditions::INSTANCE_PROVISIONED;
+use capstan_api::{Addon, AddonSpec, Machine, MachineDeployment, Plugin, PluginGrants, PluginSpec};
+use capstan_controllers::plugin::Supply;
+use capstan_controllers::{Options, Providers};
+use capstan_e2e::cli::{capstan, fails, key_pair, ok};
+use capstan_e2e::env::{Env, eventually, sample_deployment, sim_plugin_spec};
+use capstan_e2e::registry::{Registry, RegistryOptions};
+use capstan_e2e::sim_cloud::{Faults, SimCloud, SimCloudConfig};
+use capstan_runtime::types::{Machine as WitMachine, PluginError};
+use capstan_runtime::{Credential, Error, Grants, Limits, OutputKind, Runtime, RuntimeConfig};
+use kube::api::{Api, PostParams};
+use std::path::PathBuf;
+use std::time::Duration;
+
+const NS: &str = "default";
+const LONG: Duration = Duration::from_secs(120);
+const TOKEN: &str = "polyglot-token-7d1e";
+
+/// A component built by scripts/build-polyglot-plugins.sh.
+fn built(stem: &str) -> PathBuf {
+    let path = capstan_e2e::plugin_dir().join(format!("{stem}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/build-polyglot-plugins.sh (the README's test command does)",
+        path.display()
+    );
+    path
+}
+
+fn manifest_count(path: &std::path::Path) -> usize {
+    let bytes = std::fs::read(path).unwrap();
+    capstan_manifest::custom_sections(&bytes, capstan_manifest::CUSTOM_SECTION)
+        .unwrap()
+        .len()
+}
+
+fn inspect_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&ok(&[
+        "plugin",
+        "inspect",
+        path.to_str().unwrap(),
+        "-o",
+        "json",
+    ]))
+    .unwrap()
+}
+
+#[test]
+fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let js = built("node_exporter_js");
+    let rust = capstan_e2e::plugin("sim_provider");
+    let write = |name: &str, json: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, json).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let renamed = write(
+        "renamed.json",
+        r#"{"name":"renamed-js","version":"0.3.0","world":"addon","contract":"0.2.0","capabilities":{"objects":["Namespace"]}}"#,
+    );
+    let out = dir.path().join("renamed.wasm");
+    let report = ok(&[
+        "plugin",
+        "annotate",
+        js.to_str().unwrap(),
+        "-m",
+        &renamed,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    // What the sandbox gives each WASI import the JavaScript runtime asks for.
+    assert!(
+        report.contains("wasi:filesystem/preopens") && report.contains("nothing preopened"),
+        "{report}"
+    );
+    assert!(report.contains("Per call:   4 core instances"), "{report}");
+    let seen = inspect_json(&out);
+    assert_eq!(seen["manifest"]["name"], "renamed-js");
+    assert_eq!(seen["manifest"]["version"], "0.3.0");
+    assert_eq!(
+        manifest_count(&out),
+        1,
+        "the old manifest is replaced, not added to"
+    );
+
+    // Annotating again with the same manifest changes nothing; a Rust
+    // component (its manifest inside a nested core module) is re-annotated too.
+    let again = dir.path().join("again.wasm");
+    ok(&[
+        "plugin",
+        "annotate",
+        out.to_str().unwrap(),
+        "-m",
+        &renamed,
+        "-o",
+        again.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+    let rust_manifest = write(
+        "rust.json",
+        r#"{"name":"sim-provider","version":"9.9.9","world":"provider","contract":"0.2.0","capabilities":{"http":[{"destination":"http://127.0.0.1:*","credential":"sim-cloud"}]}}"#,
+    );
+    let rust_out = dir.path().join("rust.wasm");
+    ok(&[
+        "plugin",
+        "annotate",
+        rust.to_str().unwrap(),
+        "-m",
+        &rust_manifest,
+        "-o",
+        rust_out.to_str().unwrap(),
+    ]);
+    assert_eq!(manifest_count(&rust_out), 1);
+    assert_eq!(inspect_json(&rust_out)["manifest"]["version"], "9.9.9");
+
+    // A manifest for another world: the component does not export it.
+    let provider = write(
+        "provider.json",
+        r#"{"name":"js","version":"0.1.0","world":"provider","contract":"0.2.0"}"#,
+    );
+    let refused = dir.path().join("refused.wasm");
+    let err = fails(&[
+        "plugin",
+        "annotate",
+        js.to_str().unwrap(),
+        "-m",
+        &provider,
+        "-o",
+        refused.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("does not export capstan:plugin/provider@0.2.0")
+            && err.contains("capstan:plugin/addon@0.1.0"),
+        "{err}"
+    );
+    assert!(!refused.exists(), "nothing is written after a refusal");
+    let bad = write(
+        "bad.json",
+        r#"{"name":"Bad Name","version":"0.1.0","world":"addon","contract":"0.2.0"}"#,
+    );
+    let err = fails(&[
+        "plugin",
+        "annotate",
+        js.to_str().unwrap(),
+        "-m",
+        &bad,
+        "-o",
+        refused.to_str().unwrap(),
+    ]);
+    assert!(err.contains("manifest field `name`"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_provider_and_the_javascript_addon_pass_conformance() {
+    let cloud = SimCloud::start(SimCloudConfig {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let python = built("sim_provider_py");
+    let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
+    let host = cloud.addr().to_string();
+    let report = tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
+            .args([
+                "plugin",
+                "conformance",
+                python.to_str().unwrap(),
+                "--config",
+                &config,
+                "--allow-host",
+                &host,
+                "--bearer-from-env",
+                "sim-cloud=POLYGLOT_TOKEN",
+            ])
+            .env("POLYGLOT_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(report.contains("0 failed"), "{report}");
+    assert!(report.contains("PASS  create is idempotent"), "{report}");
+    // Its POSTs reached the cloud whole (the create body names the machine).
+    assert!(cloud.stats().instances_launched >= 1);
+
+    let js = built("node_exporter_js");
+    let report = ok(&[
+        "plugin",
+        "conformance",
+        "--world",
+        "addon",
+        js.to_str().unwrap(),
+    ]);
+    assert!(
+        report.contains("0 failed") && report.contains("13 passed"),
+        "{report}"
+    );
+    let out = capstan(&[
+        "plugin",
+        "conformance",
+        js.to_str().unwrap(),
+        "--world",
+        "addon",
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success());
+}
+
+fn runtime(slots: u32) -> Runtime {
+    Runtime::new(RuntimeConfig {
+        max_concurrent_calls: slots,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn grants(cloud: &SimCloud) -> Grants {
+    let mut g = Grants {
+        http: vec![cloud.url().parse().unwrap()],
+        ..Default::default()
+    };
+    g.credentials
+        .insert("sim-cloud".into(), Credential::Bearer(TOKEN.into()));
+    g
+}
+
+fn machine(name: &str, config: serde_json::Value) -> WitMachine {
+    WitMachine {
+        name: name.into(),
+        namespace: NS.into(),
+        uid: format!("uid-{name}"),
+        cluster_name: Some("c1".into()),
+        labels: vec![],
+        version: Some("v1.30.0".into()),
+        failure_domain: None,
+        provider_config: config.to_string(),
+        infrastructure_config: None,
+        provider_id: None,
+    }
+}
+
+#[tokio::test]
+async fn a_hostile_python_plugin_is_held_by_the_same_limits_as_a_rust_one() {
+    let cloud = SimCloud::start(SimCloudConfig {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let rt = runtime(8);
+    let limits = Limits {
+        call_timeout: Duration::from_millis(1500),
+        memory_bytes: 48 * 1024 * 1024,
+        ..Default::default()
+    };
+    let hostile = rt
+        .load_file(&built("hostile_py"), limits, grants(&cloud))
+        .unwrap()
+        .provider()
+        .unwrap();
+    let attack = |name: &str, attack: &str| {
+        machine(
+            name,
+            serde_json::json!({ "attack": attack, "target": cloud.addr().to_string() }),
+        )
+    };
+
+    let err = hostile
+        .create(&attack("loop", "infinite-loop"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
+    let err = hostile
+        .create(&attack("bomb", "memory-bomb"), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::MemoryLimit { limit_bytes, .. } if limit_bytes == 48 * 1024 * 1024),
+        "{err}"
+    );
+    let err = hostile
+        .create(&attack("flood", "stdout-flood"), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutputLimit {
+                kind: OutputKind::Stdout,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The exception's own words, not the runtime's `unreachable`.
+    let err = hostile
+        .create(&attack("oops", "exception"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Trap { .. }) && err.is_fault(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("raised ValueError: hostile-py could not create oops: on purpose"),
+        "{err}"
+    );
+    let err = hostile
+        .create(&attack("escape", "escape"), None)
+        .await
+        .unwrap_err();
+    match err.plugin_error() {
+        Some(PluginError::Terminal(m)) => {
+            assert!(m.contains("open: denied"), "{m}");
+            assert!(m.contains("listdir: denied"), "{m}");
+            assert!(m.contains("env: 0 variables"), "{m}");
+            assert!(m.contains("net: denied"), "{m}");
+        }
+        _ => panic!("expected the plugin's report, got {err}"),
+    }
+    assert_eq!(cloud.stats().requests, 0, "no attack reached the cloud");
+
+    // The same host still serves a well-behaved Python plugin.
+    let sim = rt
+        .load_file(&built("sim_provider_py"), Limits::default(), grants(&cloud))
+        .unwrap()
+        .provider()
+        .unwrap();
+    let status = sim
+        .create(
+            &machine("after", serde_json::json!({ "endpoint": cloud.url() })),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(status.provider_id.starts_with("sim://"), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_python_calls_queue_for_eight_slots_and_all_complete() {
+    let cloud = SimCloud::start(SimCloudConfig {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let rt = runtime(8);
+    let loaded = rt
+        .load_file(&built("sim_provider_py"), Limits::default(), grants(&cloud))
+        .unwrap();
+    // Measured at load: a Python component instantiates 14 core modules
+    // per call, which the pool holds for every slot at once.
+    let footprint = loaded.footprint();
+    assert!(footprint.core_instances > 4, "{footprint:?}");
+    let sim = loaded.provider().unwrap();
+    let calls = (0..100).map(|i| {
+        let sim = sim.clone();
+        let m = machine(
+            &format!("m{i}"),
+            serde_json::json!({ "endpoint": cloud.url() }),
+        );
+        tokio::spawn(async move { sim.create(&m, None).await })
+    });
+    let results = futures::future::join_all(calls).await;
+    let failed: Vec<String> = results
+        .into_iter()
+        .filter_map(|r| r.unwrap().err().map(|e| e.to_string()))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(cloud.stats().instances_launched, 100);
+}
+
+/// One control plane for both samples: pushed and signed to a registry,
+/// pulled and verified by the Plugin controller; the Python provider brings
+/// a MachineDeployment of 3 to Ready, the JavaScript addon applies and is
+/// judged healthy, and a Python exception's own message reaches the
+/// Machine's condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn signed_python_and_javascript_plugins_from_a_registry_run_machines_and_an_addon() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    env.add_nodes(2).await.expect("two Nodes");
+    let registry = Registry::start(RegistryOptions::default()).expect("registry");
+    let dir = registry.scratch().to_path_buf();
+    let (key, public) = key_pair(&dir, "publisher");
+    let prefix = format!("oci://{}/polyglot/", registry.host);
+    for (stem, repo) in [
+        ("sim_provider_py", "sim-provider-py"),
+        ("node_exporter_js", "node-exporter-js"),
+    ] {
+        let reference = format!("{prefix}{repo}:v1");
+        ok(&["plugin", "push", built(stem).to_str().unwrap(), &reference]);
+        ok(&["plugin", "sign", &reference, "--key", key.to_str().unwrap()]);
+    }
+    // The cloud's Secret and namespace, and the hostile plugin from a file.
+    env.create_plugin("hostile-py", &built("hostile_py"))
+        .await
+        .unwrap();
+    let plugins: Api<Plugin> = Api::all(env.client.clone());
+    let mut python = sim_plugin_spec(&format!("{prefix}sim-provider-py:v1"));
+    python.verification = Some(capstan_e2e::cli::publisher_verification(&public));
+    plugins
+        .create(&PostParams::default(), &Plugin::new("sim-py", python))
+        .await
+        .unwrap();
+    let js = PluginSpec {
+        source: format!("{prefix}node-exporter-js:v1"),
+        verification: Some(capstan_e2e::cli::publisher_verification(&public)),
+        grants: PluginGrants {
+            objects: vec![
+                "Namespace/monitoring".into(),
+                "ServiceAccount@monitoring".into(),
+                "Service@monitoring".into(),
+                "apps/DaemonSet@monitoring".into(),
+            ],
+            // A node agent: host PID, host network and the host's root mounted.
+            pod_security: Some(capstan_api::PodSecurityLevel::Privileged),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    plugins
+        .create(&PostParams::default(), &Plugin::new("node-exporter-js", js))
+        .await
+        .unwrap();
+    env.start_controllers(
+        Providers::default(),
+        Options {
+            poll: Duration::from_millis(250),
+            resync: Duration::from_secs(5),
+            supply: Some(std::sync::Arc::new(Supply {
+                puller: capstan_registry::verify::Puller {
+                    client: capstan_registry::Client::new(Default::default()).unwrap(),
+                    cache: Some(capstan_registry::Cache::open(&dir.join("oci-cache")).unwrap()),
+                    mirrors: Default::default(),
+                },
+                policy: Some(capstan_e2e::cli::publisher_policy(&prefix, &public)),
+            })),
+            ..Options::default()
+        },
+    )
+    .await;
+
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &sample_deployment("py-pool", "sim-py", &env.cloud.url(), 3, "v1.30.0"),
+        )
+        .await
+        .unwrap();
+    let mut addon = Addon::new(
+        "metrics",
+        serde_json::from_value::<AddonSpec>(
+            serde_json::json!({"plugin": "node-exporter-js", "channel": "rapid"}),
+        )
+        .unwrap(),
+    );
+    addon.metadata.namespace = Some(NS.into());
+    Api::<Addon>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &addon)
+        .await
+        .unwrap();
+    let machines: Api<Machine> = Api::namespaced(env.client.clone(), NS);
+    let failing: Machine = serde_json::from_value(serde_json::json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "Machine",
+        "metadata": { "name": "raises", "namespace": NS },
+        "spec": { "provider": { "plugin": "hostile-py", "config": { "attack": "exception" } } },
+    }))
+    .unwrap();
+    machines
+        .create(&PostParams::default(), &failing)
+        .await
+        .unwrap();
+
+    env.wait_rolled_out(NS, "py-pool", LONG).await;
+    let ready = env
+        .machines(NS)
+        .await
+        .into_iter()
+        .filter(|m| m.spec.provider.plugin == "sim-py")
+        .filter(|m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.provider_id
+                    .as_deref()
+                    .is_some_and(|id| id.starts_with("sim://"))
+                    && s.phase == Some(capstan_api::MachinePhase::Running)
+            })
+        })
+        .count();
+    assert_eq!(ready, 3, "3 Machines running through the Python provider");
+    let status = eventually("the JavaScript addon healthy at 1.8.2", LONG, async || {
+        let a = Api::<Addon>::namespaced(env.client.clone(), NS)
+            .get("metrics")
+            .await
+            .ok()?;
+        let s = a.status?;
+        (s.healthy == Some(true) && s.version.as_deref() == Some("1.8.2")).then_some(s)
+    })
+    .await;
+    // Every Node runs it: the two added and those of the Python machines.
+    let ready = status
+        .health_details
+        .iter()
+        .find_map(|d| d.strip_prefix("numberReady="))
+        .and_then(|n| n.split_once('/'))
+        .map(|(a, b)| (a.parse::<u32>().unwrap(), b.parse::<u32>().unwrap()));
+    assert!(
+        matches!(ready, Some((a, b)) if a == b && a >= 2),
+        "{:?}",
+        status.health_details
+    );
+    let message = eventually(
+        "the exception in the Machine's condition",
+        LONG,
+        async || {
+            let m = machines.get("raises").await.ok()?;
+            let c = capstan_api::condition(&m.status?.conditions, INSTANCE_PROVISIONED)?.clone();
+            c.message.contains("raised ValueError").then_some(c.message)
+        },
+    )
+    .await;
+    assert!(
+        message.contains("hostile-py could not create raises: on purpose"),
+        "{message}"
+    );
+    let p = plugins.get("sim-py").await.unwrap().status.unwrap();
+    assert!(p.signers[0].starts_with("publisher"), "{:?}", p.signers);
+    env.stop_controllers().await;
+}
