@@ -67,12 +67,33 @@ def _kind(value: Any) -> str:
     return "an object"
 
 
+# Per schema: its fields by JSON key, and their resolved types. Reading
+# type hints costs more than parsing a small config, so it is done once per
+# schema; a schema known when the plugin is built (`ConfigProvider.Config`)
+# is read then, and componentize-py's snapshot keeps the result, so calls
+# (each in a fresh instance) start with it.
+_SCHEMAS: dict[type, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def describe_schema(schema: type) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`(fields by camelCase key, type hints)` of a dataclass, cached."""
+    known = _SCHEMAS.get(schema)
+    if known is None:
+        fields = {camel(f.name): f for f in dataclasses.fields(schema)}
+        known = (fields, typing.get_type_hints(schema))
+        _SCHEMAS[schema] = known
+        for hint in known[1].values():
+            for inner in (hint, *typing.get_args(hint)):
+                if dataclasses.is_dataclass(inner) and isinstance(inner, type):
+                    describe_schema(inner)
+    return known
+
+
 def _build(schema: type, value: Any, path: str) -> Any:
     where = path or "config"
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expected an object, got {_kind(value)}")
-    fields = {camel(f.name): f for f in dataclasses.fields(schema)}
-    hints = typing.get_type_hints(schema)
+    fields, hints = describe_schema(schema)
     unknown = sorted(set(value) - set(fields))
     if unknown:
         raise ConfigError(

@@ -14,14 +14,21 @@ host instantiates the plugin afresh for every call: keep no state.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
-from .config import parse_config
+from .config import describe_schema, parse_config
 
 
 class ConfigProvider:
     #: The dataclass a Machine's `spec.provider.config` parses into.
     Config: type = type(None)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Runs when the plugin is built: the schema is read into the snapshot.
+        super().__init_subclass__(**kwargs)
+        if dataclasses.is_dataclass(cls.Config):
+            describe_schema(cls.Config)
 
     def parse(self, text: str) -> Any:
         return parse_config(text, self.Config, "provider config")

@@ -5,6 +5,7 @@
 //! the `capstan-bench-controller` binary, so that the product's
 //! `capstan controller` carries no benchmark flags).
 
+pub mod languages;
 pub mod webhook;
 
 use capstan_sdk::http::{HttpClient, HttpError, Request, Response};

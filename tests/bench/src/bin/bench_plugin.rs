@@ -35,6 +35,10 @@
 //!   finish, total), the same for the on-caller path, next to
 //!   `breakdown_create_native_us` (the native call, outbound round trip
 //!   included).
+//! - with `--languages` (instead of the above): the same plugins written in
+//!   Rust, Python and JavaScript side by side (`capstan_bench::languages`):
+//!   `lang_{rust,python}_*` for the sim providers, `lang_{rust,js}_addon_*`
+//!   for the node-exporter addons, and `lang_ratio_*_vs_*_*`.
 
 use anyhow::{Context, ensure};
 use capstan_bench::webhook::{Webhook, WebhookRequest, call_webhook};
@@ -80,6 +84,11 @@ pub struct Args {
     /// Skip the second run pinned to one CPU.
     #[arg(long)]
     pub unpinned_only: bool,
+    /// Instead: compare the same plugins written in Rust, Python and
+    /// JavaScript (built by scripts/build-plugins.sh and
+    /// scripts/build-polyglot-plugins.sh), `--calls` calls each.
+    #[arg(long)]
+    pub languages: bool,
 }
 
 const TOKEN: &str = "bench-token";
@@ -215,6 +224,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.calls >= 10 && args.instantiations >= 10 && args.compiles >= 1,
         "use at least 10 calls and instantiations and 1 compile"
     );
+    if args.languages {
+        return languages(args.calls).await;
+    }
     let path = match args.plugin {
         Some(p) => p,
         None => default_plugin("sim_provider")?,
@@ -451,6 +463,54 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     cloud_executor.spawn(cloud.shutdown()).await?;
     cloud_executor.shutdown_background();
     let _ = std::fs::remove_dir_all(&cache_dir);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--languages`: every figure of `capstan_bench::languages` for the Rust,
+/// Python and JavaScript plugins, then their ratios to Rust.
+async fn languages(calls: usize) -> anyhow::Result<ExitCode> {
+    use capstan_bench::languages::{Job, measure, ratios};
+    let cloud_executor = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sim-cloud")
+        .enable_all()
+        .build()?;
+    let cloud = cloud_executor
+        .spawn(SimCloud::start(SimCloudConfig {
+            token: Some(TOKEN.into()),
+            ..Default::default()
+        }))
+        .await??;
+    let mut grants = Grants {
+        http: vec![cloud.url().parse()?],
+        ..Default::default()
+    };
+    grants
+        .credentials
+        .insert("sim-cloud".into(), Credential::Bearer(TOKEN.into()));
+    println!("# capstan-bench-plugin --languages: {calls} calls per figure, medians");
+    let mut figures = Vec::new();
+    for (label, stem, job) in [
+        ("rust", "sim_provider", Job::Provider),
+        ("python", "sim_provider_py", Job::Provider),
+        ("rust_addon", "node_exporter_addon", Job::Addon),
+        ("js_addon", "node_exporter_js", Job::Addon),
+    ] {
+        let path = default_plugin(stem)?;
+        for (name, value) in measure(label, &path, job, &grants, &cloud.url(), calls).await? {
+            line(&name, value);
+            figures.push((name, value));
+        }
+    }
+    for (name, value) in ratios("python", "rust", &figures).into_iter().chain(ratios(
+        "js_addon",
+        "rust_addon",
+        &figures,
+    )) {
+        line(&name, value);
+    }
+    cloud_executor.spawn(cloud.shutdown()).await?;
+    cloud_executor.shutdown_background();
     Ok(ExitCode::SUCCESS)
 }
 
