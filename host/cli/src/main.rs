@@ -1,7 +1,7 @@
 //! `capstan`: the Capstan command line.
 //!
 //! Subcommands live in their own modules: `plugin inspect` ([`inspect`]),
-//! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin push|pull|sign|verify`
+//! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin new` ([`scaffold`]), `plugin push|pull|sign|verify`
 //! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `crds`,
 //! `controller` ([`controller`])
 //! and `rollout` ([`rollout`]), `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
@@ -19,6 +19,7 @@ mod inspect;
 mod install;
 mod options;
 mod rollout;
+mod scaffold;
 mod supply;
 
 use clap::{Parser, Subcommand};
@@ -84,6 +85,9 @@ enum PluginCommand {
     Inspect(inspect::Args),
     /// Run the contract's conformance checks against a plugin and a live target.
     Conformance(conformance::Args),
+    /// Start a new plugin project in Rust, Python or JavaScript from the
+    /// sample for its world: buildable, with tests.
+    New(scaffold::Args),
     /// Embed a manifest into a component built by any toolchain (Python,
     /// JavaScript, …), check it against the component's exports and
     /// imports, and say what the sandbox gives each import.
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
             Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args).await,
             Command::Plugin(PluginCommand::Conformance(args)) => conformance::run(args).await,
             Command::Plugin(PluginCommand::Annotate(args)) => annotate::run(args),
+            Command::Plugin(PluginCommand::New(args)) => scaffold::run(args),
             Command::Plugin(PluginCommand::Push(args)) => {
                 blocking(move || distribute::push(args)).await
             }

@@ -551,3 +551,209 @@ async fn signed_python_and_javascript_plugins_from_a_registry_run_machines_and_a
     assert!(p.signers[0].starts_with("publisher"), "{:?}", p.signers);
     env.stop_controllers().await;
 }
+
+/// Run a project's script the way its author would; panics with its output.
+fn run_in(dir: &std::path::Path, program: &str, args: &[&str], env: &[(&str, String)]) -> String {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{program} {args:?} in {}:\n{text}",
+        dir.display()
+    );
+    text
+}
+
+/// `capstan plugin new` in each language: the project's own tests pass, it
+/// builds with its own script, and the component passes conformance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_plugins_in_each_language_test_build_and_pass_conformance() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let polyglot = std::env::var_os("CAPSTAN_POLYGLOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/capstan/polyglot")
+        });
+    let capstan = capstan_e2e::env::capstan_bin().unwrap();
+    let env = [
+        ("CAPSTAN", capstan.display().to_string()),
+        (
+            "COMPONENTIZE_PY",
+            polyglot
+                .join("python/bin/componentize-py")
+                .display()
+                .to_string(),
+        ),
+    ];
+    let new = |lang: &str, world: &str, name: &str| {
+        let at = root.join(name);
+        ok(&[
+            "plugin",
+            "new",
+            "--lang",
+            lang,
+            "--world",
+            world,
+            name,
+            "--dir",
+            at.to_str().unwrap(),
+        ]);
+        at
+    };
+
+    // Python provider: its tests, its build, conformance against the cloud.
+    let python = new("python", "provider", "my-cloud");
+    let blocking = |f: Box<dyn FnOnce() + Send>| tokio::task::spawn_blocking(f);
+    {
+        let (python, env) = (python.clone(), env.clone());
+        blocking(Box::new(move || {
+            run_in(&python, "./test.sh", &[], &env);
+            run_in(&python, "./build.sh", &[], &env);
+        }))
+        .await
+        .unwrap();
+    }
+    let cloud = SimCloud::start(SimCloudConfig {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
+    let host = cloud.addr().to_string();
+    let wasm = python.join("my_cloud.wasm");
+    let report = {
+        let capstan = capstan.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(capstan)
+                .args([
+                    "plugin",
+                    "conformance",
+                    wasm.to_str().unwrap(),
+                    "--config",
+                    &config,
+                ])
+                .args([
+                    "--allow-host",
+                    &host,
+                    "--bearer-from-env",
+                    "sim-cloud=POLYGLOT_TOKEN",
+                ])
+                .env("POLYGLOT_TOKEN", TOKEN)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .await
+        .unwrap()
+    };
+    assert!(
+        report.contains("Conformance of plugin my-cloud 0.1.0") && report.contains("0 failed"),
+        "{report}"
+    );
+
+    // JavaScript addon: npm install, npm test, its build, conformance.
+    let js = new("js", "addon", "my-addon-js");
+    {
+        let (js, env) = (js.clone(), env.clone());
+        blocking(Box::new(move || {
+            run_in(
+                &js,
+                "npm",
+                &["install", "--silent", "--no-audit", "--no-fund"],
+                &env,
+            );
+            let tests = run_in(&js, "npm", &["test", "--silent"], &env);
+            assert!(tests.contains("# fail 0"), "{tests}");
+            run_in(&js, "./build.sh", &[], &env);
+        }))
+        .await
+        .unwrap();
+    }
+    let report = ok(&[
+        "plugin",
+        "conformance",
+        "--world",
+        "addon",
+        js.join("my_addon_js.wasm").to_str().unwrap(),
+    ]);
+    assert!(report.contains("0 failed"), "{report}");
+
+    // Rust addon: cargo builds it for wasm32-wasip2 (the plugins' target
+    // directory, so the SDK's dependencies are built already).
+    let rust = new("rust", "addon", "my-addon-rs");
+    let target = capstan_e2e::workspace_root().join("target/scaffold-plugins");
+    {
+        let (rust, target) = (rust.clone(), target.clone());
+        blocking(Box::new(move || {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            run_in(
+                &rust,
+                &cargo,
+                &[
+                    "build",
+                    "--release",
+                    "--target",
+                    "wasm32-wasip2",
+                    "--target-dir",
+                    target.to_str().unwrap(),
+                ],
+                &[],
+            );
+        }))
+        .await
+        .unwrap();
+    }
+    let built = target.join("wasm32-wasip2/release/my_addon_rs.wasm");
+    let report = ok(&[
+        "plugin",
+        "conformance",
+        "--world",
+        "addon",
+        built.to_str().unwrap(),
+    ]);
+    assert!(
+        report.contains("Conformance of plugin my-addon-rs") && report.contains("0 failed"),
+        "{report}"
+    );
+
+    // Refusals: no sample for the combination; an existing directory.
+    let err = fails(&[
+        "plugin",
+        "new",
+        "--lang",
+        "js",
+        "--world",
+        "updater",
+        "x",
+        "--dir",
+        root.join("x").to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("no js updater sample") && err.contains("--lang js --world addon"),
+        "{err}"
+    );
+    assert!(!root.join("x").exists());
+    let err = fails(&[
+        "plugin",
+        "new",
+        "--lang",
+        "rust",
+        "--world",
+        "addon",
+        "y",
+        "--dir",
+        rust.to_str().unwrap(),
+    ]);
+    assert!(err.contains("already exists"), "{err}");
+}
