@@ -1,7 +1,7 @@
 //! `capstan`: the Capstan command line.
 //!
 //! Subcommands live in their own modules: `plugin inspect` ([`inspect`]),
-//! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin new` ([`scaffold`]), `plugin push|pull|sign|verify`
+//! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin new` ([`scaffold`]), `plugin record|replay` ([`tape`]), `plugin push|pull|sign|verify`
 //! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `crds`,
 //! `controller` ([`controller`])
 //! and `rollout` ([`rollout`]), `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
@@ -21,6 +21,7 @@ mod options;
 mod rollout;
 mod scaffold;
 mod supply;
+mod tape;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -85,6 +86,13 @@ enum PluginCommand {
     Inspect(inspect::Args),
     /// Run the contract's conformance checks against a plugin and a live target.
     Conformance(conformance::Args),
+    /// Run a provider's calls for one machine against its real cloud and
+    /// record what the plugin sent and received (never a credential) into a
+    /// cassette.
+    Record(tape::RecordArgs),
+    /// Run the recorded calls again from a cassette: no cloud, no
+    /// credential, the plugin's clocks and randomness as recorded.
+    Replay(tape::ReplayArgs),
     /// Start a new plugin project in Rust, Python or JavaScript from the
     /// sample for its world: buildable, with tests.
     New(scaffold::Args),
@@ -152,6 +160,8 @@ fn main() -> ExitCode {
             Command::Plugin(PluginCommand::Conformance(args)) => conformance::run(args).await,
             Command::Plugin(PluginCommand::Annotate(args)) => annotate::run(args),
             Command::Plugin(PluginCommand::New(args)) => scaffold::run(args),
+            Command::Plugin(PluginCommand::Record(args)) => tape::record(args).await,
+            Command::Plugin(PluginCommand::Replay(args)) => tape::replay(args).await,
             Command::Plugin(PluginCommand::Push(args)) => {
                 blocking(move || distribute::push(args)).await
             }

@@ -375,6 +375,7 @@ impl Runtime {
                 runtime: self.inner.clone(),
                 quota: None,
                 footprint,
+                tape: None,
             }),
         })
     }

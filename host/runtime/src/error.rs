@@ -143,6 +143,15 @@ pub enum Error {
         size: u32,
         retry_after: Duration,
     },
+    /// Under replay ([`crate::tape`]), the call asked for something the
+    /// cassette does not hold: a request with no recorded answer, or a call
+    /// the recording did not make. A test failure, not the plugin's fault.
+    #[error("plugin {plugin} {call} cannot be replayed: {detail}")]
+    ReplayMiss {
+        plugin: String,
+        call: &'static str,
+        detail: String,
+    },
     /// The plugin's contract version cannot carry what the call needs (a
     /// 0.1.0 provider asked to create an instance with bootstrap data).
     #[error("plugin {plugin} {call}: {reason}")]

@@ -120,6 +120,10 @@ pub(crate) struct HttpGate {
     pub(crate) quota_hit: Arc<Mutex<Option<crate::QuotaHit>>>,
     /// Told what became of each request, with the plugin's label.
     pub(crate) observer: Option<(Arc<dyn crate::Observer>, Arc<str>)>,
+    /// The cassette this call records to or replays from, if any.
+    pub(crate) tape: Option<crate::tape::CallTape>,
+    /// Replay: why a request found no recorded answer.
+    pub(crate) tape_miss: Arc<Mutex<Option<String>>>,
 }
 
 /// Tell `observer` (if any) what became of a request.
@@ -150,6 +154,13 @@ impl std::fmt::Debug for HttpGate {
 impl HttpGate {
     pub(crate) fn denial(&self) -> Option<String> {
         self.denial
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn tape_miss(&self) -> Option<String> {
+        self.tape_miss
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -263,6 +274,11 @@ impl WasiHttpHooks for HttpGate {
                 if let Ok(v) = HeaderValue::from_str(&authority) {
                     headers.insert(HOST, v);
                 }
+                // What the plugin sent, as a cassette keeps it: before any
+                // credential is attached, sensitive headers left out.
+                let taped = self.tape.clone().map(|tape| (tape, taped_head(&request)));
+                let tape_miss = self.tape_miss.clone();
+                let headers = request.headers_mut();
                 if let Some(credential) = &credential {
                     crate::credentials::authorize(headers, credential);
                 }
@@ -277,6 +293,45 @@ impl WasiHttpHooks for HttpGate {
                 let observer = self.observer.clone();
                 let told = move |result| tell(observer.as_ref(), result);
                 Box::new(async move {
+                    let mut recording = None;
+                    if let Some((tape, (method, url, head))) = taped {
+                        let (parts, body) = request.into_parts();
+                        let bytes = body
+                            .collect()
+                            .await
+                            .map_err(|_| HttpError::HttpProtocolError)?
+                            .to_bytes();
+                        let sent = crate::tape::TapedRequest {
+                            method,
+                            url,
+                            headers: head,
+                            body: crate::tape::TapedBody::of(&bytes),
+                        };
+                        if matches!(tape.mode(), crate::tape::TapeMode::Replay { .. }) {
+                            return match tape.take(&sent) {
+                                Ok(answer) => {
+                                    told(crate::Outbound::Ok);
+                                    Ok((
+                                        replayed_response(&answer)?,
+                                        Box::new(async { Ok(()) })
+                                            as Box<
+                                                dyn Future<Output = Result<(), HttpError>> + Send,
+                                            >,
+                                    ))
+                                }
+                                Err(miss) => {
+                                    tracing::warn!(%plugin, %miss, "request not in the cassette");
+                                    tape_miss
+                                        .lock()
+                                        .unwrap_or_else(|p| p.into_inner())
+                                        .get_or_insert(miss.to_string());
+                                    Err(HttpError::HttpRequestDenied)
+                                }
+                            };
+                        }
+                        request = http::Request::from_parts(parts, full_body(bytes));
+                        recording = Some((tape, sent));
+                    }
                     if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
                         request = match crate::credentials::sign_aws(
                             request,
@@ -344,6 +399,30 @@ impl WasiHttpHooks for HttpGate {
                         }
                     })?;
                     told(crate::Outbound::Ok);
+                    if let Some((tape, sent)) = recording {
+                        // Recording: the whole answer is read here, kept, and
+                        // handed to the plugin as it came.
+                        let (parts, body) = response.into_parts();
+                        let bytes = body
+                            .collect()
+                            .await
+                            .map_err(|_| HttpError::HttpProtocolError)?
+                            .to_bytes();
+                        drop(slot);
+                        tape.push(crate::tape::Interaction {
+                            request: sent,
+                            response: crate::tape::TapedResponse {
+                                status: parts.status.as_u16(),
+                                headers: kept_headers(&parts.headers),
+                                body: crate::tape::TapedBody::of(&bytes),
+                            },
+                        });
+                        return Ok((
+                            http::Response::from_parts(parts, full_body(bytes)),
+                            Box::new(async { Ok(()) })
+                                as Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+                        ));
+                    }
                     Ok((
                         response.map(|body| {
                             body.map_err(HttpError::from)
@@ -365,4 +444,45 @@ impl WasiHttpHooks for HttpGate {
             }
         }
     }
+}
+
+/// A request's method, URL and the headers a cassette may keep.
+fn taped_head(request: &http::Request<WasiBody>) -> (String, String, Vec<(String, String)>) {
+    (
+        request.method().to_string(),
+        request.uri().to_string(),
+        kept_headers(request.headers()),
+    )
+}
+
+/// Headers a cassette keeps: not sensitive ([`crate::tape::SENSITIVE_HEADERS`])
+/// and not `host` (the URL says it), values as text.
+fn kept_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let name = name.as_str();
+            name != "host" && !crate::tape::SENSITIVE_HEADERS.contains(&name)
+        })
+        .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_string())))
+        .collect()
+}
+
+fn full_body(bytes: bytes::Bytes) -> WasiBody {
+    http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A recorded answer as the response the plugin reads.
+fn replayed_response(
+    answer: &crate::tape::TapedResponse,
+) -> Result<http::Response<WasiBody>, HttpError> {
+    let mut response = http::Response::builder().status(answer.status);
+    for (name, value) in &answer.headers {
+        response = response.header(name, value);
+    }
+    response
+        .body(full_body(answer.body.bytes().into()))
+        .map_err(|_| HttpError::HttpProtocolError)
 }

@@ -39,6 +39,7 @@
 //! | `plugin` | [`Plugin`]: a loaded component and the per-call path (store, slot, deadline, error classification) |
 //! | `worlds` | typed handles per world, one method per contract function |
 //! | `call` | what one call holds: store state, log host, memory limiter, return sizes |
+//! | `tape` | record and replay at the sandbox's edge: cassettes, matching, taped clocks and randomness, the secret scan |
 //! | `last_words` | what a guest said on stderr before it trapped (Rust panic, Python traceback, JavaScript error) |
 //! | `http` | the egress gate every outbound request passes |
 //! | `quota` | per-plugin quotas across calls: concurrent calls, calls and requests per minute |
@@ -66,6 +67,7 @@ mod plugin;
 pub mod profile;
 pub mod quota;
 mod resolve;
+pub mod tape;
 mod workers;
 mod worlds;
 

@@ -29,6 +29,8 @@ pub(crate) struct PluginInner {
     pub(crate) label: Arc<str>,
     /// What one instantiation holds, counted at load.
     pub(crate) footprint: capstan_manifest::Footprint,
+    /// The cassette its calls are recorded to or replayed from, if any.
+    pub(crate) tape: Option<crate::tape::Tape>,
 }
 
 impl std::fmt::Debug for PluginInner {
@@ -79,6 +81,16 @@ impl Plugin {
     pub fn observed_as(&self, label: &str) -> Plugin {
         let mut inner = (*self.inner).clone();
         inner.label = label.into();
+        Plugin {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// This plugin with its calls recorded to, or replayed from, `tape`
+    /// (see [`crate::tape`]). Cheap, as [`Self::with_quota`].
+    pub fn with_tape(&self, tape: Option<crate::tape::Tape>) -> Plugin {
+        let mut inner = (*self.inner).clone();
+        inner.tape = tape;
         Plugin {
             inner: Arc::new(inner),
         }
@@ -149,18 +161,30 @@ impl Plugin {
     }
 
     /// A fresh store for one call, with every limit armed.
-    pub(crate) fn new_store(&self, call: &'static str) -> Store<CallState> {
+    pub(crate) fn new_store(
+        &self,
+        call: &'static str,
+        tape: Option<crate::tape::CallTape>,
+    ) -> Store<CallState> {
         let inner = &self.inner;
         let limits = inner.limits;
         let stdout = Capture::new("stdout", limits.stdio_bytes);
         let stderr = Capture::new("stderr", limits.stdio_bytes);
-        let wasi = WasiCtxBuilder::new()
-            .stdout(stdout.clone())
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+            .allow_ip_name_lookup(false);
+        if let Some(tape) = &tape {
+            let taped = tape.clocks();
+            wasi.wall_clock(taped.wall)
+                .monotonic_clock(taped.monotonic)
+                .secure_random(taped.secure)
+                .insecure_random(taped.insecure)
+                .insecure_random_seed(taped.insecure_seed);
+        }
+        let wasi = wasi.build();
         let state = CallState {
             wasi,
             table: {
@@ -194,6 +218,8 @@ impl Plugin {
                     .map(|o| (o.clone(), inner.label.clone())),
                 quota: inner.quota.clone(),
                 quota_hit: Arc::default(),
+                tape,
+                tape_miss: Arc::default(),
             },
             memory: MemoryLimiter {
                 limit: limits.memory_bytes,
@@ -267,7 +293,18 @@ impl Plugin {
                 })?
                 .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
         let slot = started.elapsed();
-        let mut store = self.new_store(call);
+        let tape = match &self.inner.tape {
+            Some(tape) => Some(
+                tape.start_call(&self.inner.name, &self.inner.digest, call)
+                    .map_err(|detail| Error::ReplayMiss {
+                        plugin: self.name().into(),
+                        call,
+                        detail,
+                    })?,
+            ),
+            None => None,
+        };
+        let mut store = self.new_store(call, tape);
         let stored = started.elapsed();
         let outcome = tokio::time::timeout(limit, f(&mut store)).await;
         let exported = started.elapsed();
@@ -344,6 +381,14 @@ impl Plugin {
             return Some(self.quota_exceeded(call, hit));
         }
         let plugin = self.name().to_string();
+        // Under replay, a request the cassette cannot answer ends the call.
+        if let Some(detail) = state.http.tape_miss() {
+            return Some(Error::ReplayMiss {
+                plugin,
+                call,
+                detail,
+            });
+        }
         let limits = &self.inner.limits;
         if let Some(requested_bytes) = state.memory.refused {
             return Some(Error::MemoryLimit {

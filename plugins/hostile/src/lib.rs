@@ -14,6 +14,7 @@
 //! | `redirect` | GETs `target` (granted) and follows its redirect elsewhere | capability denied |
 //! | `host-header` | GETs `target` with a forged `Host` header | the request never leaves with it |
 //! | `trap` | panics | trap, naming plugin and function |
+//! | `entropy` | POSTs 16 random bytes and the wall-clock time to `endpoint` and returns the answer | a replay reproduces it exactly |
 //! | `escape` | reads `/`, the environment, and connects a socket to `target` | all three find nothing |
 //! | `non-idempotent` | creates a new instance at `endpoint` on every call | conformance failure |
 //! | `request-flood` | starts 400 GETs of `target` at once and keeps the answers unread, then 100,000 more without waiting | requests-in-flight limit; the host's memory stays flat |
@@ -151,6 +152,26 @@ impl Provider for Hostile {
                 return Err(PluginError::terminal(trace(target(config)?)));
             }
             "trap" => panic!("hostile plugin panicked on purpose"),
+            "entropy" => {
+                // Random bytes and the time in a request body: what record
+                // and replay must reproduce exactly.
+                let random = wasip2::random::random::get_random_bytes(16);
+                let now = wasip2::clocks::wall_clock::now();
+                let body = serde_json::json!({
+                    "clientToken": hex_of(&random),
+                    "name": format!("t{}-{}", now.seconds, now.nanoseconds),
+                });
+                let resp = http
+                    .send(&Request::json(
+                        Method::Post,
+                        format!("{}/v1/instances", endpoint(config)?),
+                        &body,
+                    ))
+                    .map_err(|e| PluginError::transient(e.to_string(), 1_000))?;
+                let mut status = MachineStatus::new("hostile://entropy", InstanceState::Running);
+                status.message = Some(resp.text());
+                return Ok(status);
+            }
             "escape" => {
                 let fs = match std::fs::read_dir("/") {
                     Ok(entries) => format!("fs: listed {} entries", entries.count()),
@@ -407,3 +428,7 @@ fn flood(url: &str) -> String {
 }
 
 capstan_sdk::export_provider!(Hostile, manifest: "capstan-plugin.json");
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -23,6 +23,7 @@ mod quickstart;
 mod rollback;
 mod sandbox;
 mod supply_chain;
+mod tape;
 mod tenancy;
 mod trust;
 mod updater;

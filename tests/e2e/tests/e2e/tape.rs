@@ -1,0 +1,260 @@
+//! Record and replay at the sandbox's edge, as a plugin author runs them
+//! (`capstan plugin record`, `capstan plugin replay`): the sim provider in
+//! Rust and in Python and the EC2 provider against moto, recorded, then
+//! replayed with the cloud stopped and no credential, giving the same
+//! results; cassettes hold no secret; a changed request misses naming the
+//! difference; randomness and time replay exactly; a cassette that would
+//! hold a secret is refused.
+
+use capstan_e2e::moto::{Auth, Moto, REGION};
+use capstan_e2e::plugin_dir;
+use capstan_e2e::sim_cloud::{SimCloud, SimCloudConfig};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TOKEN: &str = "tape-token-3c9a1f";
+
+fn component(stem: &str) -> PathBuf {
+    let path = plugin_dir().join(format!("{stem}.wasm"));
+    assert!(path.exists(), "{} is missing", path.display());
+    path
+}
+
+/// `capstan ARGS` with `env`; (success, stdout, stderr).
+fn capstan(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(capstan_e2e::env::capstan_bin().unwrap())
+        .args(args)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run capstan");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn sim_cloud() -> SimCloud {
+    SimCloud::start(SimCloudConfig {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn record_sim(
+    stem: &str,
+    cloud: &SimCloud,
+    cassette: &Path,
+    config: &str,
+) -> (bool, String, String) {
+    let host = cloud.addr().to_string();
+    capstan(
+        &[
+            "plugin",
+            "record",
+            component(stem).to_str().unwrap(),
+            "--cassette",
+            cassette.to_str().unwrap(),
+            "--config",
+            config,
+            "--allow-host",
+            &host,
+            "--bearer-from-env",
+            "sim-cloud=TAPE_TOKEN",
+        ],
+        &[("TAPE_TOKEN", TOKEN)],
+    )
+}
+
+fn replay(stem: &str, cassette: &Path, host: &str) -> (bool, String, String) {
+    capstan(
+        &[
+            "plugin",
+            "replay",
+            component(stem).to_str().unwrap(),
+            "--cassette",
+            cassette.to_str().unwrap(),
+            "--allow-host",
+            host,
+        ],
+        &[],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sim_provider_in_rust_and_python_replays_offline_with_the_same_results() {
+    let dir = tempfile::tempdir().unwrap();
+    for stem in ["sim_provider", "sim_provider_py"] {
+        let cloud = sim_cloud().await;
+        let host = cloud.addr().to_string();
+        let cassette = dir.path().join(format!("{stem}.yaml"));
+        let config =
+            serde_json::json!({ "endpoint": cloud.url(), "tags": {"team": "a"} }).to_string();
+        let (ok, recorded, err) =
+            tokio::task::block_in_place(|| record_sim(stem, &cloud, &cassette, &config));
+        assert!(ok, "{stem}: {err}");
+        assert_eq!(recorded.lines().count(), 3, "{recorded}");
+        assert!(recorded.contains("\"providerID\":\"sim://i-"), "{recorded}");
+        let requests = cloud.stats().requests;
+        assert!(requests >= 3, "{requests}");
+        cloud.shutdown().await;
+
+        // The cloud is gone and no credential is given: the same results.
+        let (ok, replayed, err) = tokio::task::block_in_place(|| replay(stem, &cassette, &host));
+        assert!(ok, "{stem}: {err}");
+        assert_eq!(replayed, recorded, "{stem}");
+
+        let text = std::fs::read_to_string(&cassette).unwrap();
+        assert!(
+            !text.contains(TOKEN),
+            "{stem}: the token is in the cassette"
+        );
+        assert!(!text.to_lowercase().contains("authorization"), "{stem}");
+
+        // Grants still apply under replay: ungranted, the request is denied.
+        let (ok, _, err) = tokio::task::block_in_place(|| replay(stem, &cassette, "127.0.0.1:1"));
+        assert!(!ok && err.contains("denied"), "{stem}: {err}");
+
+        // A request that differs from the recording misses, naming the key,
+        // the closest recorded one and how the bodies differ.
+        let mut edited: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let changed = config.replace("\"team\":\"a\"", "\"team\":\"b\"");
+        edited["meta"]["config"] = serde_yaml::Value::String(changed);
+        let edited_path = dir.path().join(format!("{stem}-edited.yaml"));
+        std::fs::write(&edited_path, serde_yaml::to_string(&edited).unwrap()).unwrap();
+        let (ok, _, err) = tokio::task::block_in_place(|| replay(stem, &edited_path, &host));
+        assert!(!ok, "{stem}: a changed body replayed");
+        assert!(
+            err.contains("cannot be replayed: no recorded interaction matches POST")
+                && err.contains("the closest recorded is POST")
+                && err.contains(r#"-"team": "a""#)
+                && err.contains(r#"+"team": "b""#),
+            "{stem}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_ec2_provider_replays_without_moto_and_its_cassette_holds_no_aws_secret() {
+    let moto = Moto::start(Auth::Checked).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("ec2.yaml");
+    let config = moto.provider_config("t3.micro").to_string();
+    let host = moto.url.trim_start_matches("http://").to_string();
+    let key_id = moto.credentials.access_key_id.clone();
+    let secret = moto.credentials.secret_access_key.clone();
+    let (ok, recorded, err) = capstan(
+        &[
+            "plugin",
+            "record",
+            capstan_e2e::plugin("ec2_provider").to_str().unwrap(),
+            "--cassette",
+            cassette.to_str().unwrap(),
+            "--config",
+            &config,
+            "--allow-host",
+            &host,
+            "--aws-sigv4-from-env",
+            &format!("aws={REGION}/ec2"),
+            "--call-timeout",
+            "60s",
+        ],
+        &[
+            ("AWS_ACCESS_KEY_ID", &key_id),
+            ("AWS_SECRET_ACCESS_KEY", &secret),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(recorded.contains("\"providerID\":\"aws:///"), "{recorded}");
+    drop(moto);
+
+    let text = std::fs::read_to_string(&cassette).unwrap();
+    for secret_text in [key_id.as_str(), secret.as_str(), "AWS4-HMAC-SHA256"] {
+        assert!(
+            !text.contains(secret_text),
+            "the cassette holds {secret_text}"
+        );
+    }
+    assert!(!text.to_lowercase().contains("authorization"));
+    assert!(
+        text.contains("Action=RunInstances"),
+        "the EC2 query is recorded"
+    );
+    let (ok, replayed, err) = capstan(
+        &[
+            "plugin",
+            "replay",
+            capstan_e2e::plugin("ec2_provider").to_str().unwrap(),
+            "--cassette",
+            cassette.to_str().unwrap(),
+            "--allow-host",
+            &host,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(replayed, recorded);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomness_and_time_in_a_request_replay_exactly_twenty_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = sim_cloud().await;
+    let host = cloud.addr().to_string();
+    let cassette = dir.path().join("entropy.yaml");
+    let config = serde_json::json!({ "attack": "entropy", "endpoint": cloud.url() }).to_string();
+    let (ok, recorded, err) = tokio::task::block_in_place(|| {
+        capstan(
+            &[
+                "plugin",
+                "record",
+                component("hostile_plugin").to_str().unwrap(),
+                "--cassette",
+                cassette.to_str().unwrap(),
+                "--config",
+                &config,
+                "--calls",
+                "create",
+                "--allow-host",
+                &host,
+                "--bearer-from-env",
+                "sim-cloud=TAPE_TOKEN",
+            ],
+            &[("TAPE_TOKEN", TOKEN)],
+        )
+    });
+    assert!(ok, "{err}");
+    cloud.shutdown().await;
+    // The request body (random bytes, the time) is part of the match key:
+    // every replay must send exactly what was recorded.
+    for round in 0..20 {
+        let (ok, replayed, err) =
+            tokio::task::block_in_place(|| replay("hostile_plugin", &cassette, &host));
+        assert!(ok, "round {round}: {err}");
+        assert_eq!(replayed, recorded, "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cassette_that_would_hold_a_secret_is_refused_naming_the_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = sim_cloud().await;
+    let cassette = dir.path().join("leak.yaml");
+    // The token pasted into the config ends up in the create request body
+    // (the instance's tags), base64- or not.
+    let config =
+        serde_json::json!({ "endpoint": cloud.url(), "tags": {"oops": TOKEN} }).to_string();
+    let (ok, _, err) =
+        tokio::task::block_in_place(|| record_sim("sim_provider", &cloud, &cassette, &config));
+    assert!(!ok);
+    assert!(
+        err.contains("refusing to write") && err.contains("sim-cloud") && !err.contains(TOKEN),
+        "{err}"
+    );
+    assert!(!cassette.exists(), "nothing is written");
+}
