@@ -1,7 +1,7 @@
 //! `capstan`: the Capstan command line.
 //!
 //! Subcommands live in their own modules: `plugin inspect` ([`inspect`]),
-//! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin new` ([`scaffold`]), `plugin record|replay` ([`tape`]), `plugin push|pull|sign|verify`
+//! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin new` ([`scaffold`]), `plugin record|replay` ([`tape`]), `plugin test` ([`suite`]), `plugin push|pull|sign|verify`
 //! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `crds`,
 //! `controller` ([`controller`])
 //! and `rollout` ([`rollout`]), `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
@@ -20,6 +20,7 @@ mod install;
 mod options;
 mod rollout;
 mod scaffold;
+mod suite;
 mod supply;
 mod tape;
 
@@ -93,6 +94,10 @@ enum PluginCommand {
     /// Run the recorded calls again from a cassette: no cloud, no
     /// credential, the plugin's clocks and randomness as recorded.
     Replay(tape::ReplayArgs),
+    /// Run a provider's test cases offline (`kind: PluginTest`): recorded
+    /// cassettes or inline stubs, with expected results, errors and request
+    /// counts; text, JSON or JUnit output.
+    Test(suite::Args),
     /// Start a new plugin project in Rust, Python or JavaScript from the
     /// sample for its world: buildable, with tests.
     New(scaffold::Args),
@@ -161,6 +166,7 @@ fn main() -> ExitCode {
             Command::Plugin(PluginCommand::Annotate(args)) => annotate::run(args),
             Command::Plugin(PluginCommand::New(args)) => scaffold::run(args),
             Command::Plugin(PluginCommand::Record(args)) => tape::record(args).await,
+            Command::Plugin(PluginCommand::Test(args)) => suite::run(args).await,
             Command::Plugin(PluginCommand::Replay(args)) => tape::replay(args).await,
             Command::Plugin(PluginCommand::Push(args)) => {
                 blocking(move || distribute::push(args)).await

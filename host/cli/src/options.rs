@@ -95,6 +95,20 @@ pub struct SandboxArgs {
 }
 
 impl SandboxArgs {
+    /// No credential and the default limits: HTTP to `allow_hosts` only
+    /// (replayed suites, which need no secret).
+    pub fn offline(allow_hosts: Vec<String>) -> Self {
+        SandboxArgs {
+            allow_hosts,
+            bearer_from_env: Vec::new(),
+            aws_sigv4_from_env: Vec::new(),
+            max_requests_in_flight: capstan_runtime::limits::DEFAULT_MAX_REQUESTS_IN_FLIGHT,
+            max_requests_per_call: capstan_runtime::limits::DEFAULT_MAX_REQUESTS_PER_CALL,
+            call_timeout: Duration::from_secs(10),
+            memory_mib: 64,
+        }
+    }
+
     /// The grants these flags describe.
     pub fn grants(&self) -> anyhow::Result<Grants> {
         let mut grants = Grants::default();

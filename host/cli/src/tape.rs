@@ -71,7 +71,7 @@ pub struct ReplayArgs {
     pub sandbox: SandboxArgs,
 }
 
-fn machine(name: &str, config: &str) -> Machine {
+pub(crate) fn machine(name: &str, config: &str) -> Machine {
     Machine {
         name: name.to_string(),
         namespace: "default".into(),
@@ -86,15 +86,35 @@ fn machine(name: &str, config: &str) -> Machine {
     }
 }
 
-/// Run the session's calls; one JSON line per call on stdout. A plugin
-/// error is a result (printed), anything else stops the session.
-async fn session(
+/// What one call of a session gave.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) call: String,
+    pub(crate) result: Result<serde_json::Value, capstan_runtime::Error>,
+}
+
+impl Outcome {
+    /// One JSON line: the result, or the plugin's contract error.
+    fn line(&self) -> Option<serde_json::Value> {
+        match &self.result {
+            Ok(result) => Some(serde_json::json!({ "call": self.call, "result": result })),
+            Err(e) => e.plugin_error().map(|pe| {
+                serde_json::json!({ "call": self.call, "error": capstan_runtime::describe(pe) })
+            }),
+        }
+    }
+}
+
+/// Run a session's calls for one machine, in order; `get` and `delete`
+/// use the provider ID `create` returned.
+pub(crate) async fn run_calls(
     provider: &capstan_runtime::ProviderPlugin,
     calls: &[String],
     mut m: Machine,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Outcome>> {
+    let mut out = Vec::new();
     for call in calls {
-        let outcome: Result<serde_json::Value, capstan_runtime::Error> = match call.as_str() {
+        let result: Result<serde_json::Value, capstan_runtime::Error> = match call.as_str() {
             "validate" => provider
                 .validate(&m.provider_config)
                 .await
@@ -111,16 +131,35 @@ async fn session(
             "list-instances" => provider.list(&m.provider_config).await.map(|l| {
                 serde_json::Value::Array(l.unwrap_or_default().iter().map(status_json).collect())
             }),
-            other => bail!("--calls: `{other}` is not one of {}", CALLS.join(", ")),
+            other => bail!(
+                "`{other}` is not a call a session makes: {}",
+                CALLS.join(", ")
+            ),
         };
-        let line = match outcome {
-            Ok(result) => serde_json::json!({ "call": call, "result": result }),
-            Err(e) if e.plugin_error().is_some() => {
-                serde_json::json!({ "call": call, "error": capstan_runtime::describe(e.plugin_error().expect("checked")) })
+        out.push(Outcome {
+            call: call.clone(),
+            result,
+        });
+    }
+    Ok(out)
+}
+
+/// Run a session and print one JSON line per call; anything but a result
+/// or a contract error stops it.
+async fn session(
+    provider: &capstan_runtime::ProviderPlugin,
+    calls: &[String],
+    m: Machine,
+) -> anyhow::Result<()> {
+    for outcome in run_calls(provider, calls, m).await? {
+        match outcome.line() {
+            Some(line) => println!("{line}"),
+            None => {
+                let call = outcome.call;
+                return Err(outcome.result.expect_err("a line for every result"))
+                    .with_context(|| format!("the {call} call failed"));
             }
-            Err(e) => return Err(e).with_context(|| format!("the {call} call failed")),
-        };
-        println!("{line}");
+        }
     }
     Ok(())
 }

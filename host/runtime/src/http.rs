@@ -306,6 +306,7 @@ impl WasiHttpHooks for HttpGate {
                             url,
                             headers: head,
                             body: crate::tape::TapedBody::of(&bytes),
+                            any_body: false,
                         };
                         if matches!(tape.mode(), crate::tape::TapeMode::Replay { .. }) {
                             return match tape.take(&sent) {

@@ -50,6 +50,9 @@ pub struct TapedRequest {
     pub headers: Vec<(String, String)>,
     #[serde(flatten)]
     pub body: TapedBody,
+    /// A stub written by hand: matches whatever body is sent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub any_body: bool,
 }
 
 /// What the plugin received.
@@ -182,12 +185,23 @@ pub fn key(request: &TapedRequest) -> String {
         format!("?{}", params.join("&"))
     };
     let body = request.body.bytes();
-    let hash = if body.is_empty() {
+    let hash = if request.any_body {
+        "any".to_string()
+    } else if body.is_empty() {
         "empty".to_string()
     } else {
         hex::encode(&Sha256::digest(normalised_body(&body))[..6])
     };
     format!("{} {path}{query} #{hash}", request.method)
+}
+
+/// Whether a recorded request answers `sent` (`wanted` is its key).
+fn answers(recorded: &TapedRequest, wanted: &str) -> bool {
+    let recorded_key = key(recorded);
+    if recorded.any_body {
+        return recorded_key.split(" #").next() == wanted.split(" #").next();
+    }
+    recorded_key == wanted
 }
 
 /// The first lines where two bodies differ, as `-recorded +sent`.
@@ -439,12 +453,12 @@ impl CallTape {
             let found = if strict {
                 c.interactions
                     .first()
-                    .filter(|x| key(&x.request) == wanted)
+                    .filter(|x| answers(&x.request, &wanted))
                     .map(|_| 0)
             } else {
                 c.interactions
                     .iter()
-                    .position(|x| key(&x.request) == wanted)
+                    .position(|x| answers(&x.request, &wanted))
             };
             if let Some(i) = found {
                 return Ok(c.interactions.remove(i).response);
@@ -595,6 +609,7 @@ mod tests {
             url: url.into(),
             headers: vec![],
             body: TapedBody::of(body.as_bytes()),
+            any_body: false,
         }
     }
 

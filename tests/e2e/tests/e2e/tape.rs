@@ -258,3 +258,80 @@ async fn a_cassette_that_would_hold_a_secret_is_refused_naming_the_slot() {
     );
     assert!(!cassette.exists(), "nothing is written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_test_suite_reports_each_case_and_fails_on_a_failed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = sim_cloud().await;
+    let host = cloud.addr().to_string();
+    let cassette = dir.path().join("lifecycle.yaml");
+    let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
+    let (ok, _, err) =
+        tokio::task::block_in_place(|| record_sim("sim_provider", &cloud, &cassette, &config));
+    assert!(ok, "{err}");
+    cloud.shutdown().await;
+    std::fs::copy(component("sim_provider"), dir.path().join("plugin.wasm")).unwrap();
+    let suite = |cases: &str| {
+        format!(
+            "apiVersion: capstan.dev/v1alpha1\nkind: PluginTest\nplugin: plugin.wasm\nallowHosts: [\"{host}\"]\ncases:\n{cases}"
+        )
+    };
+    let passing = format!(
+        r#"  - name: the recorded lifecycle
+    cassette: lifecycle.yaml
+    expect:
+      - {{call: create, result: {{providerID: "sim://i-000001"}}, requests: 1}}
+      - {{call: get, requests: 1}}
+      - {{call: delete}}
+  - name: throttling is transient with its retry-after
+    call: create
+    config: {{endpoint: "http://{host}"}}
+    stubs:
+      - request: {{method: POST, url: "http://{host}/v1/instances", anyBody: true}}
+        response: {{status: 429, headers: [[retry-after, "3"]], body: '{{"code":"Throttling","message":"slow down"}}'}}
+    expect:
+      - {{error: transient, retryAfterMs: 3000, requests: 1}}
+"#
+    );
+    let path = dir.path().join("suite.yaml");
+    std::fs::write(&path, suite(&passing)).unwrap();
+    let (ok, out, err) = capstan(&["plugin", "test", path.to_str().unwrap()], &[]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("PASS  the recorded lifecycle") && out.contains("2 cases: 2 passed, 0 failed"),
+        "{out}"
+    );
+
+    let failing = format!(
+        r#"{passing}  - name: a denied create is not transient
+    call: create
+    config: {{endpoint: "http://{host}"}}
+    stubs:
+      - request: {{method: POST, url: "http://{host}/v1/instances", anyBody: true}}
+        response: {{status: 403, body: '{{"code":"Denied","message":"no"}}'}}
+      - request: {{method: GET, url: "http://{host}/v1/never"}}
+        response: {{status: 200}}
+    expect:
+      - {{error: transient}}
+"#
+    );
+    std::fs::write(&path, suite(&failing)).unwrap();
+    let (ok, out, _) = capstan(
+        &["plugin", "test", path.to_str().unwrap(), "-o", "junit"],
+        &[],
+    );
+    assert!(!ok, "a failed case exits non-zero");
+    assert!(
+        out.contains(r#"<testsuite name="suite" tests="3" failures="1""#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"<testcase name="the recorded lifecycle" classname="suite""#),
+        "{out}"
+    );
+    assert!(
+        out.contains("expected a transient error, got unauthorized")
+            && out.contains("/v1/never #empty was never asked for"),
+        "{out}"
+    );
+}
