@@ -40,6 +40,10 @@ struct Inspection {
     /// The most host memory one call may hold with the default limits
     /// (`spec.quota.hostBytes` must hold `concurrentCalls` of these).
     host_bytes_per_call: u64,
+    /// What one call's instance holds.
+    core_instances_per_call: usize,
+    memories_per_call: usize,
+    tables_per_call: usize,
 }
 
 /// Run the command.
@@ -73,6 +77,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         imports: plugin.imports(),
         exports: plugin.exports(),
         host_bytes_per_call: Limits::default().host_bytes_per_call(),
+        core_instances_per_call: plugin.footprint().core_instances,
+        memories_per_call: plugin.footprint().memories,
+        tables_per_call: plugin.footprint().tables,
         manifest,
     };
     match args.output {
@@ -106,6 +113,10 @@ fn render(i: &Inspection) -> String {
         "Host bytes per call: {} ({:.1} MiB with the default limits; spec.quota.hostBytes must hold concurrentCalls of these)\n",
         i.host_bytes_per_call,
         i.host_bytes_per_call as f64 / (1024.0 * 1024.0),
+    ));
+    out.push_str(&format!(
+        "Per call:   {} core instances, {} memories, {} tables\n",
+        i.core_instances_per_call, i.memories_per_call, i.tables_per_call
     ));
     out.push_str("Exports:\n");
     for e in &i.exports {

@@ -74,10 +74,16 @@ impl From<RuntimeError> for ProviderError {
             None if matches!(error, RuntimeError::Unsupported { .. }) => {
                 ProviderError::Terminal(bound(&error.to_string()))
             }
-            None if matches!(error, RuntimeError::QuotaExceeded { .. }) => ProviderError::Quota {
-                retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
-                message: bound(&error.to_string()),
-            },
+            None if matches!(
+                error,
+                RuntimeError::QuotaExceeded { .. } | RuntimeError::HostCapacity { .. }
+            ) =>
+            {
+                ProviderError::Quota {
+                    retry_after: error.retry_after().unwrap_or(Duration::from_secs(1)),
+                    message: bound(&error.to_string()),
+                }
+            }
             // The host stopped it (this replica no longer leads): whoever
             // leads now retries; nothing here is the plugin's doing.
             None if matches!(error, RuntimeError::Fenced { .. }) => ProviderError::Transient {

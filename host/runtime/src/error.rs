@@ -143,6 +143,18 @@ pub enum Error {
         size: u32,
         retry_after: Duration,
     },
+    /// The host had no instance slot for the call right now (its pool of
+    /// core instances, memories or tables was full): the host's capacity,
+    /// never the plugin's fault; try again after `retry_after`.
+    #[error(
+        "plugin {plugin} {call} was held back: the host has no room for another instance now ({detail}); retry after {} ms", retry_after.as_millis()
+    )]
+    HostCapacity {
+        plugin: String,
+        call: &'static str,
+        detail: String,
+        retry_after: Duration,
+    },
     /// Under replay ([`crate::tape`]), the call asked for something the
     /// cassette does not hold: a request with no recorded answer, or a call
     /// the recording did not make. A test failure, not the plugin's fault.
@@ -174,7 +186,9 @@ impl Error {
     /// When a call refused by the host (a quota) may be tried again.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Error::QuotaExceeded { retry_after, .. } => Some(*retry_after),
+            Error::QuotaExceeded { retry_after, .. } | Error::HostCapacity { retry_after, .. } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }

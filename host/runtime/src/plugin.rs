@@ -455,6 +455,14 @@ impl Plugin {
                 limit_bytes: self.inner.limits.hostcall_bytes(),
             };
         }
+        if let Some(detail) = pool_exhausted(err) {
+            return Error::HostCapacity {
+                plugin: self.name().into(),
+                call,
+                detail,
+                retry_after: std::time::Duration::from_secs(1),
+            };
+        }
         if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
             return Error::DeadlineExceeded {
                 plugin: self.name().into(),
@@ -516,4 +524,31 @@ fn hostcall_fuel_exhausted(err: &wasmtime::Error) -> bool {
         e.to_string()
             .contains("fuel allocated for hostcalls has been exhausted")
     })
+}
+
+/// wasmtime's pooling allocator refusing an instance (`maximum concurrent
+/// limit of N for core instances reached`), if that is what failed. The
+/// pool holds every call slot at its most (see `Runtime::new`) and loading
+/// refuses components over that, so this is a safety net: if it ever
+/// happens it is the host's capacity, retried, never the plugin's crash.
+fn pool_exhausted(err: &wasmtime::Error) -> Option<String> {
+    err.chain()
+        .map(|e| e.to_string())
+        .find(|m| m.contains("maximum concurrent limit of") && m.contains("reached"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_full_pool_is_recognised_and_a_trap_is_not() {
+        let full = wasmtime::Error::msg("maximum concurrent limit of 8 for core instances reached");
+        let full = full.context("instantiating the plugin");
+        assert!(
+            super::pool_exhausted(&full)
+                .unwrap()
+                .contains("core instances")
+        );
+        let trap = wasmtime::Error::msg("wasm trap: wasm `unreachable` instruction executed");
+        assert_eq!(super::pool_exhausted(&trap), None);
+    }
 }

@@ -325,7 +325,9 @@ async fn converge(
         // The host held the call back (the Plugin's quota): waiting, not
         // failed, and not the plugin's fault.
         RenderError::Plugin {
-            error: error @ capstan_runtime::Error::QuotaExceeded { .. },
+            error:
+                error @ (capstan_runtime::Error::QuotaExceeded { .. }
+                | capstan_runtime::Error::HostCapacity { .. }),
             ..
         } => Failure {
             waiting: true,
