@@ -2,7 +2,7 @@
 //! offline. Each case replays a recorded cassette (every call it holds) or
 //! answers one call from inline stubs, and checks what each call gave: a
 //! result (a subset of its JSON), an error class, a retry-after, how many
-//! requests it made. Interactions nothing asked for fail the case. Output
+//! requests it made, what it logged. Interactions nothing asked for fail the case. Output
 //! as text, JSON or JUnit XML; the exit code is non-zero if a case failed.
 //!
 //! ```yaml
@@ -104,6 +104,10 @@ struct Expect {
     /// Requests the call made.
     #[serde(default)]
     requests: Option<usize>,
+    /// Text each of which some log line of the call must contain (structured
+    /// logs read `LEVEL message k="v"`, captured output `stdout: …`).
+    #[serde(default)]
+    logs: Vec<String>,
 }
 
 /// One case's verdict.
@@ -201,6 +205,18 @@ fn check(outcome: &Outcome, expect: &Expect, requests: usize) -> Vec<String> {
             "{call}: expected {want} requests, it made {requests}"
         ));
     }
+    for want in &expect.logs {
+        if !outcome.logs.iter().any(|line| line.contains(want.as_str())) {
+            failures.push(format!(
+                "{call}: no log line contains {want:?} (it logged: {})",
+                if outcome.logs.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    outcome.logs.join(" | ")
+                }
+            ));
+        }
+    }
     failures
 }
 
@@ -271,11 +287,24 @@ async fn run_case(
         .map(|c| c.interactions.len())
         .collect();
     let tape = Tape::replay(cassette, strict_order);
-    let provider = match plugin.with_tape(Some(tape.clone())).provider() {
+    let logs = crate::tape::LogBuffer::default();
+    let sink = {
+        let logs = logs.clone();
+        std::sync::Arc::new(move |_call: &'static str, line: &str| {
+            logs.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(line.to_string());
+        })
+    };
+    let provider = match plugin
+        .with_tape(Some(tape.clone()))
+        .with_log_sink(Some(sink))
+        .provider()
+    {
         Ok(p) => p,
         Err(e) => return vec![e.to_string()],
     };
-    let outcomes = match run_calls(&provider, &calls, machine(&name, &config)).await {
+    let outcomes = match run_calls(&provider, &calls, machine(&name, &config), Some(&logs)).await {
         Ok(o) => o,
         Err(e) => return vec![format!("{e:#}")],
     };

@@ -86,11 +86,16 @@ pub(crate) fn machine(name: &str, config: &str) -> Machine {
     }
 }
 
+/// Where a plugin's log lines are gathered while a session runs.
+pub(crate) type LogBuffer = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
 /// What one call of a session gave.
 #[derive(Debug)]
 pub(crate) struct Outcome {
     pub(crate) call: String,
     pub(crate) result: Result<serde_json::Value, capstan_runtime::Error>,
+    /// The call's log lines, when a log buffer was given.
+    pub(crate) logs: Vec<String>,
 }
 
 impl Outcome {
@@ -111,6 +116,7 @@ pub(crate) async fn run_calls(
     provider: &capstan_runtime::ProviderPlugin,
     calls: &[String],
     mut m: Machine,
+    logs: Option<&LogBuffer>,
 ) -> anyhow::Result<Vec<Outcome>> {
     let mut out = Vec::new();
     for call in calls {
@@ -136,9 +142,13 @@ pub(crate) async fn run_calls(
                 CALLS.join(", ")
             ),
         };
+        let logs = logs
+            .map(|b| std::mem::take(&mut *b.lock().unwrap_or_else(|p| p.into_inner())))
+            .unwrap_or_default();
         out.push(Outcome {
             call: call.clone(),
             result,
+            logs,
         });
     }
     Ok(out)
@@ -151,7 +161,7 @@ async fn session(
     calls: &[String],
     m: Machine,
 ) -> anyhow::Result<()> {
-    for outcome in run_calls(provider, calls, m).await? {
+    for outcome in run_calls(provider, calls, m, None).await? {
         match outcome.line() {
             Some(line) => println!("{line}"),
             None => {

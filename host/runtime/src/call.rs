@@ -15,6 +15,8 @@ pub(crate) struct CallState {
     pub(crate) stderr: Capture,
     pub(crate) log_left: usize,
     pub(crate) log_overflowed: bool,
+    /// Told every log line of the call too, if set ([`crate::Plugin::with_log_sink`]).
+    pub(crate) log_sink: Option<crate::LogSink>,
     pub(crate) plugin: Arc<str>,
     pub(crate) call: &'static str,
     /// How long instantiation took (set by the world handle).
@@ -26,6 +28,9 @@ impl CallState {
     pub(crate) fn emit_stdio(&self) {
         for (stream, capture) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
             for line in capture.text().lines().filter(|l| !l.trim().is_empty()) {
+                if let Some(sink) = &self.log_sink {
+                    sink(self.call, &format!("{stream}: {line}"));
+                }
                 tracing::info!(target: "capstan::plugin", plugin = %self.plugin, call = self.call, stream, "{line}");
             }
         }
@@ -68,6 +73,19 @@ impl wit_log::Host for CallState {
         let plugin = &*self.plugin;
         let call = self.call;
         let fields = LogFields(&fields);
+        if let Some(sink) = &self.log_sink {
+            let level = match level {
+                wit_log::Level::Trace => "TRACE",
+                wit_log::Level::Debug => "DEBUG",
+                wit_log::Level::Info => "INFO",
+                wit_log::Level::Warn => "WARN",
+                wit_log::Level::Error => "ERROR",
+            };
+            sink(
+                call,
+                &format!("{level} {message} {fields}").trim_end().to_string(),
+            );
+        }
         match level {
             wit_log::Level::Trace => {
                 tracing::trace!(target: "capstan::plugin", plugin, call, %fields, "{message}")

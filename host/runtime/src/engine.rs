@@ -376,6 +376,7 @@ impl Runtime {
                 quota: None,
                 footprint,
                 tape: None,
+                log_sink: None,
             }),
         })
     }

@@ -194,6 +194,10 @@ pub use engine::{
     LoadPath, Runtime, RuntimeConfig, default_call_threads, digest, over_call_maxima,
 };
 pub use plugin::Plugin;
+
+/// Told each log line of a plugin's calls, with the call's name
+/// ([`Plugin::with_log_sink`]).
+pub type LogSink = Arc<dyn Fn(&'static str, &str) + Send + Sync>;
 use plugin::PluginInner;
 pub use worlds::{AddonPlugin, BootstrapPlugin, ProviderPlugin, UpdaterPlugin};
 

@@ -31,6 +31,8 @@ pub(crate) struct PluginInner {
     pub(crate) footprint: capstan_manifest::Footprint,
     /// The cassette its calls are recorded to or replayed from, if any.
     pub(crate) tape: Option<crate::tape::Tape>,
+    /// Told its calls' log lines, if set.
+    pub(crate) log_sink: Option<crate::LogSink>,
 }
 
 impl std::fmt::Debug for PluginInner {
@@ -91,6 +93,18 @@ impl Plugin {
     pub fn with_tape(&self, tape: Option<crate::tape::Tape>) -> Plugin {
         let mut inner = (*self.inner).clone();
         inner.tape = tape;
+        Plugin {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// This plugin with every log line of its calls (structured logs as
+    /// `LEVEL message k="v"`, captured output as `stdout: …`) also told to
+    /// `sink` with the call's name: what a test asserts on. Cheap, as
+    /// [`Self::with_quota`].
+    pub fn with_log_sink(&self, sink: Option<crate::LogSink>) -> Plugin {
+        let mut inner = (*self.inner).clone();
+        inner.log_sink = sink;
         Plugin {
             inner: Arc::new(inner),
         }
@@ -230,6 +244,7 @@ impl Plugin {
             stderr,
             log_left: limits.log_bytes,
             log_overflowed: false,
+            log_sink: inner.log_sink.clone(),
             plugin: inner.name.clone(),
             call,
             instantiate: std::time::Duration::ZERO,

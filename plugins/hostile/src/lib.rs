@@ -168,6 +168,7 @@ impl Provider for Hostile {
                         &body,
                     ))
                     .map_err(|e| PluginError::transient(e.to_string(), 1_000))?;
+                capstan_sdk::log::info("entropy sent", &[("status", &resp.status.to_string())]);
                 let mut status = MachineStatus::new("hostile://entropy", InstanceState::Running);
                 status.message = Some(resp.text());
                 return Ok(status);

@@ -41,7 +41,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
-    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--no-native] [--sharded-only] [--kube-api-qps Q/B] [--delete-propagation background|foreground] [--svg PATH]
+    "usage: capstan-bench-scale [--machines N[,N...]] [--idle-seconds S] [--boot-latency-ms MS] [--heartbeat-interval-ms MS] [--shards K] [--python] [--no-native] [--sharded-only] [--kube-api-qps Q/B] [--delete-propagation background|foreground] [--svg PATH]
   --machines N[,N...]       machines to scale to (default 1000); several sizes run one after another
   --kube-api-qps Q/B        also run the Wasm variant with the controller limited to Q requests per second
                             and bursts of B (its --kube-api-qps and --kube-api-burst; default: not run)
@@ -49,6 +49,8 @@ const USAGE: &str =
                             discovery and TLS bootstrapping, each Node with its own client certificate
   --shards K                also run the Wasm variant as K controllers with --watch-filter, each owning a labelled
                             deployment with its share of the machines (default 1: not run)
+  --python                  also run the sim provider written in Python (sim_provider_py.wasm, built by
+                            scripts/build-polyglot-plugins.sh) beside the Rust one
   --no-native               skip the native variant (for large sharded runs); its figures and ratios are not printed
   --sharded-only            run only the --shards K variant (K at least 2), without ratios to the other runs
   --delete-propagation P    how the deployments are deleted at the end: background (default, as kubectl
@@ -57,6 +59,9 @@ const USAGE: &str =
   --idle-seconds S          idle period after convergence in which writes and CPU are counted (default 60)
   --boot-latency-ms MS      simulated instance boot time (default 1000)
   --heartbeat-interval-ms MS  the simulated kubelet renews each Node's Lease this often (default 0: off)";
+
+/// The Plugin of `--python` runs: the sim provider in Python.
+const PYTHON_PLUGIN: &str = "sim-py";
 
 /// The kubeadm bootstrap Plugin of `--bootstrap` runs.
 const BOOTSTRAP_PLUGIN: &str = "kubeadm-bootstrap";
@@ -74,6 +79,7 @@ struct Args {
     bootstrap: bool,
     native: bool,
     sharded_only: bool,
+    python: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -89,6 +95,7 @@ fn parse_args() -> anyhow::Result<Args> {
         bootstrap: false,
         native: true,
         sharded_only: false,
+        python: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -141,6 +148,7 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "--bootstrap" => args.bootstrap = true,
             "--no-native" => args.native = false,
+            "--python" => args.python = true,
             "--sharded-only" => args.sharded_only = true,
             "--svg" => args.svg = Some(it.next().context("--svg needs a path")?.into()),
             "--idle-seconds" => args.idle = Duration::from_secs(value("--idle-seconds")?),
@@ -671,6 +679,11 @@ async fn main() -> anyhow::Result<()> {
             &capstan_e2e::install::machine_bootstrappers_docs(),
         );
     }
+    if args.python {
+        env.create_plugin(PYTHON_PLUGIN, &capstan_e2e::plugin("sim_provider_py"))
+            .await
+            .map_err(anyhow::Error::msg)?;
+    }
     let mut points = vec![];
     for &machines in &args.machines {
         let wasm_plugin = ("wasm", SIM_PLUGIN);
@@ -692,6 +705,11 @@ async fn main() -> anyhow::Result<()> {
             None
         };
         print_figures(&args, machines, &wasm, native.as_ref());
+        if args.python {
+            let variant = ("python", PYTHON_PLUGIN);
+            let python = run_variant(&env, &args, machines, variant, 1, None, false).await?;
+            print_beside("python", Some(&wasm), &python);
+        }
         if args.bootstrap {
             let joined = run_variant(&env, &args, machines, wasm_plugin, 1, None, true).await?;
             print_beside("wasm_bootstrap", Some(&wasm), &joined);

@@ -334,4 +334,35 @@ async fn a_plugin_test_suite_reports_each_case_and_fails_on_a_failed_one() {
             && out.contains("/v1/never #empty was never asked for"),
         "{out}"
     );
+    // What a call logged is checked too.
+    std::fs::copy(component("hostile_plugin"), dir.path().join("hostile.wasm")).unwrap();
+    let logs = |want: &str| {
+        format!(
+            r#"apiVersion: capstan.dev/v1alpha1
+kind: PluginTest
+plugin: hostile.wasm
+allowHosts: ["{host}"]
+cases:
+  - name: entropy logs what it got
+    call: create
+    config: {{attack: entropy, endpoint: "http://{host}"}}
+    stubs:
+      - request: {{method: POST, url: "http://{host}/v1/instances", anyBody: true}}
+        response: {{status: 201, body: '{{"id":"i-1"}}'}}
+    expect:
+      - {{result: {{providerID: "hostile://entropy"}}, logs: ["{want}"]}}
+"#
+        )
+    };
+    std::fs::write(&path, logs(r#"INFO entropy sent status=\"201\""#)).unwrap();
+    let (ok, out, err) = capstan(&["plugin", "test", path.to_str().unwrap()], &[]);
+    assert!(ok, "{out}{err}");
+    std::fs::write(&path, logs("WARN nothing like this")).unwrap();
+    let (ok, out, _) = capstan(&["plugin", "test", path.to_str().unwrap()], &[]);
+    assert!(
+        !ok && out.contains(
+            r#"no log line contains "WARN nothing like this" (it logged: INFO entropy sent"#
+        ),
+        "{out}"
+    );
 }
