@@ -81,10 +81,7 @@ impl wit_log::Host for CallState {
                 wit_log::Level::Warn => "WARN",
                 wit_log::Level::Error => "ERROR",
             };
-            sink(
-                call,
-                &format!("{level} {message} {fields}").trim_end().to_string(),
-            );
+            sink(call, format!("{level} {message} {fields}").trim_end());
         }
         match level {
             wit_log::Level::Trace => {
