@@ -5,33 +5,23 @@ cloud by `capstan plugin conformance` and the e2e tests."""
 
 import unittest
 
-from componentize_py_types import Err
-
 import app
-from capstan_plugin.errors import describe
-
-
-def error_of(fn) -> str:
-    try:
-        fn()
-    except Err as e:
-        return describe(e)
-    raise AssertionError("expected a contract error")
+from capstan_plugin.testing import contract_error
 
 
 class ProviderTest(unittest.TestCase):
     def test_config_errors_name_the_field(self):
         p = app.Provider()
         p.validate('{"endpoint": "http://127.0.0.1:1", "instanceType": "small"}')
-        self.assertIn("endpoint: `127.0.0.1:1` must be", error_of(lambda: p.validate('{"endpoint": "127.0.0.1:1"}')))
-        self.assertIn("instanceType: `huge` is not one of", error_of(lambda: p.validate('{"endpoint": "http://x", "instanceType": "huge"}')))
-        self.assertIn("tags: `capstan.dev/x` is reserved", error_of(lambda: p.validate('{"endpoint": "http://x", "tags": {"capstan.dev/x": "y"}}')))
-        self.assertIn("unknown field", error_of(lambda: p.validate('{"endpoint": "http://x", "zone": "a"}')))
+        self.assertIn("endpoint: `127.0.0.1:1` must be", contract_error(lambda: p.validate('{"endpoint": "127.0.0.1:1"}')))
+        self.assertIn("instanceType: `huge` is not one of", contract_error(lambda: p.validate('{"endpoint": "http://x", "instanceType": "huge"}')))
+        self.assertIn("tags: `capstan.dev/x` is reserved", contract_error(lambda: p.validate('{"endpoint": "http://x", "tags": {"capstan.dev/x": "y"}}')))
+        self.assertIn("unknown field", contract_error(lambda: p.validate('{"endpoint": "http://x", "zone": "a"}')))
 
     def test_provider_ids_round_trip_and_foreign_ones_are_refused(self):
         self.assertEqual(app.instance_id("sim://i-000001"), "i-000001")
         for bad in ("aws:///us-east-1/i-1", "sim://", "sim://../admin"):
-            self.assertTrue(error_of(lambda: app.instance_id(bad)).startswith("Terminal"), bad)
+            self.assertTrue(contract_error(lambda: app.instance_id(bad)).startswith("Terminal"), bad)
 
     def test_an_instance_maps_to_a_machine_status(self):
         s = app.status({"id": "i-7", "state": "running", "privateIp": "10.0.0.7", "version": "v1.30.0",

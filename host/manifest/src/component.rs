@@ -342,7 +342,8 @@ fn read_leb(bytes: &[u8]) -> Result<(usize, usize), ManifestError> {
     Err(not_a_component("a section size is unreadable"))
 }
 
-fn write_leb(out: &mut Vec<u8>, mut value: usize) {
+/// Append `value` as unsigned LEB128 (section sizes, name lengths).
+pub fn write_leb(out: &mut Vec<u8>, mut value: usize) {
     loop {
         let byte = (value & 0x7f) as u8;
         value >>= 7;

@@ -161,13 +161,7 @@ impl Provider for Hostile {
                     "clientToken": hex_of(&random),
                     "name": format!("t{}-{}", now.seconds, now.nanoseconds),
                 });
-                let resp = http
-                    .send(&Request::json(
-                        Method::Post,
-                        format!("{}/v1/instances", endpoint(config)?),
-                        &body,
-                    ))
-                    .map_err(|e| PluginError::transient(e.to_string(), 1_000))?;
+                let resp = post_instance(&http, config, &body)?;
                 capstan_sdk::log::info("entropy sent", &[("status", &resp.status.to_string())]);
                 let mut status = MachineStatus::new("hostile://entropy", InstanceState::Running);
                 status.message = Some(resp.text());
@@ -194,13 +188,7 @@ impl Provider for Hostile {
                     wasip2::random::random::get_random_u64()
                 );
                 let body = serde_json::json!({ "clientToken": token, "name": machine.name });
-                let resp = http
-                    .send(&Request::json(
-                        Method::Post,
-                        format!("{}/v1/instances", endpoint(config)?),
-                        &body,
-                    ))
-                    .map_err(|e| PluginError::transient(e.to_string(), 1_000))?;
+                let resp = post_instance(&http, config, &body)?;
                 let instance: Instance = resp
                     .json()
                     .map_err(|e| PluginError::transient(e.to_string(), 1_000))?;
@@ -432,4 +420,18 @@ capstan_sdk::export_provider!(Hostile, manifest: "capstan-plugin.json");
 
 fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// POST `body` to the cloud's `/v1/instances` at `endpoint`.
+fn post_instance(
+    http: &WasiHttp,
+    config: &Config,
+    body: &serde_json::Value,
+) -> Result<capstan_sdk::http::Response, PluginError> {
+    http.send(&Request::json(
+        Method::Post,
+        format!("{}/v1/instances", endpoint(config)?),
+        body,
+    ))
+    .map_err(|e| PluginError::transient(e.to_string(), 1_000))
 }

@@ -6,8 +6,6 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Optional
 
-from componentize_py_types import Err
-
 from capstan_plugin import (
     ConfigProvider,
     HttpError,
@@ -21,6 +19,7 @@ from capstan_plugin import (
     transient,
 )
 from capstan_plugin.errors import describe
+from capstan_plugin.testing import contract_error
 from capstan_plugin.http import wire_headers
 
 
@@ -37,14 +36,6 @@ class Config:
     tags: dict[str, str] = field(default_factory=dict)
     zones: list[str] = field(default_factory=list)
     limits: Optional[Limits] = None
-
-
-def error_of(fn) -> str:
-    try:
-        fn()
-    except Err as e:
-        return describe(e)
-    raise AssertionError("expected a contract error")
 
 
 class ConfigTest(unittest.TestCase):
@@ -65,8 +56,8 @@ class ConfigTest(unittest.TestCase):
             "[]": "config: expected an object, got an array",
         }
         for text, message in cases.items():
-            self.assertEqual(error_of(lambda: parse_config(text, Config)), f"InvalidConfig: config is invalid: {message}")
-        self.assertIn("is not valid JSON", error_of(lambda: parse_config("{", Config)))
+            self.assertEqual(contract_error(lambda: parse_config(text, Config)), f"InvalidConfig: config is invalid: {message}")
+        self.assertIn("is not valid JSON", contract_error(lambda: parse_config("{", Config)))
 
 
 class HttpTest(unittest.TestCase):
@@ -119,7 +110,7 @@ class ProviderTest(unittest.TestCase):
         P().validate('{"size": 2}')
         self.assertEqual(ran, [Small(2)])
         self.assertEqual(
-            error_of(lambda: P().validate('{"size": "big"}')),
+            contract_error(lambda: P().validate('{"size": "big"}')),
             "InvalidConfig: provider config is invalid: size: expected an integer, got a string",
         )
         self.assertEqual(len(ran), 1)

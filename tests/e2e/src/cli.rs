@@ -85,27 +85,16 @@ pub fn publisher_policy(prefix: &str, public: &Path) -> capstan_registry::policy
 /// The component with an extra custom section of `size` bytes appended:
 /// the same plugin (same manifest), a different digest.
 pub fn padded(component: &[u8], name: &str, size: usize) -> Vec<u8> {
+    use capstan_manifest::component::write_leb;
     let mut payload = Vec::new();
-    leb128(&mut payload, name.len() as u64);
+    write_leb(&mut payload, name.len());
     payload.extend_from_slice(name.as_bytes());
     payload.resize(payload.len() + size, 0x5a);
     let mut out = component.to_vec();
     out.push(0);
-    leb128(&mut out, payload.len() as u64);
+    write_leb(&mut out, payload.len());
     out.extend_from_slice(&payload);
     out
-}
-
-fn leb128(out: &mut Vec<u8>, mut value: u64) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
 }
 
 /// The component with its embedded plugin manifest replaced by `json`, as

@@ -240,27 +240,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.call_threads
     );
 
-    // The cloud gets a thread and executor of its own: a real cloud shares
-    // no executor with its caller, and its tasks would otherwise wake on
-    // the same workers as the paths measured.
-    let cloud_executor = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("sim-cloud")
-        .enable_all()
-        .build()?;
-    let cloud = cloud_executor
-        .spawn(SimCloud::start(SimCloudConfig {
-            token: Some(TOKEN.into()),
-            ..Default::default()
-        }))
-        .await??;
-    let mut grants = Grants {
-        http: vec![cloud.url().parse()?],
-        ..Default::default()
-    };
-    grants
-        .credentials
-        .insert("sim-cloud".into(), Credential::Bearer(TOKEN.into()));
+    let (cloud_executor, cloud, grants) = start_cloud().await?;
 
     // Compile vs cached load.
     let mut compiles = Vec::new();
@@ -466,10 +446,10 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--languages`: every figure of `capstan_bench::languages` for the Rust,
-/// Python and JavaScript plugins, then their ratios to Rust.
-async fn languages(calls: usize) -> anyhow::Result<ExitCode> {
-    use capstan_bench::languages::{Job, measure, ratios};
+/// The simulated cloud on a thread and executor of its own (a real cloud
+/// shares no executor with its caller, and its tasks would otherwise wake
+/// on the same workers as the paths measured), and grants to reach it.
+async fn start_cloud() -> anyhow::Result<(tokio::runtime::Runtime, SimCloud, Grants)> {
     let cloud_executor = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("sim-cloud")
@@ -488,6 +468,14 @@ async fn languages(calls: usize) -> anyhow::Result<ExitCode> {
     grants
         .credentials
         .insert("sim-cloud".into(), Credential::Bearer(TOKEN.into()));
+    Ok((cloud_executor, cloud, grants))
+}
+
+/// `--languages`: every figure of `capstan_bench::languages` for the Rust,
+/// Python and JavaScript plugins, then their ratios to Rust.
+async fn languages(calls: usize) -> anyhow::Result<ExitCode> {
+    use capstan_bench::languages::{Job, measure, ratios};
+    let (cloud_executor, cloud, grants) = start_cloud().await?;
     println!("# capstan-bench-plugin --languages: {calls} calls per figure, medians");
     let mut figures = Vec::new();
     for (label, stem, job) in [

@@ -23,7 +23,7 @@ use std::time::Duration;
 const NS: &str = "default";
 const LONG: Duration = Duration::from_secs(90);
 
-fn supply(cache: &Path, policy: TrustPolicy) -> Supply {
+pub(crate) fn supply(cache: &Path, policy: TrustPolicy) -> Supply {
     Supply {
         puller: Puller {
             client: Client::new(ClientOptions::default()).unwrap(),

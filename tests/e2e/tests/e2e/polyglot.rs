@@ -7,23 +7,22 @@
 //! Python provider bringing a MachineDeployment to Ready and the signed
 //! JavaScript addon applying and judged healthy.
 
+use crate::sandbox::{TOKEN, cloud, grants_for, machine};
 use capstan_api::machine_conditions::INSTANCE_PROVISIONED;
 use capstan_api::{Addon, AddonSpec, Machine, MachineDeployment, Plugin, PluginGrants, PluginSpec};
-use capstan_controllers::plugin::Supply;
 use capstan_controllers::{Options, Providers};
 use capstan_e2e::cli::{capstan, fails, key_pair, ok};
 use capstan_e2e::env::{Env, eventually, sample_deployment, sim_plugin_spec};
 use capstan_e2e::registry::{Registry, RegistryOptions};
-use capstan_e2e::sim_cloud::{Faults, SimCloud, SimCloudConfig};
-use capstan_runtime::types::{Machine as WitMachine, PluginError};
-use capstan_runtime::{Credential, Error, Grants, Limits, OutputKind, Runtime, RuntimeConfig};
+use capstan_e2e::sim_cloud::{Faults, SimCloud};
+use capstan_runtime::types::PluginError;
+use capstan_runtime::{Error, Limits, OutputKind, Runtime, RuntimeConfig};
 use kube::api::{Api, PostParams};
 use std::path::PathBuf;
 use std::time::Duration;
 
 const NS: &str = "default";
 const LONG: Duration = Duration::from_secs(120);
-const TOKEN: &str = "polyglot-token-7d1e";
 
 /// A component built by scripts/build-polyglot-plugins.sh.
 fn built(stem: &str) -> PathBuf {
@@ -162,58 +161,15 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_provider_and_the_javascript_addon_pass_conformance() {
-    let cloud = SimCloud::start(SimCloudConfig {
-        token: Some(TOKEN.into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let python = built("sim_provider_py");
-    let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
-    let host = cloud.addr().to_string();
-    let report = tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
-            .args([
-                "plugin",
-                "conformance",
-                python.to_str().unwrap(),
-                "--config",
-                &config,
-                "--allow-host",
-                &host,
-                "--bearer-from-env",
-                "sim-cloud=POLYGLOT_TOKEN",
-            ])
-            .env("POLYGLOT_TOKEN", TOKEN)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    })
-    .await
-    .unwrap();
-    assert!(report.contains("0 failed"), "{report}");
+    let cloud = cloud().await;
+    let report = provider_conformance(built("sim_provider_py"), &cloud).await;
     assert!(report.contains("PASS  create is idempotent"), "{report}");
     // Its POSTs reached the cloud whole (the create body names the machine).
     assert!(cloud.stats().instances_launched >= 1);
 
     let js = built("node_exporter_js");
-    let report = ok(&[
-        "plugin",
-        "conformance",
-        "--world",
-        "addon",
-        js.to_str().unwrap(),
-    ]);
-    assert!(
-        report.contains("0 failed") && report.contains("13 passed"),
-        "{report}"
-    );
+    let report = addon_conformance(&js);
+    assert!(report.contains("13 passed"), "{report}");
     let out = capstan(&[
         "plugin",
         "conformance",
@@ -226,55 +182,74 @@ async fn the_python_provider_and_the_javascript_addon_pass_conformance() {
     assert!(out.status.success());
 }
 
-fn runtime(slots: u32) -> Runtime {
+/// A runtime with 8 call slots.
+fn eight_slots() -> Runtime {
     Runtime::new(RuntimeConfig {
-        max_concurrent_calls: slots,
+        max_concurrent_calls: 8,
         ..Default::default()
     })
     .unwrap()
 }
 
-fn grants(cloud: &SimCloud) -> Grants {
-    let mut g = Grants {
-        http: vec![cloud.url().parse().unwrap()],
-        ..Default::default()
-    };
-    g.credentials
-        .insert("sim-cloud".into(), Credential::Bearer(TOKEN.into()));
-    g
+/// `capstan plugin conformance --world addon PATH`, which must pass.
+fn addon_conformance(path: &std::path::Path) -> String {
+    let report = ok(&[
+        "plugin",
+        "conformance",
+        "--world",
+        "addon",
+        path.to_str().unwrap(),
+    ]);
+    assert!(report.contains("0 failed"), "{report}");
+    report
 }
 
-fn machine(name: &str, config: serde_json::Value) -> WitMachine {
-    WitMachine {
-        name: name.into(),
-        namespace: NS.into(),
-        uid: format!("uid-{name}"),
-        cluster_name: Some("c1".into()),
-        labels: vec![],
-        version: Some("v1.30.0".into()),
-        failure_domain: None,
-        provider_config: config.to_string(),
-        infrastructure_config: None,
-        provider_id: None,
-    }
+/// `capstan plugin conformance PATH` for a sim provider against `cloud`,
+/// the token from the environment, as a user runs it; the report.
+async fn provider_conformance(path: PathBuf, cloud: &SimCloud) -> String {
+    let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
+    let host = cloud.addr().to_string();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
+            .args([
+                "plugin",
+                "conformance",
+                path.to_str().unwrap(),
+                "--config",
+                &config,
+            ])
+            .args([
+                "--allow-host",
+                &host,
+                "--bearer-from-env",
+                "sim-cloud=POLYGLOT_TOKEN",
+            ])
+            .env("POLYGLOT_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{report}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        report
+    })
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
 async fn a_hostile_python_plugin_is_held_by_the_same_limits_as_a_rust_one() {
-    let cloud = SimCloud::start(SimCloudConfig {
-        token: Some(TOKEN.into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let rt = runtime(8);
+    let cloud = cloud().await;
+    let rt = eight_slots();
     let limits = Limits {
         call_timeout: Duration::from_millis(1500),
         memory_bytes: 48 * 1024 * 1024,
         ..Default::default()
     };
     let hostile = rt
-        .load_file(&built("hostile_py"), limits, grants(&cloud))
+        .load_file(&built("hostile_py"), limits, grants_for(&cloud))
         .unwrap()
         .provider()
         .unwrap();
@@ -340,7 +315,11 @@ async fn a_hostile_python_plugin_is_held_by_the_same_limits_as_a_rust_one() {
 
     // The same host still serves a well-behaved Python plugin.
     let sim = rt
-        .load_file(&built("sim_provider_py"), Limits::default(), grants(&cloud))
+        .load_file(
+            &built("sim_provider_py"),
+            Limits::default(),
+            grants_for(&cloud),
+        )
         .unwrap()
         .provider()
         .unwrap();
@@ -356,15 +335,14 @@ async fn a_hostile_python_plugin_is_held_by_the_same_limits_as_a_rust_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_python_calls_queue_for_eight_slots_and_all_complete() {
-    let cloud = SimCloud::start(SimCloudConfig {
-        token: Some(TOKEN.into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let rt = runtime(8);
+    let cloud = cloud().await;
+    let rt = eight_slots();
     let loaded = rt
-        .load_file(&built("sim_provider_py"), Limits::default(), grants(&cloud))
+        .load_file(
+            &built("sim_provider_py"),
+            Limits::default(),
+            grants_for(&cloud),
+        )
         .unwrap();
     // Measured at load: a Python component instantiates 14 core modules
     // per call, which the pool holds for every slot at once.
@@ -451,14 +429,10 @@ async fn signed_python_and_javascript_plugins_from_a_registry_run_machines_and_a
         Options {
             poll: Duration::from_millis(250),
             resync: Duration::from_secs(5),
-            supply: Some(std::sync::Arc::new(Supply {
-                puller: capstan_registry::verify::Puller {
-                    client: capstan_registry::Client::new(Default::default()).unwrap(),
-                    cache: Some(capstan_registry::Cache::open(&dir.join("oci-cache")).unwrap()),
-                    mirrors: Default::default(),
-                },
-                policy: Some(capstan_e2e::cli::publisher_policy(&prefix, &public)),
-            })),
+            supply: Some(std::sync::Arc::new(crate::oci_plugins::supply(
+                &dir.join("oci-cache"),
+                capstan_e2e::cli::publisher_policy(&prefix, &public),
+            ))),
             ..Options::default()
         },
     )
@@ -623,42 +597,9 @@ async fn new_plugins_in_each_language_test_build_and_pass_conformance() {
         .await
         .unwrap();
     }
-    let cloud = SimCloud::start(SimCloudConfig {
-        token: Some(TOKEN.into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
-    let host = cloud.addr().to_string();
-    let wasm = python.join("my_cloud.wasm");
-    let report = {
-        let capstan = capstan.clone();
-        tokio::task::spawn_blocking(move || {
-            let out = std::process::Command::new(capstan)
-                .args([
-                    "plugin",
-                    "conformance",
-                    wasm.to_str().unwrap(),
-                    "--config",
-                    &config,
-                ])
-                .args([
-                    "--allow-host",
-                    &host,
-                    "--bearer-from-env",
-                    "sim-cloud=POLYGLOT_TOKEN",
-                ])
-                .env("POLYGLOT_TOKEN", TOKEN)
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        })
-        .await
-        .unwrap()
-    };
+    let report = provider_conformance(python.join("my_cloud.wasm"), &cloud().await).await;
     assert!(
-        report.contains("Conformance of plugin my-cloud 0.1.0") && report.contains("0 failed"),
+        report.contains("Conformance of plugin my-cloud 0.1.0"),
         "{report}"
     );
 
@@ -680,14 +621,7 @@ async fn new_plugins_in_each_language_test_build_and_pass_conformance() {
         .await
         .unwrap();
     }
-    let report = ok(&[
-        "plugin",
-        "conformance",
-        "--world",
-        "addon",
-        js.join("my_addon_js.wasm").to_str().unwrap(),
-    ]);
-    assert!(report.contains("0 failed"), "{report}");
+    addon_conformance(&js.join("my_addon_js.wasm"));
 
     // Rust addon: cargo builds it for wasm32-wasip2 (the plugins' target
     // directory, so the SDK's dependencies are built already).
@@ -715,15 +649,9 @@ async fn new_plugins_in_each_language_test_build_and_pass_conformance() {
         .unwrap();
     }
     let built = target.join("wasm32-wasip2/release/my_addon_rs.wasm");
-    let report = ok(&[
-        "plugin",
-        "conformance",
-        "--world",
-        "addon",
-        built.to_str().unwrap(),
-    ]);
+    let report = addon_conformance(&built);
     assert!(
-        report.contains("Conformance of plugin my-addon-rs") && report.contains("0 failed"),
+        report.contains("Conformance of plugin my-addon-rs"),
         "{report}"
     );
 

@@ -11,7 +11,7 @@ use capstan_runtime::{
 };
 use std::time::Duration;
 
-const TOKEN: &str = "sim-token-5f2c";
+pub(crate) const TOKEN: &str = "sim-token-5f2c";
 
 fn runtime() -> Runtime {
     Runtime::new(RuntimeConfig {
@@ -21,7 +21,7 @@ fn runtime() -> Runtime {
     .unwrap()
 }
 
-fn grants_for(cloud: &SimCloud) -> Grants {
+pub(crate) fn grants_for(cloud: &SimCloud) -> Grants {
     let mut g = Grants {
         http: vec![cloud.url().parse().unwrap()],
         ..Default::default()
@@ -31,7 +31,7 @@ fn grants_for(cloud: &SimCloud) -> Grants {
     g
 }
 
-async fn cloud() -> SimCloud {
+pub(crate) async fn cloud() -> SimCloud {
     SimCloud::start(SimCloudConfig {
         token: Some(TOKEN.into()),
         ..Default::default()
@@ -40,7 +40,7 @@ async fn cloud() -> SimCloud {
     .unwrap()
 }
 
-fn machine(name: &str, config: serde_json::Value) -> Machine {
+pub(crate) fn machine(name: &str, config: serde_json::Value) -> Machine {
     Machine {
         name: name.into(),
         namespace: "default".into(),

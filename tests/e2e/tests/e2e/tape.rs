@@ -6,13 +6,12 @@
 //! difference; randomness and time replay exactly; a cassette that would
 //! hold a secret is refused.
 
+use crate::sandbox::{TOKEN, cloud};
 use capstan_e2e::moto::{Auth, Moto, REGION};
 use capstan_e2e::plugin_dir;
-use capstan_e2e::sim_cloud::{SimCloud, SimCloudConfig};
+use capstan_e2e::sim_cloud::SimCloud;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const TOKEN: &str = "tape-token-3c9a1f";
 
 fn component(stem: &str) -> PathBuf {
     let path = plugin_dir().join(format!("{stem}.wasm"));
@@ -35,15 +34,6 @@ fn capstan(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-async fn sim_cloud() -> SimCloud {
-    SimCloud::start(SimCloudConfig {
-        token: Some(TOKEN.into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
 }
 
 fn record_sim(
@@ -90,7 +80,7 @@ fn replay(stem: &str, cassette: &Path, host: &str) -> (bool, String, String) {
 async fn the_sim_provider_in_rust_and_python_replays_offline_with_the_same_results() {
     let dir = tempfile::tempdir().unwrap();
     for stem in ["sim_provider", "sim_provider_py"] {
-        let cloud = sim_cloud().await;
+        let cloud = cloud().await;
         let host = cloud.addr().to_string();
         let cassette = dir.path().join(format!("{stem}.yaml"));
         let config =
@@ -204,7 +194,7 @@ fn the_ec2_provider_replays_without_moto_and_its_cassette_holds_no_aws_secret() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomness_and_time_in_a_request_replay_exactly_twenty_times() {
     let dir = tempfile::tempdir().unwrap();
-    let cloud = sim_cloud().await;
+    let cloud = cloud().await;
     let host = cloud.addr().to_string();
     let cassette = dir.path().join("entropy.yaml");
     let config = serde_json::json!({ "attack": "entropy", "endpoint": cloud.url() }).to_string();
@@ -243,7 +233,7 @@ async fn randomness_and_time_in_a_request_replay_exactly_twenty_times() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cassette_that_would_hold_a_secret_is_refused_naming_the_slot() {
     let dir = tempfile::tempdir().unwrap();
-    let cloud = sim_cloud().await;
+    let cloud = cloud().await;
     let cassette = dir.path().join("leak.yaml");
     // The token pasted into the config ends up in the create request body
     // (the instance's tags), base64- or not.
@@ -262,7 +252,7 @@ async fn a_cassette_that_would_hold_a_secret_is_refused_naming_the_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_test_suite_reports_each_case_and_fails_on_a_failed_one() {
     let dir = tempfile::tempdir().unwrap();
-    let cloud = sim_cloud().await;
+    let cloud = cloud().await;
     let host = cloud.addr().to_string();
     let cassette = dir.path().join("lifecycle.yaml");
     let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
