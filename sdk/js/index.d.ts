@@ -38,8 +38,12 @@ export interface AddonSpec {
 }
 export interface VersionInfo { version: string; channels: string[] }
 export interface Health { healthy: boolean; message?: string; details: [string, string][] }
+export function toBase64(bytes: Uint8Array): string;
 export function versionTable(table: [string, string][]): VersionInfo[];
 export function pickVersion(spec: AddonSpec, table: [string, string][]): string;
 export function findObserved(observed: string[], kind: string, name: string): any | undefined;
 export function deploymentHealth(observed: any | undefined, name: string): Health;
 export function daemonsetHealth(observed: any | undefined, name: string): Health;
+
+// @capstan/plugin/http
+export interface HttpAnswer { status: number; headers: Record<string, string>; text: string }

@@ -109,6 +109,22 @@ const SAMPLES: &[Sample] = &[
     },
     Sample {
         lang: Lang::Js,
+        world: WorldArg::Provider,
+        name: "sim-provider-js",
+        manifest: include_str!("../../../plugins/sim-provider-js/capstan-plugin.json"),
+        files: &[
+            (
+                "provider.js",
+                include_str!("../../../plugins/sim-provider-js/provider.js"),
+            ),
+            (
+                "test/provider.test.js",
+                include_str!("../../../plugins/sim-provider-js/test/provider.test.js"),
+            ),
+        ],
+    },
+    Sample {
+        lang: Lang::Js,
         world: WorldArg::Addon,
         name: "node-exporter-js",
         manifest: include_str!("../../../plugins/node-exporter-js/capstan-plugin.json"),
@@ -418,7 +434,7 @@ fn next_steps(lang: Lang, dir: &Path, name: &str) -> String {
             "  cd {dir}\n  ./test.sh                                           # the unit tests (CPython)\n  ./build.sh                                          # {stem}.wasm\n  capstan plugin conformance {stem}.wasm --help"
         ),
         Lang::Js => format!(
-            "  cd {dir}\n  npm install\n  npm test                                            # the unit tests (Node)\n  ./build.sh                                          # {stem}.wasm\n  capstan plugin conformance --world addon {stem}.wasm"
+            "  cd {dir}\n  npm install\n  npm test                                            # the unit tests (Node)\n  ./build.sh                                          # {stem}.wasm\n  capstan plugin conformance {stem}.wasm --help"
         ),
     }
 }

@@ -296,11 +296,7 @@ impl WasiHttpHooks for HttpGate {
                     let mut recording = None;
                     if let Some((tape, (method, url, head))) = taped {
                         let (parts, body) = request.into_parts();
-                        let bytes = body
-                            .collect()
-                            .await
-                            .map_err(|_| HttpError::HttpProtocolError)?
-                            .to_bytes();
+                        let bytes = taped_bytes(body).await?;
                         let sent = crate::tape::TapedRequest {
                             method,
                             url,
@@ -404,11 +400,7 @@ impl WasiHttpHooks for HttpGate {
                         // Recording: the whole answer is read here, kept, and
                         // handed to the plugin as it came.
                         let (parts, body) = response.into_parts();
-                        let bytes = body
-                            .collect()
-                            .await
-                            .map_err(|_| HttpError::HttpProtocolError)?
-                            .to_bytes();
+                        let bytes = taped_bytes(body).await?;
                         drop(slot);
                         tape.push(crate::tape::Interaction {
                             request: sent,
@@ -467,6 +459,23 @@ fn kept_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
         })
         .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_string())))
         .collect()
+}
+
+/// Most bytes of one body a cassette takes in (the request's or the
+/// answer's); a larger one fails the request rather than the host's memory.
+const MAX_TAPED_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// A body read whole for a cassette, bounded.
+async fn taped_bytes<B>(body: B) -> Result<bytes::Bytes, HttpError>
+where
+    B: hyper::body::Body<Data = bytes::Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    http_body_util::Limited::new(body, MAX_TAPED_BODY_BYTES)
+        .collect()
+        .await
+        .map(|collected| collected.to_bytes())
+        .map_err(|_| HttpError::HttpProtocolError)
 }
 
 fn full_body(bytes: bytes::Bytes) -> WasiBody {

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
   PluginError, checkConfig, daemonsetHealth, deploymentHealth, findObserved, invalidConfig,
-  parseConfig, pickVersion, transient, versionTable,
+  parseConfig, pickVersion, toBase64, transient, versionTable,
 } from '../index.js';
 
 const schema = {
@@ -84,4 +84,11 @@ test('a deployment is healthy only when rolled out and available', () => {
   assert.equal(deploymentHealth(d, 'x').healthy, true);
   d.status.availableReplicas = 1;
   assert.deepEqual(deploymentHealth(d, 'x').details[0], ['availableReplicas', '1/2']);
+});
+
+test('base64 matches the standard encoding', () => {
+  for (const text of ['', 'a', 'ab', 'abc', 'hello world', '#cloud-config\nruncmd: []\n']) {
+    const bytes = new TextEncoder().encode(text);
+    assert.equal(toBase64(bytes), Buffer.from(bytes).toString('base64'), text);
+  }
 });

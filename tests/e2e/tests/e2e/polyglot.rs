@@ -160,12 +160,19 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_provider_and_the_javascript_addon_pass_conformance() {
-    let cloud = cloud().await;
-    let report = provider_conformance(built("sim_provider_py"), &cloud).await;
-    assert!(report.contains("PASS  create is idempotent"), "{report}");
-    // Its POSTs reached the cloud whole (the create body names the machine).
-    assert!(cloud.stats().instances_launched >= 1);
+async fn the_python_and_javascript_providers_and_the_javascript_addon_pass_conformance() {
+    // The providers send their requests through wasi:http: Python's SDK
+    // over the bindings, JavaScript's through `fetch`.
+    for stem in ["sim_provider_py", "sim_provider_js"] {
+        let cloud = cloud().await;
+        let report = provider_conformance(built(stem), &cloud).await;
+        assert!(
+            report.contains("PASS  create is idempotent"),
+            "{stem}: {report}"
+        );
+        // Their POSTs reached the cloud whole (the create body names the machine).
+        assert!(cloud.stats().instances_launched >= 1, "{stem}");
+    }
 
     let js = built("node_exporter_js");
     let report = addon_conformance(&js);

@@ -1,6 +1,6 @@
 //! Record and replay at the sandbox's edge, as a plugin author runs them
 //! (`capstan plugin record`, `capstan plugin replay`): the sim provider in
-//! Rust and in Python and the EC2 provider against moto, recorded, then
+//! Rust, Python and JavaScript and the EC2 provider against moto, recorded, then
 //! replayed with the cloud stopped and no credential, giving the same
 //! results; cassettes hold no secret; a changed request misses naming the
 //! difference; randomness and time replay exactly; a cassette that would
@@ -77,9 +77,9 @@ fn replay(stem: &str, cassette: &Path, host: &str) -> (bool, String, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sim_provider_in_rust_and_python_replays_offline_with_the_same_results() {
+async fn the_sim_provider_in_rust_python_and_javascript_replays_offline_with_the_same_results() {
     let dir = tempfile::tempdir().unwrap();
-    for stem in ["sim_provider", "sim_provider_py"] {
+    for stem in ["sim_provider", "sim_provider_py", "sim_provider_js"] {
         let cloud = cloud().await;
         let host = cloud.addr().to_string();
         let cassette = dir.path().join(format!("{stem}.yaml"));
