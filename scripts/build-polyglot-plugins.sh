@@ -30,21 +30,10 @@ rm -rf "$work/python-sdk"
 (cd sdk/js && npm pack --silent --pack-destination "$work/dist" >/dev/null)
 ls "$work/dist"
 
-# The contract world to build a plugin for, from its manifest's role.
-world_of() {
-    local role
-    role="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["world"])' "$1/capstan-plugin.json")"
-    case "$role:$2" in
-        provider:py) echo provider-http-plugin ;;
-        updater:py) echo updater-http-plugin ;;
-        *) echo "$role-plugin" ;;
-    esac
-}
-
 for dir in plugins/*-py; do
     [ -f "$dir/app.py" ] || continue
     stem="$(basename "$dir" | tr - _)"
-    world="$(world_of "$dir" py)"
+    world="$(scripts/plugin-world.sh "$dir" py)"
     echo "==> $dir: componentize-py ($world)"
     "$POLYGLOT/python/bin/componentize-py" -d wit -w "$world" componentize app \
         -p "$dir" -p "$work/python-sdk" -o "$work/$stem.component.wasm" >/dev/null
@@ -56,7 +45,7 @@ for dir in plugins/*-js; do
     [ -f "$dir/package.json" ] || continue
     name="$(basename "$dir")"
     stem="$(echo "$name" | tr - _)"
-    world="$(world_of "$dir" js)"
+    world="$(scripts/plugin-world.sh "$dir" js)"
     entry="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("main","index.js"))' "$dir/package.json")"
     echo "==> $dir: rolldown + componentize-js ($world)"
     build="$work/$name"

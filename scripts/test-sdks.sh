@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python and JavaScript SDKs' own unit tests (part of the README's test
 # command), and the Python and JavaScript sample plugins' own: Python on
-# CPython against the bindings componentize-py generates for the provider
+# CPython against the bindings componentize-py generates for each plugin's
 # world, JavaScript on Node with @capstan/plugin/testing's stand-ins for WIT
 # imports.
 set -euo pipefail
@@ -10,13 +10,24 @@ cd "$(dirname "$0")/.."
 POLYGLOT="${CAPSTAN_POLYGLOT:-$HOME/.cache/capstan/polyglot}"
 bindings="$(mktemp -d)"
 trap 'rm -rf "$bindings"' EXIT
-"$POLYGLOT/python/bin/componentize-py" -d wit -w provider-http-plugin bindings "$bindings" >/dev/null
+# Bindings for each world a Python plugin is built for: a plugin's tests
+# run against its own world's.
+for world in provider-http-plugin updater-http-plugin addon-plugin; do
+    "$POLYGLOT/python/bin/componentize-py" -d wit -w "$world" bindings "$bindings/$world" >/dev/null
+done
+py_tests() { # WORLD DIR [PATTERN]
+    PYTHONPATH="$bindings/$1:sdk/python:$2" PYTHONDONTWRITEBYTECODE=1 \
+        "$POLYGLOT/python/bin/python" -m unittest discover -s "$2" -p "${3:-test_*.py}"
+}
 echo "==> Python SDK unit tests (sdk/python/tests)"
-PYTHONPATH="$bindings:sdk/python" PYTHONDONTWRITEBYTECODE=1 "$POLYGLOT/python/bin/python" -m unittest discover -s sdk/python/tests
+py_tests provider-http-plugin sdk/python/tests test_sdk.py
+py_tests addon-plugin sdk/python/tests test_addon.py
+py_tests updater-http-plugin sdk/python/tests test_updater.py
 for dir in plugins/*-py; do
     [ -n "$(ls "$dir"/test_*.py 2>/dev/null)" ] || continue
-    echo "==> $dir unit tests"
-    PYTHONPATH="$bindings:sdk/python:$dir" PYTHONDONTWRITEBYTECODE=1 "$POLYGLOT/python/bin/python" -m unittest discover -s "$dir"
+    world="$(scripts/plugin-world.sh "$dir" py)"
+    echo "==> $dir unit tests ($world)"
+    py_tests "$world" "$dir"
 done
 echo "==> JavaScript SDK unit tests (sdk/js/test)"
 node --test --test-reporter=spec sdk/js/test/

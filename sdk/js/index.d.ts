@@ -38,6 +38,13 @@ export interface AddonSpec {
 }
 export interface VersionInfo { version: string; channels: string[] }
 export interface Health { healthy: boolean; message?: string; details: [string, string][] }
+export type UpdateProgress =
+  | { tag: 'done' }
+  | { tag: 'in-progress'; val: { retryAfterMs: bigint; percent?: number; message?: string } }
+  | { tag: 'failed'; val: string };
+export function updateDone(): UpdateProgress;
+export function updateInProgress(retryAfterMs?: number, percent?: number, message?: string): UpdateProgress;
+export function updateFailed(message: string): UpdateProgress;
 export function toBase64(bytes: Uint8Array): string;
 export function versionTable(table: [string, string][]): VersionInfo[];
 export function pickVersion(spec: AddonSpec, table: [string, string][]): string;

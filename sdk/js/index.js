@@ -131,6 +131,26 @@ export function toBase64(bytes) {
   return out;
 }
 
+/** An updater's `update` answer: every claimed field is applied. */
+export const updateDone = () => ({ tag: 'done' });
+/**
+ * An updater's `update` answer: still working; the host calls `update` again
+ * after `retryAfterMs` (at least 1). `percent` (0-100) and `message` show in
+ * the Machine's status.
+ */
+export function updateInProgress(retryAfterMs = 1000, percent, message) {
+  return {
+    tag: 'in-progress',
+    val: {
+      retryAfterMs: BigInt(Math.max(1, Math.floor(retryAfterMs))),
+      percent: Number.isFinite(percent) ? Math.min(100, Math.max(0, Math.round(percent))) : undefined,
+      message,
+    },
+  };
+}
+/** An updater's `update` answer: the update failed; the host reports it and never rolls back silently. */
+export const updateFailed = (message) => ({ tag: 'failed', val: message });
+
 /** `[[version, channel], ...]` as the `versions` export returns it. */
 export function versionTable(table) {
   const out = [];

@@ -2,7 +2,8 @@
 //! NAME`: a new plugin project, buildable, with its tests, made from the
 //! repository's sample plugin for that language and world (the samples are
 //! built and tested by the test suite, so a scaffold starts from working
-//! code). Combinations without a sample are refused, naming those there are.
+//! code). Every language has a sample for every world (a unit test keeps
+//! it so).
 
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
@@ -104,6 +105,54 @@ const SAMPLES: &[Sample] = &[
             (
                 "test_app.py",
                 include_str!("../../../plugins/sim-provider-py/test_app.py"),
+            ),
+        ],
+    },
+    Sample {
+        lang: Lang::Python,
+        world: WorldArg::Updater,
+        name: "sim-updater-py",
+        manifest: include_str!("../../../plugins/sim-updater-py/capstan-plugin.json"),
+        files: &[
+            (
+                "app.py",
+                include_str!("../../../plugins/sim-updater-py/app.py"),
+            ),
+            (
+                "test_app.py",
+                include_str!("../../../plugins/sim-updater-py/test_app.py"),
+            ),
+        ],
+    },
+    Sample {
+        lang: Lang::Python,
+        world: WorldArg::Addon,
+        name: "node-exporter-py",
+        manifest: include_str!("../../../plugins/node-exporter-py/capstan-plugin.json"),
+        files: &[
+            (
+                "app.py",
+                include_str!("../../../plugins/node-exporter-py/app.py"),
+            ),
+            (
+                "test_app.py",
+                include_str!("../../../plugins/node-exporter-py/test_app.py"),
+            ),
+        ],
+    },
+    Sample {
+        lang: Lang::Js,
+        world: WorldArg::Updater,
+        name: "sim-updater-js",
+        manifest: include_str!("../../../plugins/sim-updater-js/capstan-plugin.json"),
+        files: &[
+            (
+                "updater.js",
+                include_str!("../../../plugins/sim-updater-js/updater.js"),
+            ),
+            (
+                "test/updater.test.js",
+                include_str!("../../../plugins/sim-updater-js/test/updater.test.js"),
             ),
         ],
     },
@@ -442,6 +491,19 @@ fn next_steps(lang: Lang, dir: &Path, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_language_has_a_sample_for_every_world() {
+        for lang in [Lang::Rust, Lang::Python, Lang::Js] {
+            for world in [WorldArg::Provider, WorldArg::Updater, WorldArg::Addon] {
+                let n = SAMPLES
+                    .iter()
+                    .filter(|s| s.lang == lang && s.world == world)
+                    .count();
+                assert_eq!(n, 1, "{} {}", lang_name(lang), world_name(world));
+            }
+        }
+    }
 
     #[test]
     fn every_sample_gets_the_new_name_and_a_way_to_build() {

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// The provider exports a session may call, in the order given.
-const CALLS: [&str; 5] = ["validate", "create", "get", "delete", "list-instances"];
+pub(crate) const CALLS: [&str; 5] = ["validate", "create", "get", "delete", "list-instances"];
 
 /// Arguments of `capstan plugin record`.
 #[derive(Debug, clap::Args)]

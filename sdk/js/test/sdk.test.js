@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
   PluginError, checkConfig, daemonsetHealth, deploymentHealth, findObserved, invalidConfig,
-  parseConfig, pickVersion, toBase64, transient, versionTable,
+  parseConfig, pickVersion, toBase64, transient, updateDone, updateFailed, updateInProgress, versionTable,
 } from '../index.js';
 
 const schema = {
@@ -91,4 +91,16 @@ test('base64 matches the standard encoding', () => {
     const bytes = new TextEncoder().encode(text);
     assert.equal(toBase64(bytes), Buffer.from(bytes).toString('base64'), text);
   }
+});
+
+test('updater answers have the contract shape, bounds applied', () => {
+  assert.deepEqual(updateDone(), { tag: 'done' });
+  assert.deepEqual(updateInProgress(200, 40.4, 'half way'), {
+    tag: 'in-progress', val: { retryAfterMs: 200n, percent: 40, message: 'half way' },
+  });
+  assert.deepEqual(updateInProgress(0, 140), {
+    tag: 'in-progress', val: { retryAfterMs: 1n, percent: 100, message: undefined },
+  });
+  assert.equal(updateInProgress().val.percent, undefined);
+  assert.deepEqual(updateFailed('no'), { tag: 'failed', val: 'no' });
 });

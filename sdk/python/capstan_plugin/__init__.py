@@ -12,13 +12,16 @@ your module and the bindings of a contract world (`wit/`,
   the usual mapping of HTTP answers to contract errors;
 - `log`: structured logs into the host's logs;
 - `provider.ConfigProvider`: a provider base that parses the configuration
-  before your code runs.
+  before your code runs;
+- `addon`: the version table, the asked version, and Deployment and
+  DaemonSet health for `assess`;
+- `updater`: the answers of `update` (`done`, `in_progress`, `failed`).
 
 Nothing here needs the bindings until it is called, so pure logic is
 testable on CPython.
 """
 
-from . import errors, log
+from . import addon, errors, log, updater
 from .config import ConfigError, camel, check_config, parse_config
 from .errors import invalid_config, not_found, terminal, transient, unauthorized
 from .http import HttpError, Request, Response, api_error, send, split_url, to_plugin_error
@@ -30,6 +33,7 @@ __all__ = [
     "HttpError",
     "Request",
     "Response",
+    "addon",
     "api_error",
     "camel",
     "check_config",
@@ -44,4 +48,5 @@ __all__ = [
     "to_plugin_error",
     "transient",
     "unauthorized",
+    "updater",
 ]

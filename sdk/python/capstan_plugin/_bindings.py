@@ -33,6 +33,9 @@ RESULTS = _first("componentize_py_types")
 HTTP_TYPES = _first("wit_world.imports.wasi_http_types")
 OUTGOING_HANDLER = _first("wit_world.imports.outgoing_handler")
 STREAMS = _first("wit_world.imports.streams")
+# The exported interface's records: only in its own world.
+ADDON = _first("wit_world.exports.addon")
+UPDATER = _first("wit_world.exports.updater")
 
 MISSING = (
     "no componentize-py bindings for {what}: build the plugin for a contract world "
@@ -55,6 +58,16 @@ def types() -> ModuleType:
 def log() -> ModuleType:
     """The contract's `log` interface."""
     return need(LOG, "capstan:plugin/log")
+
+
+def addon() -> ModuleType:
+    """The addon interface's records (AddonSpec, VersionInfo, Health)."""
+    return need(ADDON, "the addon world (addon-plugin)")
+
+
+def updater() -> ModuleType:
+    """The updater interface's records (UpdateProgress_*)."""
+    return need(UPDATER, "an updater world (updater-http-plugin)")
 
 
 def err(value: object) -> Exception:

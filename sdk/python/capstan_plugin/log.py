@@ -4,12 +4,21 @@
 also works (stdout and stderr are captured), but loses the fields.
 """
 
+from typing import Optional
+
 from . import _bindings
+
+#: Where lines go instead of the host while a test captures them
+#: (`capstan_plugin.testing.captured_logs`): (level, message, fields).
+_captured: Optional[list[tuple[str, str, list[tuple[str, str]]]]] = None
 
 
 def _emit(level: str, message: str, fields: dict[str, object]) -> None:
-    wit = _bindings.log()
     pairs = [(str(k), str(v)) for k, v in fields.items()]
+    if _captured is not None:
+        _captured.append((level.lower(), message, pairs))
+        return
+    wit = _bindings.log()
     wit.log(getattr(wit.Level, level), message, pairs)
 
 

@@ -1,10 +1,11 @@
 """Helpers for a plugin's own tests on CPython (see test.sh in a project
 `capstan plugin new` made): run a function and say which contract error it
-raised."""
+raised; capture what the plugin logs, which on CPython has no host to go to."""
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
-from . import _bindings
+from . import _bindings, log
 from .errors import describe
 
 
@@ -17,3 +18,15 @@ def contract_error(fn: Callable[[], Any]) -> str:
     except err as e:
         return describe(e)
     raise AssertionError("expected a contract error, but the call returned")
+
+
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[tuple[str, str, list[tuple[str, str]]]]]:
+    """Within the block, `log.info(...)` and friends append
+    `(level, message, [(key, value), ...])` to the list yielded."""
+    lines: list[tuple[str, str, list[tuple[str, str]]]] = []
+    log._captured = lines
+    try:
+        yield lines
+    finally:
+        log._captured = None

@@ -160,7 +160,7 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_and_javascript_providers_and_the_javascript_addon_pass_conformance() {
+async fn the_python_and_javascript_providers_updaters_and_addons_pass_conformance() {
     // The providers send their requests through wasi:http: Python's SDK
     // over the bindings, JavaScript's through `fetch`.
     for stem in ["sim_provider_py", "sim_provider_js"] {
@@ -174,13 +174,38 @@ async fn the_python_and_javascript_providers_and_the_javascript_addon_pass_confo
         assert!(cloud.stats().instances_launched >= 1, "{stem}");
     }
 
-    let js = built("node_exporter_js");
-    let report = addon_conformance(&js);
-    assert!(report.contains("13 passed"), "{report}");
+    // The updaters change the version of an instance the Rust provider made.
+    for stem in ["sim_updater_py", "sim_updater_js"] {
+        let cloud = cloud().await;
+        let provider = built("sim_provider");
+        let report = conformance(
+            built(stem),
+            &cloud,
+            &[
+                "--world",
+                "updater",
+                "--provider",
+                provider.to_str().unwrap(),
+            ],
+        )
+        .await;
+        assert!(
+            report.contains("PASS  update reaches done with monotonic progress")
+                && report.contains("0 failed"),
+            "{stem}: {report}"
+        );
+        assert!(cloud.stats().updates_started >= 1, "{stem}: {report}");
+    }
+
+    for stem in ["node_exporter_js", "node_exporter_py"] {
+        let addon = built(stem);
+        let report = addon_conformance(&addon);
+        assert!(report.contains("13 passed"), "{stem}: {report}");
+    }
     let out = capstan(&[
         "plugin",
         "conformance",
-        js.to_str().unwrap(),
+        built("node_exporter_py").to_str().unwrap(),
         "--world",
         "addon",
         "-o",
@@ -214,8 +239,15 @@ fn addon_conformance(path: &std::path::Path) -> String {
 /// `capstan plugin conformance PATH` for a sim provider against `cloud`,
 /// the token from the environment, as a user runs it; the report.
 async fn provider_conformance(path: PathBuf, cloud: &SimCloud) -> String {
+    conformance(path, cloud, &[]).await
+}
+
+/// `capstan plugin conformance PATH ARGS…` against `cloud`, as
+/// [`provider_conformance`]; it must pass.
+async fn conformance(path: PathBuf, cloud: &SimCloud, args: &[&str]) -> String {
     let config = serde_json::json!({ "endpoint": cloud.url() }).to_string();
     let host = cloud.addr().to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         let out = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
             .args([
@@ -225,6 +257,7 @@ async fn provider_conformance(path: PathBuf, cloud: &SimCloud) -> String {
                 "--config",
                 &config,
             ])
+            .args(&args)
             .args([
                 "--allow-host",
                 &host,
@@ -655,30 +688,43 @@ async fn new_plugins_in_each_language_test_build_and_pass_conformance() {
         .await
         .unwrap();
     }
-    let built = target.join("wasm32-wasip2/release/my_addon_rs.wasm");
-    let report = addon_conformance(&built);
+    let rust_addon = target.join("wasm32-wasip2/release/my_addon_rs.wasm");
+    let report = addon_conformance(&rust_addon);
     assert!(
         report.contains("Conformance of plugin my-addon-rs"),
         "{report}"
     );
 
-    // Refusals: no sample for the combination; an existing directory.
-    let err = fails(&[
-        "plugin",
-        "new",
-        "--lang",
-        "js",
-        "--world",
-        "updater",
-        "x",
-        "--dir",
-        root.join("x").to_str().unwrap(),
-    ]);
+    // Python updater: its tests run against the updater world's bindings;
+    // built, it changes the version of an instance the Rust provider made.
+    let updater = new("python", "updater", "my-updater");
+    {
+        let (updater, env) = (updater.clone(), env.clone());
+        blocking(Box::new(move || {
+            run_in(&updater, "./test.sh", &[], &env);
+            run_in(&updater, "./build.sh", &[], &env);
+        }))
+        .await
+        .unwrap();
+    }
+    let provider = built("sim_provider");
+    let report = conformance(
+        updater.join("my_updater.wasm"),
+        &cloud().await,
+        &[
+            "--world",
+            "updater",
+            "--provider",
+            provider.to_str().unwrap(),
+        ],
+    )
+    .await;
     assert!(
-        err.contains("no js updater sample") && err.contains("--lang js --world addon"),
-        "{err}"
+        report.contains("Conformance of plugin my-updater 0.1.0") && report.contains("0 failed"),
+        "{report}"
     );
-    assert!(!root.join("x").exists());
+
+    // Refusal: an existing directory.
     let err = fails(&[
         "plugin",
         "new",

@@ -356,3 +356,149 @@ cases:
         "{out}"
     );
 }
+
+/// `capstan plugin test SUITE` in a fresh folder holding `plugin.wasm`
+/// (a copy of `stem`) and the suite; (success, text report).
+fn run_suite(stem: &str, host: &str, cases: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(component(stem), dir.path().join("plugin.wasm")).unwrap();
+    let path = dir.path().join("suite.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: capstan.dev/v1alpha1\nkind: PluginTest\nplugin: plugin.wasm\nallowHosts: [\"{host}\"]\ncases:\n{cases}"
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = capstan(&["plugin", "test", path.to_str().unwrap()], &[]);
+    (ok, format!("{out}{err}"))
+}
+
+#[test]
+fn updater_and_addon_suites_run_offline_in_each_language() {
+    // Nothing listens here: every answer is a stub.
+    let host = "127.0.0.1:9";
+    let url = format!("http://{host}/v1/instances/i-1");
+    let updater = format!(
+        r#"  - name: only the version is claimed
+    call: can-update
+    config: {{endpoint: "http://{host}"}}
+    current: {{version: v1.30.0, providerID: "sim://i-1"}}
+    desired: {{version: v1.31.0}}
+    fields: [labels, version]
+    expect:
+      - resultEquals: [version]
+  - name: an update starts once
+    call: update
+    config: {{endpoint: "http://{host}"}}
+    current: {{version: v1.30.0, providerID: "sim://i-1"}}
+    desired: {{version: v1.31.0}}
+    fields: [version]
+    stubs:
+      - request: {{method: GET, url: "{url}"}}
+        response: {{status: 200, body: '{{"id":"i-1","state":"running","version":"v1.30.0"}}'}}
+      - request: {{method: POST, url: "{url}/update", body: '{{"version":"v1.31.0"}}'}}
+        response: {{status: 202, body: '{{}}'}}
+    expect:
+      - {{result: {{inProgress: {{percent: 0}}}}, requests: 2}}
+  - name: an instance at the version is done
+    call: update
+    config: {{endpoint: "http://{host}"}}
+    current: {{version: v1.30.0, providerID: "sim://i-1"}}
+    desired: {{version: v1.31.0}}
+    fields: [version]
+    stubs:
+      - request: {{method: GET, url: "{url}"}}
+        response: {{status: 200, body: '{{"id":"i-1","state":"running","version":"v1.31.0"}}'}}
+    expect:
+      - {{resultEquals: done, requests: 1}}
+  - name: a cloud error is transient
+    call: update
+    config: {{endpoint: "http://{host}"}}
+    current: {{providerID: "sim://i-1"}}
+    desired: {{version: v1.31.0}}
+    fields: [version]
+    stubs:
+      - request: {{method: GET, url: "{url}"}}
+        response: {{status: 500, body: '{{"code":"Internal","message":"oops"}}'}}
+    expect:
+      - {{error: transient, retryAfterMs: 1000}}
+"#
+    );
+    for stem in ["sim_updater", "sim_updater_py", "sim_updater_js"] {
+        let (ok, report) = run_suite(stem, host, &updater);
+        assert!(
+            ok && report.contains("4 cases: 4 passed"),
+            "{stem}: {report}"
+        );
+    }
+
+    let addon = r#"  - name: versions and their channels
+    call: versions
+    expect:
+      - resultEquals: [{version: 1.7.0, channels: [stable]}, {version: 1.8.2, channels: [rapid]}]
+  - name: the asked version renders on the asked port
+    call: render
+    addon: {version: 1.8.2, channel: rapid}
+    config: {port: 9200}
+    expect:
+      - result:
+          - {kind: Namespace, metadata: {name: monitoring}}
+          - {kind: DaemonSet, spec: {template: {spec: {containers: [{image: "quay.io/prometheus/node-exporter:v1.8.2", args: ["--web.listen-address=:9200"]}]}}}}
+  - name: a privileged port is invalid config
+    call: render
+    addon: {version: 1.7.0}
+    config: {port: 80}
+    expect:
+      - error: invalid-config
+  - name: a half-ready DaemonSet is not healthy
+    call: assess
+    addon: {version: 1.7.0}
+    observed:
+      - {kind: DaemonSet, metadata: {name: node-exporter}, status: {desiredNumberScheduled: 2, numberReady: 1, updatedNumberScheduled: 2}}
+    expect:
+      - result: {healthy: false, details: {numberReady: "1/2"}}
+"#;
+    for stem in [
+        "node_exporter_addon",
+        "node_exporter_py",
+        "node_exporter_js",
+    ] {
+        let (ok, report) = run_suite(stem, host, addon);
+        assert!(
+            ok && report.contains("4 cases: 4 passed"),
+            "{stem}: {report}"
+        );
+    }
+    // What the Python and JavaScript addons log is checked; a wrong
+    // expectation and another world's inputs fail their cases.
+    let logged = r#"  - name: render logs what it rendered
+    call: render
+    addon: {version: 1.7.0}
+    expect:
+      - logs: ['INFO rendered version="1.7.0" objects="4"']
+  - name: a wrong claim fails
+    call: assess
+    addon: {version: 1.7.0}
+    expect:
+      - result: {healthy: true}
+  - name: updater inputs are not an addon's
+    call: render
+    fields: [version]
+  - name: a provider's call is not an addon's
+    call: create
+"#;
+    for stem in ["node_exporter_py", "node_exporter_js"] {
+        let (ok, report) = run_suite(stem, host, logged);
+        assert!(!ok, "{stem}: {report}");
+        assert!(
+            report.contains("PASS  render logs what it rendered")
+                && report.contains("FAIL  a wrong claim fails")
+                && report.contains(r#"does not have {"healthy":true}"#)
+                && report.contains("`current/desired/fields` are inputs of updater calls; this plugin implements the addon world")
+                && report.contains("`create` is not a call of the addon world, whose calls are: versions, render, assess")
+                && report.contains("4 cases: 1 passed, 3 failed"),
+            "{stem}: {report}"
+        );
+    }
+}

@@ -1,9 +1,11 @@
-//! `capstan plugin test SUITE.yaml`: a provider plugin's test cases, run
-//! offline. Each case replays a recorded cassette (every call it holds) or
-//! answers one call from inline stubs, and checks what each call gave: a
-//! result (a subset of its JSON), an error class, a retry-after, how many
-//! requests it made, what it logged. Interactions nothing asked for fail the case. Output
-//! as text, JSON or JUnit XML; the exit code is non-zero if a case failed.
+//! `capstan plugin test SUITE.yaml`: a provider's, updater's or addon's
+//! test cases, run offline. Each case replays a recorded cassette (every
+//! call it holds) or answers one call from inline stubs, and checks what
+//! each call gave: a result (a subset of its JSON, or `resultEquals`
+//! exactly), an error class, a retry-after, how many requests it made, what
+//! it logged. Interactions nothing asked for fail the case. Output as text,
+//! JSON or JUnit XML; the exit code is non-zero if a case failed. The
+//! inputs and results of updater and addon calls are in [`calls`].
 //!
 //! ```yaml
 //! apiVersion: capstan.dev/v1alpha1
@@ -24,12 +26,37 @@
 //!     expect:
 //!       - {error: transient, retryAfterMs: 3000, requests: 1}
 //! ```
+//!
+//! An updater's case gives the machine before and after and the fields;
+//! an addon's gives the Addon, its config and (for `assess`) what is
+//! observed:
+//!
+//! ```yaml
+//!   - name: a version change is claimed
+//!     call: can-update
+//!     config: {endpoint: "http://127.0.0.1:8787"}
+//!     current: {version: v1.30.0, providerID: "sim://i-1"}
+//!     desired: {version: v1.31.0}
+//!     fields: [version, labels]
+//!     expect:
+//!       - resultEquals: [version]
+//!   - name: a half-ready DaemonSet is not healthy
+//!     call: assess
+//!     addon: {version: 1.7.0}
+//!     observed:
+//!       - {kind: DaemonSet, metadata: {name: node-exporter}, status: {desiredNumberScheduled: 2, numberReady: 1}}
+//!     expect:
+//!       - result: {healthy: false, details: {numberReady: "1/2"}}
+//! ```
+
+mod calls;
 
 use crate::tape::{Outcome, machine, run_calls};
 use anyhow::{Context, bail};
-use capstan_runtime::Error;
+use calls::{AddonInput, CallInput, MachineInput};
 use capstan_runtime::tape::{Cassette, Interaction, Tape, TapedCall};
 use capstan_runtime::types::PluginError;
+use capstan_runtime::{Error, World};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -75,11 +102,29 @@ struct Case {
     /// Or make this one call, answered by `stubs`.
     #[serde(default)]
     call: Option<String>,
-    /// The provider config (default: the cassette's).
+    /// The provider config (default: the cassette's); an addon's config
+    /// (default `{}`); for an updater, the machines' provider config
+    /// (default `{}`).
     #[serde(default)]
     config: Option<serde_json::Value>,
     #[serde(default)]
     stubs: Vec<Interaction>,
+    /// Addons: the Addon (`name`, `namespace`, `version`, `channel`).
+    #[serde(default)]
+    addon: Option<AddonInput>,
+    /// Addons: the objects `assess` observes.
+    #[serde(default)]
+    observed: Vec<serde_json::Value>,
+    /// Updaters: the machine as it is (`name`, `version`, `providerID`,
+    /// `labels`, `providerConfig`).
+    #[serde(default)]
+    current: Option<MachineInput>,
+    /// Updaters: the machine as it should be.
+    #[serde(default)]
+    desired: Option<MachineInput>,
+    /// Updaters: the changed (`can-update`) or claimed (`update`) fields.
+    #[serde(default)]
+    fields: Vec<String>,
     /// What each call (in order) must give.
     #[serde(default)]
     expect: Vec<Expect>,
@@ -91,9 +136,13 @@ struct Expect {
     /// The call this is about (checked when given).
     #[serde(default)]
     call: Option<String>,
-    /// Fields the result must have (a subset of its JSON).
+    /// What the result must have: an object's fields recursively, an
+    /// array's items each matching some item of the result.
     #[serde(default)]
     result: Option<serde_json::Value>,
+    /// The whole result, exactly.
+    #[serde(default)]
+    result_equals: Option<serde_json::Value>,
     /// The error class: invalid-config, not-found, transient, unauthorized,
     /// terminal (the plugin's), or trap, deadline, memory-limit,
     /// output-limit, capability-denied, replay-miss (the host's).
@@ -141,12 +190,15 @@ fn class(error: &Error) -> &'static str {
     }
 }
 
-/// Whether `actual` has every field `expected` has, recursively.
+/// Whether `actual` has every field `expected` has, recursively; each item
+/// of an expected array must match some item of the actual one.
 fn contains(actual: &serde_json::Value, expected: &serde_json::Value) -> bool {
+    use serde_json::Value::{Array, Object};
     match (actual, expected) {
-        (serde_json::Value::Object(a), serde_json::Value::Object(e)) => e
+        (Object(a), Object(e)) => e
             .iter()
             .all(|(k, v)| a.get(k).is_some_and(|av| contains(av, v))),
+        (Array(a), Array(e)) => e.iter().all(|ev| a.iter().any(|av| contains(av, ev))),
         _ => actual == expected,
     }
 }
@@ -165,6 +217,11 @@ fn check(outcome: &Outcome, expect: &Expect, requests: usize) -> Vec<String> {
                 && !contains(result, want)
             {
                 failures.push(format!("{call}: result {result} does not have {want}"));
+            }
+            if let Some(want) = &expect.result_equals
+                && result != want
+            {
+                failures.push(format!("{call}: result {result} is not {want}"));
             }
         }
         (Ok(result), Some(want)) => {
@@ -221,7 +278,11 @@ fn check(outcome: &Outcome, expect: &Expect, requests: usize) -> Vec<String> {
 }
 
 /// The cassette, calls and config a case runs.
-fn case_input(case: &Case, dir: &Path) -> anyhow::Result<(Cassette, Vec<String>, String, String)> {
+fn case_input(
+    case: &Case,
+    dir: &Path,
+    world: World,
+) -> anyhow::Result<(Cassette, Vec<String>, String, String)> {
     match (&case.cassette, &case.call) {
         (Some(path), None) => {
             let path = dir.join(path);
@@ -247,11 +308,11 @@ fn case_input(case: &Case, dir: &Path) -> anyhow::Result<(Cassette, Vec<String>,
             Ok((cassette, calls, config, name))
         }
         (None, Some(call)) => {
-            let config = case
-                .config
-                .as_ref()
-                .with_context(|| "a case with `call` needs `config`")?
-                .to_string();
+            let config = match (&case.config, world) {
+                (Some(config), _) => config.to_string(),
+                (None, World::Provider) => bail!("a provider case with `call` needs `config`"),
+                (None, _) => "{}".to_string(),
+            };
             let cassette = Cassette {
                 plugin: String::new(),
                 digest: String::new(),
@@ -271,13 +332,33 @@ fn case_input(case: &Case, dir: &Path) -> anyhow::Result<(Cassette, Vec<String>,
     }
 }
 
+/// Inputs that belong to another world's calls: a mistake worth naming.
+fn misplaced(case: &Case, world: World) -> Option<String> {
+    let updater = case.current.is_some() || case.desired.is_some() || !case.fields.is_empty();
+    let addon = case.addon.is_some() || !case.observed.is_empty();
+    let (field, of) = match world {
+        World::Updater if addon => ("addon/observed", "addon"),
+        World::Addon if updater => ("current/desired/fields", "updater"),
+        World::Provider if addon => ("addon/observed", "addon"),
+        World::Provider if updater => ("current/desired/fields", "updater"),
+        _ => return None,
+    };
+    Some(format!(
+        "`{field}` are inputs of {of} calls; this plugin implements the {world} world"
+    ))
+}
+
 async fn run_case(
     plugin: &capstan_runtime::Plugin,
     case: &Case,
     dir: &Path,
     strict_order: bool,
 ) -> Vec<String> {
-    let (cassette, calls, config, name) = match case_input(case, dir) {
+    let world = plugin.manifest().world;
+    if let Some(reason) = misplaced(case, world) {
+        return vec![reason];
+    }
+    let (cassette, calls, config, name) = match case_input(case, dir, world) {
         Ok(input) => input,
         Err(e) => return vec![format!("{e:#}")],
     };
@@ -296,15 +377,29 @@ async fn run_case(
                 .push(line.to_string());
         })
     };
-    let provider = match plugin
+    let taped = plugin
         .with_tape(Some(tape.clone()))
-        .with_log_sink(Some(sink))
-        .provider()
-    {
-        Ok(p) => p,
-        Err(e) => return vec![e.to_string()],
+        .with_log_sink(Some(sink));
+    let outcomes = match world {
+        World::Provider => match taped.provider() {
+            Ok(provider) => {
+                run_calls(&provider, &calls, machine(&name, &config), Some(&logs)).await
+            }
+            Err(e) => Err(e.into()),
+        },
+        _ => {
+            let input = CallInput {
+                config: &config,
+                addon: case.addon.as_ref(),
+                observed: &case.observed,
+                current: case.current.as_ref(),
+                desired: case.desired.as_ref(),
+                fields: &case.fields,
+            };
+            run_world_calls(&taped, &calls, &input, &logs).await
+        }
     };
-    let outcomes = match run_calls(&provider, &calls, machine(&name, &config), Some(&logs)).await {
+    let outcomes = match outcomes {
         Ok(o) => o,
         Err(e) => return vec![format!("{e:#}")],
     };
@@ -337,6 +432,26 @@ async fn run_case(
     failures
 }
 
+/// An updater's or addon's calls, in order, each with the case's inputs.
+async fn run_world_calls(
+    plugin: &capstan_runtime::Plugin,
+    calls: &[String],
+    input: &CallInput<'_>,
+    logs: &crate::tape::LogBuffer,
+) -> anyhow::Result<Vec<Outcome>> {
+    let mut out = Vec::new();
+    for call in calls {
+        let result = calls::run_one(plugin, call, input).await?;
+        let logs = std::mem::take(&mut *logs.lock().unwrap_or_else(|p| p.into_inner()));
+        out.push(Outcome {
+            call: call.clone(),
+            result,
+            logs,
+        });
+    }
+    Ok(out)
+}
+
 /// Run the command.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.suite)
@@ -362,6 +477,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let plugin = runtime
         .load_file(&plugin_path, sandbox.limits(), sandbox.grants()?)
         .with_context(|| format!("plugin {}", plugin_path.display()))?;
+    if plugin.manifest().world == World::Bootstrap {
+        bail!(
+            "{}: suites test provider, updater and addon plugins; check a bootstrap plugin with `capstan plugin conformance --world bootstrap`",
+            plugin_path.display()
+        );
+    }
     let mut verdicts = Vec::new();
     for case in &suite.cases {
         let started = std::time::Instant::now();
@@ -455,6 +576,16 @@ mod tests {
         let actual = serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}});
         assert!(contains(&actual, &serde_json::json!({"b": {"c": 2}})));
         assert!(!contains(&actual, &serde_json::json!({"b": {"c": 3}})));
+        let objects = serde_json::json!([{"kind": "Namespace"}, {"kind": "DaemonSet", "n": 1}]);
+        assert!(contains(
+            &objects,
+            &serde_json::json!([{"kind": "DaemonSet"}])
+        ));
+        assert!(!contains(
+            &objects,
+            &serde_json::json!([{"kind": "Service"}])
+        ));
+        assert!(contains(&objects, &serde_json::json!([])));
         let xml = junit(
             "s",
             &[Verdict {
