@@ -8,7 +8,11 @@
 //! The engine runs these steps on every reconcile, in this order, and
 //! applies nothing unless all succeed:
 //!
-//! 1. [`resolve_version`]: `spec.version` wins, else the channel's version;
+//! 1. [`updates::decide`]: `spec.version` wins, else the channel's version
+//!    ([`resolve_version`]), or under `updatePolicy: Notify|Manual` the one
+//!    applied; [`dependencies::gate`] holds a transition back while a
+//!    dependency (`spec.dependsOn`) is not ready, rendering what is applied
+//!    instead, so drift is still corrected;
 //! 2. [`Object::parse`] each rendered text (valid objects, no duplicates);
 //! 3. [`label`] them with the Addon they belong to (drift watches select on it);
 //! 4. [`apply_patches`]: the Addon's break-glass patches, each of which must
@@ -30,6 +34,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dependencies;
 pub mod engine;
 pub mod floor;
 mod grants;
@@ -37,6 +42,7 @@ pub mod identity;
 pub mod ownership;
 mod patches;
 pub mod target;
+pub mod updates;
 
 pub use grants::{
     AddonGrants, NamedRef, PodSpecPath, RbacLent, RbacPower, Refusal, RefusalReason, check_grants,
@@ -66,6 +72,14 @@ pub enum AddonError {
         /// What was asked.
         version: String,
         /// What the plugin knows.
+        known: Vec<String>,
+    },
+    /// The version an update policy keeps is no longer offered.
+    #[error("version {version} is applied and kept by spec.updatePolicy, but the plugin no longer offers it; what is applied stays (nothing is pruned); set spec.version to one it offers: {}", .known.join(", "))]
+    NoLongerOffered {
+        /// What is applied.
+        version: String,
+        /// What the plugin offers now.
         known: Vec<String>,
     },
     /// `spec.channel` is not one the plugin knows.

@@ -27,9 +27,19 @@ pub const LABEL_ADDON_NAMESPACE: &str = "capstan.dev/addon-namespace";
     doc = "An addon installed and kept in shape by an addon plugin.",
     printcolumn(name = "Plugin", type_ = "string", json_path = ".spec.plugin"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.availableVersion"
+    ),
     printcolumn(name = "Channel", type_ = "string", json_path = ".spec.channel"),
     printcolumn(name = "Healthy", type_ = "boolean", json_path = ".status.healthy"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Deps",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"DependenciesReady\")].status"
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -47,6 +57,13 @@ pub struct AddonSpec {
     /// install; the plugin's `versions()` says which version that is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// How a channel's newer version reaches the cluster: `Auto` (apply it),
+    /// `Notify` (keep what is applied; report it in `status.availableVersion`,
+    /// the `UpdateAvailable` condition and one Event per version) or
+    /// `Manual` (keep what is applied; report it in `status.availableVersion`
+    /// only). `spec.version` always wins.
+    #[serde(default, skip_serializing_if = "UpdatePolicy::is_auto")]
+    pub update_policy: UpdatePolicy,
     /// Addon-specific configuration, validated by the plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
@@ -70,6 +87,51 @@ pub struct AddonSpec {
     /// in Capstan's namespace, optional (unset: Capstan's own rights).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
+    /// Addons this one is installed after. Until every one is ready
+    /// (exists, is not being deleted, has reconciled its current
+    /// generation, is healthy, has a version within `versionConstraint`,
+    /// and targets the same cluster), this Addon's transitions wait: its
+    /// first install, a version change, a new generation, a new plugin
+    /// revision. What is already applied is still corrected and assessed.
+    /// Cycles are refused. An Addon that others depend on is deleted after
+    /// them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<AddonDependency>,
+}
+
+/// How a channel's newer version reaches the cluster.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum UpdatePolicy {
+    /// Apply the channel's newest version as soon as the plugin offers it.
+    #[default]
+    Auto,
+    /// Keep what is applied; report the newer version and emit an Event.
+    Notify,
+    /// Keep what is applied; report the newer version in status only.
+    Manual,
+}
+
+impl UpdatePolicy {
+    /// The default (for `skip_serializing_if`).
+    pub fn is_auto(&self) -> bool {
+        *self == UpdatePolicy::Auto
+    }
+}
+
+/// One Addon another is installed after.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddonDependency {
+    /// The Addon's name.
+    pub name: String,
+    /// Its namespace; default: this Addon's. A tenant's Addon may depend on
+    /// an Addon of another namespace only if its ServiceAccount may read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Semantic-version requirement its installed version must meet, such
+    /// as `>=1.8.0, <2` or `^1.8` (a leading `v` in versions is ignored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_constraint: Option<String>,
 }
 
 /// One patch of rendered objects.
@@ -161,13 +223,46 @@ pub struct AddonStatus {
     /// Digest of the plugin component that rendered the inventory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_digest: Option<String>,
+    /// The newest version of `spec.channel` the loaded plugin offers (under
+    /// every update policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_version: Option<String>,
+    /// Digest of the plugin revision that offers `availableVersion`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_from: Option<String>,
+    /// What the inventory was rendered from. While a dependency is not
+    /// ready, drift is corrected by rendering this again, not the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_applied: Option<AppliedSpec>,
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Applied`, `Healthy`, `UpToDate`.
+    /// `Applied`, `Healthy`, `UpToDate`, `DependenciesReady`, `ValidSpec`,
+    /// `UpdateAvailable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// The inputs of the render that is applied: the resolved version and the
+/// parts of the spec that shape a render.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedSpec {
+    /// The Addon's generation then.
+    pub generation: i64,
+    /// The version rendered.
+    pub version: String,
+    /// `spec.config` then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub config: Option<serde_json::Value>,
+    /// `spec.patches` then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<AddonPatch>,
+    /// `spec.target` then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<AddonTarget>,
 }
 
 /// One applied object.

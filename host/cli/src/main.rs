@@ -204,6 +204,7 @@ fn main() -> ExitCode {
             Command::Rollout(rollout::Command::Undo(args)) => rollout::undo(args).await,
             Command::Rollout(rollout::Command::Plan(args)) => rollout::plan(args).await,
             Command::Addon(addon::Command::Render(args)) => addon::render(args).await,
+            Command::Addon(addon::Command::Updates(args)) => addon::updates(args).await,
         }
     });
     // Every command has awaited its own work by now. What is left are

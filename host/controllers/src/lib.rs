@@ -308,6 +308,8 @@ pub async fn run(
     let addon_controller = capstan_addons::engine::controller(
         watches.addons.subscribe(),
         watches.plugins.subscribe(),
+        watches.addons.subscribe(),
+        watches.addons.deletions(),
         Arc::new(
             capstan_addons::engine::Context::new(kube, addons, options.image_rewrites.clone())
                 .with_tenant_service_account(options.tenant_service_account.clone()),

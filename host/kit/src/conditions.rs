@@ -42,6 +42,12 @@ impl<'a> Conditions<'a> {
         self
     }
 
+    /// Drop a condition that no longer applies.
+    pub fn remove(&mut self, type_: &str) -> &mut Self {
+        self.list.retain(|c| c.type_ != type_);
+        self
+    }
+
     /// Set `ValidSpec`: `problem` is `Some((reason, message))` when the spec
     /// cannot be acted on, `None` when it is valid.
     pub fn valid_spec(&mut self, problem: Option<(&str, &str)>) -> &mut Self {

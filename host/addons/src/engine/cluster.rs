@@ -135,7 +135,7 @@ pub(super) async fn target(addon: &Addon, ctx: &Context, actor: &Actor) -> Resul
 }
 
 /// `base` acting as `user`, made once per user and kept.
-fn impersonated(ctx: &Context, base: &Client, user: &str) -> Result<Client, Failure> {
+pub(super) fn impersonated(ctx: &Context, base: &Client, user: &str) -> Result<Client, Failure> {
     let key = format!("as {user}");
     let mut clients = ctx.state.clients.lock().expect("clients lock");
     if let Some((_, client)) = clients.get(&key) {

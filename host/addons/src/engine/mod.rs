@@ -26,6 +26,7 @@
 //! labelled object into a reconcile of its Addon, which puts back what was
 //! applied.
 
+use crate::dependencies::Gate;
 use crate::ownership::{self, Ownership};
 use crate::{AddonError, AddonGrants, ImageRewrite, Object};
 use capstan_api::{
@@ -45,7 +46,10 @@ use std::time::Duration;
 
 mod cluster;
 mod drift;
+mod order;
 mod render;
+
+pub use order::{DEPENDENCIES_READY, VALID_SPEC};
 
 pub use cluster::{TENANT_BINDING, TENANT_ROLE};
 pub use render::{RenderError, Rendered, render};
@@ -93,6 +97,8 @@ pub struct Context {
     /// The ServiceAccount a tenant's Addon that names none is applied as
     /// (`--tenant-service-account`; `None`: such an Addon is refused).
     tenant_service_account: Option<String>,
+    /// Which Addons depend on which (`spec.dependsOn`), to wake dependents.
+    dependents: order::Dependents,
 }
 
 impl AsRef<Kube> for Context {
@@ -111,6 +117,7 @@ impl Context {
             state: AddonState::default(),
             image_rewrites,
             tenant_service_account: None,
+            dependents: order::Dependents::default(),
         }
     }
 
@@ -123,9 +130,14 @@ impl Context {
 }
 
 /// Run the Addon controller until `shutdown` resolves (once per context).
+/// `changes` and `deletions` are the Addons' own, again: a change or
+/// deletion of one wakes the Addons that depend on it (and a dependency
+/// waiting in deletion for its dependents).
 pub async fn controller(
     addons: ReflectHandle<Addon>,
     plugins: ReflectHandle<Plugin>,
+    changes: ReflectHandle<Addon>,
+    deletions: impl futures::Stream<Item = Arc<Addon>> + Send + 'static,
     ctx: Arc<Context>,
     concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -140,8 +152,20 @@ pub async fn controller(
     let drift = receiver_stream(drift);
     let store = ctx.kube.stores.addons.clone();
     let by_plugin = store.clone();
+    let (on_change, on_delete) = (ctx.clone(), ctx.clone());
+    let woken = futures::StreamExt::flat_map(deletions, move |gone: Arc<Addon>| {
+        on_delete
+            .dependents
+            .forget(&crate::dependencies::AddonKey::of(&gone));
+        futures::stream::iter(on_delete.dependents.to_wake(&gone, &on_delete))
+    });
     let watches = move |controller: Controller<Addon>| {
         controller
+            // A dependency that changed (ready now, or gone) wakes its
+            // dependents through the index, not a poll.
+            .watches_shared_stream(changes, move |changed: Arc<Addon>| {
+                on_change.dependents.to_wake(&changed, &on_change)
+            })
             // An Addon waiting for its plugin goes on as soon as it is loaded.
             .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
                 let name = plugin.name_any();
@@ -152,7 +176,7 @@ pub async fn controller(
                     .map(|a| ObjectRef::from_obj(a.as_ref()))
                     .collect::<Vec<_>>()
             })
-            .reconcile_on(drift)
+            .reconcile_on(futures::stream::select(drift, woken))
     };
     // Queued per namespace and per Plugin, as Machines are.
     let spec =
@@ -182,9 +206,94 @@ fn fail(condition: &'static str, reason: &'static str, message: impl Into<String
     }
 }
 
+/// Condition (`Notify` only): the channel offers a newer version than the
+/// one applied.
+pub const UPDATE_AVAILABLE: &str = "UpdateAvailable";
+
+/// Record what the channel offers (`status.availableVersion`, under every
+/// policy); under `Notify`, the `UpdateAvailable` condition and one Event
+/// per newly offered version.
+async fn report_available(
+    ctx: &Context,
+    addon: &Addon,
+    status: &mut AddonStatus,
+    rendered: &Rendered,
+    digest: &str,
+    generation: i64,
+    t: &capstan_api::Time,
+) {
+    let before = status.available_version.clone();
+    status.available_version = rendered.available.clone();
+    status.available_from = rendered.available.as_ref().map(|_| digest.to_string());
+    let mut conditions = Conditions::new(&mut status.conditions, Some(generation), t);
+    if addon.spec.update_policy != capstan_api::UpdatePolicy::Notify {
+        conditions.remove(UPDATE_AVAILABLE);
+        return;
+    }
+    let (available, version) = (
+        rendered.available.as_deref().unwrap_or_default(),
+        &rendered.resolved.version,
+    );
+    if !rendered.update_available {
+        conditions.set(
+            UPDATE_AVAILABLE,
+            status::FALSE,
+            "Current",
+            format!("version {version} is the newest the channel offers"),
+        );
+        return;
+    }
+    let message = format!(
+        "version {available} is available in channel {} (offered by plugin revision {digest}); version {version} stays applied under updatePolicy Notify; set spec.version to {available} to apply it",
+        addon.spec.channel.as_deref().unwrap_or_default()
+    );
+    conditions.set(
+        UPDATE_AVAILABLE,
+        status::TRUE,
+        "UpdateAvailable",
+        message.clone(),
+    );
+    if before.as_deref() != Some(available) {
+        record_event(
+            &ctx.kube,
+            CONTROLLER,
+            &addon.object_ref(&()),
+            EventType::Normal,
+            "UpdateAvailable",
+            message,
+        )
+        .await;
+    }
+}
+
+/// A failed render as the condition it sets.
+fn render_failure(e: RenderError) -> Failure {
+    match e {
+        // The host held the call back (the Plugin's quota): waiting, not
+        // failed, and not the plugin's fault.
+        RenderError::Plugin {
+            error:
+                error @ (capstan_runtime::Error::QuotaExceeded { .. }
+                | capstan_runtime::Error::HostCapacity { .. }),
+            ..
+        } => Failure {
+            waiting: true,
+            ..fail(APPLIED, "PluginQuotaExceeded", plugin_text(&error))
+        },
+        RenderError::Plugin {
+            call: "render",
+            error,
+        } => fail(APPLIED, "RenderFailed", plugin_text(&error)),
+        RenderError::Plugin { error, .. } => fail(UP_TO_DATE, "PluginFailed", plugin_text(&error)),
+        RenderError::Addon(e) => addon_failure(e),
+    }
+}
+
 fn addon_failure(e: AddonError) -> Failure {
     let reason = match &e {
-        AddonError::NoVersion { .. } | AddonError::UnknownVersion { .. } => "UnknownVersion",
+        AddonError::NoVersion { .. }
+        | AddonError::UnknownVersion { .. }
+        | AddonError::NoLongerOffered { .. } => "UnknownVersion",
         AddonError::UnknownChannel { .. } => "UnknownChannel",
         AddonError::InvalidObject { .. } | AddonError::Duplicate(_) => "InvalidRender",
         AddonError::PatchTargetMissing { .. } => "PatchTargetMissing",
@@ -196,6 +305,7 @@ fn addon_failure(e: AddonError) -> Failure {
     let condition = match &e {
         AddonError::NoVersion { .. }
         | AddonError::UnknownVersion { .. }
+        | AddonError::NoLongerOffered { .. }
         | AddonError::UnknownChannel { .. } => UP_TO_DATE,
         _ => APPLIED,
     };
@@ -206,6 +316,7 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
     if addon.meta().deletion_timestamp.is_some() {
         return finalize(&addon, &ctx).await;
     }
+    ctx.dependents.record(&addon);
     if add_finalizer(&ctx.kube, CONTROLLER, addon.as_ref(), ADDON_FINALIZER).await? {
         // The update comes back through the watch.
         return Ok(Action::await_change());
@@ -255,7 +366,12 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
                 Some(generation),
                 &t,
             );
-            (RECHECK, Some((EventType::Warning, f.reason, f.message)))
+            let type_ = if f.waiting {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            };
+            (RECHECK, Some((type_, f.reason, f.message)))
         }
     };
     let changed = apply_status(
@@ -312,6 +428,11 @@ async fn converge(
     let tenant = is_tenant(ctx, addon);
     // Before any plugin call: whose rights will apply it.
     let actor = actor_of(addon, ctx)?;
+    let views = order::views(ctx, addon);
+    let blockers = {
+        let mut conditions = Conditions::new(&mut status.conditions, Some(generation), &t);
+        order::blockers(ctx, addon, &actor, &views, &mut conditions).await?
+    };
     let rendered = render(
         &registered.plugin,
         addon,
@@ -321,30 +442,64 @@ async fn converge(
         Some(&ctx.kube.metrics),
     )
     .await
-    .map_err(|e| match e {
-        // The host held the call back (the Plugin's quota): waiting, not
-        // failed, and not the plugin's fault.
-        RenderError::Plugin {
-            error:
-                error @ (capstan_runtime::Error::QuotaExceeded { .. }
-                | capstan_runtime::Error::HostCapacity { .. }),
-            ..
-        } => Failure {
-            waiting: true,
-            ..fail(APPLIED, "PluginQuotaExceeded", plugin_text(&error))
-        },
-        RenderError::Plugin {
-            call: "render",
-            error,
-        } => fail(APPLIED, "RenderFailed", plugin_text(&error)),
-        RenderError::Plugin { error, .. } => fail(UP_TO_DATE, "PluginFailed", plugin_text(&error)),
-        RenderError::Addon(e) => addon_failure(e),
-    })?;
+    .map_err(render_failure)?;
+    let digest = registered.plugin.plugin().digest().to_string();
+    report_available(ctx, addon, status, &rendered, &digest, generation, &t).await;
+    // A transition waits for the dependencies; what is applied is rendered
+    // again instead, so its drift is still corrected.
+    let applied_before = status.last_applied.clone();
+    let change = crate::dependencies::transition(
+        applied_before.as_ref(),
+        status.plugin_digest.as_deref(),
+        generation,
+        &rendered.resolved.version,
+        &digest,
+    );
+    let new_revision = status.plugin_digest.as_deref().is_some_and(|d| d != digest);
+    let gate = crate::dependencies::gate(
+        addon,
+        applied_before.as_ref(),
+        change,
+        new_revision,
+        !blockers.is_empty(),
+    );
+    let (rendered, held) = match gate {
+        Gate::Current => (rendered, None),
+        Gate::Held { spec, change } => {
+            let mut held = addon.clone();
+            held.spec = *spec;
+            let rendered = render(
+                &registered.plugin,
+                &held,
+                &registered.grants,
+                tenant,
+                &ctx.image_rewrites,
+                Some(&ctx.kube.metrics),
+            )
+            .await
+            .map_err(render_failure)?;
+            (rendered, Some(change))
+        }
+        Gate::Wait(change) => {
+            return Err(Failure {
+                waiting: true,
+                ..fail(
+                    UP_TO_DATE,
+                    "WaitingForDependencies",
+                    format!(
+                        "{change} waits: {}",
+                        crate::dependencies::blocked_message(&blockers)
+                    ),
+                )
+            });
+        }
+    };
     let Rendered {
         resolved,
         spec,
         objects,
         rewrites,
+        ..
     } = rendered;
     if addon.spec.paused {
         return Ok(None);
@@ -368,15 +523,36 @@ async fn converge(
     need_watches(ctx, addon, applied.watching);
     status.image_rewrites = rewrites;
     status.version = Some(resolved.version.clone());
-    status.plugin_digest = Some(registered.plugin.plugin().digest().to_string());
+    status.plugin_digest = Some(digest);
     let applied_message = format!("{} objects applied to {}", objects.len(), target.shown);
-    let current_message = match &resolved.channel {
-        Some(c) => format!("version {} (channel {c}) is applied", resolved.version),
-        None => format!("version {} is applied", resolved.version),
-    };
-    Conditions::new(&mut status.conditions, Some(generation), &t)
-        .set(APPLIED, status::TRUE, "Applied", applied_message)
-        .set(UP_TO_DATE, status::TRUE, "Current", current_message);
+    let mut conditions = Conditions::new(&mut status.conditions, Some(generation), &t);
+    conditions.set(APPLIED, status::TRUE, "Applied", applied_message);
+    match held {
+        Some(change) => {
+            conditions.set(
+                UP_TO_DATE,
+                status::FALSE,
+                "WaitingForDependencies",
+                format!(
+                    "version {} is applied and kept in shape; {change} waits: {}",
+                    resolved.version,
+                    crate::dependencies::blocked_message(&blockers)
+                ),
+            );
+        }
+        None => {
+            let current_message = match &resolved.channel {
+                Some(c) => format!("version {} (channel {c}) is applied", resolved.version),
+                None => format!("version {} is applied", resolved.version),
+            };
+            conditions.set(UP_TO_DATE, status::TRUE, "Current", current_message);
+            status.last_applied = Some(crate::dependencies::applied_spec(
+                &addon.spec,
+                generation,
+                &resolved.version,
+            ));
+        }
+    }
 
     let health = counted_call(
         Some(&ctx.kube.metrics),
@@ -703,6 +879,36 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
     let current = addon.status.clone();
     let mut status = current.clone().unwrap_or_default();
     status.phase = Some("Deleting".into());
+    // Dependents go first: what they run may need this one to the end.
+    let dependents = order::live_dependents(ctx, addon);
+    if !dependents.is_empty() {
+        let names: Vec<String> = dependents.iter().map(ToString::to_string).collect();
+        let message = format!(
+            "deletion waits for the Addons that depend on this one to go first: {}",
+            names.join(", ")
+        );
+        set_condition(
+            &mut status.conditions,
+            APPLIED,
+            status::FALSE,
+            "WaitingForDependents",
+            message.clone(),
+            addon.metadata.generation,
+            &now(),
+        );
+        if apply_status(&ctx.kube, CONTROLLER, addon, current.as_ref(), &status).await? {
+            record_event(
+                &ctx.kube,
+                CONTROLLER,
+                &addon.object_ref(&()),
+                EventType::Normal,
+                "WaitingForDependents",
+                message,
+            )
+            .await;
+        }
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let inventory = status.inventory.clone();
     let mut remaining = 0;
     let mut problem = None;
@@ -752,6 +958,8 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     remove_finalizer(&ctx.kube, CONTROLLER, addon, ADDON_FINALIZER).await?;
+    ctx.dependents
+        .forget(&crate::dependencies::AddonKey::of(addon));
     need_watches(ctx, addon, Default::default());
     let uid = addon.metadata.uid.clone().unwrap_or_default();
     ctx.state

@@ -14,6 +14,10 @@ use kube::ResourceExt;
 pub struct Rendered {
     /// The version and how it was chosen.
     pub resolved: crate::Resolved,
+    /// The channel's newest version, whatever the update policy rendered.
+    pub available: Option<String>,
+    /// Whether that is newer than the version rendered.
+    pub update_available: bool,
     /// What the plugin was asked (also what `assess` is given).
     pub spec: WitSpec,
     /// The objects: labelled, patched, rewritten, granted, in apply order.
@@ -38,7 +42,8 @@ pub enum RenderError {
     Addon(#[from] AddonError),
 }
 
-/// Resolve the version with the plugin, render, and run the pure steps
+/// Resolve the version with the plugin (under the Addon's update policy,
+/// against the version its status says is applied), render, and run the pure steps
 /// (label, patch within the patch grants — only those granted to tenants
 /// when `tenant` —, rewrite images, check the objects against the kinds the
 /// plugin's manifest declares, the grants (a tenant's within its namespace)
@@ -62,11 +67,22 @@ pub async fn render(
             .into_iter()
             .map(|v| (v.version, v.channels))
             .collect();
-    let resolved = crate::resolve_version(
+    // What is applied now: the version an update policy keeps.
+    let applied = addon.status.as_ref().and_then(|s| {
+        s.last_applied
+            .as_ref()
+            .map(|a| a.version.clone())
+            .or_else(|| s.version.clone())
+    });
+    let decision = crate::updates::decide(
+        addon.spec.update_policy,
         addon.spec.version.as_deref(),
         addon.spec.channel.as_deref(),
+        applied.as_deref(),
         &known,
     )?;
+    let update_available = decision.update_available();
+    let (resolved, available) = (decision.render, decision.available);
     let spec = WitSpec {
         name: addon.name_any(),
         namespace: addon.namespace().unwrap_or_default(),
@@ -101,6 +117,8 @@ pub async fn render(
     crate::apply_order(&mut objects);
     Ok(Rendered {
         resolved,
+        available,
+        update_available,
         spec,
         objects,
         rewrites,

@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use std::time::Duration;
 
-const NS: &str = "default";
+pub(crate) const NS: &str = "default";
 const LONG: Duration = Duration::from_secs(90);
 
 /// What the CoreDNS plugin needs; `without` leaves one grant out.
@@ -49,7 +49,7 @@ fn addon_plugin(source: &str, objects: Vec<String>) -> PluginSpec {
     }
 }
 
-fn options() -> Options {
+pub(crate) fn options() -> Options {
     crate::logs();
     Options {
         poll: Duration::from_millis(250),
@@ -59,7 +59,7 @@ fn options() -> Options {
 
 /// Control plane, two Nodes that run pods, these addon Plugins (name,
 /// component stem, object grants), controllers running.
-async fn env_with(plugins: Vec<(&str, &str, Vec<String>)>, options: Options) -> Env {
+pub(crate) async fn env_with(plugins: Vec<(&str, &str, Vec<String>)>, options: Options) -> Env {
     let mut env = Env::start(Faults::default())
         .await
         .expect("environment starts");
@@ -78,7 +78,7 @@ async fn env_with(plugins: Vec<(&str, &str, Vec<String>)>, options: Options) -> 
     env
 }
 
-fn addon(name: &str, spec: serde_json::Value) -> Addon {
+pub(crate) fn addon(name: &str, spec: serde_json::Value) -> Addon {
     let mut a = Addon::new(
         name,
         serde_json::from_value::<AddonSpec>(spec).expect("an AddonSpec"),
@@ -87,14 +87,14 @@ fn addon(name: &str, spec: serde_json::Value) -> Addon {
     a
 }
 
-async fn create(env: &Env, a: &Addon) {
+pub(crate) async fn create(env: &Env, a: &Addon) {
     Api::<Addon>::namespaced(env.client.clone(), NS)
         .create(&PostParams::default(), a)
         .await
         .expect("create the Addon");
 }
 
-async fn patch_spec(env: &Env, name: &str, spec: serde_json::Value) {
+pub(crate) async fn patch_spec(env: &Env, name: &str, spec: serde_json::Value) {
     Api::<Addon>::namespaced(env.client.clone(), NS)
         .patch(
             name,
@@ -105,7 +105,7 @@ async fn patch_spec(env: &Env, name: &str, spec: serde_json::Value) {
         .expect("patch the Addon");
 }
 
-async fn status(env: &Env, name: &str) -> AddonStatus {
+pub(crate) async fn status(env: &Env, name: &str) -> AddonStatus {
     Api::<Addon>::namespaced(env.client.clone(), NS)
         .get(name)
         .await
@@ -115,7 +115,7 @@ async fn status(env: &Env, name: &str) -> AddonStatus {
 }
 
 /// Wait until the Addon's status for its current generation satisfies `check`.
-async fn wait_status(
+pub(crate) async fn wait_status(
     env: &Env,
     name: &str,
     what: &str,
@@ -149,13 +149,13 @@ async fn wait_status(
     }
 }
 
-fn condition_of(s: &AddonStatus, type_: &str) -> (String, String, String) {
+pub(crate) fn condition_of(s: &AddonStatus, type_: &str) -> (String, String, String) {
     condition(&s.conditions, type_)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
         .unwrap_or_default()
 }
 
-fn healthy_at(version: &'static str) -> impl Fn(&AddonStatus) -> bool {
+pub(crate) fn healthy_at(version: &'static str) -> impl Fn(&AddonStatus) -> bool {
     move |s| s.healthy == Some(true) && s.version.as_deref() == Some(version)
 }
 
@@ -174,7 +174,7 @@ async fn running_pods(client: &Client, namespace: &str, app_label: &str) -> usiz
         .count()
 }
 
-async fn exists<K>(client: &Client, namespace: Option<&str>, name: &str) -> bool
+pub(crate) async fn exists<K>(client: &Client, namespace: Option<&str>, name: &str) -> bool
 where
     K: kube::Resource<DynamicType = ()>
         + Clone

@@ -481,6 +481,31 @@ async fn a_tenants_addon_is_applied_with_its_own_service_accounts_rights() {
         "a watch or read needed rights deployer lacks, or Capstan's own"
     );
 
+    // A dependency on an Addon of another namespace, which deployer may not
+    // read: refused, naming both, and its readiness is not told.
+    let mut peek = spec.clone();
+    peek["serviceAccountName"] = DEPLOYER.into();
+    peek["dependsOn"] = json!([{"name": "dns", "namespace": "capstan-system"}]);
+    create_addon(&tenant, &addon(TENANT_NS, "peeker", peek)).await;
+    let refused = env
+        .eventually("the dependency refused", LONG, async || {
+            let a = addons.get("peeker").await.ok()?;
+            let c = condition(
+                &a.status?.conditions,
+                capstan_addons::engine::DEPENDENCIES_READY,
+            )?
+            .clone();
+            (c.reason == "DependencyNotReadable").then_some(c.message)
+        })
+        .await;
+    assert!(
+        refused.starts_with(
+            "ServiceAccount team-a/deployer (whose rights apply this Addon) may not read Addon capstan-system/dns: forbidden"
+        ),
+        "{refused}"
+    );
+    delete_addon(&env, &tenant, TENANT_NS, "peeker").await;
+
     // A namespace whose admin never let Capstan act as its ServiceAccounts
     // (no `--tenant-namespace team-b`): refused, saying what to bind.
     make_tenant(&env, "team-b", "bob");

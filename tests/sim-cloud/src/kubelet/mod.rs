@@ -604,7 +604,7 @@ impl Kubelet {
     }
 
     /// Make a pod fail (`false`) or pass (`true`) its readiness; applies to
-    /// a pod that starts later too.
+    /// a pod that starts later too. `*` names every pod of the namespace.
     pub fn set_pod_ready(&self, namespace: &str, name: &str, ready: bool) {
         let key = (namespace.to_string(), name.to_string());
         {
@@ -615,12 +615,12 @@ impl Kubelet {
                 unready.insert(key);
             }
         }
-        let pod = self
-            .inner
-            .pod_cache
-            .get(&ObjectRef::new(name).within(namespace));
-        if let Some(pod) = pod {
-            self.inner.consider(&pod);
+        for pod in self.inner.pod_cache.state() {
+            if pod.namespace().as_deref() == Some(namespace)
+                && (name == "*" || pod.name_any() == name)
+            {
+                self.inner.consider(&pod);
+            }
         }
     }
 
@@ -728,8 +728,7 @@ impl Inner {
         else {
             return;
         };
-        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let unready = lock(&self.unready_pods).contains(&key);
+        let unready = self.is_unready(&pod.namespace().unwrap_or_default(), &pod.name_any());
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let stop = Duration::from_millis(self.config.pod_stop_delay_ms);
         let step = match pod::next_step(pod, up, unready, stop, Timestamp::now()) {
@@ -750,6 +749,15 @@ impl Inner {
         });
     }
 
+    /// Whether a pod fails its readiness: by name, or every pod of its
+    /// namespace (`*`).
+    fn is_unready(&self, namespace: &str, name: &str) -> bool {
+        let unready = lock(&self.unready_pods);
+        [name, "*"]
+            .iter()
+            .any(|n| unready.contains(&(namespace.to_string(), n.to_string())))
+    }
+
     async fn run_step(&self, pod: &Pod, step: PodStep, host_ip: &str) -> Result<(), String> {
         let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let node = pod
@@ -759,7 +767,7 @@ impl Inner {
             .unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.node_client(&node), &namespace);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let unready = || lock(&self.unready_pods).contains(&(namespace.clone(), name.clone()));
+        let unready = || self.is_unready(&namespace, &name);
         let result = match step {
             PodStep::Wait => return Ok(()),
             PodStep::Start => {

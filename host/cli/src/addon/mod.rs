@@ -1,7 +1,8 @@
 //! `capstan addon render ADDON.yaml --plugin PATH`: print exactly what the
 //! addon controller would apply for an Addon — version resolved, patches
 //! applied, images rewritten, object grants checked, in apply order — with
-//! no cluster and nothing applied.
+//! no cluster and nothing applied. `capstan addon updates` ([`updates`])
+//! lists what Addons' channels offer beyond what is applied.
 
 use anyhow::{Context, bail};
 use capstan_addons::AddonGrants;
@@ -10,11 +11,17 @@ use capstan_runtime::{Grants, Limits};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod updates;
+
+pub use updates::{UpdatesArgs, updates};
+
 /// `capstan addon …`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Print what an Addon would apply (a dry run: no cluster needed).
     Render(RenderArgs),
+    /// List the newer versions Addons' channels offer and what is applied.
+    Updates(UpdatesArgs),
 }
 
 /// Arguments of `capstan addon render`.
