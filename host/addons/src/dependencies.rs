@@ -75,7 +75,8 @@ impl AddonView {
     /// The view of a cached Addon.
     pub fn of(addon: &Addon) -> Self {
         let key = AddonKey::of(addon);
-        let status = addon.status.clone().unwrap_or_default();
+        // Only the few fields the gate reads (not the inventory).
+        let status = addon.status.as_ref();
         AddonView {
             depends_on: addon
                 .spec
@@ -86,10 +87,10 @@ impl AddonView {
             key,
             deleting: addon.metadata.deletion_timestamp.is_some(),
             generation: addon.metadata.generation.unwrap_or(0),
-            observed_generation: status.observed_generation,
-            healthy: status.healthy,
-            phase: status.phase,
-            version: status.version,
+            observed_generation: status.and_then(|s| s.observed_generation),
+            healthy: status.and_then(|s| s.healthy),
+            phase: status.and_then(|s| s.phase.clone()),
+            version: status.and_then(|s| s.version.clone()),
             target: addon.spec.target.clone(),
         }
     }

@@ -254,15 +254,7 @@ async fn report_available(
         message.clone(),
     );
     if before.as_deref() != Some(available) {
-        record_event(
-            &ctx.kube,
-            CONTROLLER,
-            &addon.object_ref(&()),
-            EventType::Normal,
-            "UpdateAvailable",
-            message,
-        )
-        .await;
+        event(ctx, addon, EventType::Normal, "UpdateAvailable", message).await;
     }
 }
 
@@ -383,17 +375,22 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
     )
     .await?;
     if let Some((type_, reason, note)) = event.filter(|_| changed) {
-        record_event(
-            &ctx.kube,
-            CONTROLLER,
-            &addon.object_ref(&()),
-            type_,
-            reason,
-            note,
-        )
-        .await;
+        self::event(&ctx, &addon, type_, reason, note).await;
     }
     Ok(Action::requeue(requeue))
+}
+
+/// An Event about `addon`.
+async fn event(ctx: &Context, addon: &Addon, type_: EventType, reason: &str, note: String) {
+    record_event(
+        &ctx.kube,
+        CONTROLLER,
+        &addon.object_ref(&()),
+        type_,
+        reason,
+        note,
+    )
+    .await;
 }
 
 /// Whether the API has a newer Addon than the cache this pass read (or
@@ -428,7 +425,13 @@ async fn converge(
     let tenant = is_tenant(ctx, addon);
     // Before any plugin call: whose rights will apply it.
     let actor = actor_of(addon, ctx)?;
-    let views = order::views(ctx, addon);
+    // Every Addon's view only when this one has dependencies (a cycle
+    // needs the whole graph); otherwise nothing holds it back.
+    let views = if addon.spec.depends_on.is_empty() {
+        Default::default()
+    } else {
+        order::views(ctx, addon)
+    };
     let blockers = {
         let mut conditions = Conditions::new(&mut status.conditions, Some(generation), &t);
         order::blockers(ctx, addon, &actor, &views, &mut conditions).await?
@@ -897,10 +900,9 @@ async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
             &now(),
         );
         if apply_status(&ctx.kube, CONTROLLER, addon, current.as_ref(), &status).await? {
-            record_event(
-                &ctx.kube,
-                CONTROLLER,
-                &addon.object_ref(&()),
+            event(
+                ctx,
+                addon,
                 EventType::Normal,
                 "WaitingForDependents",
                 message,

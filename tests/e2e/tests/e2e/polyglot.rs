@@ -177,18 +177,7 @@ async fn the_python_and_javascript_providers_updaters_and_addons_pass_conformanc
     // The updaters change the version of an instance the Rust provider made.
     for stem in ["sim_updater_py", "sim_updater_js"] {
         let cloud = cloud().await;
-        let provider = built("sim_provider");
-        let report = conformance(
-            built(stem),
-            &cloud,
-            &[
-                "--world",
-                "updater",
-                "--provider",
-                provider.to_str().unwrap(),
-            ],
-        )
-        .await;
+        let report = updater_conformance(built(stem), &cloud).await;
         assert!(
             report.contains("PASS  update reaches done with monotonic progress")
                 && report.contains("0 failed"),
@@ -240,6 +229,23 @@ fn addon_conformance(path: &std::path::Path) -> String {
 /// the token from the environment, as a user runs it; the report.
 async fn provider_conformance(path: PathBuf, cloud: &SimCloud) -> String {
     conformance(path, cloud, &[]).await
+}
+
+/// `capstan plugin conformance --world updater PATH` against `cloud`,
+/// changing the version of an instance the Rust sim provider makes.
+async fn updater_conformance(path: PathBuf, cloud: &SimCloud) -> String {
+    let provider = built("sim_provider");
+    conformance(
+        path,
+        cloud,
+        &[
+            "--world",
+            "updater",
+            "--provider",
+            provider.to_str().unwrap(),
+        ],
+    )
+    .await
 }
 
 /// `capstan plugin conformance PATH ARGS…` against `cloud`, as
@@ -707,18 +713,7 @@ async fn new_plugins_in_each_language_test_build_and_pass_conformance() {
         .await
         .unwrap();
     }
-    let provider = built("sim_provider");
-    let report = conformance(
-        updater.join("my_updater.wasm"),
-        &cloud().await,
-        &[
-            "--world",
-            "updater",
-            "--provider",
-            provider.to_str().unwrap(),
-        ],
-    )
-    .await;
+    let report = updater_conformance(updater.join("my_updater.wasm"), &cloud().await).await;
     assert!(
         report.contains("Conformance of plugin my-updater 0.1.0") && report.contains("0 failed"),
         "{report}"
