@@ -6,8 +6,11 @@
 //! A reconcile ([`reconcile`]): the Plugin must allow the Addon's namespace
 //! (`PluginNotAllowed` otherwise, before any plugin call) → pick the target
 //! cluster (this one, or a workload cluster from a kubeconfig Secret with
-//! inline credentials only) → resolve the version through the plugin's
-//! `versions()` → `render` ([`render`], shared with `capstan addon render`)
+//! inline credentials only) → what holds it back (`spec.dependsOn`, in
+//! `order`) → resolve the version through the plugin's `versions()` under
+//! the update policy (`available` reports what the channel offers) →
+//! `render` ([`render`], shared with `capstan addon render`; while a
+//! dependency is not ready, what is applied is rendered again instead)
 //! → the pure steps of this crate (parse,
 //! label, patch within the patch grants, rewrite images, check the object
 //! grants and the host's floor, order) → read every object and decide
@@ -17,7 +20,8 @@
 //! when the live one no longer carries what was applied (so an idle resync
 //! writes nothing) → prune what the previous inventory had and the render
 //! no longer does, by uid → `assess` what was rendered of the live objects
-//! → status. Deleting an Addon deletes what it created (by uid, never what
+//! → status. Deleting an Addon (`finalize`: after its dependents are gone)
+//! deletes what it created (by uid, never what
 //! it adopted) in reverse apply order, waits until it is gone, then drops
 //! the finalizer.
 //!
@@ -26,7 +30,6 @@
 //! labelled object into a reconcile of its Addon, which puts back what was
 //! applied.
 
-use crate::dependencies::Gate;
 use crate::ownership::{self, Ownership};
 use crate::{AddonError, AddonGrants, ImageRewrite, Object};
 use capstan_api::{
@@ -34,7 +37,7 @@ use capstan_api::{
 };
 use capstan_kit::controller::Spec;
 use capstan_kit::registry::ByPlugin;
-use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
+use capstan_kit::write::{add_finalizer, apply_status, record_event};
 use capstan_kit::{Conditions, Error, Kube, now};
 use kube::api::{Api, ApiResource};
 use kube::runtime::controller::{Action, Controller};
@@ -44,17 +47,20 @@ use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod available;
 mod cluster;
 mod drift;
+mod finalize;
 mod order;
 mod render;
 
+pub use available::UPDATE_AVAILABLE;
 pub use order::{DEPENDENCIES_READY, VALID_SPEC};
 
 pub use cluster::{TENANT_BINDING, TENANT_ROLE};
 pub use render::{RenderError, Rendered, render};
 
-use cluster::{Deleted, Target, apply_if_drifted, delete_entry, kind_of, read_live, target};
+use cluster::{Target, apply_if_drifted, delete_entry, kind_of, read_live, target};
 use drift::{AddonState, WatchKey, need_watches, receiver_stream, watch_kind};
 use render::counted_call;
 
@@ -206,58 +212,6 @@ fn fail(condition: &'static str, reason: &'static str, message: impl Into<String
     }
 }
 
-/// Condition (`Notify` only): the channel offers a newer version than the
-/// one applied.
-pub const UPDATE_AVAILABLE: &str = "UpdateAvailable";
-
-/// Record what the channel offers (`status.availableVersion`, under every
-/// policy); under `Notify`, the `UpdateAvailable` condition and one Event
-/// per newly offered version.
-async fn report_available(
-    ctx: &Context,
-    addon: &Addon,
-    status: &mut AddonStatus,
-    rendered: &Rendered,
-    digest: &str,
-    generation: i64,
-    t: &capstan_api::Time,
-) {
-    let before = status.available_version.clone();
-    status.available_version = rendered.available.clone();
-    status.available_from = rendered.available.as_ref().map(|_| digest.to_string());
-    let mut conditions = Conditions::new(&mut status.conditions, Some(generation), t);
-    if addon.spec.update_policy != capstan_api::UpdatePolicy::Notify {
-        conditions.remove(UPDATE_AVAILABLE);
-        return;
-    }
-    let (available, version) = (
-        rendered.available.as_deref().unwrap_or_default(),
-        &rendered.resolved.version,
-    );
-    if !rendered.update_available {
-        conditions.set(
-            UPDATE_AVAILABLE,
-            status::FALSE,
-            "Current",
-            format!("version {version} is the newest the channel offers"),
-        );
-        return;
-    }
-    let message = format!(
-        "version {available} is available in channel {} (offered by plugin revision {digest}); version {version} stays applied under updatePolicy Notify; set spec.version to {available} to apply it",
-        addon.spec.channel.as_deref().unwrap_or_default()
-    );
-    conditions.set(
-        UPDATE_AVAILABLE,
-        status::TRUE,
-        "UpdateAvailable",
-        message.clone(),
-    );
-    if before.as_deref() != Some(available) {
-        event(ctx, addon, EventType::Normal, "UpdateAvailable", message).await;
-    }
-}
-
 /// A failed render as the condition it sets.
 fn render_failure(e: RenderError) -> Failure {
     match e {
@@ -306,7 +260,7 @@ fn addon_failure(e: AddonError) -> Failure {
 
 async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error> {
     if addon.meta().deletion_timestamp.is_some() {
-        return finalize(&addon, &ctx).await;
+        return finalize::finalize(&addon, &ctx).await;
     }
     ctx.dependents.record(&addon);
     if add_finalizer(&ctx.kube, CONTROLLER, addon.as_ref(), ADDON_FINALIZER).await? {
@@ -436,67 +390,9 @@ async fn converge(
         let mut conditions = Conditions::new(&mut status.conditions, Some(generation), &t);
         order::blockers(ctx, addon, &actor, &views, &mut conditions).await?
     };
-    let rendered = render(
-        &registered.plugin,
-        addon,
-        &registered.grants,
-        tenant,
-        &ctx.image_rewrites,
-        Some(&ctx.kube.metrics),
-    )
-    .await
-    .map_err(render_failure)?;
     let digest = registered.plugin.plugin().digest().to_string();
-    report_available(ctx, addon, status, &rendered, &digest, generation, &t).await;
-    // A transition waits for the dependencies; what is applied is rendered
-    // again instead, so its drift is still corrected.
-    let applied_before = status.last_applied.clone();
-    let change = crate::dependencies::transition(
-        applied_before.as_ref(),
-        status.plugin_digest.as_deref(),
-        generation,
-        &rendered.resolved.version,
-        &digest,
-    );
-    let new_revision = status.plugin_digest.as_deref().is_some_and(|d| d != digest);
-    let gate = crate::dependencies::gate(
-        addon,
-        applied_before.as_ref(),
-        change,
-        new_revision,
-        !blockers.is_empty(),
-    );
-    let (rendered, held) = match gate {
-        Gate::Current => (rendered, None),
-        Gate::Held { spec, change } => {
-            let mut held = addon.clone();
-            held.spec = *spec;
-            let rendered = render(
-                &registered.plugin,
-                &held,
-                &registered.grants,
-                tenant,
-                &ctx.image_rewrites,
-                Some(&ctx.kube.metrics),
-            )
-            .await
-            .map_err(render_failure)?;
-            (rendered, Some(change))
-        }
-        Gate::Wait(change) => {
-            return Err(Failure {
-                waiting: true,
-                ..fail(
-                    UP_TO_DATE,
-                    "WaitingForDependencies",
-                    format!(
-                        "{change} waits: {}",
-                        crate::dependencies::blocked_message(&blockers)
-                    ),
-                )
-            });
-        }
-    };
+    let (rendered, held) =
+        order::render_gated(ctx, addon, &registered, tenant, status, &blockers, &t).await?;
     let Rendered {
         resolved,
         spec,
@@ -871,104 +767,4 @@ fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failu
         waiting,
         ..fail(APPLIED, "PluginUnavailable", message)
     })
-}
-
-/// Delete the inventory in reverse apply order; drop the finalizer once all
-/// of it is gone.
-async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Error> {
-    if !addon.finalizers().iter().any(|f| f == ADDON_FINALIZER) {
-        return Ok(Action::await_change());
-    }
-    let current = addon.status.clone();
-    let mut status = current.clone().unwrap_or_default();
-    status.phase = Some("Deleting".into());
-    // Dependents go first: what they run may need this one to the end.
-    let dependents = order::live_dependents(ctx, addon);
-    if !dependents.is_empty() {
-        let names: Vec<String> = dependents.iter().map(ToString::to_string).collect();
-        let message = format!(
-            "deletion waits for the Addons that depend on this one to go first: {}",
-            names.join(", ")
-        );
-        set_condition(
-            &mut status.conditions,
-            APPLIED,
-            status::FALSE,
-            "WaitingForDependents",
-            message.clone(),
-            addon.metadata.generation,
-            &now(),
-        );
-        if apply_status(&ctx.kube, CONTROLLER, addon, current.as_ref(), &status).await? {
-            event(
-                ctx,
-                addon,
-                EventType::Normal,
-                "WaitingForDependents",
-                message,
-            )
-            .await;
-        }
-        return Ok(Action::requeue(Duration::from_secs(5)));
-    }
-    let inventory = status.inventory.clone();
-    let mut remaining = 0;
-    let mut problem = None;
-    let target = match actor_of(addon, ctx) {
-        Ok(actor) => target(addon, ctx, &actor).await,
-        Err(f) => Err(f),
-    };
-    match target {
-        Err(f) => {
-            problem = Some(format!(
-                "{}; the Addon keeps its finalizer until what it applied can be deleted (fix the target, or remove finalizer {ADDON_FINALIZER} to leave the objects behind)",
-                f.message
-            ))
-        }
-        Ok(target) => {
-            let registered = plugin_of(addon, ctx).ok();
-            let grants = registered.as_ref().map(|r| &r.grants);
-            for entry in inventory.iter().rev() {
-                match delete_entry(ctx, &target, entry, addon, grants).await {
-                    Ok(Deleted::Gone) => {}
-                    // A Namespace ends only when the namespace controller
-                    // has emptied it, which can take long; its deletion
-                    // is under way and nothing of the addon is left in it.
-                    Ok(Deleted::Going) if entry.kind == "Namespace" => {}
-                    Ok(Deleted::Going) => remaining += 1,
-                    Err(m) => {
-                        remaining += 1;
-                        problem = Some(m);
-                    }
-                }
-            }
-        }
-    }
-    if let Some(message) = &problem {
-        set_condition(
-            &mut status.conditions,
-            APPLIED,
-            status::FALSE,
-            "DeleteFailed",
-            message.clone(),
-            addon.metadata.generation,
-            &now(),
-        );
-    }
-    if remaining > 0 || problem.is_some() {
-        apply_status(&ctx.kube, CONTROLLER, addon, current.as_ref(), &status).await?;
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    remove_finalizer(&ctx.kube, CONTROLLER, addon, ADDON_FINALIZER).await?;
-    ctx.dependents
-        .forget(&crate::dependencies::AddonKey::of(addon));
-    need_watches(ctx, addon, Default::default());
-    let uid = addon.metadata.uid.clone().unwrap_or_default();
-    ctx.state
-        .expected
-        .lock()
-        .expect("expected lock")
-        .retain(|(of, _), _| *of != uid);
-    tracing::info!(addon = %capstan_kit::key_of(addon), objects = inventory.len(), "addon removed with everything it applied");
-    Ok(Action::await_change())
 }

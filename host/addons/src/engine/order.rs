@@ -3,12 +3,13 @@
 //! tenant's dependency in another namespace is read as the tenant's
 //! ServiceAccount first; an index of dependents (filled as each Addon is
 //! reconciled) wakes them when a dependency changes; an Addon being
-//! deleted waits for its dependents.
+//! deleted waits for its dependents; [`render_gated`] renders what the
+//! gate lets through.
 
-use super::{Context, Failure, fail};
-use crate::dependencies::{self, AddonKey, AddonView, NotReady};
+use super::{Context, Failure, RegisteredAddon, Rendered, fail, render, render_failure};
+use crate::dependencies::{self, AddonKey, AddonView, Change, Gate, NotReady};
 use crate::identity::Actor;
-use capstan_api::{Addon, status};
+use capstan_api::{Addon, AddonStatus, status};
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -194,4 +195,70 @@ async fn may_read(ctx: &Context, actor: &Actor, key: &AddonKey) -> Result<(), St
 /// The Addons that must go before `addon` (being deleted) may.
 pub(super) fn live_dependents(ctx: &Context, addon: &Addon) -> Vec<AddonKey> {
     dependencies::dependents(&AddonKey::of(addon), &views(ctx, addon))
+}
+
+/// Render the Addon as the gate decides ([`dependencies::gate`]): as its
+/// spec asks, or — while a dependency holds a transition back — what is
+/// applied, again (`Some(change)`: what waits), so drift is still
+/// corrected; with nothing to render again, the transition waits as a
+/// failure. Records what the channel offers on the way.
+pub(super) async fn render_gated(
+    ctx: &Context,
+    addon: &Addon,
+    registered: &RegisteredAddon,
+    tenant: bool,
+    status: &mut AddonStatus,
+    blockers: &[(AddonKey, NotReady)],
+    t: &capstan_api::Time,
+) -> Result<(Rendered, Option<Change>), Failure> {
+    let generation = addon.metadata.generation.unwrap_or(0);
+    let render_spec = async |addon: &Addon| {
+        render(
+            &registered.plugin,
+            addon,
+            &registered.grants,
+            tenant,
+            &ctx.image_rewrites,
+            Some(&ctx.kube.metrics),
+        )
+        .await
+        .map_err(render_failure)
+    };
+    let rendered = render_spec(addon).await?;
+    let digest = registered.plugin.plugin().digest();
+    super::available::report_available(ctx, addon, status, &rendered, digest, generation, t).await;
+    let applied = status.last_applied.clone();
+    let change = dependencies::transition(
+        applied.as_ref(),
+        status.plugin_digest.as_deref(),
+        generation,
+        &rendered.resolved.version,
+        digest,
+    );
+    let new_revision = status.plugin_digest.as_deref().is_some_and(|d| d != digest);
+    match dependencies::gate(
+        addon,
+        applied.as_ref(),
+        change,
+        new_revision,
+        !blockers.is_empty(),
+    ) {
+        Gate::Current => Ok((rendered, None)),
+        Gate::Held { spec, change } => {
+            let mut held = addon.clone();
+            held.spec = *spec;
+            Ok((render_spec(&held).await?, Some(change)))
+        }
+        Gate::Wait(change) => Err(Failure {
+            waiting: true,
+            ..fail(
+                super::UP_TO_DATE,
+                "WaitingForDependencies",
+                format!(
+                    "{change} waits: {}",
+                    dependencies::blocked_message(blockers)
+                ),
+            )
+        }),
+    }
 }

@@ -227,10 +227,29 @@ async fn coredns_installs_from_its_channel_upgrades_with_pruning_and_is_removed(
         .control_plane
         .kubectl(&["get", "addons", "-n", NS], None)
         .unwrap();
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PLUGIN",
+            "VERSION",
+            "AVAILABLE",
+            "CHANNEL",
+            "HEALTHY",
+            "PHASE",
+            "DEPS",
+            "AGE"
+        ],
+        "{table}"
+    );
+    // No dependencies: DEPS is empty.
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        &row[..6],
-        ["dns", "coredns", "1.10.1", "stable", "true", "Ready"],
+        &row[..7],
+        [
+            "dns", "coredns", "1.10.1", "1.10.1", "stable", "true", "Ready"
+        ],
         "{table}"
     );
 
