@@ -193,7 +193,9 @@ pub fn readiness(
     if dep.observed_generation != Some(dep.generation) {
         return Err(NotReady::NotReconciled);
     }
-    if dep.healthy != Some(true) {
+    // Healthy in its latest pass: a stale `healthy` beside a failed
+    // apply (phase Failed) or a pause is not ready.
+    if dep.healthy != Some(true) || dep.phase.as_deref() != Some("Ready") {
         return Err(NotReady::NotHealthy(dep.phase.clone()));
     }
     if let Some(constraint) = &wanted.version_constraint {

@@ -66,6 +66,13 @@ fn a_dependency_is_ready_only_when_every_rule_holds() {
     v.phase = Some("Unhealthy".into());
     let why = ready(&v, &dep("a", None)).unwrap_err();
     assert_eq!(why.to_string(), "is not healthy (phase Unhealthy)");
+    // Healthy once, but its latest spec failed to apply: not ready.
+    let mut v = base.clone();
+    v.phase = Some("Failed".into());
+    assert_eq!(
+        ready(&v, &dep("a", None)),
+        Err(NotReady::NotHealthy(Some("Failed".into())))
+    );
     assert_eq!(ready(&base, &dep("a", Some(">=1.8.0, <2"))), Ok(()));
     let why = ready(&base, &dep("a", Some("^1.9"))).unwrap_err();
     assert_eq!(
