@@ -158,13 +158,18 @@ pub fn same_cluster(a: (&str, Option<&AddonTarget>), b: (&str, Option<&AddonTarg
     }
 }
 
-/// Whether `version` meets `constraint` (a semantic-version requirement
-/// such as `>=1.8.0, <2`); a leading `v` is ignored. Err: why either is
-/// not valid.
-pub fn meets(version: &str, constraint: &str) -> Result<bool, String> {
-    let requirement = semver::VersionReq::parse(constraint.trim()).map_err(|e| {
+/// `constraint` as a semantic-version requirement (such as `>=1.8.0, <2`);
+/// Err: why it is not one, and what to write.
+pub fn requirement(constraint: &str) -> Result<semver::VersionReq, String> {
+    semver::VersionReq::parse(constraint.trim()).map_err(|e| {
         format!("versionConstraint {constraint:?} is not a semantic-version requirement ({e}); write one such as \">=1.8.0, <2\" or \"^1.8\"")
-    })?;
+    })
+}
+
+/// Whether `version` meets `constraint` ([`requirement`]); a leading `v`
+/// is ignored. Err: why either is not valid.
+pub fn meets(version: &str, constraint: &str) -> Result<bool, String> {
+    let requirement = requirement(constraint)?;
     let parsed = semver::Version::parse(version.trim().trim_start_matches('v'))
         .map_err(|e| format!("its version {version:?} is not a semantic version ({e})"))?;
     Ok(requirement.matches(&parsed))
@@ -341,25 +346,17 @@ pub fn transition(
 }
 
 /// The spec to render while held back: what is applied, so drift is
-/// corrected without a transition. `None` when that render cannot be made
-/// again (nothing applied yet, or only another plugin revision is loaded).
-fn held_spec(
-    addon: &Addon,
-    applied: Option<&AppliedSpec>,
-    change: &Change,
-) -> Option<capstan_api::AddonSpec> {
-    let applied = applied?;
-    if matches!(change, Change::FirstInstall | Change::PluginRevision) {
-        return None;
-    }
-    Some(capstan_api::AddonSpec {
+/// corrected without a transition (the plugin revision that rendered it
+/// being the one loaded: [`gate`] checks).
+fn held_spec(addon: &Addon, applied: &AppliedSpec) -> capstan_api::AddonSpec {
+    capstan_api::AddonSpec {
         version: Some(applied.version.clone()),
         channel: None,
         config: applied.config.clone(),
         patches: applied.patches.clone(),
         target: applied.target.clone(),
         ..addon.spec.clone()
-    })
+    }
 }
 
 /// What a reconcile applies, given what it is about to apply (`change`
@@ -396,9 +393,9 @@ pub fn gate(
         None => Gate::Current,
         Some(_) if !blocked => Gate::Current,
         Some(change) if new_revision => Gate::Wait(change),
-        Some(change) => match held_spec(addon, applied, &change) {
-            Some(spec) => Gate::Held {
-                spec: Box::new(spec),
+        Some(change) => match applied {
+            Some(applied) => Gate::Held {
+                spec: Box::new(held_spec(addon, applied)),
                 change,
             },
             None => Gate::Wait(change),

@@ -100,8 +100,6 @@ pub(super) async fn finalize(addon: &Addon, ctx: &Context) -> Result<Action, Err
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     remove_finalizer(&ctx.kube, CONTROLLER, addon, ADDON_FINALIZER).await?;
-    ctx.dependents
-        .forget(&crate::dependencies::AddonKey::of(addon));
     need_watches(ctx, addon, Default::default());
     let uid = addon.metadata.uid.clone().unwrap_or_default();
     ctx.state

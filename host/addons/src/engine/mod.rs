@@ -379,16 +379,9 @@ async fn converge(
     let tenant = is_tenant(ctx, addon);
     // Before any plugin call: whose rights will apply it.
     let actor = actor_of(addon, ctx)?;
-    // Every Addon's view only when this one has dependencies (a cycle
-    // needs the whole graph); otherwise nothing holds it back.
-    let views = if addon.spec.depends_on.is_empty() {
-        Default::default()
-    } else {
-        order::views(ctx, addon)
-    };
     let blockers = {
         let mut conditions = Conditions::new(&mut status.conditions, Some(generation), &t);
-        order::blockers(ctx, addon, &actor, &views, &mut conditions).await?
+        order::blockers(ctx, addon, &actor, &mut conditions).await?
     };
     let digest = registered.plugin.plugin().digest().to_string();
     let (rendered, held) =

@@ -102,12 +102,12 @@ pub(super) fn views(ctx: &Context, addon: &Addon) -> BTreeMap<AddonKey, AddonVie
 /// What holds `addon` back, after refusing a cycle or an invalid
 /// requirement (nothing is applied then) and, for a tenant, a dependency
 /// in another namespace its ServiceAccount may not read. Sets or clears
-/// `DependenciesReady` and `ValidSpec`.
+/// `DependenciesReady` and `ValidSpec`. Reads every cached Addon only when
+/// this one has dependencies (a cycle needs the whole graph).
 pub(super) async fn blockers(
     ctx: &Context,
     addon: &Addon,
     actor: &Actor,
-    views: &BTreeMap<AddonKey, AddonView>,
     conditions: &mut capstan_kit::Conditions<'_>,
 ) -> Result<Vec<(AddonKey, NotReady)>, Failure> {
     if addon.spec.depends_on.is_empty() {
@@ -115,8 +115,9 @@ pub(super) async fn blockers(
         conditions.remove(DEPENDENCIES_READY).remove(VALID_SPEC);
         return Ok(vec![]);
     }
+    let views = views(ctx, addon);
     let me = AddonKey::of(addon);
-    if let Some(cycle) = dependencies::cycle_through(&me, &dependencies::graph(views)) {
+    if let Some(cycle) = dependencies::cycle_through(&me, &dependencies::graph(&views)) {
         return Err(fail(
             VALID_SPEC,
             "DependencyCycle",
@@ -128,14 +129,12 @@ pub(super) async fn blockers(
     }
     for (i, dependency) in addon.spec.depends_on.iter().enumerate() {
         if let Some(constraint) = &dependency.version_constraint
-            && let Err(e) = semver::VersionReq::parse(constraint.trim())
+            && let Err(why) = dependencies::requirement(constraint)
         {
             return Err(fail(
                 VALID_SPEC,
                 "InvalidVersionConstraint",
-                format!(
-                    "spec.dependsOn[{i}].versionConstraint {constraint:?} is not a semantic-version requirement ({e}); write one such as \">=1.8.0, <2\" or \"^1.8\""
-                ),
+                format!("spec.dependsOn[{i}].{why}"),
             ));
         }
     }
@@ -158,7 +157,7 @@ pub(super) async fn blockers(
             })?;
         }
     }
-    let blockers = dependencies::blockers(addon, views);
+    let blockers = dependencies::blockers(addon, &views);
     if blockers.is_empty() {
         conditions.set(
             DEPENDENCIES_READY,

@@ -27,7 +27,7 @@ pub(super) fn calls_of(world: World) -> &'static [&'static str] {
 }
 
 /// The Addon a `render` or `assess` call is about (`addon:` in a case).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct AddonInput {
     #[serde(default)]
@@ -90,12 +90,7 @@ impl CallInput<'_> {
     }
 
     fn addon_spec(&self) -> AddonSpec {
-        let input = self.addon.map_or_else(AddonInput::default, |a| AddonInput {
-            name: a.name.clone(),
-            namespace: a.namespace.clone(),
-            version: a.version.clone(),
-            channel: a.channel.clone(),
-        });
+        let input = self.addon.cloned().unwrap_or_default();
         AddonSpec {
             name: input.name.unwrap_or_else(|| "addon-1".into()),
             namespace: input.namespace.unwrap_or_else(|| "default".into()),
