@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 packages=("$@")
 if [ ${#packages[@]} -eq 0 ]; then
     packages=(sim-provider sim-updater sim-tagger sim-team-tagger broken-updater hostile-plugin ec2-provider
-        coredns-addon node-exporter-addon greedy-addon kubeadm-bootstrap contract-0-1-provider)
+        coredns-addon node-exporter-addon greedy-addon kubeadm-bootstrap contract-0-1-provider contract-0-1-addon)
 fi
 echo "==> building plugins for wasm32-wasip2: ${packages[*]}"
 cargo build --release --target wasm32-wasip2 --target-dir "${CARGO_TARGET_DIR:-target}/plugins" \

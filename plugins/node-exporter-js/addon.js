@@ -14,6 +14,8 @@ import { daemonsetHealth, findObserved, invalidConfig, parseConfig, pickVersion,
 import { info } from '@capstan/plugin/log';
 
 export const VERSIONS = [['1.7.0', 'stable'], ['1.8.2', 'rapid']];
+/** The Kubernetes versions each supports (the host applies a version only within them). */
+export const KUBERNETES = { '1.7.0': '>=1.16.0', '1.8.2': '>=1.20.0' };
 const NAME = 'node-exporter';
 
 const CONFIG = {
@@ -71,7 +73,7 @@ export function objects(version, config) {
 
 export const addon = {
   versions() {
-    return versionTable(VERSIONS);
+    return versionTable(VERSIONS, KUBERNETES);
   },
   render(spec) {
     const version = pickVersion(spec, VERSIONS);

@@ -19,6 +19,8 @@ from capstan_plugin.addon import daemonset_health, find_observed, pick_version, 
 from wit_world import exports
 
 VERSIONS = [("1.7.0", "stable"), ("1.8.2", "rapid")]
+# The Kubernetes versions each supports (the host applies a version only within them).
+KUBERNETES = {"1.7.0": ">=1.16.0", "1.8.2": ">=1.20.0"}
 NAME = "node-exporter"
 
 
@@ -94,7 +96,7 @@ def objects(version: str, config: AddonConfig) -> list[dict]:
 
 class Addon(exports.Addon):
     def versions(self):
-        return version_table(VERSIONS)
+        return version_table(VERSIONS, KUBERNETES)
 
     def render(self, spec) -> list[str]:
         version = pick_version(spec, VERSIONS)

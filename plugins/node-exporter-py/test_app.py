@@ -12,7 +12,7 @@ from wit_world.exports.addon import AddonSpec
 
 
 def spec(version, config=None):
-    return AddonSpec("ne", "default", version, None, json.dumps(config or {}))
+    return AddonSpec("ne", "default", version, None, json.dumps(config or {}), "v1.30.2")
 
 
 class AddonTest(unittest.TestCase):

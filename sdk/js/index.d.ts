@@ -35,8 +35,10 @@ export interface AddonSpec {
   version?: string;
   channel?: string;
   config: string;
+  /** The target cluster's Kubernetes version (`v1.30.2`), when the host knows it. */
+  kubernetesVersion?: string;
 }
-export interface VersionInfo { version: string; channels: string[] }
+export interface VersionInfo { version: string; channels: string[]; kubernetes?: string }
 export interface Health { healthy: boolean; message?: string; details: [string, string][] }
 export type UpdateProgress =
   | { tag: 'done' }
@@ -46,7 +48,7 @@ export function updateDone(): UpdateProgress;
 export function updateInProgress(retryAfterMs?: number, percent?: number, message?: string): UpdateProgress;
 export function updateFailed(message: string): UpdateProgress;
 export function toBase64(bytes: Uint8Array): string;
-export function versionTable(table: [string, string][]): VersionInfo[];
+export function versionTable(table: [string, string][], kubernetes?: Record<string, string>): VersionInfo[];
 export function pickVersion(spec: AddonSpec, table: [string, string][]): string;
 export function findObserved(observed: string[], kind: string, name: string): any | undefined;
 export function deploymentHealth(observed: any | undefined, name: string): Health;

@@ -151,12 +151,18 @@ export function updateInProgress(retryAfterMs = 1000, percent, message) {
 /** An updater's `update` answer: the update failed; the host reports it and never rolls back silently. */
 export const updateFailed = (message) => ({ tag: 'failed', val: message });
 
-/** `[[version, channel], ...]` as the `versions` export returns it. */
-export function versionTable(table) {
+/**
+ * `[[version, channel], ...]` as the `versions` export returns it. `kubernetes`
+ * (optional) maps a version to the Kubernetes versions it supports, as a
+ * semantic-version requirement such as `'>=1.20.0'`: the host applies a version
+ * only while the cluster's API server and kubelets meet it.
+ */
+export function versionTable(table, kubernetes = {}) {
   const out = [];
   for (const [version, channel] of table) {
     const entry = out.find((v) => v.version === version);
     if (entry) entry.channels.push(channel);
+    else if (kubernetes[version] !== undefined) out.push({ version, channels: [channel], kubernetes: kubernetes[version] });
     else out.push({ version, channels: [channel] });
   }
   return out;

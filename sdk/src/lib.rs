@@ -109,7 +109,8 @@ pub mod bindings {
             },
         });
     }
-    /// The `addon` world (its interface is 0.1.0's, unchanged in 0.2.0).
+    /// The `addon` world (0.2.0: the cluster's Kubernetes version in, a
+    /// Kubernetes range per version out).
     pub mod addon {
         wit_bindgen::generate!({
             path: "../wit",
@@ -160,7 +161,7 @@ pub mod updater {
 /// call [`export_addon!`].
 pub mod addon {
     use crate::PluginError;
-    pub use crate::bindings::addon::exports::capstan::plugin0_1_0::addon::{
+    pub use crate::bindings::addon::exports::capstan::plugin0_2_0::addon::{
         AddonSpec, Guest, Health, VersionInfo,
     };
     pub use crate::workload_health::*;
@@ -175,10 +176,28 @@ pub mod addon {
                 None => out.push(VersionInfo {
                     version: version.to_string(),
                     channels: vec![channel.to_string()],
+                    kubernetes: None,
                 }),
             }
         }
         out
+    }
+
+    /// `table` with the Kubernetes versions each listed version supports:
+    /// `(version, requirement)` pairs such as `("1.8.2", ">=1.20.0")`.
+    /// The host applies a version only while the cluster's API server and
+    /// every kubelet meet its requirement; a version not named supports
+    /// every Kubernetes version.
+    pub fn with_kubernetes(
+        mut table: Vec<VersionInfo>,
+        ranges: &[(&str, &str)],
+    ) -> Vec<VersionInfo> {
+        for (version, range) in ranges {
+            if let Some(v) = table.iter_mut().find(|v| v.version == *version) {
+                v.kubernetes = Some(range.to_string());
+            }
+        }
+        table
     }
 
     /// The table's entry for the version the host resolved (`spec.version`),
@@ -526,6 +545,18 @@ mod tests {
             err.to_string().contains("missing field `endpoint`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kubernetes_ranges_attach_to_the_versions_they_name() {
+        let table = addon::with_kubernetes(
+            addon::version_table(&[("1.7.0", "stable"), ("1.8.2", "rapid"), ("1.8.2", "stable")]),
+            &[("1.8.2", ">=1.20.0"), ("9.9.9", ">=2")],
+        );
+        assert_eq!(table.len(), 2);
+        assert_eq!(table[0].kubernetes, None);
+        assert_eq!(table[1].kubernetes.as_deref(), Some(">=1.20.0"));
+        assert_eq!(table[1].channels, ["rapid", "stable"]);
     }
 
     #[test]

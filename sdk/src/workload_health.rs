@@ -4,7 +4,7 @@
 //! `assess` must be total: these helpers never panic, whatever JSON the
 //! host passes (missing fields count as zero).
 
-use crate::bindings::addon::exports::capstan::plugin0_1_0::addon::Health;
+use crate::bindings::addon::exports::capstan::plugin0_2_0::addon::Health;
 use serde_json::Value;
 
 /// The observed object of `kind` named `name`, parsed; `None` when the host

@@ -10,7 +10,8 @@
 //!
 //! 1. [`updates::decide`]: `spec.version` wins, else the channel's version
 //!    ([`resolve_version`]), or under `updatePolicy: Notify|Manual` the one
-//!    applied; [`dependencies::gate`] holds a transition back while a
+//!    applied; a version that does not [`fit::fit`] the target cluster's
+//!    Kubernetes versions is never newly applied; [`dependencies::gate`] holds a transition back while a
 //!    dependency (`spec.dependsOn`) is not ready, rendering what is applied
 //!    instead, so drift is still corrected;
 //! 2. [`Object::parse`] each rendered text (valid objects, no duplicates);
@@ -36,6 +37,7 @@
 
 pub mod dependencies;
 pub mod engine;
+pub mod fit;
 pub mod floor;
 mod grants;
 pub mod identity;
@@ -81,6 +83,16 @@ pub enum AddonError {
         version: String,
         /// What the plugin offers now.
         known: Vec<String>,
+    },
+    /// The version does not fit the target cluster's Kubernetes version.
+    #[error(
+        "version {version} does not fit the target cluster: {why}; nothing of it was applied; set spec.version to a version that fits, or move the cluster into its range"
+    )]
+    Incompatible {
+        /// The version refused.
+        version: String,
+        /// Its range against the cluster's versions ([`fit::Fit::misfit`]).
+        why: String,
     },
     /// `spec.channel` is not one the plugin knows.
     #[error("spec.channel {channel:?} is not a channel the plugin knows; known channels: {}", .known.join(", "))]

@@ -500,7 +500,13 @@ async fn addon_conformance_passes_both_sample_addons_and_fails_the_greedy_one_pr
         let (code, report) = addon_conformance(stem, config).await;
         assert_eq!(code, Some(0), "{stem}: {report:#}");
         let checks = checks(&report);
-        assert_eq!(checks.len(), 14, "{report:#}");
+        assert_eq!(checks.len(), 15, "{report:#}");
+        assert!(
+            checks.iter().any(|(n, r, _)| n
+                == "each declared Kubernetes range is a semantic-version requirement"
+                && r == "pass"),
+            "{report:#}"
+        );
         assert!(
             checks.iter().any(|(n, r, _)| n
                 == "config text is checked, never pasted into rendered text"
@@ -532,6 +538,87 @@ async fn addon_conformance_passes_both_sample_addons_and_fails_the_greedy_one_pr
         "{failed:?}"
     );
     assert!(failed[4].1.contains("trapped in assess"), "{failed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn addon_render_refuses_a_version_outside_the_clusters_kubernetes_and_a_0_1_addon_still_renders()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, spec: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: capstan.dev/v1alpha1\nkind: Addon\nmetadata: {{name: ne}}\nspec: {spec}\n"
+            ),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    let exporter = plugin("node_exporter_addon").display().to_string();
+    // A node agent: privileged, as the e2e tests grant it.
+    let grants = dir.path().join("plugin.yaml");
+    std::fs::write(
+        &grants,
+        "apiVersion: capstan.dev/v1alpha1\nkind: Plugin\nmetadata: {name: ne}\nspec:\n  source: file:///ne.wasm\n  grants: {objects: ['Namespace/monitoring', 'ServiceAccount@monitoring', 'Service@monitoring', 'apps/DaemonSet@monitoring', 'ConfigMap@default'], podSecurity: Privileged}\n",
+    )
+    .unwrap();
+    let grants = grants.display().to_string();
+    let render = async |addon: &str, plugin: &str, kubernetes: &str| {
+        run(capstan(&[
+            "addon",
+            "render",
+            addon,
+            "--plugin",
+            plugin,
+            "--grants-from",
+            &grants,
+            "--kubernetes-version",
+            kubernetes,
+        ]))
+        .await
+    };
+    // 1.8.2 declares >=1.20.0.
+    let pinned = write("pinned.yaml", "{plugin: ne, version: 1.8.2}");
+    let out = render(&pinned, &exporter, "v1.19.4").await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("version 1.8.2 does not fit the target cluster: it supports Kubernetes \">=1.20.0\", and the cluster runs v1.19.4 (API server): v1.19.4 (API server) outside it; nothing of it was applied"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = render(&pinned, &exporter, "v1.30.2-eks-4f4795d").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("node-exporter:v1.8.2"));
+    // A channel whose only version does not fit is refused too.
+    let rapid = write("rapid.yaml", "{plugin: ne, channel: rapid}");
+    let out = render(&rapid, &exporter, "v1.19.4").await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("version 1.8.2 does not fit"));
+    let out = render(&rapid, &exporter, "latest").await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--kubernetes-version: \"latest\" is not a Kubernetes version"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // An addon built against 0.1.0 (no ranges, not told the version) loads,
+    // says which contract it has, and fits every cluster.
+    let legacy = plugin("contract_0_1_addon").display().to_string();
+    let out = run(capstan(&["plugin", "inspect", &legacy])).await;
+    let stdout = text(&out.stdout);
+    for needle in ["Contract:   0.1.0", "capstan:plugin/addon@0.1.0"] {
+        assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
+    }
+    let stable = write("legacy.yaml", "{plugin: legacy, channel: stable}");
+    let out = render(&stable, &legacy, "v1.19.4").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("name: legacy") && stdout.contains("version: 1.0.0"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

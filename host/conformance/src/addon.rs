@@ -2,6 +2,7 @@
 //! plugin only renders and judges.
 //!
 //! In order: `versions` lists each version once and answers the same twice;
+//! each Kubernetes range it declares is a semantic-version requirement;
 //! every version renders valid, distinct Kubernetes objects, the same ones
 //! twice, all within the kinds the manifest declares; no text value of the
 //! config is pasted into a longer rendered text; every channel
@@ -25,6 +26,7 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
         version: Some(version.to_string()),
         channel: None,
         config: config.to_string(),
+        kubernetes_version: None,
     };
 
     let versions = match addon.versions().await {
@@ -64,6 +66,31 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
             Ok(again) if again == versions => Outcome::Pass,
             Ok(_) => Outcome::Fail("the second answer differs".into()),
             Err(e) => Outcome::Fail(brief(&e)),
+        },
+    );
+
+    let invalid: Vec<String> = versions
+        .iter()
+        .filter_map(|v| {
+            let range = v.kubernetes.as_deref()?;
+            let any = capstan_addons::fit::ClusterVersions::default();
+            match capstan_addons::fit::fit(Some(range), &any) {
+                capstan_addons::fit::Fit::Invalid { why, .. } => {
+                    Some(format!("{}: {range:?} ({why})", v.version))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    record(
+        "each declared Kubernetes range is a semantic-version requirement".into(),
+        if invalid.is_empty() {
+            Outcome::Pass
+        } else {
+            Outcome::Fail(format!(
+                "{}; write one such as \">=1.28.0, <1.32.0\"",
+                invalid.join("; ")
+            ))
         },
     );
 
@@ -216,6 +243,7 @@ async fn injection(addon: &AddonPlugin, config: &str, version: &str) -> Outcome 
             version: Some(version.to_string()),
             channel: None,
             config: hostile.to_string(),
+            kubernetes_version: None,
         };
         match addon.render(&spec).await {
             Err(Error::Plugin { .. }) => {}

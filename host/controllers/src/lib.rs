@@ -310,6 +310,8 @@ pub async fn run(
         watches.plugins.subscribe(),
         watches.addons.subscribe(),
         watches.addons.deletions(),
+        watches.nodes.subscribe(),
+        watches.nodes.deletions(),
         Arc::new(
             capstan_addons::engine::Context::new(kube, addons, options.image_rewrites.clone())
                 .with_tenant_service_account(options.tenant_service_account.clone()),

@@ -150,7 +150,7 @@ pub fn footprint(component: &[u8]) -> Result<Footprint, ManifestError> {
 }
 
 /// The names a component imports and exports at its top level
-/// (`wasi:http/outgoing-handler@0.2.6`, `capstan:plugin/addon@0.1.0`).
+/// (`wasi:http/outgoing-handler@0.2.6`, `capstan:plugin/addon@0.2.0`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Interfaces {
     pub imports: Vec<String>,
@@ -401,7 +401,7 @@ mod tests {
                 "capstan:plugin/log@0.1.0".into(),
                 "wasi:cli/environment@0.2.9".into(),
             ],
-            exports: vec!["capstan:plugin/addon@0.1.0".into()],
+            exports: vec!["capstan:plugin/addon@0.2.0".into()],
         };
         check_fits(&manifest("addon"), &addon).unwrap();
         let err = check_fits(&manifest("provider"), &addon)
@@ -409,7 +409,7 @@ mod tests {
             .to_string();
         assert!(
             err.contains("does not export capstan:plugin/provider@0.2.0")
-                && err.contains("it exports capstan:plugin/addon@0.1.0"),
+                && err.contains("it exports capstan:plugin/addon@0.2.0"),
             "{err}"
         );
         let mut keyvalue = addon.clone();

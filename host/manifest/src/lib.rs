@@ -82,12 +82,14 @@ impl World {
     }
 
     /// The fully qualified interface a component built against `contract`
-    /// (a supported version) must export. 0.2.0 changed only `provider` and
-    /// added `bootstrap`; updaters and addons export the 0.1.0 interface
+    /// (a supported version) must export. 0.2.0 changed `provider` and
+    /// `addon` and added `bootstrap`; updaters export the 0.1.0 interface
     /// under either version.
     pub fn export_interface(self, contract: &str) -> String {
         let version = match self {
-            World::Provider if contract_minor(contract) == contract_minor(CONTRACT_VERSION) => {
+            World::Provider | World::Addon
+                if contract_minor(contract) == contract_minor(CONTRACT_VERSION) =>
+            {
                 CONTRACT_VERSION
             }
             World::Bootstrap => CONTRACT_VERSION,

@@ -245,7 +245,7 @@ impl ReturnSize for UpdateProgress {
 
 impl ReturnSize for VersionInfo {
     fn return_size(&self) -> usize {
-        self.version.len() + self.channels.return_size()
+        self.version.len() + self.channels.return_size() + self.kubernetes.return_size()
     }
 }
 impl ReturnSize for (String, String) {

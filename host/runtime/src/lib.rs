@@ -148,6 +148,21 @@ pub mod bindings {
             },
         });
     }
+    /// Contract 0.2.0's addon world: the cluster's Kubernetes version in,
+    /// a Kubernetes range per version out.
+    pub mod addon_v2 {
+        wasmtime::component::bindgen!({
+            path: "../../wit",
+            world: "capstan:plugin/addon-plugin@0.2.0",
+            imports: { default: trappable },
+            exports: { default: async },
+            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+            with: {
+                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
+            },
+        });
+    }
     /// Contract 0.2.0's bootstrap world.
     pub mod bootstrap {
         wasmtime::component::bindgen!({
@@ -167,7 +182,7 @@ pub mod bindings {
 
 /// The contract's data types, as the host sees them.
 pub mod types {
-    pub use crate::bindings::addon::exports::capstan::plugin0_1_0::addon::{
+    pub use crate::bindings::addon_v2::exports::capstan::plugin0_2_0::addon::{
         AddonSpec, Health, VersionInfo,
     };
     pub use crate::bindings::provider::capstan::plugin0_1_0::types::*;

@@ -1,9 +1,9 @@
 //! Typed handles per world ([`ProviderPlugin`], [`UpdaterPlugin`],
 //! [`AddonPlugin`], [`BootstrapPlugin`]): one method per contract function,
 //! each a call through [`Plugin`]'s per-call path on one of the runtime's
-//! call threads. A provider is bound to the provider interface of its
-//! manifest's contract version (0.1.0 or 0.2.0); the other worlds export
-//! the same interface under both.
+//! call threads. A provider or addon is bound to its world's interface of
+//! its manifest's contract version (0.1.0 or 0.2.0, [`versioned_handle!`]);
+//! updaters export the same interface under both.
 
 use super::*;
 
@@ -106,16 +106,6 @@ world_handle!(
 );
 
 world_handle!(
-    /// A plugin that implements the `addon` world.
-    AddonPlugin,
-    World::Addon,
-    addon,
-    AddonPluginPre,
-    bindings::addon::exports::capstan::plugin0_1_0::addon::Guest,
-    capstan_plugin0_1_0_addon
-);
-
-world_handle!(
     /// A plugin that implements the `bootstrap` world (contract 0.2.0).
     BootstrapPlugin,
     World::Bootstrap,
@@ -147,38 +137,140 @@ impl BootstrapPlugin {
     }
 }
 
-/// A provider's pre-instantiated component, bound to the provider interface
-/// of its contract version.
-#[derive(Clone)]
-enum ProviderPre {
-    /// `provider@0.1.0`: `create` without bootstrap data.
-    V1(bindings::provider::ProviderPluginPre<CallState>),
-    /// `provider@0.2.0`.
-    V2(bindings::provider_v2::ProviderPluginPre<CallState>),
+/// A typed handle on a plugin of a world whose interface changed in 0.2.0:
+/// the component is bound to the interface of its manifest's contract
+/// version (`V1`: 0.1.0, `V2`: 0.2.0), and `call` runs `v1` or `v2`.
+macro_rules! versioned_handle {
+    ($(#[$doc:meta])* $name:ident, $pre_enum:ident, $world:expr,
+     v1: ($m1:ident, $guest1:ident = $g1:path, $acc1:ident),
+     v2: ($m2:ident, $guest2:ident = $g2:path, $acc2:ident),
+     $pre:ident) => {
+        /// The pre-instantiated component, bound to the interface of its
+        /// contract version.
+        #[derive(Clone)]
+        enum $pre_enum {
+            /// Contract 0.1.0.
+            V1(bindings::$m1::$pre<CallState>),
+            /// Contract 0.2.0.
+            V2(bindings::$m2::$pre<CallState>),
+        }
+
+        type $guest1 = $g1;
+        type $guest2 = $g2;
+
+        $(#[$doc])*
+        #[derive(Clone)]
+        pub struct $name {
+            plugin: Plugin,
+            pre: $pre_enum,
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name)).field("plugin", &self.plugin).finish()
+            }
+        }
+
+        impl $name {
+            pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
+                plugin.expect_world($world)?;
+                let mismatch = |e: wasmtime::Error| Error::Load {
+                    plugin: plugin.name().to_string(),
+                    reason: format!(
+                        "its {} exports do not match contract {}: {e:#}",
+                        $world,
+                        plugin.manifest().contract
+                    ),
+                };
+                let export = $world.export_interface(&plugin.manifest().contract);
+                let pre = if export.ends_with(capstan_manifest::PREVIOUS_CONTRACT_VERSION) {
+                    $pre_enum::V1(
+                        bindings::$m1::$pre::new(plugin.inner.pre.clone()).map_err(mismatch)?,
+                    )
+                } else {
+                    $pre_enum::V2(
+                        bindings::$m2::$pre::new(plugin.inner.pre.clone()).map_err(mismatch)?,
+                    )
+                };
+                Ok($name {
+                    plugin: plugin.clone(),
+                    pre,
+                })
+            }
+
+            /// The underlying plugin.
+            pub fn plugin(&self) -> &Plugin {
+                &self.plugin
+            }
+
+            /// Whether the plugin implements contract 0.2.0's interface.
+            fn is_v2(&self) -> bool {
+                matches!(self.pre, $pre_enum::V2(_))
+            }
+
+            async fn call<T: ReturnSize>(
+                &self,
+                name: &'static str,
+                v1: impl AsyncFnOnce(
+                    &mut Store<CallState>,
+                    &$guest1,
+                ) -> wasmtime::Result<Result<T, PluginError>>,
+                v2: impl AsyncFnOnce(
+                    &mut Store<CallState>,
+                    &$guest2,
+                ) -> wasmtime::Result<Result<T, PluginError>>,
+            ) -> Result<T, Error> {
+                match &self.pre {
+                    $pre_enum::V1(pre) => {
+                        self.plugin
+                            .invoke(name, async |store| {
+                                let started = std::time::Instant::now();
+                                let instance = pre.instantiate_async(&mut *store).await?;
+                                store.data_mut().instantiate = started.elapsed();
+                                v1(store, instance.$acc1()).await
+                            })
+                            .await
+                    }
+                    $pre_enum::V2(pre) => {
+                        self.plugin
+                            .invoke(name, async |store| {
+                                let started = std::time::Instant::now();
+                                let instance = pre.instantiate_async(&mut *store).await?;
+                                store.data_mut().instantiate = started.elapsed();
+                                v2(store, instance.$acc2()).await
+                            })
+                            .await
+                    }
+                }
+            }
+        }
+    };
 }
 
-type ProviderV1 = bindings::provider::exports::capstan::plugin0_1_0::provider::Guest;
-type ProviderV2 = bindings::provider_v2::exports::capstan::plugin0_2_0::provider::Guest;
+versioned_handle!(
+    /// A plugin that implements the `provider` world (contract 0.1.0 or 0.2.0).
+    ProviderPlugin,
+    ProviderPre,
+    World::Provider,
+    v1: (provider, ProviderV1 = bindings::provider::exports::capstan::plugin0_1_0::provider::Guest, capstan_plugin0_1_0_provider),
+    v2: (provider_v2, ProviderV2 = bindings::provider_v2::exports::capstan::plugin0_2_0::provider::Guest, capstan_plugin0_2_0_provider),
+    ProviderPluginPre
+);
 
-/// A plugin that implements the `provider` world (contract 0.1.0 or 0.2.0).
-#[derive(Clone)]
-pub struct ProviderPlugin {
-    plugin: Plugin,
-    pre: ProviderPre,
-}
+versioned_handle!(
+    /// A plugin that implements the `addon` world (contract 0.1.0 or 0.2.0).
+    AddonPlugin,
+    AddonPre,
+    World::Addon,
+    v1: (addon, AddonV1 = bindings::addon::exports::capstan::plugin0_1_0::addon::Guest, capstan_plugin0_1_0_addon),
+    v2: (addon_v2, AddonV2 = bindings::addon_v2::exports::capstan::plugin0_2_0::addon::Guest, capstan_plugin0_2_0_addon),
+    AddonPluginPre
+);
 
-impl std::fmt::Debug for ProviderPlugin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProviderPlugin")
-            .field("plugin", &self.plugin)
-            .finish()
-    }
-}
-
-/// [`on_call_thread!`] for a provider: `$v1` runs against a 0.1.0 plugin,
-/// `$v2` against a 0.2.0 one (the same expression when the function did
-/// not change).
-macro_rules! on_provider_call {
+/// [`on_call_thread!`] for a [`versioned_handle!`]: `$v1` runs against a
+/// 0.1.0 plugin, `$v2` against a 0.2.0 one (the same expression when the
+/// function did not change).
+macro_rules! on_versioned_call {
     ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $v1:expr, $v2:expr) => {{
         let this = $handle.clone();
         $(let $arg = $arg.to_owned();)*
@@ -192,83 +284,15 @@ macro_rules! on_provider_call {
             .await
     }};
     ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $body:expr) => {
-        on_provider_call!($handle, $name, [$($arg),*], async |$s, $p| $body, $body)
+        on_versioned_call!($handle, $name, [$($arg),*], async |$s, $p| $body, $body)
     };
 }
 
 impl ProviderPlugin {
-    pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
-        plugin.expect_world(World::Provider)?;
-        let mismatch = |e: wasmtime::Error| Error::Load {
-            plugin: plugin.name().to_string(),
-            reason: format!(
-                "its provider exports do not match contract {}: {e:#}",
-                plugin.manifest().contract
-            ),
-        };
-        let export = World::Provider.export_interface(&plugin.manifest().contract);
-        let pre = if export.ends_with(capstan_manifest::PREVIOUS_CONTRACT_VERSION) {
-            ProviderPre::V1(
-                bindings::provider::ProviderPluginPre::new(plugin.inner.pre.clone())
-                    .map_err(mismatch)?,
-            )
-        } else {
-            ProviderPre::V2(
-                bindings::provider_v2::ProviderPluginPre::new(plugin.inner.pre.clone())
-                    .map_err(mismatch)?,
-            )
-        };
-        Ok(ProviderPlugin {
-            plugin: plugin.clone(),
-            pre,
-        })
-    }
-
-    /// The underlying plugin.
-    pub fn plugin(&self) -> &Plugin {
-        &self.plugin
-    }
-
     /// Whether `create` can pass bootstrap data to the instance (contract
     /// 0.2.0 and later).
     pub fn takes_bootstrap_data(&self) -> bool {
-        matches!(self.pre, ProviderPre::V2(_))
-    }
-
-    async fn call<T: ReturnSize>(
-        &self,
-        name: &'static str,
-        v1: impl AsyncFnOnce(
-            &mut Store<CallState>,
-            &ProviderV1,
-        ) -> wasmtime::Result<Result<T, PluginError>>,
-        v2: impl AsyncFnOnce(
-            &mut Store<CallState>,
-            &ProviderV2,
-        ) -> wasmtime::Result<Result<T, PluginError>>,
-    ) -> Result<T, Error> {
-        match &self.pre {
-            ProviderPre::V1(pre) => {
-                self.plugin
-                    .invoke(name, async |store| {
-                        let started = std::time::Instant::now();
-                        let instance = pre.instantiate_async(&mut *store).await?;
-                        store.data_mut().instantiate = started.elapsed();
-                        v1(store, instance.capstan_plugin0_1_0_provider()).await
-                    })
-                    .await
-            }
-            ProviderPre::V2(pre) => {
-                self.plugin
-                    .invoke(name, async |store| {
-                        let started = std::time::Instant::now();
-                        let instance = pre.instantiate_async(&mut *store).await?;
-                        store.data_mut().instantiate = started.elapsed();
-                        v2(store, instance.capstan_plugin0_2_0_provider()).await
-                    })
-                    .await
-            }
-        }
+        self.is_v2()
     }
 }
 
@@ -284,30 +308,91 @@ fn deletion_v1(
 }
 
 impl AddonPlugin {
-    /// `versions`: the versions it knows and their channels.
-    pub async fn versions(&self) -> Result<Vec<VersionInfo>, Error> {
-        on_call_thread!(self, "versions", [], async |s, p| p.call_versions(s).await)
+    /// Whether `versions` may declare Kubernetes ranges and `render` is told
+    /// the cluster's version (contract 0.2.0 and later).
+    pub fn knows_kubernetes_versions(&self) -> bool {
+        self.is_v2()
     }
 
-    /// `render`: the objects (JSON text each) for `spec`.
+    /// `versions`: the versions it knows and their channels (and, from
+    /// 0.2.0, the Kubernetes versions each supports).
+    pub async fn versions(&self) -> Result<Vec<VersionInfo>, Error> {
+        on_versioned_call!(
+            self,
+            "versions",
+            [],
+            async |s, p| Ok(p
+                .call_versions(s)
+                .await?
+                .map(|versions| versions.into_iter().map(version_info_v2).collect())),
+            p.call_versions(s).await
+        )
+    }
+
+    /// `render`: the objects (JSON text each) for `spec`. A 0.1.0 plugin is
+    /// not told `spec.kubernetes_version`.
     pub async fn render(&self, spec: &AddonSpec) -> Result<Vec<String>, Error> {
-        on_call_thread!(self, "render", [spec], async |s, p| p
-            .call_render(s, &spec)
-            .await)
+        on_versioned_call!(
+            self,
+            "render",
+            [spec],
+            async |s, p| p.call_render(s, &addon_spec_v1(&spec)).await,
+            p.call_render(s, &spec).await
+        )
     }
 
     /// `assess`: health judged from the observed objects (JSON text each).
     pub async fn assess(&self, spec: &AddonSpec, observed: &[String]) -> Result<Health, Error> {
-        on_call_thread!(self, "assess", [spec, observed], async |s, p| p
-            .call_assess(s, &spec, &observed)
-            .await)
+        on_versioned_call!(
+            self,
+            "assess",
+            [spec, observed],
+            async |s, p| Ok(p
+                .call_assess(s, &addon_spec_v1(&spec), &observed)
+                .await?
+                .map(health_v2)),
+            p.call_assess(s, &spec, &observed).await
+        )
+    }
+}
+
+/// The addon spec as a 0.1.0 plugin takes it: without the cluster's version.
+fn addon_spec_v1(
+    spec: &AddonSpec,
+) -> bindings::addon::exports::capstan::plugin0_1_0::addon::AddonSpec {
+    bindings::addon::exports::capstan::plugin0_1_0::addon::AddonSpec {
+        name: spec.name.clone(),
+        namespace: spec.namespace.clone(),
+        version: spec.version.clone(),
+        channel: spec.channel.clone(),
+        config: spec.config.clone(),
+    }
+}
+
+/// A 0.1.0 version entry as the host's type: no Kubernetes range (any).
+fn version_info_v2(
+    v: bindings::addon::exports::capstan::plugin0_1_0::addon::VersionInfo,
+) -> VersionInfo {
+    VersionInfo {
+        version: v.version,
+        channels: v.channels,
+        kubernetes: None,
+    }
+}
+
+/// A 0.1.0 health as the host's type: the same fields.
+fn health_v2(h: bindings::addon::exports::capstan::plugin0_1_0::addon::Health) -> Health {
+    Health {
+        healthy: h.healthy,
+        message: h.message,
+        details: h.details,
     }
 }
 
 impl ProviderPlugin {
     /// `validate(config)`.
     pub async fn validate(&self, config: &str) -> Result<(), Error> {
-        on_provider_call!(self, "validate", [config], async |s, p| p
+        on_versioned_call!(self, "validate", [config], async |s, p| p
             .call_validate(s, &config)
             .await)
     }
@@ -332,7 +417,7 @@ impl ProviderPlugin {
             });
         }
         let bootstrap = bootstrap.cloned();
-        on_provider_call!(
+        on_versioned_call!(
             self,
             "create",
             [machine, bootstrap],
@@ -343,14 +428,14 @@ impl ProviderPlugin {
 
     /// `get(machine)`.
     pub async fn get(&self, machine: &Machine) -> Result<MachineStatus, Error> {
-        on_provider_call!(self, "get", [machine], async |s, p| p
+        on_versioned_call!(self, "get", [machine], async |s, p| p
             .call_get(s, &machine)
             .await)
     }
 
     /// `delete(machine)`.
     pub async fn delete(&self, machine: &Machine) -> Result<Deletion, Error> {
-        on_provider_call!(
+        on_versioned_call!(
             self,
             "delete",
             [machine],
@@ -361,7 +446,7 @@ impl ProviderPlugin {
 
     /// `list-instances(config)`; `None` when the plugin does not list.
     pub async fn list(&self, config: &str) -> Result<Option<Vec<MachineStatus>>, Error> {
-        on_provider_call!(self, "list-instances", [config], async |s, p| p
+        on_versioned_call!(self, "list-instances", [config], async |s, p| p
             .call_list_instances(s, &config)
             .await)
     }
@@ -369,7 +454,7 @@ impl ProviderPlugin {
     /// Instantiate in a fresh store and call nothing: measures the per-call
     /// setup cost (benchmarks).
     pub async fn instantiate_only(&self) -> Result<(), Error> {
-        on_provider_call!(self, "instantiate", [], async |_s, _p| Ok(Ok(())))
+        on_versioned_call!(self, "instantiate", [], async |_s, _p| Ok(Ok(())))
     }
 }
 

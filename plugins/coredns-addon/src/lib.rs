@@ -16,7 +16,7 @@
 
 use capstan_sdk::addon::{
     AddonSpec, Guest, Health, VersionInfo, deployment_health, find_observed, pick_version,
-    version_table,
+    version_table, with_kubernetes,
 };
 use capstan_sdk::{PluginError, parse_config};
 use serde::Deserialize;
@@ -24,6 +24,10 @@ use serde_json::{Value, json};
 
 /// The versions this plugin renders, with their channels.
 pub const VERSIONS: [(&str, &str); 2] = [("1.10.1", "stable"), ("1.11.3", "rapid")];
+
+/// The Kubernetes versions each supports: the host applies a version only
+/// while the cluster's API server and kubelets are within its range.
+pub const KUBERNETES: [(&str, &str); 2] = [("1.10.1", ">=1.20.0"), ("1.11.3", ">=1.20.0")];
 
 const NAME: &str = "coredns";
 
@@ -201,7 +205,7 @@ struct CoreDns;
 
 impl Guest for CoreDns {
     fn versions() -> Result<Vec<VersionInfo>, PluginError> {
-        Ok(version_table(&VERSIONS))
+        Ok(with_kubernetes(version_table(&VERSIONS), &KUBERNETES))
     }
 
     fn render(spec: AddonSpec) -> Result<Vec<String>, PluginError> {
@@ -232,6 +236,7 @@ mod tests {
             version: Some(version.into()),
             channel: None,
             config: config.into(),
+            kubernetes_version: Some("v1.30.2".into()),
         }
     }
 

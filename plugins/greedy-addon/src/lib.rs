@@ -22,10 +22,12 @@ impl Guest for Greedy {
             VersionInfo {
                 version: "1.0.0".into(),
                 channels: vec!["stable".into()],
+                kubernetes: None,
             },
             VersionInfo {
                 version: "1.0.0".into(),
                 channels: vec!["rapid".into()],
+                kubernetes: None,
             },
         ])
     }

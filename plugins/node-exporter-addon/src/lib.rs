@@ -12,7 +12,7 @@
 
 use capstan_sdk::addon::{
     AddonSpec, Guest, Health, VersionInfo, daemonset_health, find_observed, pick_version,
-    version_table,
+    version_table, with_kubernetes,
 };
 use capstan_sdk::{PluginError, parse_config};
 use serde::Deserialize;
@@ -20,6 +20,10 @@ use serde_json::{Value, json};
 
 /// The versions this plugin renders, with their channels.
 pub const VERSIONS: [(&str, &str); 2] = [("1.7.0", "stable"), ("1.8.2", "rapid")];
+
+/// The Kubernetes versions each supports: the host applies a version only
+/// while the cluster's API server and kubelets are within its range.
+pub const KUBERNETES: [(&str, &str); 2] = [("1.7.0", ">=1.16.0"), ("1.8.2", ">=1.20.0")];
 
 const NAME: &str = "node-exporter";
 
@@ -95,7 +99,7 @@ struct NodeExporter;
 
 impl Guest for NodeExporter {
     fn versions() -> Result<Vec<VersionInfo>, PluginError> {
-        Ok(version_table(&VERSIONS))
+        Ok(with_kubernetes(version_table(&VERSIONS), &KUBERNETES))
     }
 
     fn render(spec: AddonSpec) -> Result<Vec<String>, PluginError> {
@@ -134,6 +138,7 @@ mod tests {
                 version: Some(version.into()),
                 channel: None,
                 config: r#"{"port": 9200}"#.into(),
+                kubernetes_version: Some("v1.30.2".into()),
             };
             let r = NodeExporter::render(spec).unwrap();
             assert!(r[0].contains("\"kind\":\"Namespace\""));
@@ -153,6 +158,7 @@ mod tests {
             version: Some("1.7.0".into()),
             channel: None,
             config: r#"{"namespace": "team-a", "createNamespace": false}"#.into(),
+            kubernetes_version: None,
         };
         let r = NodeExporter::render(spec).unwrap();
         assert_eq!(r.len(), 3);

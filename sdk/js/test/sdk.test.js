@@ -60,6 +60,7 @@ test('versions are tabled and picked', () => {
     { version: '1.7.0', channels: ['stable'] },
     { version: '1.8.2', channels: ['rapid', 'stable'] },
   ]);
+  assert.deepEqual(versionTable(table, { '1.8.2': '>=1.20.0' })[1], { version: '1.8.2', channels: ['rapid', 'stable'], kubernetes: '>=1.20.0' });
   assert.equal(pickVersion({ version: '1.8.2' }, table), '1.8.2');
   assert.equal(payload(() => pickVersion({ version: '2.0.0' }, table)).val, 'version: "2.0.0" is not one of 1.7.0, 1.8.2');
 });

@@ -3,10 +3,11 @@
 from the observed objects the way the Rust and JavaScript SDKs judge it.
 
     VERSIONS = [("1.7.0", "stable"), ("1.8.2", "rapid")]
+    KUBERNETES = {"1.8.2": ">=1.20.0"}
 
     class Addon(exports.Addon):
         def versions(self):
-            return version_table(VERSIONS)
+            return version_table(VERSIONS, KUBERNETES)
         def render(self, spec):
             version = pick_version(spec, VERSIONS)
             ...
@@ -23,14 +24,19 @@ from . import _bindings
 from .errors import invalid_config
 
 
-def version_table(table: list[tuple[str, str]]) -> list:
+def version_table(table: list[tuple[str, str]], kubernetes: Optional[dict[str, str]] = None) -> list:
     """`[(version, channel), ...]` as the `versions` export returns it: one
-    entry per version, listing its channels, in first-seen order."""
+    entry per version, listing its channels, in first-seen order.
+    `kubernetes` (optional) maps a version to the Kubernetes versions it
+    supports, as a semantic-version requirement such as `">=1.20.0"`: the
+    host applies a version only while the cluster's API server and kubelets
+    meet it."""
     info = _bindings.addon().VersionInfo
+    ranges = kubernetes or {}
     out: dict[str, list[str]] = {}
     for version, channel in table:
         out.setdefault(version, []).append(channel)
-    return [info(version, channels) for version, channels in out.items()]
+    return [info(version, channels, ranges.get(version)) for version, channels in out.items()]
 
 
 def pick_version(spec: Any, table: list[tuple[str, str]]) -> str:

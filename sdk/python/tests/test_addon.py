@@ -15,9 +15,11 @@ class AddonHelpersTest(unittest.TestCase):
     def test_version_table_groups_channels_in_first_seen_order(self):
         got = [(v.version, v.channels) for v in version_table(TABLE)]
         self.assertEqual(got, [("1.0.0", ["stable", "lts"]), ("1.1.0", ["rapid"])])
+        ranged = version_table(TABLE, {"1.1.0": ">=1.20.0"})
+        self.assertEqual([v.kubernetes for v in ranged], [None, ">=1.20.0"])
 
     def test_pick_version_names_the_known_ones(self):
-        spec = AddonSpec("a", "default", "1.1.0", None, "{}")
+        spec = AddonSpec("a", "default", "1.1.0", None, "{}", "v1.30.2")
         self.assertEqual(pick_version(spec, TABLE), "1.1.0")
         spec.version = None
         self.assertEqual(contract_error(lambda: pick_version(spec, TABLE)), 'InvalidConfig: version: "" is not one of 1.0.0, 1.1.0')

@@ -141,6 +141,7 @@ pub async fn measure(
                 version: Some("1.8.2".into()),
                 channel: None,
                 config: r#"{"port": 9200}"#.into(),
+                kubernetes_version: Some("v1.30.0".into()),
             };
             let mut render = Vec::with_capacity(calls);
             for _ in 0..calls {

@@ -39,6 +39,7 @@ use capstan_kit::controller::Spec;
 use capstan_kit::registry::ByPlugin;
 use capstan_kit::write::{add_finalizer, apply_status, record_event};
 use capstan_kit::{Conditions, Error, Kube, now};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -51,10 +52,12 @@ mod available;
 mod cluster;
 mod drift;
 mod finalize;
+mod kubernetes;
 mod order;
 mod render;
 
 pub use available::UPDATE_AVAILABLE;
+pub use kubernetes::COMPATIBLE;
 pub use order::{DEPENDENCIES_READY, VALID_SPEC};
 
 pub use cluster::{TENANT_BINDING, TENANT_ROLE};
@@ -105,6 +108,10 @@ pub struct Context {
     tenant_service_account: Option<String>,
     /// Which Addons depend on which (`spec.dependsOn`), to wake dependents.
     dependents: order::Dependents,
+    /// Target clusters' Kubernetes versions, as last asked.
+    asked: kubernetes::Asked,
+    /// This cluster's kubelet versions, as last seen (wakes its Addons).
+    kubelets: kubernetes::KubeletVersions,
 }
 
 impl AsRef<Kube> for Context {
@@ -124,6 +131,8 @@ impl Context {
             image_rewrites,
             tenant_service_account: None,
             dependents: order::Dependents::default(),
+            asked: kubernetes::Asked::default(),
+            kubelets: kubernetes::KubeletVersions::default(),
         }
     }
 
@@ -138,12 +147,17 @@ impl Context {
 /// Run the Addon controller until `shutdown` resolves (once per context).
 /// `changes` and `deletions` are the Addons' own, again: a change or
 /// deletion of one wakes the Addons that depend on it (and a dependency
-/// waiting in deletion for its dependents).
+/// waiting in deletion for its dependents). A Node that changes or goes
+/// (`nodes`, `node_deletions`) wakes this cluster's Addons when the set of
+/// kubelet versions changed (Kubernetes fit).
+#[allow(clippy::too_many_arguments)]
 pub async fn controller(
     addons: ReflectHandle<Addon>,
     plugins: ReflectHandle<Plugin>,
     changes: ReflectHandle<Addon>,
     deletions: impl futures::Stream<Item = Arc<Addon>> + Send + 'static,
+    nodes: ReflectHandle<Node>,
+    node_deletions: impl futures::Stream<Item = Arc<Node>> + Send + 'static,
     ctx: Arc<Context>,
     concurrency: u16,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -159,6 +173,10 @@ pub async fn controller(
     let store = ctx.kube.stores.addons.clone();
     let by_plugin = store.clone();
     let (on_change, on_delete) = (ctx.clone(), ctx.clone());
+    let (on_node, on_node_gone) = (ctx.clone(), ctx.clone());
+    let nodes_gone = futures::StreamExt::flat_map(node_deletions, move |_: Arc<Node>| {
+        futures::stream::iter(on_node_gone.kubelets.woken(&on_node_gone))
+    });
     let woken = futures::StreamExt::flat_map(deletions, move |gone: Arc<Addon>| {
         on_delete
             .dependents
@@ -182,7 +200,13 @@ pub async fn controller(
                     .map(|a| ObjectRef::from_obj(a.as_ref()))
                     .collect::<Vec<_>>()
             })
-            .reconcile_on(futures::stream::select(drift, woken))
+            // A kubelet version that comes or goes may move the cluster out
+            // of (or back into) an applied version's Kubernetes range.
+            .watches_shared_stream(nodes, move |_: Arc<Node>| on_node.kubelets.woken(&on_node))
+            .reconcile_on(futures::stream::select(
+                futures::stream::select(drift, woken),
+                nodes_gone,
+            ))
     };
     // Queued per namespace and per Plugin, as Machines are.
     let spec =
@@ -247,12 +271,14 @@ fn addon_failure(e: AddonError) -> Failure {
         AddonError::PatchNotGranted { .. } => "PatchNotGranted",
         AddonError::Refused(_) => "ObjectsNotGranted",
         AddonError::Floor(_) => "BelowHostFloor",
+        AddonError::Incompatible { .. } => "Incompatible",
     };
     let condition = match &e {
         AddonError::NoVersion { .. }
         | AddonError::UnknownVersion { .. }
         | AddonError::NoLongerOffered { .. }
         | AddonError::UnknownChannel { .. } => UP_TO_DATE,
+        AddonError::Incompatible { .. } => COMPATIBLE,
         _ => APPLIED,
     };
     fail(condition, reason, e.to_string())
@@ -376,7 +402,6 @@ async fn converge(
     let generation = addon.metadata.generation.unwrap_or(0);
     let t = now();
     let registered = plugin_of(addon, ctx)?;
-    let tenant = is_tenant(ctx, addon);
     // Before any plugin call: whose rights will apply it.
     let actor = actor_of(addon, ctx)?;
     let blockers = {
@@ -384,8 +409,12 @@ async fn converge(
         order::blockers(ctx, addon, &actor, &mut conditions).await?
     };
     let digest = registered.plugin.plugin().digest().to_string();
+    // Before the render: the version must fit the cluster's Kubernetes.
+    let target = target(addon, ctx, &actor).await?;
+    let cluster = kubernetes::cluster_versions(ctx, &target).await?;
     let (rendered, held) =
-        order::render_gated(ctx, addon, &registered, tenant, status, &blockers, &t).await?;
+        order::render_gated(ctx, addon, &registered, status, &blockers, &cluster, &t).await?;
+    kubernetes::report_fit(ctx, addon, status, &rendered, &cluster, generation, &t).await;
     let Rendered {
         resolved,
         spec,
@@ -396,7 +425,6 @@ async fn converge(
     if addon.spec.paused {
         return Ok(None);
     }
-    let target = target(addon, ctx, &actor).await?;
     status.target = Some(target.shown.clone());
 
     let kinds = discover(ctx, &target, &objects).await?;

@@ -205,12 +205,13 @@ pub(super) async fn render_gated(
     ctx: &Context,
     addon: &Addon,
     registered: &RegisteredAddon,
-    tenant: bool,
     status: &mut AddonStatus,
     blockers: &[(AddonKey, NotReady)],
+    cluster: &crate::fit::ClusterVersions,
     t: &capstan_api::Time,
 ) -> Result<(Rendered, Option<Change>), Failure> {
     let generation = addon.metadata.generation.unwrap_or(0);
+    let tenant = super::is_tenant(ctx, addon);
     let render_spec = async |addon: &Addon| {
         render(
             &registered.plugin,
@@ -219,6 +220,7 @@ pub(super) async fn render_gated(
             tenant,
             &ctx.image_rewrites,
             Some(&ctx.kube.metrics),
+            Some(cluster),
         )
         .await
         .map_err(render_failure)

@@ -3,6 +3,7 @@
 //! patch within the grants, rewrite images, check the grants and the
 //! host's floor, order). `capstan addon render` shares [`render`].
 
+use crate::fit::ClusterVersions;
 use crate::{AddonError, AddonGrants, ImageRewrite, Object};
 use capstan_api::Addon;
 use capstan_kit::Metrics;
@@ -24,6 +25,9 @@ pub struct Rendered {
     pub objects: Vec<Object>,
     /// The image rewrites made.
     pub rewrites: Vec<capstan_api::ImageRewriteRecord>,
+    /// How the rendered version fits the target cluster (`None`: its
+    /// versions were not known).
+    pub fit: Option<crate::fit::Fit>,
 }
 
 /// Why an Addon could not be rendered.
@@ -47,7 +51,10 @@ pub enum RenderError {
 /// (label, patch within the patch grants — only those granted to tenants
 /// when `tenant` —, rewrite images, check the objects against the kinds the
 /// plugin's manifest declares, the grants (a tenant's within its namespace)
-/// and the host's floor, order). The controller
+/// and the host's floor, order). With the target `cluster`'s versions, a
+/// version outside the Kubernetes range its plugin declares is not newly
+/// rendered ([`crate::fit`]), and the plugin is told the API server's
+/// version. The controller
 /// applies what this returns; `capstan addon render` prints it.
 pub async fn render(
     plugin: &capstan_runtime::AddonPlugin,
@@ -56,17 +63,26 @@ pub async fn render(
     tenant: bool,
     rewrites: &[ImageRewrite],
     metrics: Option<&Metrics>,
+    cluster: Option<&ClusterVersions>,
 ) -> Result<Rendered, RenderError> {
-    let known: Vec<(String, Vec<String>)> =
-        counted_call(metrics, addon, "versions", plugin.versions())
-            .await
-            .map_err(|error| RenderError::Plugin {
-                call: "versions",
-                error,
-            })?
-            .into_iter()
-            .map(|v| (v.version, v.channels))
-            .collect();
+    let offered = counted_call(metrics, addon, "versions", plugin.versions())
+        .await
+        .map_err(|error| RenderError::Plugin {
+            call: "versions",
+            error,
+        })?;
+    let fit_of = |version: &str| {
+        let range = offered
+            .iter()
+            .find(|v| v.version == version)
+            .and_then(|v| v.kubernetes.as_deref());
+        cluster.map(|c| crate::fit::fit(range, c))
+    };
+    let misfit = |version: &str| cluster.and_then(|c| fit_of(version).and_then(|f| f.misfit(c)));
+    let known: Vec<(String, Vec<String>)> = offered
+        .iter()
+        .map(|v| (v.version.clone(), v.channels.clone()))
+        .collect();
     // What is applied now: the version an update policy keeps.
     let applied = addon.status.as_ref().and_then(|s| {
         s.last_applied
@@ -80,6 +96,7 @@ pub async fn render(
         addon.spec.channel.as_deref(),
         applied.as_deref(),
         &known,
+        &misfit,
     )?;
     let update_available = decision.update_available();
     let (resolved, available) = (decision.render, decision.available);
@@ -93,6 +110,7 @@ pub async fn render(
             .config
             .as_ref()
             .map_or_else(|| "{}".to_string(), ToString::to_string),
+        kubernetes_version: cluster.map(|c| c.server.clone()),
     };
     let texts = counted_call(metrics, addon, "render", plugin.render(&spec))
         .await
@@ -115,7 +133,9 @@ pub async fn render(
     let tenant_namespace = tenant.then_some(spec.namespace.as_str());
     crate::check_grants(&objects, declared, grants, tenant_namespace)?;
     crate::apply_order(&mut objects);
+    let fit = fit_of(&resolved.version);
     Ok(Rendered {
+        fit,
         resolved,
         available,
         update_available,

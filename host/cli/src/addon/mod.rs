@@ -60,6 +60,12 @@ pub struct RenderArgs {
     /// An image rewrite rule FROM=TO, as the controller's `--image-rewrite`.
     #[arg(long = "image-rewrite", value_name = "FROM=TO")]
     pub image_rewrites: Vec<capstan_addons::ImageRewrite>,
+    /// The target cluster's Kubernetes version (as `kubectl version` shows
+    /// the server's, such as `v1.30.2`): the plugin is told it, and a
+    /// version outside the Kubernetes range its plugin declares is refused
+    /// as the controller would. Unset: no range is checked.
+    #[arg(long, value_name = "VERSION")]
+    pub kubernetes_version: Option<String>,
     /// Output: `yaml` (a multi-document stream for `kubectl apply -f -`) or `json`.
     #[arg(long, short, default_value = "yaml", value_parser = ["yaml", "json"])]
     pub output: String,
@@ -116,6 +122,15 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
     if grants.objects.is_empty() {
         grants.objects = plugin.plugin().manifest().capabilities.objects.clone();
     }
+    let cluster = match &args.kubernetes_version {
+        Some(v) => {
+            capstan_addons::fit::kubernetes_version(v).map_err(|e| {
+                anyhow::anyhow!("--kubernetes-version: {e}; write one such as v1.30.2")
+            })?;
+            Some(capstan_addons::fit::ClusterVersions::new(v.clone(), []))
+        }
+        None => None,
+    };
     let capstan_addons::engine::Rendered {
         resolved,
         objects,
@@ -128,6 +143,7 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         args.tenant,
         &args.image_rewrites,
         None,
+        cluster.as_ref(),
     )
     .await?;
     let channel = resolved

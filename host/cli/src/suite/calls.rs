@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `can-update` | `current`, `desired`, `fields` | the claimed fields |
 //! | `update` | `current`, `desired`, `fields` | `"done"`, `{inProgress: {retryAfterMs, percent, message}}` or `{failed: message}` |
-//! | `versions` | | `[{version, channels}]` |
+//! | `versions` | | `[{version, channels, kubernetes?}]` |
 //! | `render` | `addon`, `config` | the objects (parsed JSON) |
 //! | `assess` | `addon`, `config`, `observed` | `{healthy, message, details: {key: value}}` |
 
@@ -39,6 +39,9 @@ pub(super) struct AddonInput {
     version: Option<String>,
     #[serde(default)]
     channel: Option<String>,
+    /// The target cluster's Kubernetes version the plugin is told.
+    #[serde(default)]
+    kubernetes_version: Option<String>,
 }
 
 /// A machine as an updater sees it (`current:` and `desired:` in a case).
@@ -97,6 +100,7 @@ impl CallInput<'_> {
             version: input.version,
             channel: input.channel,
             config: self.config.to_string(),
+            kubernetes_version: input.kubernetes_version,
         }
     }
 }
@@ -129,7 +133,14 @@ pub(super) async fn run_one(
         (World::Addon, "versions") => plugin.addon()?.versions().await.map(|versions| {
             versions
                 .iter()
-                .map(|v| serde_json::json!({ "version": v.version, "channels": v.channels }))
+                .map(|v| {
+                    let mut entry =
+                        serde_json::json!({ "version": v.version, "channels": v.channels });
+                    if let Some(range) = &v.kubernetes {
+                        entry["kubernetes"] = range.clone().into();
+                    }
+                    entry
+                })
                 .collect()
         }),
         (World::Addon, "render") => plugin

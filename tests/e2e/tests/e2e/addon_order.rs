@@ -4,7 +4,9 @@
 //! cycle is refused with nothing applied; while a dependency is unhealthy,
 //! a dependent's version bump waits but hand edits of what it installed
 //! are still undone; a new plugin revision whose channel offers a newer
-//! version is reported, not applied, under `Notify` and `Manual`.
+//! version — carried to the site only as a signed bundle pushed into its
+//! mirror while the publisher's registry is down — is reported, not
+//! applied, under `Notify` and `Manual`.
 
 use crate::addons::{
     NS, addon, condition_of, create, env_with, options, patch_spec, status, wait_status,
@@ -13,10 +15,12 @@ use capstan_addons::engine::{
     APPLIED, DEPENDENCIES_READY, UP_TO_DATE, UPDATE_AVAILABLE, VALID_SPEC,
 };
 use capstan_api::Addon;
+use capstan_e2e::cli::{key_pair, ok};
 use capstan_e2e::env::{Env, eventually};
+use capstan_e2e::registry::{Registry, RegistryOptions};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
 
@@ -311,15 +315,29 @@ async fn a_cycle_is_refused_and_a_held_version_bump_still_undoes_hand_edits() {
 /// node-exporter-py rebuilt with its stable channel moved to 1.8.2 (as a
 /// publisher's next revision would), annotated; its path.
 fn next_revision(dir: &std::path::Path) -> std::path::PathBuf {
+    exporter_variant(
+        dir,
+        &[(
+            r#"VERSIONS = [("1.7.0", "stable"), ("1.8.2", "rapid")]"#,
+            r#"VERSIONS = [("1.7.0", "stable"), ("1.8.2", "stable"), ("1.8.2", "rapid")]"#,
+        )],
+    )
+}
+
+/// node-exporter-py with each `(from, to)` of its source replaced, built
+/// into `dir` with componentize-py and annotated; its path.
+pub(crate) fn exporter_variant(
+    dir: &std::path::Path,
+    edits: &[(&str, &str)],
+) -> std::path::PathBuf {
     let root = capstan_e2e::workspace_root();
     let source = root.join("plugins/node-exporter-py");
-    let app = std::fs::read_to_string(source.join("app.py")).unwrap();
-    let moved = app.replace(
-        r#"VERSIONS = [("1.7.0", "stable"), ("1.8.2", "rapid")]"#,
-        r#"VERSIONS = [("1.7.0", "stable"), ("1.8.2", "stable"), ("1.8.2", "rapid")]"#,
-    );
-    assert_ne!(app, moved, "the sample's version table moved");
-    std::fs::write(dir.join("app.py"), moved).unwrap();
+    let mut app = std::fs::read_to_string(source.join("app.py")).unwrap();
+    for (from, to) in edits {
+        assert!(app.contains(from), "the sample has {from:?}");
+        app = app.replace(from, to);
+    }
+    std::fs::write(dir.join("app.py"), app).unwrap();
     let polyglot = std::env::var_os("CAPSTAN_POLYGLOT")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
@@ -383,29 +401,99 @@ fn updates(env: &Env, args: &[&str]) -> String {
 async fn notify_and_manual_report_a_channel_move_and_apply_only_spec_version() {
     let dir = tempfile::tempdir().unwrap();
     let next = tokio::task::block_in_place(|| next_revision(dir.path()));
-    let env = env_with(
-        vec![("ne-py", "node_exporter_py", grants())],
+    // The publisher's registry A, and the site's mirror B: the host is
+    // configured to fetch A's artifacts from B only.
+    let mut a = Registry::start(RegistryOptions::default()).expect("registry A");
+    let b = Registry::start(RegistryOptions::default()).expect("registry B");
+    let (key, public) = key_pair(dir.path(), "publisher");
+    let source = format!("oci://{}/capstan/ne-py:stable", a.host);
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!("apiVersion: capstan.dev/v1alpha1\nkind: TrustPolicy\nkeys:\n  - name: publisher\n    path: publisher.pub\nsources:\n  - prefix: oci://{}/capstan/\n    allOf: [publisher]\n", a.host),
+    )
+    .unwrap();
+    // Publish a revision on A and carry it across to B as a signed bundle;
+    // `before_push` runs between the two (the gap).
+    let carry = |component: &std::path::Path, name: &str, before_push: &mut dyn FnMut()| {
+        let digest = ok(&["plugin", "push", component.to_str().unwrap(), &source])
+            .trim()
+            .to_string();
+        ok(&["plugin", "sign", &source, "--key", key.to_str().unwrap()]);
+        let spec = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&spec, format!("apiVersion: capstan.dev/v1alpha1\nkind: Bundle\nplugins:\n  - {source}\npolicy: policy.yaml\n")).unwrap();
+        let archive = dir.path().join(format!("{name}.tar"));
+        ok(&[
+            "bundle",
+            "create",
+            "-f",
+            spec.to_str().unwrap(),
+            "-o",
+            archive.to_str().unwrap(),
+        ]);
+        before_push();
+        let out = ok(&[
+            "bundle",
+            "push",
+            archive.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+            "--to",
+            &format!("{}/mirror", b.host),
+        ]);
+        assert!(out.contains(&digest), "{out}");
+        digest
+    };
+    let first = capstan_e2e::plugin("node_exporter_py");
+    tokio::task::block_in_place(|| carry(&first, "first", &mut || {}));
+
+    let mut env = Env::start(capstan_e2e::sim_cloud::Faults::default())
+        .await
+        .expect("environment starts");
+    env.add_nodes(2).await.expect("two Nodes");
+    let plugins = Api::<capstan_api::Plugin>::all(env.client.clone());
+    plugins
+        .create(
+            &PostParams::default(),
+            &capstan_api::Plugin::new(
+                "ne-py",
+                capstan_api::PluginSpec {
+                    source: source.clone(),
+                    grants: capstan_api::PluginGrants {
+                        objects: grants(),
+                        pod_security: Some(capstan_api::PodSecurityLevel::Privileged),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let mirrors = capstan_registry::Mirrors::parse(
+        "test mirrors",
+        &format!(
+            "mirrors:\n  - source: oci://{}/\n    mirror: oci://{}/mirror/\n",
+            a.host, b.host
+        ),
+    )
+    .unwrap();
+    let mut supply = crate::oci_plugins::supply(
+        &dir.path().join("oci-cache"),
+        capstan_e2e::cli::publisher_policy(&format!("oci://{}/capstan/", a.host), &public),
+    );
+    supply.puller.mirrors = mirrors;
+    env.start_controllers(
+        capstan_controllers::Providers::default(),
         capstan_controllers::Options {
-            // Five resyncs take five seconds.
+            // Five resyncs take five seconds; the Plugin's tag is resolved
+            // again on each.
             resync: Duration::from_secs(1),
-            // Where the next revision is built (development: unsigned).
-            unsigned_plugin_dirs: vec![
-                capstan_registry::Scope::parse(&format!("file://{}/", dir.path().display()))
-                    .unwrap(),
-            ],
+            supply: Some(std::sync::Arc::new(supply)),
             ..options()
         },
     )
     .await;
-    let plugins = Api::<capstan_api::Plugin>::all(env.client.clone());
-    plugins
-        .patch(
-            "ne-py",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"grants": {"podSecurity": "Privileged"}}})),
-        )
-        .await
-        .unwrap();
     // Host network: each exporter on a port of its own.
     for (name, policy, port) in [
         ("n", "Notify", 9131),
@@ -437,15 +525,9 @@ async fn notify_and_manual_report_a_channel_move_and_apply_only_spec_version() {
         resource_version("policy-m").await,
     );
 
-    // The publisher's next revision moves stable to 1.8.2.
-    plugins
-        .patch(
-            "ne-py",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"source": format!("file://{}", next.display())}})),
-        )
-        .await
-        .unwrap();
+    // The publisher's next revision moves stable to 1.8.2; it reaches the
+    // site only as a bundle pushed into B, with A down.
+    let next_digest = tokio::task::block_in_place(|| carry(&next, "next", &mut || a.stop()));
     wait_status(&env, "auto", "Auto follows the channel", |s| {
         s.healthy == Some(true) && s.version.as_deref() == Some("1.8.2")
     })
@@ -465,6 +547,18 @@ async fn notify_and_manual_report_a_channel_move_and_apply_only_spec_version() {
         .digest
         .unwrap();
     assert_eq!(n.available_from.as_deref(), Some(digest.as_str()));
+    // The artifact the bundle carried, fetched from the mirror.
+    let fetched = plugins
+        .get("ne-py")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .fetched_from;
+    assert_eq!(
+        fetched.as_deref(),
+        Some(format!("oci://{}/mirror/capstan/ne-py@{next_digest}", b.host).as_str())
+    );
     assert!(
         condition_of(&n, UPDATE_AVAILABLE)
             .2

@@ -4,6 +4,7 @@
 //! a fresh build's link time and disk use down; `cargo test -p capstan-e2e
 //! supply_chain::` still runs one area.
 
+mod addon_fit;
 mod addon_order;
 mod addons;
 mod bootstrap;

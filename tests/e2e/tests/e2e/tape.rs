@@ -436,10 +436,10 @@ fn updater_and_addon_suites_run_offline_in_each_language() {
     let addon = r#"  - name: versions and their channels
     call: versions
     expect:
-      - resultEquals: [{version: 1.7.0, channels: [stable]}, {version: 1.8.2, channels: [rapid]}]
+      - resultEquals: [{version: 1.7.0, channels: [stable], kubernetes: ">=1.16.0"}, {version: 1.8.2, channels: [rapid], kubernetes: ">=1.20.0"}]
   - name: the asked version renders on the asked port
     call: render
-    addon: {version: 1.8.2, channel: rapid}
+    addon: {version: 1.8.2, channel: rapid, kubernetesVersion: v1.30.2}
     config: {port: 9200}
     expect:
       - result:
