@@ -41,6 +41,18 @@ pub const LABEL_ADDON_NAMESPACE: &str = "capstan.dev/addon-namespace";
         json_path = ".status.conditions[?(@.type==\"DependenciesReady\")].status"
     ),
     printcolumn(
+        name = "Compatible",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Compatible\")].status",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Signer",
+        type_ = "string",
+        json_path = ".status.pluginSigner",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -223,6 +235,11 @@ pub struct AddonStatus {
     /// Digest of the plugin component that rendered the inventory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_digest: Option<String>,
+    /// Who signed that plugin revision: key names or keyless identities,
+    /// as its Plugin's `status.signers` (unset: an unsigned development
+    /// plugin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_signer: Option<String>,
     /// The newest version of `spec.channel` the loaded plugin offers (under
     /// every update policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]

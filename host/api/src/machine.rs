@@ -27,6 +27,12 @@ use std::collections::BTreeMap;
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "Signer",
+        type_ = "string",
+        json_path = ".status.pluginSigner",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -356,6 +362,11 @@ pub struct MachineStatus {
     /// Digest (`sha256:…`) of the plugin that last acted on this machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_digest: Option<String>,
+    /// Who signed that plugin revision: key names or keyless identities,
+    /// as its Plugin's `status.signers` (unset: an unsigned development
+    /// plugin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_signer: Option<String>,
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

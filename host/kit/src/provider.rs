@@ -130,6 +130,11 @@ impl ProviderError {
 pub trait MachineProvider: Send + Sync + std::fmt::Debug {
     /// `sha256:…` of the code acting on machines (recorded in their status).
     fn digest(&self) -> &str;
+    /// Who signed that code (recorded in their status too); `None`:
+    /// unsigned.
+    fn signer(&self) -> Option<&str> {
+        None
+    }
     /// How the provider IDs of its instances begin, as its signed manifest
     /// declares (`None`: not declared, not checked).
     fn provider_id_prefix(&self) -> Option<&str> {
@@ -166,6 +171,8 @@ pub trait MachineProvider: Send + Sync + std::fmt::Debug {
 pub struct WasmProvider {
     plugin: ProviderPlugin,
     digest: String,
+    /// Its verified signers, joined (`None`: unsigned).
+    signer: Option<String>,
     /// The admin's values of the config keys the manifest declares as
     /// settings.
     settings: serde_json::Map<String, serde_json::Value>,
@@ -178,8 +185,15 @@ impl WasmProvider {
         WasmProvider {
             plugin,
             digest,
+            signer: None,
             settings: Default::default(),
         }
+    }
+
+    /// Record who signed it (its Plugin's verified signers).
+    pub fn signed_by(mut self, signers: &[String]) -> Self {
+        self.signer = (!signers.is_empty()).then(|| signers.join(", "));
+        self
     }
 
     /// Add the Plugin's `spec.settings` to every call's config. Refused
@@ -281,6 +295,10 @@ pub fn with_settings(
 impl MachineProvider for WasmProvider {
     fn digest(&self) -> &str {
         &self.digest
+    }
+
+    fn signer(&self) -> Option<&str> {
+        self.signer.as_deref()
     }
 
     fn provider_id_prefix(&self) -> Option<&str> {

@@ -363,6 +363,7 @@ impl Runtime {
         Ok(Plugin {
             inner: Arc::new(PluginInner {
                 label: name.as_str().into(),
+                agent: crate::http::plugin_agent(&name, &digest).into(),
                 name: name.into(),
                 manifest,
                 digest,

@@ -27,7 +27,7 @@ use crate::engine::OutboundGateCell;
 use crate::grants::{Credential, Grants, HttpDecision, decide};
 use crate::limits::RequestLimit;
 use capstan_manifest::{Destination, HttpCapability};
-use http::header::{HOST, HeaderValue};
+use http::header::{HOST, HeaderValue, USER_AGENT};
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -92,12 +92,61 @@ impl hyper::rt::Executor<ConnectionTask> for GatedExecutor {
     }
 }
 
+/// The User-Agent product naming a plugin revision:
+/// `capstan-plugin/<Plugin name>@sha256:<first 12 hex digits>`.
+pub(crate) fn plugin_agent(label: &str, digest: &str) -> String {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    format!(
+        "capstan-plugin/{label}@sha256:{}",
+        &hex[..hex.len().min(12)]
+    )
+}
+
+/// The guest's User-Agent with the host's product appended; any
+/// `capstan-plugin/` product the guest wrote itself is dropped, so a
+/// revision cannot pass its requests off as another's.
+fn with_plugin_agent(guest: Option<&str>, agent: &str) -> String {
+    guest
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter(|product| !product.starts_with("capstan-plugin/"))
+        .chain(std::iter::once(agent))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod agent_tests {
+    use super::*;
+
+    #[test]
+    fn the_hosts_product_is_appended_and_a_forged_one_dropped() {
+        let agent = plugin_agent("sim", "sha256:0123456789abcdef0123");
+        assert_eq!(agent, "capstan-plugin/sim@sha256:0123456789ab");
+        assert_eq!(with_plugin_agent(None, &agent), agent);
+        assert_eq!(
+            with_plugin_agent(Some("aws-sdk-rust/1.0 os/wasi"), &agent),
+            format!("aws-sdk-rust/1.0 os/wasi {agent}")
+        );
+        assert_eq!(
+            with_plugin_agent(
+                Some("capstan-plugin/other@sha256:ffffffffffff  curl/8"),
+                &agent
+            ),
+            format!("curl/8 {agent}")
+        );
+    }
+}
+
 /// Why a request is refused while the runtime's outbound gate is closed.
 pub(crate) const GATE_CLOSED: &str = "this replica may not act now (it is not the leader, or could not renew its Lease in time): nothing is sent";
 
 /// Per-call HTTP gate.
 pub(crate) struct HttpGate {
     pub(crate) plugin: Arc<str>,
+    /// The User-Agent product the host appends to every request
+    /// ([`plugin_agent`]).
+    pub(crate) agent: Arc<str>,
     pub(crate) declared: Arc<[HttpCapability]>,
     pub(crate) grants: Arc<Grants>,
     /// The first denial of this call.
@@ -279,6 +328,12 @@ impl WasiHttpHooks for HttpGate {
                 let taped = self.tape.clone().map(|tape| (tape, taped_head(&request)));
                 let tape_miss = self.tape_miss.clone();
                 let headers = request.headers_mut();
+                // Host-owned, like Host: which revision of which Plugin sent
+                // this, for the cloud's own logs. Before any signature.
+                let guest = headers.get(USER_AGENT).and_then(|v| v.to_str().ok());
+                if let Ok(v) = HeaderValue::from_str(&with_plugin_agent(guest, &self.agent)) {
+                    headers.insert(USER_AGENT, v);
+                }
                 if let Some(credential) = &credential {
                     crate::credentials::authorize(headers, credential);
                 }

@@ -27,6 +27,8 @@ pub(crate) struct PluginInner {
     /// The name the observer is told (the Plugin object's; the manifest's
     /// until [`Plugin::observed_as`]).
     pub(crate) label: Arc<str>,
+    /// The User-Agent product its requests carry (label and digest).
+    pub(crate) agent: Arc<str>,
     /// What one instantiation holds, counted at load.
     pub(crate) footprint: capstan_manifest::Footprint,
     /// The cassette its calls are recorded to or replayed from, if any.
@@ -83,6 +85,7 @@ impl Plugin {
     pub fn observed_as(&self, label: &str) -> Plugin {
         let mut inner = (*self.inner).clone();
         inner.label = label.into();
+        inner.agent = http::plugin_agent(label, &inner.digest).into();
         Plugin {
             inner: Arc::new(inner),
         }
@@ -213,6 +216,7 @@ impl Plugin {
             },
             http: http::HttpGate {
                 plugin: inner.name.clone(),
+                agent: inner.agent.clone(),
                 declared: inner.declared.clone(),
                 grants: inner.grants.clone(),
                 denial: Arc::default(),

@@ -5,6 +5,7 @@
 //! configurable latency, can be updated in place (version, asynchronously with
 //! progress) and deleted (asynchronously). Faults are configurable at start
 //! and at run time (`PUT /admin/faults`): a random error rate (HTTP 500),
+//! HTTP 500 for one User-Agent (a plugin revision's requests),
 //! throttling (HTTP 429 with `Retry-After`), capacity (HTTP 503
 //! `InsufficientCapacity`, a stock-out), and a required bearer token.
 //!
@@ -61,6 +62,10 @@ pub struct Faults {
     /// Refuse in-place version updates with 409 `UpdateRefused` (an
     /// image that does not exist for that version, say).
     pub refuse_updates: bool,
+    /// Answer HTTP 500 to every API call whose `User-Agent` contains this
+    /// text (one plugin revision's requests: `capstan-plugin/sim@sha256:…`).
+    #[serde(default)]
+    pub fail_user_agent: Option<String>,
 }
 
 impl Default for Faults {
@@ -74,6 +79,7 @@ impl Default for Faults {
             capacity: None,
             register_nodes: true,
             refuse_updates: false,
+            fail_user_agent: None,
         }
     }
 }
@@ -171,6 +177,8 @@ pub struct ApiError {
 #[serde(rename_all = "camelCase")]
 pub struct Stats {
     pub requests: u64,
+    /// API calls by `User-Agent` (authenticated ones, before any fault).
+    pub user_agents: std::collections::BTreeMap<String, u64>,
     pub creates: u64,
     /// Creates that made a new instance (the rest were idempotent repeats).
     pub instances_launched: u64,
@@ -398,6 +406,23 @@ impl Inner {
                 return Err(Box::new(resp));
             }
             self.bucket = (refilled - 1.0, now);
+        }
+        let agent = headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if !agent.is_empty() {
+            *self.stats.user_agents.entry(agent.to_string()).or_default() += 1;
+        }
+        if let Some(failing) = &self.faults.fail_user_agent
+            && agent.contains(failing.as_str())
+        {
+            self.stats.injected_errors += 1;
+            return Err(Box::new(api_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "injected fault for this User-Agent",
+            )));
         }
         if self.faults.error_rate > 0.0 && self.roll() < self.faults.error_rate {
             self.stats.injected_errors += 1;

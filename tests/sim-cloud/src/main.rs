@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
             capacity: args.capacity,
             register_nodes: true,
             refuse_updates: false,
+            fail_user_agent: None,
         },
         seed: 1,
         kube,

@@ -88,6 +88,8 @@ pub struct RegisteredAddon {
     pub plugin: capstan_runtime::AddonPlugin,
     /// What the Plugin's `spec.grants` allows its Addons.
     pub grants: AddonGrants,
+    /// Who signed the revision, joined (`None`: unsigned).
+    pub signer: Option<String>,
 }
 
 /// Addon plugins by Plugin name; the Plugin controller fills it.
@@ -444,6 +446,7 @@ async fn converge(
     status.image_rewrites = rewrites;
     status.version = Some(resolved.version.clone());
     status.plugin_digest = Some(digest);
+    status.plugin_signer = registered.signer.clone();
     let applied_message = format!("{} objects applied to {}", objects.len(), target.shown);
     let mut conditions = Conditions::new(&mut status.conditions, Some(generation), &t);
     conditions.set(APPLIED, status::TRUE, "Applied", applied_message);

@@ -480,6 +480,7 @@ impl<'a> Pass<'a> {
                     self.draft.provider_plugin = Some(plugin_name.to_string());
                 }
                 self.draft.plugin_digest = Some(provider.digest().to_string());
+                self.draft.plugin_signer = provider.signer().map(str::to_string);
                 let prefix = provider.provider_id_prefix();
                 (self.node, self.refused) =
                     match claimed_node(&ctx.kube, machine, prefix, &observed.provider_id) {

@@ -9,7 +9,10 @@
 //! download) → verify signatures (cached by digest) → download the
 //! component (digest-checked, cached) → compile (cached) → swap. A revision
 //! that fails any step is not activated; the previous one keeps serving and
-//! `UpToDate=False` says exactly why.
+//! `UpToDate=False` says exactly why — after a restart too: with nothing
+//! serving, the last activated OCI revision (`status.resolvedSource`) is
+//! fetched, verified and loaded again (from the caches when the registry is
+//! down) instead of leaving the Plugin's objects without a provider.
 //!
 //! Revocation is immediate: credential Secrets are watched, and a serving
 //! revision whose grants were narrowed, or whose credential Secret was
@@ -189,10 +192,39 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
         Err((reason, _)) if *reason == "CredentialUnavailable" => serving_fingerprint(&ctx, &name),
         Err(_) => None,
     };
+    // Set when the spec's revision failed with nothing serving (after a
+    // restart) and the last activated one was restored instead.
+    let mut restored = None;
     let outcome = match granted {
         Ok((g, _)) => {
             let fingerprint = fingerprint.clone().unwrap_or_default();
-            load(&plugin, &ctx, &name, generation, g, fingerprint).await
+            match load(
+                &plugin,
+                &ctx,
+                &name,
+                generation,
+                g.clone(),
+                fingerprint.clone(),
+            )
+            .await
+            {
+                Err(failure) if serving_fingerprint(&ctx, &name).is_none() => {
+                    match last_activated(&plugin) {
+                        Some(pinned) => {
+                            let outcome =
+                                load(&pinned, &ctx, &name, generation, g, fingerprint).await;
+                            if outcome.is_ok() {
+                                restored = Some(failure);
+                                outcome
+                            } else {
+                                Err(failure)
+                            }
+                        }
+                        None => Err(failure),
+                    }
+                }
+                outcome => outcome,
+            }
         }
         Err(f) => Err(f),
     };
@@ -203,6 +235,14 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     // What `kubectl describe plugin` should tell, if this reconcile changes
     // the status: a revision activated, or one refused.
     let (settled, event) = match outcome {
+        Ok(Some(loaded)) if restored.is_some() => {
+            let (reason, message) = restored.take().expect("checked");
+            activated(&mut status, &plugin, loaded, &at);
+            let message =
+                format!("{message} (after a restart, the last activated revision was restored)");
+            let event = refused(&mut status, reason, message, true, &at);
+            (false, Some(event))
+        }
         Ok(Some(loaded)) => (true, Some(activated(&mut status, &plugin, loaded, &at))),
         // Unchanged: the serving revision is still the spec's.
         Ok(None) => (true, None),
@@ -238,6 +278,21 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     } else {
         Duration::from_secs(30)
     }))
+}
+
+/// The Plugin as it was when its status last recorded an activated OCI
+/// revision, pinned to that revision's digest — what served before this
+/// host (re)started — when it differs from what the spec names. It is
+/// fetched, verified under today's policies and grants, and loaded like
+/// any revision (offline, from the caches, when the registry is down).
+fn last_activated(plugin: &Plugin) -> Option<Plugin> {
+    let pinned = plugin.status.as_ref()?.resolved_source.clone()?;
+    if pinned == plugin.spec.source {
+        return None;
+    }
+    let mut restored = plugin.clone();
+    restored.spec.source = pinned;
+    Some(restored)
 }
 
 /// An Event to record if the status changed: type, reason, note.
@@ -407,7 +462,7 @@ async fn load(
         plugin,
         name,
         generation,
-        &loaded,
+        (&loaded, &fetched.signers),
         &update_fields,
         addon_grants,
     )
@@ -607,7 +662,7 @@ async fn register(
     plugin: &Plugin,
     name: &str,
     generation: i64,
-    loaded: &capstan_runtime::Plugin,
+    (loaded, signers): (&capstan_runtime::Plugin, &[String]),
     update_fields: &[capstan_manifest::FieldPattern],
     addon_grants: capstan_addons::AddonGrants,
 ) -> Result<(), Failure> {
@@ -626,6 +681,7 @@ async fn register(
                 .provider()
                 .map_err(|e| ("LoadFailed", e.to_string()))?;
             let provider = WasmProvider::new(provider)
+                .signed_by(signers)
                 .with_settings(plugin.spec.settings.as_ref())
                 .map_err(|m| ("InvalidSettings", m))?;
             let registered = Registered {
@@ -666,6 +722,7 @@ async fn register(
                 RegisteredAddon {
                     plugin: addon,
                     grants,
+                    signer: (!signers.is_empty()).then(|| signers.join(", ")),
                 },
             );
         }

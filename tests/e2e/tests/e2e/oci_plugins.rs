@@ -1,7 +1,8 @@
 //! `Plugin` objects with `oci://` sources on a real kube-apiserver, against
 //! real registries: verification before activation, grants that must cover
 //! every declared capability, revision switches and rollback without a
-//! restart (or a registry), and the air gap: bundle from registry A, A
+//! restart (or a registry), the last activated revision restored after a
+//! restart with the registry down, and the air gap: bundle from registry A, A
 //! stopped, mirror into registry B, the host pulling from B and verifying
 //! with the publisher's original key.
 
@@ -189,6 +190,16 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
         (ready_machines(&env, "oci-pool").await == 1).then_some(())
     })
     .await;
+    // Each Machine records the revision that served it and who signed it.
+    let machines = Api::<capstan_api::Machine>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    for m in &machines.items {
+        let ms = m.status.clone().unwrap();
+        assert_eq!(ms.plugin_digest, s.digest, "{ms:?}");
+        assert_eq!(ms.plugin_signer.as_deref(), Some(s.signers[0].as_str()));
+    }
 
     // v2 declares more than is granted: not activated, v1 keeps serving.
     set_spec(
@@ -325,6 +336,55 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
         "{message}"
     );
     assert!(is_true(&p.status.as_ref().unwrap().conditions, READY));
+
+    // A restart with the registry down: the spec's v3 cannot even be
+    // resolved, and v1 — the last activated revision — serves again from
+    // the caches, verified under the same policy.
+    registry.stop();
+    env.stop_controllers().await;
+    env.start_controllers(
+        Providers::default(),
+        Options {
+            poll: Duration::from_millis(250),
+            resync: Duration::from_secs(5),
+            supply: Some(std::sync::Arc::new(supply(
+                &dir.join("oci-cache"),
+                capstan_e2e::cli::publisher_policy(
+                    &format!("oci://{}/capstan/", registry.host),
+                    &public,
+                ),
+            ))),
+            ..Options::default()
+        },
+    )
+    .await;
+    let p = eventually("v1 restored after the restart", LONG, async || {
+        let p = plugin_status(&env, "oci-sim").await;
+        let (_, _, message) = condition(&p, UP_TO_DATE)?;
+        message.contains("after a restart").then_some(p)
+    })
+    .await;
+    let (status, _, message) = condition(&p, UP_TO_DATE).unwrap();
+    assert_eq!(status, "False");
+    assert!(
+        message.ends_with(&format!("still serving {repo}@{v1}")),
+        "{message}"
+    );
+    assert!(is_true(&p.status.as_ref().unwrap().conditions, READY));
+    assert_eq!(p.status.as_ref().unwrap().version.as_deref(), Some("0.1.0"));
+    // And it serves: a third machine comes up through it.
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "oci-pool",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    eventually("v1 creates machines after the restart", LONG, async || {
+        (ready_machines(&env, "oci-pool").await == 3).then_some(())
+    })
+    .await;
     env.stop_controllers().await;
 }
 

@@ -541,6 +541,14 @@ async fn signed_python_and_javascript_plugins_from_a_registry_run_machines_and_a
         (s.healthy == Some(true) && s.version.as_deref() == Some("1.8.2")).then_some(s)
     })
     .await;
+    // It records who signed the revision that rendered it.
+    assert!(
+        status
+            .plugin_signer
+            .as_deref()
+            .is_some_and(|s| s.starts_with("publisher")),
+        "{status:?}"
+    );
     // Every Node runs it: the two added and those of the Python machines.
     let ready = status
         .health_details

@@ -84,6 +84,83 @@ async fn assert_host_still_serves(rt: &Runtime, cloud: &SimCloud, name: &str) {
     assert!(status.provider_id.starts_with("sim://"));
 }
 
+/// Every request names the plugin revision that sent it in its
+/// User-Agent (host-owned: a product the guest wrote is dropped), so a
+/// cloud's own logs — and a cloud failing one revision's requests — tell
+/// two revisions of one Plugin apart.
+#[tokio::test]
+async fn each_request_names_its_plugin_revision_in_the_user_agent() {
+    let cloud = cloud().await;
+    let rt = runtime();
+    let built = std::fs::read(plugin("sim_provider")).unwrap();
+    let manifest = std::str::from_utf8(
+        &std::fs::read(
+            capstan_e2e::workspace_root().join("plugins/sim-provider/capstan-plugin.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap()
+    .replace("\"version\": \"0.1.0\"", "\"version\": \"0.1.1\"");
+    let next = capstan_e2e::cli::with_manifest(&built, &manifest);
+    let load = |bytes: &[u8]| {
+        rt.load("sim.wasm", bytes, Limits::default(), grants_for(&cloud))
+            .unwrap()
+            .observed_as("sim")
+            .provider()
+            .unwrap()
+    };
+    let (stable, canary) = (load(&built), load(&next));
+    assert_ne!(stable.plugin().digest(), canary.plugin().digest());
+    let agent = |p: &ProviderPlugin| {
+        let hex = p.plugin().digest().trim_start_matches("sha256:");
+        format!("capstan-plugin/sim@sha256:{}", &hex[..12])
+    };
+    let (stable_agent, canary_agent) = (agent(&stable), agent(&canary));
+    let config = serde_json::json!({ "endpoint": cloud.url() });
+    stable
+        .create(&machine("ua-0", config.clone()), None)
+        .await
+        .unwrap();
+    canary
+        .create(&machine("ua-1", config.clone()), None)
+        .await
+        .unwrap();
+    let seen = cloud.stats().user_agents;
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        {
+            let mut both = vec![stable_agent.clone(), canary_agent.clone()];
+            both.sort();
+            both
+        },
+        "{seen:?}"
+    );
+
+    // The cloud fails the canary's requests only.
+    cloud.set_faults(Faults {
+        fail_user_agent: Some(canary_agent.clone()),
+        ..Faults::default()
+    });
+    let err = canary
+        .create(&machine("ua-2", config.clone()), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Plugin {
+                error: PluginError::Transient(_),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    stable.create(&machine("ua-3", config), None).await.unwrap();
+    let stats = cloud.stats();
+    assert_eq!(stats.instances_launched, 3, "ua-0, ua-1 and ua-3");
+    assert!(stats.injected_errors >= 1);
+}
+
 #[tokio::test]
 async fn sim_provider_runs_the_machine_lifecycle_against_the_cloud() {
     let cloud = cloud().await;
