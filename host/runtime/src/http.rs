@@ -115,29 +115,6 @@ fn with_plugin_agent(guest: Option<&str>, agent: &str) -> String {
         .join(" ")
 }
 
-#[cfg(test)]
-mod agent_tests {
-    use super::*;
-
-    #[test]
-    fn the_hosts_product_is_appended_and_a_forged_one_dropped() {
-        let agent = plugin_agent("sim", "sha256:0123456789abcdef0123");
-        assert_eq!(agent, "capstan-plugin/sim@sha256:0123456789ab");
-        assert_eq!(with_plugin_agent(None, &agent), agent);
-        assert_eq!(
-            with_plugin_agent(Some("aws-sdk-rust/1.0 os/wasi"), &agent),
-            format!("aws-sdk-rust/1.0 os/wasi {agent}")
-        );
-        assert_eq!(
-            with_plugin_agent(
-                Some("capstan-plugin/other@sha256:ffffffffffff  curl/8"),
-                &agent
-            ),
-            format!("curl/8 {agent}")
-        );
-    }
-}
-
 /// Why a request is refused while the runtime's outbound gate is closed.
 pub(crate) const GATE_CLOSED: &str = "this replica may not act now (it is not the leader, or could not renew its Lease in time): nothing is sent";
 
@@ -550,4 +527,27 @@ fn replayed_response(
     response
         .body(full_body(answer.body.bytes().into()))
         .map_err(|_| HttpError::HttpProtocolError)
+}
+
+#[cfg(test)]
+mod agent_tests {
+    use super::*;
+
+    #[test]
+    fn the_hosts_product_is_appended_and_a_forged_one_dropped() {
+        let agent = plugin_agent("sim", "sha256:0123456789abcdef0123");
+        assert_eq!(agent, "capstan-plugin/sim@sha256:0123456789ab");
+        assert_eq!(with_plugin_agent(None, &agent), agent);
+        assert_eq!(
+            with_plugin_agent(Some("aws-sdk-rust/1.0 os/wasi"), &agent),
+            format!("aws-sdk-rust/1.0 os/wasi {agent}")
+        );
+        assert_eq!(
+            with_plugin_agent(
+                Some("capstan-plugin/other@sha256:ffffffffffff  curl/8"),
+                &agent
+            ),
+            format!("curl/8 {agent}")
+        );
+    }
 }
