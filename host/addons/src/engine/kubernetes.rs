@@ -39,16 +39,7 @@ pub(super) async fn cluster_versions(
     ctx: &Context,
     target: &Target,
 ) -> Result<ClusterVersions, Failure> {
-    let fresh = |at: &Instant| at.elapsed() < FRESH_FOR;
-    let cached = ctx
-        .asked
-        .servers
-        .lock()
-        .expect("versions lock")
-        .get(&target.key)
-        .filter(|(at, _)| fresh(at))
-        .map(|(_, v)| v.clone());
-    let server = match cached {
+    let server = match fresh(&ctx.asked.servers, &target.key) {
         Some(v) => v,
         None => {
             let info = target.client.apiserver_version().await.map_err(|e| {
@@ -74,15 +65,7 @@ pub(super) async fn cluster_versions(
             kubelets: in_cluster_kubelets(ctx),
         });
     }
-    let cached = ctx
-        .asked
-        .kubelets
-        .lock()
-        .expect("versions lock")
-        .get(&target.key)
-        .filter(|(at, _)| fresh(at))
-        .map(|(_, v)| v.clone());
-    let kubelets = match cached {
+    let kubelets = match fresh(&ctx.asked.kubelets, &target.key) {
         Some(v) => v,
         None => {
             let kubelets = match Api::<Node>::all(target.client.clone())
@@ -110,6 +93,16 @@ pub(super) async fn cluster_versions(
         }
     };
     Ok(ClusterVersions { server, kubelets })
+}
+
+/// What was asked of `key` less than [`FRESH_FOR`] ago.
+fn fresh<T: Clone>(asked: &Mutex<HashMap<String, (Instant, T)>>, key: &str) -> Option<T> {
+    asked
+        .lock()
+        .expect("versions lock")
+        .get(key)
+        .filter(|(at, _)| at.elapsed() < FRESH_FOR)
+        .map(|(_, v)| v.clone())
 }
 
 fn in_cluster_kubelets(ctx: &Context) -> BTreeSet<String> {

@@ -238,10 +238,26 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
         Ok(Some(loaded)) if restored.is_some() => {
             let (reason, message) = restored.take().expect("checked");
             activated(&mut status, &plugin, loaded, &at);
-            let message =
-                format!("{message} (after a restart, the last activated revision was restored)");
-            let event = refused(&mut status, reason, message, true, &at);
-            (false, Some(event))
+            // Said once, whatever the status write: it happens once per
+            // start, and the conditions read the same as before it.
+            let note = format!(
+                "the spec's revision failed ({reason}: {message}); restored {}, the last activated revision, verified again under today's policy",
+                status.resolved_source.clone().unwrap_or_default()
+            );
+            let object = plugin.object_ref(&());
+            record_event(
+                &ctx.kube,
+                CONTROLLER,
+                &object,
+                EventType::Warning,
+                "Restored",
+                note,
+            )
+            .await;
+            (
+                false,
+                Some(refused(&mut status, reason, message, true, &at)),
+            )
         }
         Ok(Some(loaded)) => (true, Some(activated(&mut status, &plugin, loaded, &at))),
         // Unchanged: the serving revision is still the spec's.

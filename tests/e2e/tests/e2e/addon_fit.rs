@@ -7,7 +7,7 @@
 //! also the only one offered as available; the plugin is told the API
 //! server's version.
 
-use crate::addon_order::exporter_variant;
+use crate::addon_order::{exporter_grants, exporter_variant};
 use crate::addons::{NS, addon, condition_of, create, options, patch_spec, wait_status};
 use capstan_addons::engine::{COMPATIBLE, UPDATE_AVAILABLE};
 use capstan_api::{MachineDeployment, Plugin, PluginGrants, PluginSpec, PodSecurityLevel};
@@ -53,17 +53,7 @@ async fn a_version_outside_the_clusters_kubernetes_is_refused_and_a_rolled_clust
         .await
         .expect("environment starts");
     env.plugin_inputs = Some(Default::default());
-    let grants = ["fit-n", "fit-new"]
-        .iter()
-        .flat_map(|ns| {
-            [
-                format!("Namespace/{ns}"),
-                format!("ServiceAccount@{ns}"),
-                format!("Service@{ns}"),
-                format!("apps/DaemonSet@{ns}"),
-            ]
-        })
-        .collect();
+    let grants = exporter_grants(&["fit-n", "fit-new"]);
     Api::<Plugin>::all(env.client.clone())
         .create(
             &PostParams::default(),

@@ -41,7 +41,12 @@ const NAMESPACES: [&str; 10] = [
 ];
 
 fn grants() -> Vec<String> {
-    NAMESPACES
+    exporter_grants(&NAMESPACES)
+}
+
+/// What node-exporter needs granted to install into each of `namespaces`.
+pub(crate) fn exporter_grants(namespaces: &[&str]) -> Vec<String> {
+    namespaces
         .iter()
         .flat_map(|ns| {
             [

@@ -143,28 +143,25 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
     ok(&["plugin", "sign", &format!("{repo}:v1"), "--key", &key]);
     ok(&["plugin", "sign", &format!("{repo}:v2"), "--key", &key]);
 
+    // The controllers' options, the same before and after a restart: the
+    // publisher's key for the registry's prefix, a cache on disk.
+    let prefix = format!("oci://{}/capstan/", registry.host);
+    let options = || Options {
+        poll: Duration::from_millis(250),
+        resync: Duration::from_secs(5),
+        supply: Some(std::sync::Arc::new(supply(
+            &dir.join("oci-cache"),
+            capstan_e2e::cli::publisher_policy(&prefix, &public),
+        ))),
+        ..Options::default()
+    };
     let mut spec = sim_plugin_spec(&format!("{repo}:v1"));
     spec.verification = Some(capstan_e2e::cli::publisher_verification(&public));
     Api::<Plugin>::all(env.client.clone())
         .create(&PostParams::default(), &Plugin::new("oci-sim", spec))
         .await
         .unwrap();
-    env.start_controllers(
-        Providers::default(),
-        Options {
-            poll: Duration::from_millis(250),
-            resync: Duration::from_secs(5),
-            supply: Some(std::sync::Arc::new(supply(
-                &dir.join("oci-cache"),
-                capstan_e2e::cli::publisher_policy(
-                    &format!("oci://{}/capstan/", registry.host),
-                    &public,
-                ),
-            ))),
-            ..Options::default()
-        },
-    )
-    .await;
+    env.start_controllers(Providers::default(), options()).await;
 
     // v1: verified and serving; status records digest, signer, capabilities.
     let p = wait_condition(&env, "oci-sim", READY, "True", "Loaded").await;
@@ -342,28 +339,19 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
     // the caches, verified under the same policy.
     registry.stop();
     env.stop_controllers().await;
-    env.start_controllers(
-        Providers::default(),
-        Options {
-            poll: Duration::from_millis(250),
-            resync: Duration::from_secs(5),
-            supply: Some(std::sync::Arc::new(supply(
-                &dir.join("oci-cache"),
-                capstan_e2e::cli::publisher_policy(
-                    &format!("oci://{}/capstan/", registry.host),
-                    &public,
-                ),
-            ))),
-            ..Options::default()
-        },
-    )
-    .await;
-    let p = eventually("v1 restored after the restart", LONG, async || {
-        let p = plugin_status(&env, "oci-sim").await;
-        let (_, _, message) = condition(&p, UP_TO_DATE)?;
-        message.contains("after a restart").then_some(p)
+    env.start_controllers(Providers::default(), options()).await;
+    let restored = eventually("v1 restored after the restart", LONG, async || {
+        plugin_events(&env, "oci-sim")
+            .into_iter()
+            .find(|(_, reason, _)| reason == "Restored")
     })
     .await;
+    assert!(
+        restored.2.contains("ResolveFailed")
+            && restored.2.contains(&format!("restored {repo}@{v1}")),
+        "{restored:?}"
+    );
+    let p = plugin_status(&env, "oci-sim").await;
     let (status, _, message) = condition(&p, UP_TO_DATE).unwrap();
     assert_eq!(status, "False");
     assert!(
