@@ -99,6 +99,12 @@ pub struct MachineSetStatus {
     /// Machines in a terminal failure.
     #[serde(default)]
     pub failed_replicas: i32,
+    /// Machines (not being deleted) that no in-place update is changing:
+    /// up to date with the set's template, as Cluster API v1beta2 counts
+    /// `upToDateReplicas`. Its change when an update finishes is what
+    /// wakes the set's deployment.
+    #[serde(default)]
+    pub up_to_date_replicas: i32,
     /// Machines this set has deleted because a MachineHealthCheck handed
     /// them over, ever (a deployment's `spec.rollback` counts them).
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -180,6 +180,8 @@ pub struct Counts {
     pub available: i32,
     /// Failed machines.
     pub failed: i32,
+    /// Machines not being updated in place.
+    pub up_to_date: i32,
 }
 
 /// Count machines for a status. Machines being deleted are not counted.
@@ -187,6 +189,9 @@ pub fn counts(machines: &[MachineView]) -> Counts {
     let mut counts = Counts::default();
     for m in machines.iter().filter(|m| !m.deleting) {
         counts.replicas += 1;
+        if !m.updating {
+            counts.up_to_date += 1;
+        }
         match m.health {
             Health::Failed => counts.failed += 1,
             Health::NotReady => {}
@@ -330,10 +335,12 @@ mod tests {
     fn counts_skip_deleting_machines() {
         let mut gone = machine("a", 1, Health::Available);
         gone.deleting = true;
+        let mut updating = machine("c", 1, Health::Ready);
+        updating.updating = true;
         let c = counts(&[
             gone,
             machine("b", 1, Health::Available),
-            machine("c", 1, Health::Ready),
+            updating,
             machine("d", 1, Health::Failed),
         ]);
         assert_eq!(
@@ -342,7 +349,8 @@ mod tests {
                 replicas: 3,
                 ready: 2,
                 available: 1,
-                failed: 1
+                failed: 1,
+                up_to_date: 2,
             }
         );
     }

@@ -517,6 +517,7 @@ fn derive_status(
     status.ready_replicas = counts.ready;
     status.available_replicas = counts.available;
     status.failed_replicas = counts.failed;
+    status.up_to_date_replicas = counts.up_to_date;
     let mut conditions = Conditions::new(&mut status.conditions, set.metadata.generation, t);
     if counts.available >= set.spec.replicas {
         conditions.set(AVAILABLE, cond::TRUE, "AllAvailable", "");
