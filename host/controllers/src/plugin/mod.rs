@@ -192,41 +192,14 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
         Err((reason, _)) if *reason == "CredentialUnavailable" => serving_fingerprint(&ctx, &name),
         Err(_) => None,
     };
-    // Set when the spec's revision failed with nothing serving (after a
-    // restart) and the last activated one was restored instead.
-    let mut restored = None;
-    let outcome = match granted {
+    // `restored`: the spec's revision failed with nothing serving (after a
+    // restart) and the last activated one was loaded instead.
+    let (outcome, mut restored) = match granted {
         Ok((g, _)) => {
             let fingerprint = fingerprint.clone().unwrap_or_default();
-            match load(
-                &plugin,
-                &ctx,
-                &name,
-                generation,
-                g.clone(),
-                fingerprint.clone(),
-            )
-            .await
-            {
-                Err(failure) if serving_fingerprint(&ctx, &name).is_none() => {
-                    match last_activated(&plugin) {
-                        Some(pinned) => {
-                            let outcome =
-                                load(&pinned, &ctx, &name, generation, g, fingerprint).await;
-                            if outcome.is_ok() {
-                                restored = Some(failure);
-                                outcome
-                            } else {
-                                Err(failure)
-                            }
-                        }
-                        None => Err(failure),
-                    }
-                }
-                outcome => outcome,
-            }
+            load_or_restore(&plugin, &ctx, &name, generation, g, fingerprint).await
         }
-        Err(f) => Err(f),
+        Err(f) => (Err(f), None),
     };
     if outcome.is_err() && serving_fingerprint(&ctx, &name) != fingerprint {
         revoke(&ctx, &name);
@@ -294,6 +267,39 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     } else {
         Duration::from_secs(30)
     }))
+}
+
+/// [`load`] the spec's revision; when it fails and nothing serves (a
+/// fresh process), load the last activated one ([`last_activated`])
+/// instead. The second value is the spec's failure when that happened.
+async fn load_or_restore(
+    plugin: &Plugin,
+    ctx: &Context,
+    name: &str,
+    generation: i64,
+    grants: Grants,
+    fingerprint: String,
+) -> (Result<Option<Loaded>, Failure>, Option<Failure>) {
+    let failure = match load(
+        plugin,
+        ctx,
+        name,
+        generation,
+        grants.clone(),
+        fingerprint.clone(),
+    )
+    .await
+    {
+        Err(failure) if serving_fingerprint(ctx, name).is_none() => failure,
+        outcome => return (outcome, None),
+    };
+    let Some(pinned) = last_activated(plugin) else {
+        return (Err(failure), None);
+    };
+    match load(&pinned, ctx, name, generation, grants, fingerprint).await {
+        Ok(loaded) => (Ok(loaded), Some(failure)),
+        Err(_) => (Err(failure), None),
+    }
 }
 
 /// The Plugin as it was when its status last recorded an activated OCI
