@@ -20,6 +20,7 @@ mod drainrule;
 mod healthcheck;
 mod machine;
 mod plugin;
+mod rollout;
 mod sets;
 
 pub use addon::*;
@@ -29,6 +30,7 @@ pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelecto
 pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 pub use machine::*;
 pub use plugin::*;
+pub use rollout::*;
 pub use sets::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -29,6 +29,12 @@ use serde::{Deserialize, Serialize};
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
+    printcolumn(name = "Canary", type_ = "string", json_path = ".status.canary.phase"),
+    printcolumn(
+        name = "Weight",
+        type_ = "integer",
+        json_path = ".status.canary.weight"
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -92,6 +98,10 @@ pub struct PluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::free_form_object")]
     pub settings: Option<serde_json::Value>,
+    /// How a new revision replaces the serving one: at once (the default)
+    /// or as a health-gated canary (provider plugins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::PluginRollout>,
 }
 
 /// Namespaces allowed to use a plugin: those named, and those whose labels
@@ -534,6 +544,20 @@ pub struct PluginStatus {
     /// renders.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub declared_objects: Vec<String>,
+    /// The revisions that served before this one, newest first (at most
+    /// `spec.rollout.revisionHistoryLimit`, default 3): still in the
+    /// caches, so pinning the source back to one switches without a
+    /// download.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<String>,
+    /// A revision on trial (`spec.rollout.strategy: Canary`), or the last
+    /// one that was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<crate::CanaryStatus>,
+    /// Digests of canaries that were rolled back: never tried again until
+    /// the source resolves to another digest (newest first, at most 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<String>,
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

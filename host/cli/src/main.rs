@@ -12,6 +12,7 @@
 mod addon;
 mod annotate;
 mod bundle;
+mod canary;
 mod conformance;
 mod controller;
 mod distribute;
@@ -117,6 +118,12 @@ enum PluginCommand {
     /// Store a Sigstore bundle made by another tool as an OCI referrer of a
     /// plugin, where `verify` and the controller find it.
     Attach(distribute::AttachArgs),
+    /// End a Plugin's canary now: serve its revision to every Machine
+    /// (`spec.rollout.strategy: Canary`); waits for the controller.
+    Promote(canary::Args),
+    /// Roll a Plugin's canary back now: every Machine is served by the
+    /// revision before it, and its digest is never tried again.
+    Abort(canary::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -162,6 +169,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Plugin(PluginCommand::Inspect(args)) => inspect::run(args).await,
+            Command::Plugin(PluginCommand::Promote(args)) => {
+                canary::run(canary::Verb::Promote, args).await
+            }
+            Command::Plugin(PluginCommand::Abort(args)) => {
+                canary::run(canary::Verb::Abort, args).await
+            }
             Command::Plugin(PluginCommand::Conformance(args)) => conformance::run(args).await,
             Command::Plugin(PluginCommand::Annotate(args)) => annotate::run(args),
             Command::Plugin(PluginCommand::New(args)) => scaffold::run(args),

@@ -13,6 +13,7 @@ use capstan_runtime::{Error as RuntimeError, ProviderPlugin};
 use futures::future::BoxFuture;
 use kube::ResourceExt as _;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -366,6 +367,184 @@ pub struct Registered {
     /// `metadata.generation` of the Plugin it came from (`None` for
     /// built-in providers).
     pub generation: Option<i64>,
+    /// The provider's calls since its canary's window began.
+    pub counts: Arc<CallCounts>,
+    /// A revision on trial for some of the Machines, if any.
+    pub canary: Option<Arc<Canary>>,
+}
+
+impl Registered {
+    /// A serving provider with no canary.
+    pub fn new(provider: Arc<dyn MachineProvider>, generation: Option<i64>) -> Self {
+        Registered {
+            provider,
+            generation,
+            counts: Arc::default(),
+            canary: None,
+        }
+    }
+
+    /// The provider that acts on a Machine: the canary for the Machines it
+    /// serves (chosen by the Plugin controller, or served by it before:
+    /// `served_by` is the digest the Machine's status records), the stable
+    /// revision for the rest. Its calls are counted for the canary's
+    /// windows.
+    pub fn for_machine(&self, uid: &str, served_by: Option<&str>) -> Arc<dyn MachineProvider> {
+        let (provider, counts) = match &self.canary {
+            Some(canary) if canary.serves(uid) || served_by == Some(canary.provider.digest()) => {
+                (canary.provider.clone(), canary.counts.clone())
+            }
+            _ => (self.provider.clone(), self.counts.clone()),
+        };
+        Arc::new(Counted { provider, counts })
+    }
+}
+
+/// A canary revision of a provider and the Machines it serves.
+#[derive(Debug)]
+pub struct Canary {
+    /// The canary's provider.
+    pub provider: Arc<dyn MachineProvider>,
+    /// Its calls since its window began.
+    pub counts: Arc<CallCounts>,
+    /// The uids of the Machines it serves.
+    machines: RwLock<std::collections::BTreeSet<String>>,
+}
+
+impl Canary {
+    /// A canary serving no Machine yet.
+    pub fn new(provider: Arc<dyn MachineProvider>) -> Self {
+        Canary {
+            provider,
+            counts: Arc::default(),
+            machines: RwLock::default(),
+        }
+    }
+
+    /// Whether it serves the Machine with this uid.
+    pub fn serves(&self, uid: &str) -> bool {
+        self.machines.read().expect("canary lock").contains(uid)
+    }
+
+    /// Serve exactly these Machines (uids).
+    pub fn assign(&self, uids: impl IntoIterator<Item = String>) {
+        *self.machines.write().expect("canary lock") = uids.into_iter().collect();
+    }
+
+    /// The uids of the Machines it serves.
+    pub fn machines(&self) -> Vec<String> {
+        self.machines
+            .read()
+            .expect("canary lock")
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+/// Calls one revision made, counted until taken.
+#[derive(Debug, Default)]
+pub struct CallCounts {
+    calls: AtomicU64,
+    errors: AtomicU64,
+    failed_creates: AtomicU64,
+}
+
+impl CallCounts {
+    /// Count a call's outcome. Calls the host's quota held back are not
+    /// the revision's doing and are not counted; nor is `not found`, the
+    /// answer for an instance already gone.
+    pub fn record<T>(&self, function: &str, result: &Result<T, ProviderError>) {
+        match result {
+            Err(ProviderError::Quota { .. }) => return,
+            Ok(_) | Err(ProviderError::NotFound(_)) => {}
+            Err(_) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                if function == "create" {
+                    self.failed_creates.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far, starting again from zero.
+    pub fn take(&self) -> capstan_api::CallTally {
+        capstan_api::CallTally {
+            calls: self.calls.swap(0, Ordering::Relaxed),
+            errors: self.errors.swap(0, Ordering::Relaxed),
+            failed_creates: self.failed_creates.swap(0, Ordering::Relaxed),
+        }
+    }
+
+    /// The counts so far.
+    pub fn peek(&self) -> capstan_api::CallTally {
+        capstan_api::CallTally {
+            calls: self.calls.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            failed_creates: self.failed_creates.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A provider whose calls are counted.
+#[derive(Debug)]
+struct Counted {
+    provider: Arc<dyn MachineProvider>,
+    counts: Arc<CallCounts>,
+}
+
+impl MachineProvider for Counted {
+    fn digest(&self) -> &str {
+        self.provider.digest()
+    }
+    fn signer(&self) -> Option<&str> {
+        self.provider.signer()
+    }
+    fn provider_id_prefix(&self) -> Option<&str> {
+        self.provider.provider_id_prefix()
+    }
+    fn takes_bootstrap_data(&self) -> bool {
+        self.provider.takes_bootstrap_data()
+    }
+    fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let result = self.provider.validate(config).await;
+            self.counts.record("validate", &result);
+            result
+        })
+    }
+    fn create<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+        bootstrap: Option<&'a BootstrapData>,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
+        Box::pin(async move {
+            let result = self.provider.create(machine, bootstrap).await;
+            self.counts.record("create", &result);
+            result
+        })
+    }
+    fn get<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
+        Box::pin(async move {
+            let result = self.provider.get(machine).await;
+            self.counts.record("get", &result);
+            result
+        })
+    }
+    fn delete<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Deletion, ProviderError>> {
+        Box::pin(async move {
+            let result = self.provider.delete(machine).await;
+            self.counts.record("delete", &result);
+            result
+        })
+    }
 }
 
 /// Providers by plugin name. The Plugin controller fills it; the Machine
@@ -382,6 +561,14 @@ impl Providers {
             .write()
             .expect("providers lock")
             .insert(name.to_string(), registered);
+    }
+
+    /// Put a canary beside a plugin's serving provider (`None`: none). A
+    /// plugin not registered gets none.
+    pub fn set_canary(&self, name: &str, canary: Option<Arc<Canary>>) {
+        if let Some(registered) = self.inner.write().expect("providers lock").get_mut(name) {
+            registered.canary = canary;
+        }
     }
 
     /// Forget a plugin.

@@ -14,12 +14,14 @@
 //! returns to the previous revision by itself; [`taints::carry`] keeps a
 //! Machine's taints on its Node; [`node_claim::check`] says whether a
 //! Machine may take the Node its plugin names; [`bootstrap`] decides a
-//! machine's bootstrap data and token. The controllers (`capstan-controllers`) observe the
+//! machine's bootstrap data and token; [`canary`] judges a plugin
+//! canary's windows and picks the Machines it serves. The controllers (`capstan-controllers`) observe the
 //! cluster, call these, and write the result.
 
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+pub mod canary;
 pub mod deletion;
 pub mod healthcheck;
 pub mod inplace;

@@ -179,6 +179,10 @@ pub struct Stats {
     pub requests: u64,
     /// API calls by `User-Agent` (authenticated ones, before any fault).
     pub user_agents: std::collections::BTreeMap<String, u64>,
+    /// The client tokens (a Machine's uid, for Capstan's providers) of the
+    /// instances each `User-Agent` asked about or for, faults or not:
+    /// which machines one plugin revision reached.
+    pub client_tokens_by_user_agent: BTreeMap<String, std::collections::BTreeSet<String>>,
     pub creates: u64,
     /// Creates that made a new instance (the rest were idempotent repeats).
     pub instances_launched: u64,
@@ -574,12 +578,49 @@ impl Drop for SimCloud {
 fn begin<'a>(
     state: &'a Shared,
     headers: &HeaderMap,
+    about: About<'_>,
 ) -> Result<(std::sync::MutexGuard<'a, Inner>, Instant), Response> {
     let now = Instant::now();
     let mut inner = lock(state);
+    inner.attribute(headers, about);
     inner.admit(headers, now).map_err(|r| *r)?;
     inner.settle(now);
     Ok((inner, now))
+}
+
+/// The instance a call is about, for [`Stats::client_tokens_by_user_agent`].
+#[derive(Debug, Clone, Copy)]
+enum About<'a> {
+    /// A client token (create, list by token).
+    Token(&'a str),
+    /// An instance id.
+    Instance(&'a str),
+    /// No one instance.
+    Nothing,
+}
+
+impl Inner {
+    fn attribute(&mut self, headers: &HeaderMap, about: About<'_>) {
+        let Some(agent) = headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .filter(|a| !a.is_empty())
+        else {
+            return;
+        };
+        let token = match about {
+            About::Token(t) => Some(t.to_string()),
+            About::Instance(id) => self.records.get(id).map(|r| r.req.client_token.clone()),
+            About::Nothing => None,
+        };
+        if let Some(token) = token {
+            self.stats
+                .client_tokens_by_user_agent
+                .entry(agent.to_string())
+                .or_default()
+                .insert(token);
+        }
+    }
 }
 
 fn lock(state: &Shared) -> std::sync::MutexGuard<'_, Inner> {
@@ -662,7 +703,7 @@ async fn create(
     headers: HeaderMap,
     Json(req): Json<CreateInstance>,
 ) -> Response {
-    let (mut inner, now) = match begin(&state, &headers) {
+    let (mut inner, now) = match begin(&state, &headers, About::Token(&req.client_token)) {
         Ok(begun) => begun,
         Err(resp) => return resp,
     };
@@ -751,7 +792,13 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let (inner, now) = match begin(&state, &headers) {
+    let (inner, now) = match begin(
+        &state,
+        &headers,
+        q.client_token
+            .as_deref()
+            .map_or(About::Nothing, About::Token),
+    ) {
         Ok(begun) => begun,
         Err(resp) => return resp,
     };
@@ -773,7 +820,7 @@ async fn describe(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let (inner, now) = match begin(&state, &headers) {
+    let (inner, now) = match begin(&state, &headers, About::Instance(&id)) {
         Ok(begun) => begun,
         Err(resp) => return resp,
     };
@@ -796,7 +843,7 @@ async fn delete(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let (mut inner, now) = match begin(&state, &headers) {
+    let (mut inner, now) = match begin(&state, &headers, About::Instance(&id)) {
         Ok(begun) => begun,
         Err(resp) => return resp,
     };
@@ -832,7 +879,7 @@ async fn update(
     Path(id): Path<String>,
     Json(req): Json<UpdateInstance>,
 ) -> Response {
-    let (mut inner, now) = match begin(&state, &headers) {
+    let (mut inner, now) = match begin(&state, &headers, About::Instance(&id)) {
         Ok(begun) => begun,
         Err(resp) => return resp,
     };
@@ -878,7 +925,7 @@ async fn patch_tags(
     Path(id): Path<String>,
     Json(req): Json<BTreeMap<String, Option<String>>>,
 ) -> Response {
-    let (mut inner, now) = match begin(&state, &headers) {
+    let (mut inner, now) = match begin(&state, &headers, About::Instance(&id)) {
         Ok(begun) => begun,
         Err(resp) => return resp,
     };

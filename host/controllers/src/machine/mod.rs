@@ -245,7 +245,12 @@ impl<'a> Pass<'a> {
             &namespace,
         ) {
             Availability::Ready => match ctx.providers.get(plugin_name) {
-                Some(registered) => (PluginState::Ready, Some(registered.provider)),
+                Some(registered) => {
+                    let uid = machine.uid().unwrap_or_default();
+                    let served_by = status.plugin_digest.as_deref();
+                    let provider = registered.for_machine(&uid, served_by);
+                    (PluginState::Ready, Some(provider))
+                }
                 None => (PluginState::Loading, None),
             },
             Availability::Loading => (PluginState::Loading, None),

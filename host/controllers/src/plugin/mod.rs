@@ -39,6 +39,7 @@ use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod canary;
 mod fetch;
 mod grants;
 
@@ -86,6 +87,8 @@ pub(crate) struct Context {
     /// Plugins loaded so far: name → (generation, revision), so an idle
     /// reconcile does not reload.
     loaded: std::sync::Mutex<std::collections::HashMap<String, (i64, Revision)>>,
+    /// Canaries loaded so far, by Plugin name.
+    canaries: std::sync::Mutex<std::collections::HashMap<String, canary::Held>>,
     /// Each Plugin's quota, kept while its spec is unchanged so every
     /// revision that serves at once (the old one until the new one is
     /// registered) counts against the same allowance.
@@ -129,6 +132,7 @@ impl Context {
             addons,
             updater_activation: tokio::sync::Mutex::default(),
             loaded: std::sync::Mutex::default(),
+            canaries: std::sync::Mutex::default(),
             quotas: std::sync::Mutex::default(),
             supply: options.supply.clone(),
             unsigned_plugin_dirs: options.unsigned_plugin_dirs.clone(),
@@ -194,12 +198,39 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
     };
     // `restored`: the spec's revision failed with nothing serving (after a
     // restart) and the last activated one was loaded instead.
-    let (outcome, mut restored) = match granted {
+    // `trial`: a canary serves part of the Machines (`spec.rollout`).
+    let (outcome, mut restored, trial) = match granted {
         Ok((g, _)) => {
             let fingerprint = fingerprint.clone().unwrap_or_default();
-            load_or_restore(&plugin, &ctx, &name, generation, g, fingerprint).await
+            let at = (name.as_str(), generation);
+            match canary::reconcile(
+                &plugin,
+                &ctx,
+                at,
+                g.clone(),
+                fingerprint.clone(),
+                &mut status,
+            )
+            .await
+            {
+                Ok(canary::Trial::NotNeeded) => {
+                    let (outcome, restored) =
+                        load_or_restore(&plugin, &ctx, &name, generation, g, fingerprint).await;
+                    (outcome, restored, None)
+                }
+                Ok(canary::Trial::Promoted(loaded)) => (Ok(Some(*loaded)), None, None),
+                Ok(canary::Trial::Serving {
+                    reason,
+                    message,
+                    requeue,
+                }) => (Ok(None), None, Some((reason, message, requeue))),
+                Err(f) => (Err(f), None, None),
+            }
         }
-        Err(f) => (Err(f), None),
+        Err(f) => {
+            canary::drop_canary(&ctx, &name);
+            (Err(f), None, None)
+        }
     };
     if outcome.is_err() && serving_fingerprint(&ctx, &name) != fingerprint {
         revoke(&ctx, &name);
@@ -233,6 +264,18 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
             )
         }
         Ok(Some(loaded)) => (true, Some(activated(&mut status, &plugin, loaded, &at))),
+        // A canary serves part of the Machines: the spec's revision is not
+        // yet the one serving them all.
+        Ok(None) if trial.is_some() => {
+            let (reason, message, _) = trial.clone().expect("checked");
+            Conditions::new(&mut status.conditions, at.0, &at.1).set(
+                UP_TO_DATE,
+                status::FALSE,
+                reason,
+                message,
+            );
+            (false, None)
+        }
         // Unchanged: the serving revision is still the spec's.
         Ok(None) => (true, None),
         Err((reason, message)) => {
@@ -262,10 +305,10 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
         let object = plugin.object_ref(&());
         record_event(&ctx.kube, CONTROLLER, &object, type_, reason, note).await;
     }
-    Ok(Action::requeue(if settled {
-        ctx.kube.resync
-    } else {
-        Duration::from_secs(30)
+    Ok(Action::requeue(match trial {
+        Some((_, _, requeue)) => requeue,
+        None if settled => ctx.kube.resync,
+        None => Duration::from_secs(30),
     }))
 }
 
@@ -331,18 +374,16 @@ fn activated(
         .resolved_source
         .clone()
         .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, loaded.digest));
-    let signed = if loaded.signers.is_empty() {
-        String::new()
-    } else {
-        format!(", signed by {}", loaded.signers.join(", "))
-    };
     let note = format!(
-        "now serving {serving} (version {}){signed}; {}",
-        loaded.version, loaded.message
+        "now serving {serving} (version {}){}; {}",
+        loaded.version,
+        shown_signers(&loaded.signers),
+        loaded.message
     );
     if status.resolved_source != loaded.resolved_source
         || status.digest.as_ref() != Some(&loaded.digest)
     {
+        remember(status, plugin);
         status.previous_source = status
             .resolved_source
             .clone()
@@ -372,6 +413,42 @@ fn activated(
     );
     (EventType::Normal, "Activated", note)
 }
+
+/// `, signed by …` for a revision's verified signers (nothing when
+/// unsigned).
+fn shown_signers(signers: &[String]) -> String {
+    if signers.is_empty() {
+        String::new()
+    } else {
+        format!(", signed by {}", signers.join(", "))
+    }
+}
+
+/// Put the serving revision at the front of `status.history` before
+/// another replaces it (at most `spec.rollout.revisionHistoryLimit`,
+/// default 3; the caches keep their bytes and code).
+fn remember(status: &mut PluginStatus, plugin: &Plugin) {
+    let Some(serving) = status.resolved_source.clone().or_else(|| {
+        status
+            .digest
+            .as_ref()
+            .map(|d| format!("{} ({d})", plugin.spec.source))
+    }) else {
+        return;
+    };
+    let limit = plugin
+        .spec
+        .rollout
+        .as_ref()
+        .and_then(|r| r.revision_history_limit)
+        .unwrap_or(DEFAULT_REVISION_HISTORY) as usize;
+    status.history.retain(|h| *h != serving);
+    status.history.insert(0, serving);
+    status.history.truncate(limit);
+}
+
+/// Revisions listed in `status.history` when `spec.rollout` does not say.
+const DEFAULT_REVISION_HISTORY: u32 = 3;
 
 /// Record a refused revision in the status (`UpToDate=False`, and
 /// `Ready=False` too when nothing serves); the Event that says so.
@@ -434,12 +511,12 @@ async fn load(
     grants: Grants,
     fingerprint: String,
 ) -> Result<Option<Loaded>, Failure> {
-    let Some(runtime) = ctx.runtime.clone() else {
+    if ctx.runtime.is_none() {
         return Err((
             "NoRuntime",
             "this host runs without a plugin runtime".to_string(),
         ));
-    };
+    }
     host_bytes_fit(plugin.spec.quota.unwrap_or_default(), &limits_of(plugin))?;
     let found = find(plugin, ctx).await?;
     // What the revision declares is known from its manifest, so a revision
@@ -460,25 +537,17 @@ async fn load(
     {
         return Ok(None);
     }
-    let (addon_grants, update_fields) = check_declared(plugin, &found, &grants)?;
     let revision = found.revision.clone();
-    let fetched = fetch_verified(ctx, plugin, found.origin).await?;
-
-    let limits = limits_of(plugin);
-    let source_name = plugin.spec.source.clone();
-    let bytes = fetched.bytes;
-    let loaded = blocking(move || runtime.load(&source_name, &bytes, limits, grants))
-        .await?
-        .map_err(|e| ("LoadFailed", e.to_string()))?
-        .with_quota(ctx.quota_for(name, plugin))
-        .observed_as(name);
+    let prepared = prepare(plugin, ctx, name, found, grants).await?;
+    let Prepared {
+        loaded,
+        fetched,
+        update_fields,
+        addon_grants,
+        message,
+    } = prepared;
     let manifest = loaded.manifest().clone();
     let digest = loaded.digest().to_string();
-    let (message, compiled) = match loaded.load_path() {
-        capstan_runtime::LoadPath::Compiled => ("compiled and loaded".to_string(), "ok"),
-        capstan_runtime::LoadPath::Cached => ("loaded from the code cache".to_string(), "cached"),
-    };
-    ctx.kube.metrics.artifact_step("compile", compiled);
     register(
         ctx,
         plugin,
@@ -515,6 +584,56 @@ async fn load(
         declared_http: manifest.capabilities.http.iter().map(shown_http).collect(),
         message,
     }))
+}
+
+/// A revision checked against the grants, verified, fetched and compiled,
+/// not yet serving.
+struct Prepared {
+    loaded: capstan_runtime::Plugin,
+    fetched: fetch::Fetched,
+    update_fields: Vec<capstan_manifest::FieldPattern>,
+    addon_grants: capstan_addons::AddonGrants,
+    /// How it was loaded (compiled, or from the code cache).
+    message: String,
+}
+
+/// Check a found revision's declared capabilities against the grants
+/// (before anything is fetched), verify and fetch it, compile and load it.
+async fn prepare(
+    plugin: &Plugin,
+    ctx: &Context,
+    name: &str,
+    found: Found,
+    grants: Grants,
+) -> Result<Prepared, Failure> {
+    let Some(runtime) = ctx.runtime.clone() else {
+        return Err((
+            "NoRuntime",
+            "this host runs without a plugin runtime".to_string(),
+        ));
+    };
+    let (addon_grants, update_fields) = check_declared(plugin, &found, &grants)?;
+    let mut fetched = fetch_verified(ctx, plugin, found.origin).await?;
+    let limits = limits_of(plugin);
+    let source_name = plugin.spec.source.clone();
+    let bytes = std::mem::take(&mut fetched.bytes);
+    let loaded = blocking(move || runtime.load(&source_name, &bytes, limits, grants))
+        .await?
+        .map_err(|e| ("LoadFailed", e.to_string()))?
+        .with_quota(ctx.quota_for(name, plugin))
+        .observed_as(name);
+    let (message, compiled) = match loaded.load_path() {
+        capstan_runtime::LoadPath::Compiled => ("compiled and loaded".to_string(), "ok"),
+        capstan_runtime::LoadPath::Cached => ("loaded from the code cache".to_string(), "cached"),
+    };
+    ctx.kube.metrics.artifact_step("compile", compiled);
+    Ok(Prepared {
+        loaded,
+        fetched,
+        update_fields,
+        addon_grants,
+        message,
+    })
 }
 
 /// A declared destination as the status shows it.
@@ -706,10 +825,7 @@ async fn register(
                 .signed_by(signers)
                 .with_settings(plugin.spec.settings.as_ref())
                 .map_err(|m| ("InvalidSettings", m))?;
-            let registered = Registered {
-                provider: Arc::new(provider),
-                generation: Some(generation),
-            };
+            let registered = Registered::new(Arc::new(provider), Some(generation));
             ctx.providers.insert(name, registered);
         }
         World::Updater => {

@@ -95,10 +95,7 @@ async fn run(args: Args) -> Result<(), String> {
     let token = std::env::var("CAPSTAN_NATIVE_SIM_TOKEN").ok();
     providers.insert(
         &args.plugin,
-        Registered {
-            provider: Arc::new(NativeSimProvider::new(token)),
-            generation: None,
-        },
+        Registered::new(Arc::new(NativeSimProvider::new(token)), None),
     );
     let process = Process {
         config,

@@ -8,6 +8,7 @@ mod addon_fit;
 mod addon_order;
 mod addons;
 mod bootstrap;
+mod canary;
 mod controllers;
 mod drain;
 mod ec2;

@@ -1,0 +1,505 @@
+//! A provider Plugin's canary (`spec.rollout.strategy: Canary`): a new
+//! revision serves a growing share of the Machines, each step's window is
+//! judged against the stable revision's calls in the same window, and it is
+//! promoted or rolled back by itself.
+//!
+//! Start with [`reconcile`]: it keeps the stable revision serving (the one
+//! the status records, loaded again after a restart), loads the spec's
+//! revision beside it as a [`Canary`], judges a window when one ends
+//! (`capstan_planner::canary`), and picks the Machines the canary serves.
+//! Its state lives in `status.canary`, so a restarted host resumes the same
+//! step and window; `spec.source` is never rewritten.
+
+use super::{Context, Failure, Loaded, Note, find, last_activated, load, prepare, shown_signers};
+use capstan_api::{
+    ANNOTATION_CANARY_ACTION, CallTally, CanaryPhase, CanaryStatus, CanaryWindow, Plugin,
+    PluginRollout, PluginStatus,
+};
+use capstan_kit::provider::{Canary, WasmProvider};
+use capstan_kit::write::record_event;
+use capstan_manifest::World;
+use capstan_planner::canary::{self as plan, Action, Analysis, Phase, Progress, Tally, Verdict};
+use capstan_runtime::Grants;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the Machines a canary serves are picked again while it runs
+/// (new Machines get their share), at most.
+const REASSIGN_EVERY: Duration = Duration::from_secs(5);
+/// Judged windows kept in `status.canary.windows`.
+const WINDOWS_KEPT: usize = 10;
+/// Rolled-back revisions kept in `status.rejected`.
+const REJECTED_KEPT: usize = 10;
+
+/// A canary this host has loaded, by Plugin name.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    /// The revision and the grants' fingerprint it was loaded with.
+    key: String,
+    canary: Arc<Canary>,
+    digest: String,
+    resolved_source: Option<String>,
+    signers: Vec<String>,
+    version: String,
+}
+
+/// What the canary step decided.
+pub(super) enum Trial {
+    /// No canary: the strategy is `Immediate`, nothing served yet (the
+    /// first revision serves at once), or the spec names the serving
+    /// revision. The Immediate path applies.
+    NotNeeded,
+    /// A canary serves part of the Machines: `UpToDate=False` with this
+    /// reason and message, and when to look again.
+    Serving {
+        reason: &'static str,
+        message: String,
+        requeue: Duration,
+    },
+    /// Promoted: the spec's revision now serves every Machine.
+    Promoted(Box<Loaded>),
+}
+
+/// One pass of a Plugin's canary (see the module docs). `Err` is what the
+/// conditions show, the stable revision still serving.
+pub(super) async fn reconcile(
+    plugin: &Plugin,
+    ctx: &Context,
+    (name, generation): (&str, i64),
+    grants: Grants,
+    fingerprint: String,
+    status: &mut PluginStatus,
+) -> Result<Trial, Failure> {
+    let rollout = plugin.spec.rollout.clone().unwrap_or_default();
+    if let Some(problem) = rollout.problem() {
+        return Err(("InvalidSpec", problem));
+    }
+    if !rollout.is_canary() || status.digest.is_none() {
+        drop_canary(ctx, name);
+        return Ok(Trial::NotNeeded);
+    }
+    // The stable revision: the one the status records as serving, loaded
+    // again when this host has not (a restart) or the grants changed.
+    match last_activated(plugin) {
+        Some(pinned) => {
+            load(&pinned, ctx, name, generation, grants.clone(), fingerprint.clone())
+                .await
+                .map_err(|(reason, message)| {
+                    (
+                        reason,
+                        format!(
+                            "the serving revision {} could not be loaded again, so no canary is served: {message}",
+                            pinned.spec.source
+                        ),
+                    )
+                })?;
+        }
+        // A `file://` stable is not recorded by reference: after a restart
+        // the spec's revision serves at once (file sources are for
+        // development).
+        None if ctx.providers.get(name).is_none() => return Ok(Trial::NotNeeded),
+        None => {}
+    }
+    let found = find(plugin, ctx).await?;
+    let stable_revision = ctx
+        .loaded
+        .lock()
+        .expect("loaded lock")
+        .get(name)
+        .and_then(|(_, key)| key.split_once('|').map(|(r, _)| r.to_string()));
+    if stable_revision.as_deref() == Some(found.revision.as_str()) {
+        drop_canary(ctx, name);
+        if let Some(c) = status.canary.as_mut().filter(|c| !is_final(c.phase)) {
+            c.phase = CanaryPhase::RolledBack;
+            c.weight = 0;
+            c.machines = 0;
+            c.message = Some("spec.source names the serving revision again".into());
+        }
+        return Ok(Trial::NotNeeded);
+    }
+    if status.rejected.contains(&found.revision) {
+        drop_canary(ctx, name);
+        let why = status
+            .canary
+            .as_ref()
+            .and_then(|c| c.message.clone())
+            .unwrap_or_default();
+        return Err((
+            "CanaryRolledBack",
+            format!(
+                "revision {} was rolled back as a canary and is not tried again ({why}); push a fixed revision, or pin spec.source to the serving one",
+                found.revision
+            ),
+        ));
+    }
+    if found.manifest.world != World::Provider {
+        return Err((
+            "InvalidSpec",
+            format!(
+                "spec.rollout.strategy: Canary serves provider plugins; this revision is a {} plugin: use Immediate",
+                found.manifest.world
+            ),
+        ));
+    }
+    let held = hold(plugin, ctx, name, found, grants.clone(), &fingerprint).await?;
+    let Some(registered) = ctx.providers.get(name) else {
+        return Err((
+            "LoadFailed",
+            "the stable revision stopped serving while its canary was loaded".into(),
+        ));
+    };
+    if !registered
+        .canary
+        .as_ref()
+        .is_some_and(|c| Arc::ptr_eq(c, &held.canary))
+    {
+        ctx.providers.set_canary(name, Some(held.canary.clone()));
+    }
+
+    let weights: Vec<u32> = rollout.steps.iter().map(|s| s.weight).collect();
+    let analysis = analysis_of(&rollout);
+    let t = capstan_kit::now();
+    let object = plugin.object_ref(&());
+    let mut events: Vec<Note> = vec![];
+    if status
+        .canary
+        .as_ref()
+        .is_none_or(|c| c.digest != held.digest)
+    {
+        // A new trial: windows start empty.
+        held.canary.counts.take();
+        registered.counts.take();
+        let source = held
+            .resolved_source
+            .clone()
+            .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, held.digest));
+        events.push((
+            EventType::Normal,
+            "CanaryStarted",
+            format!(
+                "canary {source} (version {}{}) serves up to {}% of the Machines for {}s; the serving revision serves the rest",
+                held.version,
+                shown_signers(&held.signers),
+                weights[0],
+                rollout.steps[0].duration_seconds
+            ),
+        ));
+        status.canary = Some(CanaryStatus {
+            source,
+            digest: held.digest.clone(),
+            version: Some(held.version.clone()),
+            signers: held.signers.clone(),
+            phase: CanaryPhase::Progressing,
+            step: 0,
+            weight: weights[0],
+            machines: 0,
+            window_start: Some(t.clone()),
+            failures: 0,
+            inconclusive: 0,
+            windows: vec![],
+            message: None,
+        });
+    }
+    let c = status.canary.as_mut().expect("set above");
+    let mut progress = progress_of(c);
+    let mut requeue = REASSIGN_EVERY;
+    if let Some(action) = asked(plugin, &c.digest) {
+        let before = progress;
+        progress = plan::act(progress, action);
+        if progress != before {
+            c.message = Some(match action {
+                Action::Promote => "promoted by hand (capstan plugin promote)".into(),
+                Action::Abort => "aborted by hand (capstan plugin abort)".into(),
+            });
+        }
+    }
+    if !progress.is_final() {
+        let step = &rollout.steps[progress.step.min(rollout.steps.len() - 1)];
+        let started = c.window_start.clone().unwrap_or_else(|| t.clone());
+        let ends = started.0.as_second() + i64::from(step.duration_seconds);
+        let left = ends - t.0.as_second();
+        if left <= 0 {
+            let canary = held.canary.counts.take();
+            let stable = registered.counts.take();
+            let verdict = plan::judge(tally(canary), tally(stable), &analysis);
+            let weight = progress.weight(&weights);
+            let at_step = progress.step;
+            progress = plan::advance(progress, &verdict, weights.len(), &analysis);
+            c.windows.push(CanaryWindow {
+                step: at_step as u32,
+                weight,
+                canary,
+                stable,
+                verdict: verdict.name().into(),
+                reason: verdict.reason().into(),
+            });
+            let excess = c.windows.len().saturating_sub(WINDOWS_KEPT);
+            c.windows.drain(..excess);
+            c.window_start = Some(t.clone());
+            c.message = Some(format!(
+                "step {} of {} (weight {weight}%): {}: {}",
+                at_step + 1,
+                weights.len(),
+                verdict.name(),
+                verdict.reason()
+            ));
+            events.push(window_event(&verdict, at_step, weights.len(), weight));
+            if progress.phase == Phase::Paused && !matches!(verdict, Verdict::Pass(_)) {
+                events.push((
+                    EventType::Warning,
+                    "CanaryPaused",
+                    format!(
+                        "{} inconclusive windows in a row (inconclusiveLimit {}): the canary keeps its {weight}% until capstan plugin promote or abort",
+                        progress.inconclusive, analysis.inconclusive_limit
+                    ),
+                ));
+            }
+        } else {
+            requeue = requeue.min(Duration::from_secs(left as u64));
+        }
+    }
+    c.phase = phase_of(progress.phase);
+    c.step = progress.step as u32;
+    c.weight = progress.weight(&weights);
+    c.failures = progress.failures;
+    c.inconclusive = progress.inconclusive;
+    let shown = c.source.clone();
+    let why = c.message.clone().unwrap_or_default();
+    let outcome = match progress.phase {
+        Phase::RolledBack => {
+            drop_canary(ctx, name);
+            c.machines = 0;
+            let revision = held.key.split_once('|').map(|(r, _)| r.to_string());
+            if let Some(revision) = revision {
+                status.rejected.retain(|r| *r != revision);
+                status.rejected.insert(0, revision);
+                status.rejected.truncate(REJECTED_KEPT);
+            }
+            let message = format!(
+                "canary {shown} rolled back ({why}); every Machine is served by the stable revision again"
+            );
+            events.push((EventType::Warning, "CanaryRolledBack", message.clone()));
+            Err(("CanaryRolledBack", message))
+        }
+        Phase::Promoted => {
+            let loaded = load(plugin, ctx, name, generation, grants, fingerprint).await?;
+            ctx.canaries.lock().expect("canaries lock").remove(name);
+            c.machines = 0;
+            events.push((
+                EventType::Normal,
+                "CanaryPromoted",
+                format!("canary {shown} promoted: it now serves every Machine ({why})"),
+            ));
+            match loaded {
+                Some(loaded) => Ok(Trial::Promoted(Box::new(loaded))),
+                None => Ok(Trial::NotNeeded),
+            }
+        }
+        Phase::Progressing | Phase::Paused => {
+            let (serves, of) = assign(plugin, ctx, &rollout, &held, c.weight);
+            c.machines = serves as u32;
+            let paused = progress.phase == Phase::Paused;
+            Ok(Trial::Serving {
+                reason: if paused {
+                    "CanaryPaused"
+                } else {
+                    "CanaryProgressing"
+                },
+                message: format!(
+                    "canary {shown} serves {serves} of {of} Machines (step {} of {}, weight {}%){}; the revision before it serves the rest",
+                    progress.step + 1,
+                    weights.len(),
+                    c.weight,
+                    if paused {
+                        ": paused, waiting for capstan plugin promote or abort"
+                    } else {
+                        ""
+                    }
+                ),
+                requeue,
+            })
+        }
+    };
+    for (type_, reason, note) in events {
+        record_event(&ctx.kube, super::CONTROLLER, &object, type_, reason, note).await;
+    }
+    outcome
+}
+
+/// The canary for the spec's revision: the one this host holds when the
+/// revision and grants are unchanged, else verified, fetched and loaded
+/// (from the caches when it was before).
+async fn hold(
+    plugin: &Plugin,
+    ctx: &Context,
+    name: &str,
+    found: super::Found,
+    grants: Grants,
+    fingerprint: &str,
+) -> Result<Held, Failure> {
+    let key = format!("{}|{fingerprint}", found.revision);
+    let held = ctx
+        .canaries
+        .lock()
+        .expect("canaries lock")
+        .get(name)
+        .filter(|h| h.key == key)
+        .cloned();
+    if let Some(held) = held {
+        return Ok(held);
+    }
+    let prepared = prepare(plugin, ctx, name, found, grants).await?;
+    let signers = prepared.fetched.signers.clone();
+    let provider = prepared
+        .loaded
+        .provider()
+        .map_err(|e| ("LoadFailed", e.to_string()))?;
+    let provider = WasmProvider::new(provider)
+        .signed_by(&signers)
+        .with_settings(plugin.spec.settings.as_ref())
+        .map_err(|m| ("InvalidSettings", m))?;
+    let held = Held {
+        key,
+        canary: Arc::new(Canary::new(Arc::new(provider))),
+        digest: prepared.loaded.digest().to_string(),
+        resolved_source: prepared.fetched.resolved_source.clone(),
+        signers,
+        version: prepared.loaded.manifest().version.clone(),
+    };
+    tracing::info!(plugin = %name, digest = %held.digest, "canary loaded ({})", prepared.message);
+    ctx.canaries
+        .lock()
+        .expect("canaries lock")
+        .insert(name.to_string(), held.clone());
+    Ok(held)
+}
+
+/// Pick the Machines the canary serves (every one it served, then the
+/// lowest-ranked others the selector allows, up to its share); how many it
+/// serves, of how many it could.
+fn assign(
+    plugin: &Plugin,
+    ctx: &Context,
+    rollout: &PluginRollout,
+    held: &Held,
+    weight: u32,
+) -> (usize, usize) {
+    let name = plugin.name_any();
+    let candidates: Vec<(String, bool)> = ctx
+        .kube
+        .stores
+        .machines
+        .state()
+        .iter()
+        .filter(|m| {
+            let plugin = if m.metadata.deletion_timestamp.is_some() {
+                m.instance_plugin()
+            } else {
+                m.spec.provider.plugin.as_str()
+            };
+            plugin == name
+        })
+        .filter_map(|m| {
+            let uid = m.uid()?;
+            let sticky = held.canary.serves(&uid)
+                || m.status.as_ref().and_then(|s| s.plugin_digest.as_deref())
+                    == Some(held.digest.as_str());
+            let eligible = m.metadata.deletion_timestamp.is_none()
+                && rollout
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| capstan_api::selector_matches(s, m.labels()));
+            (sticky || eligible).then_some((uid, sticky))
+        })
+        .collect();
+    let chosen = plan::assign(&held.digest, &candidates, weight);
+    let serves = chosen.len();
+    held.canary.assign(chosen);
+    (serves, candidates.len())
+}
+
+/// Stop serving a Plugin's canary, if it has one.
+pub(super) fn drop_canary(ctx: &Context, name: &str) {
+    ctx.providers.set_canary(name, None);
+    ctx.canaries.lock().expect("canaries lock").remove(name);
+}
+
+/// What `capstan.dev/canary-action` asks of the canary with this digest.
+fn asked(plugin: &Plugin, digest: &str) -> Option<Action> {
+    let value = plugin.annotations().get(ANNOTATION_CANARY_ACTION)?;
+    let (verb, target) = value.trim().split_once(' ')?;
+    if target.trim() != digest {
+        return None;
+    }
+    match verb {
+        "promote" => Some(Action::Promote),
+        "abort" => Some(Action::Abort),
+        _ => None,
+    }
+}
+
+fn window_event(verdict: &Verdict, step: usize, steps: usize, weight: u32) -> Note {
+    let note = format!(
+        "step {} of {steps} (weight {weight}%): {}",
+        step + 1,
+        verdict.reason()
+    );
+    match verdict {
+        Verdict::Pass(_) => (EventType::Normal, "CanaryWindowPassed", note),
+        Verdict::Fail(_) => (EventType::Warning, "CanaryWindowFailed", note),
+        Verdict::Inconclusive(_) => (EventType::Normal, "CanaryWindowInconclusive", note),
+    }
+}
+
+fn is_final(phase: CanaryPhase) -> bool {
+    matches!(phase, CanaryPhase::Promoted | CanaryPhase::RolledBack)
+}
+
+fn progress_of(c: &CanaryStatus) -> Progress {
+    Progress {
+        phase: match c.phase {
+            CanaryPhase::Progressing => Phase::Progressing,
+            CanaryPhase::Paused => Phase::Paused,
+            CanaryPhase::Promoted => Phase::Promoted,
+            CanaryPhase::RolledBack => Phase::RolledBack,
+        },
+        step: c.step as usize,
+        failures: c.failures,
+        inconclusive: c.inconclusive,
+    }
+}
+
+fn phase_of(phase: Phase) -> CanaryPhase {
+    match phase {
+        Phase::Progressing => CanaryPhase::Progressing,
+        Phase::Paused => CanaryPhase::Paused,
+        Phase::Promoted => CanaryPhase::Promoted,
+        Phase::RolledBack => CanaryPhase::RolledBack,
+    }
+}
+
+fn tally(t: CallTally) -> Tally {
+    Tally {
+        calls: t.calls,
+        errors: t.errors,
+        failed_creates: t.failed_creates,
+    }
+}
+
+/// `spec.rollout.analysis` with the defaults filled in.
+fn analysis_of(rollout: &PluginRollout) -> Analysis {
+    let a = &rollout.analysis;
+    let d = Analysis::default();
+    Analysis {
+        min_samples: a.min_samples.map_or(d.min_samples, u64::from),
+        max_error_percent: a.max_error_percent.unwrap_or(d.max_error_percent),
+        max_error_percent_over_stable: a
+            .max_error_percent_over_stable
+            .unwrap_or(d.max_error_percent_over_stable),
+        max_failed_creates: a.max_failed_creates.map_or(d.max_failed_creates, u64::from),
+        failure_limit: a.failure_limit.unwrap_or(d.failure_limit),
+        inconclusive_limit: a.inconclusive_limit.unwrap_or(d.inconclusive_limit),
+    }
+}

@@ -1,0 +1,430 @@
+//! Plugin canaries (`spec.rollout.strategy: Canary`) on a real
+//! kube-apiserver, a real OCI registry and the sim cloud: a signed new
+//! revision pushed under the same tag serves a share of the Machines first;
+//! a canary the cloud fails (by its User-Agent) is rolled back with its
+//! numbers, having reached at most its share of the Machines; a healthy one
+//! is promoted step by step, survives a controller restart mid-trial
+//! without a double advance, and `capstan plugin abort` ends one by hand.
+
+use capstan_api::{CanaryPhase, Machine, MachineDeployment, Plugin, PluginRollout};
+use capstan_controllers::plugin::{READY, UP_TO_DATE};
+use capstan_controllers::{Options, Providers};
+use capstan_e2e::cli::{key_pair, ok, with_manifest};
+use capstan_e2e::env::{Env, eventually, sample_deployment, sim_plugin_spec};
+use capstan_e2e::plugin;
+use capstan_e2e::registry::{Registry, RegistryOptions};
+use capstan_e2e::sim_cloud::Faults;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const NS: &str = "default";
+const LONG: Duration = Duration::from_secs(90);
+
+/// A registry holding two signed revisions of the sim provider (0.1.0 and
+/// 0.1.1, same capabilities), and what the host needs to trust them.
+struct Published {
+    registry: Registry,
+    dir: PathBuf,
+    public: PathBuf,
+    key: String,
+    repo: String,
+    v2_path: PathBuf,
+    v1_digest: String,
+    v2_digest: String,
+}
+
+fn publish() -> Published {
+    let registry = Registry::start(RegistryOptions::default()).expect("registry");
+    let dir = registry.scratch().to_path_buf();
+    let (key, public) = key_pair(&dir, "publisher");
+    let key = key.to_str().unwrap().to_string();
+    let repo = format!("oci://{}/capstan/sim-provider", registry.host);
+    let v1_bytes = std::fs::read(plugin("sim_provider")).unwrap();
+    let manifest = std::fs::read_to_string(
+        capstan_e2e::workspace_root().join("plugins/sim-provider/capstan-plugin.json"),
+    )
+    .unwrap();
+    let next = manifest.replace("\"version\": \"0.1.0\"", "\"version\": \"0.1.1\"");
+    assert_ne!(next, manifest, "the sample's version moved");
+    let v2_bytes = with_manifest(&v1_bytes, &next);
+    let (v1_path, v2_path) = (dir.join("v1.wasm"), dir.join("v2.wasm"));
+    std::fs::write(&v1_path, &v1_bytes).unwrap();
+    std::fs::write(&v2_path, &v2_bytes).unwrap();
+    let tag = format!("{repo}:stable");
+    ok(&["plugin", "push", v1_path.to_str().unwrap(), &tag]);
+    ok(&["plugin", "sign", &tag, "--key", &key]);
+    Published {
+        v1_digest: capstan_runtime::digest(&v1_bytes),
+        v2_digest: capstan_runtime::digest(&v2_bytes),
+        registry,
+        dir,
+        public,
+        key,
+        repo,
+        v2_path,
+    }
+}
+
+impl Published {
+    /// Move `stable` to 0.1.1, signed; its manifest digest.
+    fn move_tag_to_v2(&self) -> String {
+        let tag = format!("{}:stable", self.repo);
+        let pushed = ok(&["plugin", "push", self.v2_path.to_str().unwrap(), &tag]);
+        ok(&["plugin", "sign", &tag, "--key", &self.key]);
+        pushed.trim().to_string()
+    }
+
+    fn options(&self, cache: &Path) -> Options {
+        let prefix = format!("oci://{}/capstan/", self.registry.host);
+        Options {
+            poll: Duration::from_millis(250),
+            // Machines are observed (`get`) every second: a window of a few
+            // seconds holds enough calls to judge.
+            resync: Duration::from_secs(1),
+            supply: Some(std::sync::Arc::new(crate::oci_plugins::supply(
+                cache,
+                capstan_e2e::cli::publisher_policy(&prefix, &self.public),
+            ))),
+            ..Options::default()
+        }
+    }
+}
+
+/// `capstan-plugin/NAME@sha256:<12 hex>`: how the host names a revision in
+/// the User-Agent of its requests.
+fn agent(name: &str, digest: &str) -> String {
+    let hex = digest.trim_start_matches("sha256:");
+    format!("capstan-plugin/{name}@sha256:{}", &hex[..12])
+}
+
+async fn create_plugin(env: &Env, p: &Published, name: &str, rollout: serde_json::Value) {
+    let mut spec = sim_plugin_spec(&format!("{}:stable", p.repo));
+    spec.verification = Some(capstan_e2e::cli::publisher_verification(&p.public));
+    spec.rollout = Some(serde_json::from_value::<PluginRollout>(rollout).unwrap());
+    Api::<Plugin>::all(env.client.clone())
+        .create(&PostParams::default(), &Plugin::new(name, spec))
+        .await
+        .unwrap();
+}
+
+async fn plugin_now(env: &Env, name: &str) -> Plugin {
+    Api::<Plugin>::all(env.client.clone())
+        .get(name)
+        .await
+        .unwrap()
+}
+
+async fn canary_phase(env: &Env, name: &str, phase: CanaryPhase) -> Plugin {
+    let last = std::sync::Mutex::new(String::new());
+    let found = capstan_e2e::env::poll_until(LONG, async || {
+        let p = plugin_now(env, name).await;
+        let canary = p.status.as_ref()?.canary.clone();
+        *last.lock().unwrap() = format!("{canary:?}");
+        (canary?.phase == phase).then_some(p)
+    })
+    .await;
+    found.unwrap_or_else(|| {
+        panic!(
+            "plugin {name}: canary {phase:?} not reached in {LONG:?}; last: {}",
+            last.lock().unwrap()
+        )
+    })
+}
+
+async fn machines(env: &Env) -> Vec<Machine> {
+    Api::<Machine>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+}
+
+/// Every Machine Ready, and last served by the revision with `digest`.
+async fn all_ready_on(env: &Env, count: usize, digest: &str) {
+    let what = format!("{count} Machines Ready and served by {digest}");
+    eventually(&what, LONG, async || {
+        let ms = machines(env).await;
+        let ok = ms.len() == count
+            && ms.iter().all(|m| {
+                let s = m.status.as_ref();
+                s.is_some_and(|s| {
+                    capstan_api::is_true(&s.conditions, "Ready")
+                        && s.plugin_digest.as_deref() == Some(digest)
+                })
+            });
+        ok.then_some(())
+    })
+    .await;
+}
+
+fn event_reasons(env: &Env, name: &str) -> Vec<(String, String)> {
+    let out = env
+        .control_plane
+        .kubectl(&["get", "events", "-A", "-o", "json"], None)
+        .unwrap();
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Plugin" && e["involvedObject"]["name"] == name)
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap_or_default().to_string(),
+                e["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn deploy(env: &Env, name: &str, plugin: &str, replicas: i32) {
+    let md = sample_deployment(name, plugin, &env.cloud.url(), replicas, "v1.30.0");
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_canary_the_cloud_fails_is_rolled_back_having_reached_only_its_share() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    let published = publish();
+    let name = "canary-sim";
+    create_plugin(
+        &env,
+        &published,
+        name,
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"weight": 50, "durationSeconds": 6}, {"weight": 100, "durationSeconds": 6}],
+            "analysis": {"minSamples": 3}
+        }),
+    )
+    .await;
+    env.start_controllers(
+        Providers::default(),
+        published.options(&published.dir.join("oci-cache")),
+    )
+    .await;
+    deploy(&env, "canary-pool", name, 4).await;
+    all_ready_on(&env, 4, &published.v1_digest).await;
+
+    // The cloud fails every request of the coming revision.
+    let canary_agent = agent(name, &published.v2_digest);
+    env.cloud.set_faults(Faults {
+        fail_user_agent: Some(canary_agent.clone()),
+        ..Faults::default()
+    });
+    let v2_manifest = published.move_tag_to_v2();
+    let p = canary_phase(&env, name, CanaryPhase::RolledBack).await;
+    let s = p.status.clone().unwrap();
+    let canary = s.canary.clone().unwrap();
+    assert_eq!(canary.digest, published.v2_digest);
+    assert_eq!((canary.weight, canary.machines), (0, 0));
+    let failed = canary.windows.last().expect("a judged window");
+    assert_eq!(failed.verdict, "Fail", "{canary:?}");
+    assert_eq!(failed.weight, 50);
+    assert!(failed.canary.calls >= 3, "{failed:?}");
+    assert_eq!(failed.canary.errors, failed.canary.calls, "{failed:?}");
+    assert_eq!(failed.stable.errors, 0, "{failed:?}");
+    assert!(
+        failed.reason.starts_with(&format!(
+            "canary: {0} of {0} calls failed (100.0%), over the maximum 10%",
+            failed.canary.calls
+        )),
+        "{failed:?}"
+    );
+    assert_eq!(s.rejected, vec![v2_manifest.clone()]);
+    // The stable revision kept serving; the spec was never rewritten.
+    assert_eq!(s.digest.as_deref(), Some(published.v1_digest.as_str()));
+    assert_eq!(p.spec.source, format!("{}:stable", published.repo));
+    let up_to_date = capstan_api::condition(&s.conditions, UP_TO_DATE).unwrap();
+    assert_eq!(
+        (up_to_date.status.as_str(), up_to_date.reason.as_str()),
+        ("False", "CanaryRolledBack")
+    );
+    assert!(capstan_api::is_true(&s.conditions, READY));
+
+    // At most ⌈50% × 4⌉ = 2 Machines ever reached the cloud through it.
+    let stats = env.cloud.stats();
+    let reached = stats
+        .client_tokens_by_user_agent
+        .get(&canary_agent)
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        (1..=2).contains(&reached.len()),
+        "machines the canary reached: {reached:?}"
+    );
+    // Every Machine ends Ready on the stable digest, and the canary's
+    // requests stop.
+    all_ready_on(&env, 4, &published.v1_digest).await;
+    let requests = env.cloud.stats().user_agents.get(&canary_agent).copied();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        env.cloud.stats().user_agents.get(&canary_agent).copied(),
+        requests,
+        "the canary's request count stopped growing"
+    );
+    let events = event_reasons(&env, name);
+    for reason in ["CanaryStarted", "CanaryWindowFailed", "CanaryRolledBack"] {
+        assert!(
+            events.iter().any(|(r, _)| r == reason),
+            "{reason}: {events:?}"
+        );
+    }
+    let listed = env
+        .control_plane
+        .kubectl(&["get", "plugins", name], None)
+        .unwrap();
+    assert!(
+        listed.contains("CANARY") && listed.contains("RolledBack"),
+        "{listed}"
+    );
+    println!(
+        "canary rolled back: window {:?}; machines reached through it: {}; requests with its User-Agent: {:?}; {}",
+        failed.canary,
+        reached.len(),
+        requests,
+        failed.reason
+    );
+
+    // Never retried while the tag names the same digest.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = plugin_now(&env, name).await;
+    assert_eq!(
+        again.status.unwrap().canary.unwrap().phase,
+        CanaryPhase::RolledBack
+    );
+    drop(published);
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_healthy_canary_is_promoted_step_by_step_across_a_restart() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    let mut published = publish();
+    let name = "canary-ok";
+    create_plugin(
+        &env,
+        &published,
+        name,
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [
+                {"weight": 25, "durationSeconds": 5},
+                {"weight": 50, "durationSeconds": 8},
+                {"weight": 100, "durationSeconds": 4}
+            ],
+            "analysis": {"minSamples": 3},
+            "revisionHistoryLimit": 2
+        }),
+    )
+    .await;
+    let cache = published.dir.join("oci-cache");
+    env.start_controllers(Providers::default(), published.options(&cache))
+        .await;
+    deploy(&env, "ok-pool", name, 4).await;
+    all_ready_on(&env, 4, &published.v1_digest).await;
+
+    let v2_manifest = published.move_tag_to_v2();
+    // Step 2 (50%): the first window passed. Restart the controllers
+    // mid-step: the trial resumes at the same step.
+    let at_step_two = eventually("the canary at step 2", LONG, async || {
+        let c = plugin_now(&env, name).await.status?.canary?;
+        (c.step == 1 && c.phase == CanaryPhase::Progressing).then_some(c)
+    })
+    .await;
+    assert_eq!(at_step_two.weight, 50);
+    assert_eq!(at_step_two.windows.len(), 1, "{at_step_two:?}");
+    assert_eq!(at_step_two.windows[0].verdict, "Pass");
+    env.stop_controllers().await;
+    env.start_controllers(Providers::default(), published.options(&cache))
+        .await;
+    let p = canary_phase(&env, name, CanaryPhase::Promoted).await;
+    let s = p.status.clone().unwrap();
+    let canary = s.canary.clone().unwrap();
+    let steps: Vec<(u32, &str)> = canary
+        .windows
+        .iter()
+        .map(|w| (w.weight, w.verdict.as_str()))
+        .collect();
+    // One pass per step; the restart neither skipped nor repeated one.
+    assert_eq!(
+        steps,
+        vec![(25, "Pass"), (50, "Pass"), (100, "Pass")],
+        "{canary:?}"
+    );
+    assert_eq!(s.digest.as_deref(), Some(published.v2_digest.as_str()));
+    assert_eq!(s.version.as_deref(), Some("0.1.1"));
+    let v1_source = s.previous_source.clone().expect("0.1.0 served before");
+    assert!(v1_source.starts_with(&format!("{}@sha256:", published.repo)));
+    assert_eq!(s.history, vec![v1_source.clone()]);
+    assert_eq!(
+        s.resolved_source.as_deref(),
+        Some(format!("{}@{v2_manifest}", published.repo).as_str())
+    );
+    all_ready_on(&env, 4, &published.v2_digest).await;
+
+    // Pinning back to 0.1.0 with the registry stopped: its canary starts
+    // from the caches (no download), and `capstan plugin abort` ends it.
+    published.registry.stop();
+    Api::<Plugin>::all(env.client.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"source": v1_source}})),
+        )
+        .await
+        .unwrap();
+    let pinned_back = eventually("a canary of 0.1.0 from the caches", LONG, async || {
+        let c = plugin_now(&env, name).await.status?.canary?;
+        (c.digest == published.v1_digest && c.phase == CanaryPhase::Progressing).then_some(c)
+    })
+    .await;
+    assert_eq!(pinned_back.version.as_deref(), Some("0.1.0"));
+    let kubeconfig = env.control_plane.kubeconfig().display().to_string();
+    let out = ok(&[
+        "plugin",
+        "abort",
+        name,
+        "--kubeconfig",
+        &kubeconfig,
+        "--timeout",
+        "60s",
+    ]);
+    assert!(out.contains("RolledBack"), "{out}");
+    let p = plugin_now(&env, name).await;
+    let s = p.status.unwrap();
+    assert_eq!(s.digest.as_deref(), Some(published.v2_digest.as_str()));
+    assert!(
+        s.canary
+            .unwrap()
+            .message
+            .unwrap_or_default()
+            .contains("aborted by hand"),
+    );
+    let refused =
+        capstan_e2e::cli::capstan(&["plugin", "promote", name, "--kubeconfig", &kubeconfig]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("is already RolledBack; nothing to promote"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let events = event_reasons(&env, name);
+    let passed = events
+        .iter()
+        .filter(|(r, _)| r == "CanaryWindowPassed")
+        .count();
+    assert!(passed >= 3, "{events:?}");
+    assert!(
+        events.iter().any(|(r, _)| r == "CanaryPromoted"),
+        "{events:?}"
+    );
+    env.stop_controllers().await;
+}
