@@ -26,7 +26,7 @@ pub struct PluginRollout {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<CanaryStep>,
     /// `Canary`: only Machines whose labels match may get the canary (a
-    /// MachineDeployment's Machines carry `cluster.x-k8s.io/deployment-name`
+    /// MachineDeployment's Machines carry `capstan.dev/deployment-name`
     /// and its template's labels). Unset: every Machine of the plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
@@ -58,8 +58,16 @@ pub struct CanaryStep {
     /// Percent (1–100) of the plugin's Machines the canary serves in this
     /// step: at most ⌈weight × Machines / 100⌉ of them, chosen by a hash
     /// of the canary's digest and each Machine's uid, and kept once chosen.
-    #[schemars(range(min = 1, max = 100))]
+    /// Unset (0) on a shadow step.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
     pub weight: u32,
+    /// A shadow step serves no Machine: the stable revision's
+    /// side-effect-free calls (`get`, `validate`) are mirrored to the
+    /// canary and compared; a different answer or a failure counts as its
+    /// error, and its answers are never used. Shadow steps come first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
     /// How long the step is held before its window is judged.
     #[schemars(range(min = 1, max = 86400))]
     pub duration_seconds: u32,
@@ -104,6 +112,9 @@ pub struct CanaryAnalysis {
 /// Where a canary stands.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum CanaryPhase {
+    /// A shadow step: it serves no Machine; the stable revision's
+    /// side-effect-free calls are mirrored to it and compared.
+    Shadow,
     /// Serving its step's share; windows are judged.
     #[default]
     Progressing,
@@ -214,6 +225,24 @@ impl PluginRollout {
         }
         let mut last = 0;
         for (i, step) in self.steps.iter().enumerate() {
+            if step.shadow {
+                if step.weight != 0 {
+                    return Some(format!(
+                        "spec.rollout.steps[{i}].weight: a shadow step serves no Machine; remove its weight"
+                    ));
+                }
+                if last > 0 {
+                    return Some(format!(
+                        "spec.rollout.steps[{i}].shadow: shadow steps come before the weighted ones"
+                    ));
+                }
+                if step.duration_seconds == 0 {
+                    return Some(format!(
+                        "spec.rollout.steps[{i}].durationSeconds: must be at least 1"
+                    ));
+                }
+                continue;
+            }
             if !(1..=100).contains(&step.weight) {
                 return Some(format!(
                     "spec.rollout.steps[{i}].weight: {} is not a percent from 1 to 100",
@@ -249,6 +278,7 @@ mod tests {
                 .map(|&(weight, duration_seconds)| CanaryStep {
                     weight,
                     duration_seconds,
+                    shadow: false,
                 })
                 .collect(),
             ..PluginRollout::default()
@@ -294,6 +324,31 @@ mod tests {
         };
         assert!(immediate.problem().unwrap().contains("only a Canary"));
         assert_eq!(PluginRollout::default().problem(), None);
+        let shadow = |weight| CanaryStep {
+            weight,
+            duration_seconds: 30,
+            shadow: true,
+        };
+        let mut first = rollout(&[(10, 60)]);
+        first.steps.insert(0, shadow(0));
+        assert_eq!(first.problem(), None);
+        first.steps.push(shadow(0));
+        assert!(
+            first
+                .problem()
+                .unwrap()
+                .contains("steps[2].shadow: shadow steps come before")
+        );
+        let weighted = PluginRollout {
+            steps: vec![shadow(5)],
+            ..rollout(&[])
+        };
+        assert!(
+            weighted
+                .problem()
+                .unwrap()
+                .contains("a shadow step serves no Machine")
+        );
     }
 
     #[test]
@@ -301,7 +356,7 @@ mod tests {
         let rollout: PluginRollout = serde_json::from_value(serde_json::json!({
             "strategy": "Canary",
             "steps": [{"weight": 10, "durationSeconds": 300}, {"weight": 50, "durationSeconds": 600}],
-            "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": "workers"}},
+            "selector": {"matchLabels": {"capstan.dev/deployment-name": "workers"}},
             "analysis": {"minSamples": 20, "maxErrorPercent": 5, "failureLimit": 1},
             "revisionHistoryLimit": 5
         }))

@@ -71,7 +71,10 @@ pub async fn run(verb: Verb, args: Args) -> anyhow::Result<ExitCode> {
             args.name
         );
     };
-    if !matches!(canary.phase, CanaryPhase::Progressing | CanaryPhase::Paused) {
+    if !matches!(
+        canary.phase,
+        CanaryPhase::Shadow | CanaryPhase::Progressing | CanaryPhase::Paused
+    ) {
         bail!(
             "the canary of plugin {:?} ({}) is already {:?}; nothing to {}",
             args.name,

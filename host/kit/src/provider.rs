@@ -350,6 +350,100 @@ impl MachineProvider for WasmProvider {
     }
 }
 
+/// The stable revision serving a Machine while a shadowing canary gets the
+/// same side-effect-free calls (`get`, `validate`, at once): its answer is
+/// compared with the stable one and never used. `compared` counts one call
+/// per mirrored call, and an error when the canary failed where the stable
+/// revision did not, or answered differently (the message aside).
+#[derive(Debug)]
+struct Shadowed {
+    stable: Counted,
+    canary: Arc<dyn MachineProvider>,
+    compared: Arc<CallCounts>,
+}
+
+impl Shadowed {
+    fn compare<T: PartialEq>(
+        &self,
+        stable: &Result<T, ProviderError>,
+        canary: &Result<T, ProviderError>,
+        same: impl Fn(&T, &T) -> bool,
+    ) {
+        let agrees = match (stable, canary) {
+            (Ok(a), Ok(b)) => same(a, b),
+            (Err(a), Err(b)) => a.kind() == b.kind(),
+            // The stable revision failed (the cloud, say): nothing to hold
+            // against the canary.
+            (Err(_), Ok(_)) => true,
+            (Ok(_), Err(_)) => false,
+        };
+        if matches!(canary, Err(ProviderError::Quota { .. })) {
+            return;
+        }
+        let outcome: Result<(), ProviderError> = if agrees {
+            Ok(())
+        } else {
+            Err(ProviderError::Fault(String::new()))
+        };
+        self.compared.record("shadow", &outcome);
+    }
+}
+
+impl MachineProvider for Shadowed {
+    fn digest(&self) -> &str {
+        self.stable.digest()
+    }
+    fn signer(&self) -> Option<&str> {
+        self.stable.signer()
+    }
+    fn provider_id_prefix(&self) -> Option<&str> {
+        self.stable.provider_id_prefix()
+    }
+    fn takes_bootstrap_data(&self) -> bool {
+        self.stable.takes_bootstrap_data()
+    }
+    fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let (stable, canary) =
+                futures::join!(self.stable.validate(config), self.canary.validate(config));
+            self.compare(&stable, &canary, |_, _| true);
+            stable
+        })
+    }
+    fn create<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+        bootstrap: Option<&'a BootstrapData>,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
+        self.stable.create(machine, bootstrap)
+    }
+    fn get<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
+        Box::pin(async move {
+            let (stable, canary) =
+                futures::join!(self.stable.get(machine), self.canary.get(machine));
+            self.compare(&stable, &canary, |a, b| {
+                MachineStatus {
+                    message: None,
+                    ..a.clone()
+                } == MachineStatus {
+                    message: None,
+                    ..b.clone()
+                }
+            });
+            stable
+        })
+    }
+    fn delete<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Deletion, ProviderError>> {
+        self.stable.delete(machine)
+    }
+}
+
 /// The plugin's words in an observed status (its `message`, which goes
 /// into a condition) bounded like error text.
 fn bounded_status(mut status: MachineStatus) -> MachineStatus {
@@ -391,6 +485,16 @@ impl Registered {
     /// windows.
     pub fn for_machine(&self, uid: &str, served_by: Option<&str>) -> Arc<dyn MachineProvider> {
         let (provider, counts) = match &self.canary {
+            Some(canary) if canary.is_shadow() => {
+                return Arc::new(Shadowed {
+                    stable: Counted {
+                        provider: self.provider.clone(),
+                        counts: self.counts.clone(),
+                    },
+                    canary: canary.provider.clone(),
+                    compared: canary.counts.clone(),
+                });
+            }
             Some(canary) if canary.serves(uid) || served_by == Some(canary.provider.digest()) => {
                 (canary.provider.clone(), canary.counts.clone())
             }
@@ -409,6 +513,9 @@ pub struct Canary {
     pub counts: Arc<CallCounts>,
     /// The uids of the Machines it serves.
     machines: RwLock<std::collections::BTreeSet<String>>,
+    /// Shadowing: it serves no Machine, and the stable revision's
+    /// side-effect-free calls are mirrored to it.
+    shadow: std::sync::atomic::AtomicBool,
 }
 
 impl Canary {
@@ -418,7 +525,18 @@ impl Canary {
             provider,
             counts: Arc::default(),
             machines: RwLock::default(),
+            shadow: Default::default(),
         }
+    }
+
+    /// Shadow the stable revision (`true`) or serve Machines.
+    pub fn set_shadow(&self, shadow: bool) {
+        self.shadow.store(shadow, Ordering::Relaxed);
+    }
+
+    /// Whether it shadows the stable revision.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow.load(Ordering::Relaxed)
     }
 
     /// Whether it serves the Machine with this uid.

@@ -298,9 +298,21 @@ pub(super) async fn reconcile(
             }
         }
         Phase::Progressing | Phase::Paused => {
+            let shadowing = rollout.steps[progress.step.min(rollout.steps.len() - 1)].shadow;
+            held.canary.set_shadow(shadowing);
             let (serves, of) = assign(plugin, ctx, &rollout, &held, c.weight);
             c.machines = serves as u32;
             let paused = progress.phase == Phase::Paused;
+            if shadowing && !paused {
+                c.phase = CanaryPhase::Shadow;
+            }
+            let doing = if shadowing {
+                format!(
+                    "shadows the revision serving all {of} Machines (their get and validate calls are mirrored to it and compared)"
+                )
+            } else {
+                format!("serves {serves} of {of} Machines")
+            };
             Ok(Trial::Serving {
                 reason: if paused {
                     "CanaryPaused"
@@ -308,7 +320,7 @@ pub(super) async fn reconcile(
                     "CanaryProgressing"
                 },
                 message: format!(
-                    "canary {shown} serves {serves} of {of} Machines (step {} of {}, weight {}%){}; the revision before it serves the rest",
+                    "canary {shown} {doing} (step {} of {}, weight {}%){}; the revision before it serves the rest",
                     progress.step + 1,
                     weights.len(),
                     c.weight,
@@ -460,7 +472,7 @@ fn is_final(phase: CanaryPhase) -> bool {
 fn progress_of(c: &CanaryStatus) -> Progress {
     Progress {
         phase: match c.phase {
-            CanaryPhase::Progressing => Phase::Progressing,
+            CanaryPhase::Progressing | CanaryPhase::Shadow => Phase::Progressing,
             CanaryPhase::Paused => Phase::Paused,
             CanaryPhase::Promoted => Phase::Promoted,
             CanaryPhase::RolledBack => Phase::RolledBack,

@@ -14,6 +14,7 @@ use capstan_e2e::env::{Env, eventually, sample_deployment, sim_plugin_spec};
 use capstan_e2e::plugin;
 use capstan_e2e::registry::{Registry, RegistryOptions};
 use capstan_e2e::sim_cloud::Faults;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -426,5 +427,125 @@ async fn a_healthy_canary_is_promoted_step_by_step_across_a_restart() {
         events.iter().any(|(r, _)| r == "CanaryPromoted"),
         "{events:?}"
     );
+    env.stop_controllers().await;
+}
+
+/// The digest each Machine of deployment `md` was last served by (two
+/// Machines each).
+async fn digests_of(env: &Env, md: &str) -> Vec<Option<String>> {
+    let of: Vec<Option<String>> = machines(env)
+        .await
+        .into_iter()
+        .filter(|m| {
+            m.labels()
+                .get("capstan.dev/deployment-name")
+                .map(String::as_str)
+                == Some(md)
+        })
+        .map(|m| m.status.and_then(|s| s.plugin_digest))
+        .collect();
+    assert_eq!(of.len(), 2, "machines of {md}: {of:?}");
+    of
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shadow_step_a_selected_deployment_and_an_outage_that_pauses_instead_of_rolling_back() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    let published = publish();
+    let name = "canary-sel";
+    create_plugin(
+        &env,
+        &published,
+        name,
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"shadow": true, "durationSeconds": 4}, {"weight": 100, "durationSeconds": 6}],
+            "selector": {"matchLabels": {"capstan.dev/deployment-name": "picked"}},
+            // The outage below starts a little into a window: a wide
+            // allowance over the stable ratio keeps the verdict about the
+            // outage, not about which calls fell before it.
+            "analysis": {"minSamples": 3, "inconclusiveLimit": 0, "maxErrorPercentOverStable": 50}
+        }),
+    )
+    .await;
+    env.start_controllers(
+        Providers::default(),
+        published.options(&published.dir.join("oci-cache")),
+    )
+    .await;
+    deploy(&env, "picked", name, 2).await;
+    deploy(&env, "other", name, 2).await;
+    all_ready_on(&env, 4, &published.v1_digest).await;
+    published.move_tag_to_v2();
+
+    // Shadow: the canary serves no Machine, but sees their `get` calls.
+    let shadow = canary_phase(&env, name, CanaryPhase::Shadow).await;
+    let c = shadow.status.unwrap().canary.unwrap();
+    assert_eq!((c.weight, c.machines), (0, 0));
+    let canary_agent = agent(name, &published.v2_digest);
+    let mirrored = eventually("mirrored calls from the canary", LONG, async || {
+        let stats = env.cloud.stats();
+        let reached = stats.client_tokens_by_user_agent.get(&canary_agent)?.len();
+        (reached == 4).then_some(reached)
+    })
+    .await;
+    assert_eq!(mirrored, 4, "shadowing mirrors every Machine's get");
+    for md in ["picked", "other"] {
+        assert!(
+            digests_of(&env, md)
+                .await
+                .iter()
+                .all(|d| d.as_deref() == Some(published.v1_digest.as_str())),
+            "no Machine is served by a shadow"
+        );
+    }
+
+    // The shadow window passes: the selected deployment's Machines only
+    // move to the canary.
+    let second = eventually("step 2", LONG, async || {
+        let c = plugin_now(&env, name).await.status?.canary?;
+        (c.step == 1 && c.phase == CanaryPhase::Progressing).then_some(c)
+    })
+    .await;
+    assert_eq!(second.windows[0].verdict, "Pass", "{second:?}");
+    assert_eq!(second.machines, 2, "{second:?}");
+    eventually("picked on the canary, other on stable", LONG, async || {
+        let picked = digests_of(&env, "picked").await;
+        let other = digests_of(&env, "other").await;
+        (picked
+            .iter()
+            .all(|d| d.as_deref() == Some(published.v2_digest.as_str()))
+            && other
+                .iter()
+                .all(|d| d.as_deref() == Some(published.v1_digest.as_str())))
+        .then_some(())
+    })
+    .await;
+
+    // A cloud-wide outage: both revisions fail alike, so the window is
+    // inconclusive and the canary pauses for a human instead of rolling back.
+    env.cloud.set_faults(Faults {
+        error_rate: 1.0,
+        ..Faults::default()
+    });
+    let paused = canary_phase(&env, name, CanaryPhase::Paused).await;
+    let c = paused.status.clone().unwrap().canary.unwrap();
+    let window = c.windows.last().unwrap();
+    assert_eq!(window.verdict, "Inconclusive", "{c:?}");
+    assert!(window.reason.contains("cloud-wide"), "{window:?}");
+    assert!(paused.status.unwrap().rejected.is_empty());
+    env.cloud.set_faults(Faults::default());
+
+    let kubeconfig = env.control_plane.kubeconfig().display().to_string();
+    let out = ok(&["plugin", "promote", name, "--kubeconfig", &kubeconfig]);
+    assert!(out.contains("Promoted"), "{out}");
+    all_ready_on(&env, 4, &published.v2_digest).await;
+    let events = event_reasons(&env, name);
+    assert!(
+        events.iter().any(|(r, _)| r == "CanaryPaused"),
+        "{events:?}"
+    );
+    drop(published);
     env.stop_controllers().await;
 }
