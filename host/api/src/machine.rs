@@ -579,6 +579,23 @@ pub struct MachineTemplateSpec {
 }
 
 /// Machine condition types.
+impl Machine {
+    /// Whether a MachineHealthCheck found it unhealthy
+    /// (`HealthCheckSucceeded=False`) or is having it remediated
+    /// (`OwnerRemediated`).
+    pub fn failed_health_check(&self) -> bool {
+        let Some(status) = &self.status else {
+            return false;
+        };
+        crate::condition(
+            &status.conditions,
+            machine_conditions::HEALTH_CHECK_SUCCEEDED,
+        )
+        .is_some_and(|c| c.status == crate::status::FALSE)
+            || crate::condition(&status.conditions, machine_conditions::OWNER_REMEDIATED).is_some()
+    }
+}
+
 pub mod machine_conditions {
     /// The instance runs, its Node exists and is Ready, a health check (if
     /// one watches the machine) finds it healthy, and its

@@ -99,6 +99,13 @@ pub struct CanaryAnalysis {
     /// stable revision failed creates as often.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failed_creates: Option<u32>,
+    /// Machines served by the canary that may fail their health check
+    /// (a MachineHealthCheck's `HealthCheckSucceeded=False`, such as a
+    /// Node that never joined) in a window (default 0): one more fails the
+    /// window whatever the sample size, unless the stable revision's
+    /// Machines failed as often.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unhealthy_machines: Option<u32>,
     /// Failed windows tolerated before the canary is rolled back (default
     /// 0: the first failed window rolls it back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -196,6 +203,13 @@ pub struct CallTally {
     pub errors: u64,
     /// `create` calls that failed.
     pub failed_creates: u64,
+    /// Machines it served at the window's end.
+    #[serde(default)]
+    pub machines: u64,
+    /// Machines it served that failed their health check in the window
+    /// (`HealthCheckSucceeded=False`, or remediated).
+    #[serde(default)]
+    pub unhealthy_machines: u64,
 }
 
 /// The annotation through which `capstan plugin promote|abort` (or anyone

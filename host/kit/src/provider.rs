@@ -478,29 +478,54 @@ impl Registered {
         }
     }
 
+    /// Note a Machine that failed its health check for the canary's
+    /// window, if a canary runs (as the canary's when it serves or served
+    /// it).
+    pub fn note_unhealthy(&self, uid: &str, served_by: Option<&str>) {
+        if let Some(canary) = &self.canary {
+            let its = canary.serves(uid) || served_by == Some(canary.provider.digest());
+            canary.note_unhealthy(uid, its);
+        }
+    }
+
     /// The provider that acts on a Machine: the canary for the Machines it
     /// serves (chosen by the Plugin controller, or served by it before:
     /// `served_by` is the digest the Machine's status records), the stable
     /// revision for the rest. Its calls are counted for the canary's
-    /// windows.
-    pub fn for_machine(&self, uid: &str, served_by: Option<&str>) -> Arc<dyn MachineProvider> {
+    /// windows. `None` while a canary runs and a Machine yet to be
+    /// `creating` was not yet given to either: it waits (a second or two)
+    /// for the Plugin controller, so the canary's share counts new
+    /// Machines too.
+    pub fn for_machine(
+        &self,
+        uid: &str,
+        served_by: Option<&str>,
+        creating: bool,
+    ) -> Option<Arc<dyn MachineProvider>> {
+        if let Some(canary) = &self.canary
+            && creating
+            && !canary.is_shadow()
+            && !canary.decided(uid)
+        {
+            return None;
+        }
         let (provider, counts) = match &self.canary {
             Some(canary) if canary.is_shadow() => {
-                return Arc::new(Shadowed {
+                return Some(Arc::new(Shadowed {
                     stable: Counted {
                         provider: self.provider.clone(),
                         counts: self.counts.clone(),
                     },
                     canary: canary.provider.clone(),
                     compared: canary.counts.clone(),
-                });
+                }));
             }
             Some(canary) if canary.serves(uid) || served_by == Some(canary.provider.digest()) => {
                 (canary.provider.clone(), canary.counts.clone())
             }
             _ => (self.provider.clone(), self.counts.clone()),
         };
-        Arc::new(Counted { provider, counts })
+        Some(Arc::new(Counted { provider, counts }))
     }
 }
 
@@ -511,11 +536,18 @@ pub struct Canary {
     pub provider: Arc<dyn MachineProvider>,
     /// Its calls since its window began.
     pub counts: Arc<CallCounts>,
-    /// The uids of the Machines it serves.
-    machines: RwLock<std::collections::BTreeSet<String>>,
+    /// The uids of the Machines it serves, and of every Machine the Plugin
+    /// controller gave to it or to the stable revision.
+    machines: RwLock<Assignment>,
     /// Shadowing: it serves no Machine, and the stable revision's
     /// side-effect-free calls are mirrored to it.
     shadow: std::sync::atomic::AtomicBool,
+    /// Machines that failed their health check in this window: the
+    /// canary's, the stable revision's.
+    unhealthy: std::sync::Mutex<(
+        std::collections::BTreeSet<String>,
+        std::collections::BTreeSet<String>,
+    )>,
 }
 
 impl Canary {
@@ -526,6 +558,7 @@ impl Canary {
             counts: Arc::default(),
             machines: RwLock::default(),
             shadow: Default::default(),
+            unhealthy: Default::default(),
         }
     }
 
@@ -541,23 +574,59 @@ impl Canary {
 
     /// Whether it serves the Machine with this uid.
     pub fn serves(&self, uid: &str) -> bool {
-        self.machines.read().expect("canary lock").contains(uid)
-    }
-
-    /// Serve exactly these Machines (uids).
-    pub fn assign(&self, uids: impl IntoIterator<Item = String>) {
-        *self.machines.write().expect("canary lock") = uids.into_iter().collect();
-    }
-
-    /// The uids of the Machines it serves.
-    pub fn machines(&self) -> Vec<String> {
         self.machines
             .read()
             .expect("canary lock")
-            .iter()
-            .cloned()
-            .collect()
+            .serves
+            .contains(uid)
     }
+
+    /// Note a Machine that failed its health check in this window, as the
+    /// canary's (`true`) or the stable revision's.
+    pub fn note_unhealthy(&self, uid: &str, canary: bool) {
+        let mut seen = self.unhealthy.lock().expect("canary lock");
+        let side = if canary { &mut seen.0 } else { &mut seen.1 };
+        side.insert(uid.to_string());
+    }
+
+    /// How many Machines of the canary and of the stable revision failed
+    /// their health check since the last time this was asked.
+    pub fn take_unhealthy(&self) -> (u64, u64) {
+        let mut seen = self.unhealthy.lock().expect("canary lock");
+        let counts = (seen.0.len() as u64, seen.1.len() as u64);
+        *seen = Default::default();
+        counts
+    }
+
+    /// Whether the Machine with this uid was given to it or to the stable
+    /// revision.
+    pub fn decided(&self, uid: &str) -> bool {
+        self.machines
+            .read()
+            .expect("canary lock")
+            .considered
+            .contains(uid)
+    }
+
+    /// Serve exactly `serves` (uids), out of `considered`.
+    pub fn assign(
+        &self,
+        serves: impl IntoIterator<Item = String>,
+        considered: impl IntoIterator<Item = String>,
+    ) {
+        *self.machines.write().expect("canary lock") = Assignment {
+            serves: serves.into_iter().collect(),
+            considered: considered.into_iter().collect(),
+        };
+    }
+}
+
+/// Which Machines a canary serves, out of which the Plugin controller
+/// looked at.
+#[derive(Debug, Default)]
+struct Assignment {
+    serves: std::collections::BTreeSet<String>,
+    considered: std::collections::BTreeSet<String>,
 }
 
 /// Calls one revision made, counted until taken.
@@ -592,6 +661,7 @@ impl CallCounts {
             calls: self.calls.swap(0, Ordering::Relaxed),
             errors: self.errors.swap(0, Ordering::Relaxed),
             failed_creates: self.failed_creates.swap(0, Ordering::Relaxed),
+            ..Default::default()
         }
     }
 
@@ -601,6 +671,7 @@ impl CallCounts {
             calls: self.calls.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             failed_creates: self.failed_creates.load(Ordering::Relaxed),
+            ..Default::default()
         }
     }
 }

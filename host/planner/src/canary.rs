@@ -19,6 +19,10 @@ pub struct Tally {
     pub errors: u64,
     /// `create` calls that failed.
     pub failed_creates: u64,
+    /// Machines it served (at the window's end).
+    pub machines: u64,
+    /// Machines it served that failed their health check in the window.
+    pub unhealthy: u64,
 }
 
 impl Tally {
@@ -50,6 +54,9 @@ pub struct Analysis {
     pub max_error_percent_over_stable: u32,
     /// Failed creates a window may hold.
     pub max_failed_creates: u64,
+    /// Machines served by the canary that may fail their health check in
+    /// a window.
+    pub max_unhealthy_machines: u64,
     /// Failed windows tolerated before a rollback.
     pub failure_limit: u32,
     /// Inconclusive windows in a row tolerated before a pause.
@@ -63,6 +70,7 @@ impl Default for Analysis {
             max_error_percent: 10,
             max_error_percent_over_stable: 5,
             max_failed_creates: 3,
+            max_unhealthy_machines: 0,
             failure_limit: 0,
             inconclusive_limit: 3,
         }
@@ -134,6 +142,22 @@ pub fn judge(canary: Tally, stable: Tally, analysis: &Analysis) -> Verdict {
     let creates_excused = creates_over
         && stable_known
         && stable.failed_create_percent() >= canary.failed_create_percent();
+    let unhealthy_over = canary.unhealthy > analysis.max_unhealthy_machines;
+    // Excused when the stable revision's Machines failed as often.
+    let unhealthy_excused = unhealthy_over
+        && stable.machines > 0
+        && u128::from(stable.unhealthy) * u128::from(canary.machines)
+            >= u128::from(canary.unhealthy) * u128::from(stable.machines);
+    if unhealthy_over && !unhealthy_excused {
+        return Verdict::Fail(format!(
+            "{} Machines it served failed their health check, over the maximum {} (it serves {} now; stable: {} failed, {} served)",
+            canary.unhealthy,
+            analysis.max_unhealthy_machines,
+            canary.machines,
+            stable.unhealthy,
+            stable.machines
+        ));
+    }
     if creates_over && !creates_excused {
         return Verdict::Fail(format!(
             "{} failed creates, over the maximum {} ({stable_shown})",
@@ -165,6 +189,12 @@ pub fn judge(canary: Tally, stable: Tally, analysis: &Analysis) -> Verdict {
             "canary: {}, more than {} points over the {stable_shown}",
             shown(&canary),
             analysis.max_error_percent_over_stable
+        ));
+    }
+    if unhealthy_excused {
+        return Verdict::Inconclusive(format!(
+            "{} Machines it served failed their health check (it serves {}), but {} of the stable revision's {} did as well: the cloud, not the canary",
+            canary.unhealthy, canary.machines, stable.unhealthy, stable.machines
         ));
     }
     if creates_excused {
@@ -340,7 +370,7 @@ mod tests {
         Tally {
             calls,
             errors,
-            failed_creates: 0,
+            ..Tally::default()
         }
     }
 
@@ -381,6 +411,7 @@ mod tests {
             calls: 4,
             errors: 4,
             failed_creates: 4,
+            ..Tally::default()
         };
         let verdict = judge(canary, tally(0, 0), &a);
         assert_eq!(verdict.name(), "Fail");
@@ -393,8 +424,32 @@ mod tests {
             calls: 10,
             errors: 10,
             failed_creates: 10,
+            ..Tally::default()
         };
         assert_eq!(judge(canary, stable, &a).name(), "Inconclusive");
+    }
+
+    #[test]
+    fn machines_failing_health_checks_under_the_canary_fail_the_window() {
+        let a = Analysis::default();
+        let canary = Tally {
+            calls: 1,
+            machines: 2,
+            unhealthy: 2,
+            ..Tally::default()
+        };
+        let verdict = judge(canary, Tally::default(), &a);
+        assert_eq!(
+            verdict,
+            Verdict::Fail("2 Machines it served failed their health check, over the maximum 0 (it serves 2 now; stable: 0 failed, 0 served)".into())
+        );
+        let sick_stable = Tally {
+            calls: 10,
+            machines: 4,
+            unhealthy: 4,
+            ..Tally::default()
+        };
+        assert_eq!(judge(canary, sick_stable, &a).name(), "Inconclusive");
     }
 
     #[test]
@@ -444,30 +499,52 @@ mod tests {
     }
 
     fn arb_tally() -> impl Strategy<Value = Tally> {
-        (0u64..200).prop_flat_map(|calls| {
-            (Just(calls), 0..=calls).prop_flat_map(|(calls, errors)| {
-                (Just(calls), Just(errors), 0..=errors).prop_map(
-                    |(calls, errors, failed_creates)| Tally {
+        (0u64..200, 0u64..20).prop_flat_map(|(calls, machines)| {
+            (Just(calls), 0..=calls, Just(machines), 0..=machines).prop_flat_map(
+                |(calls, errors, machines, unhealthy)| {
+                    (0..=errors).prop_map(move |failed_creates| Tally {
                         calls,
                         errors,
                         failed_creates,
-                    },
-                )
-            })
+                        machines,
+                        unhealthy,
+                    })
+                },
+            )
         })
     }
 
     fn arb_analysis() -> impl Strategy<Value = Analysis> {
-        (1u64..20, 0u32..60, 0u32..30, 0u64..6, 0u32..3, 0u32..4).prop_map(
-            |(min_samples, max, over, creates, failure_limit, inconclusive_limit)| Analysis {
-                min_samples,
-                max_error_percent: max,
-                max_error_percent_over_stable: over,
-                max_failed_creates: creates,
-                failure_limit,
-                inconclusive_limit,
-            },
+        (
+            1u64..20,
+            0u32..60,
+            0u32..30,
+            0u64..6,
+            0u64..3,
+            0u32..3,
+            0u32..4,
         )
+            .prop_map(
+                |(
+                    min_samples,
+                    max,
+                    over,
+                    creates,
+                    unhealthy,
+                    failure_limit,
+                    inconclusive_limit,
+                )| {
+                    Analysis {
+                        min_samples,
+                        max_error_percent: max,
+                        max_error_percent_over_stable: over,
+                        max_failed_creates: creates,
+                        max_unhealthy_machines: unhealthy,
+                        failure_limit,
+                        inconclusive_limit,
+                    }
+                },
+            )
     }
 
     fn arb_verdict() -> impl Strategy<Value = Verdict> {
@@ -486,13 +563,14 @@ mod tests {
         #[test]
         fn more_canary_errors_never_undo_a_failure(
             canary in arb_tally(), stable in arb_tally(), a in arb_analysis(),
-            more in 0u64..50, more_creates in 0u64..50,
+            more in 0u64..50, more_creates in 0u64..50, more_sick in 0u64..5,
         ) {
             let errors = (canary.errors + more).min(canary.calls);
             let worse = Tally {
-                calls: canary.calls,
                 errors,
                 failed_creates: (canary.failed_creates + more_creates).min(errors),
+                unhealthy: (canary.unhealthy + more_sick).min(canary.machines),
+                ..canary
             };
             if judge(canary, stable, &a).name() == "Fail" {
                 prop_assert_eq!(judge(worse, stable, &a).name(), "Fail");
@@ -507,6 +585,8 @@ mod tests {
                 calls: canary.calls * scale,
                 errors: canary.errors * scale,
                 failed_creates: canary.failed_creates * scale,
+                machines: canary.machines * scale,
+                unhealthy: canary.unhealthy * scale,
             };
             prop_assume!(stable.calls >= a.min_samples);
             prop_assert_ne!(judge(canary, stable, &a).name(), "Fail");

@@ -66,6 +66,11 @@ pub struct Faults {
     /// text (one plugin revision's requests: `capstan-plugin/sim@sha256:…`).
     #[serde(default)]
     pub fail_user_agent: Option<String>,
+    /// Instances launched by a request whose `User-Agent` contains this
+    /// text never register their Node (one plugin revision's instances
+    /// never join, as with broken bootstrap data).
+    #[serde(default)]
+    pub unjoined_user_agent: Option<String>,
 }
 
 impl Default for Faults {
@@ -80,6 +85,7 @@ impl Default for Faults {
             register_nodes: true,
             refuse_updates: false,
             fail_user_agent: None,
+            unjoined_user_agent: None,
         }
     }
 }
@@ -749,11 +755,17 @@ async fn create(
     let view = inner.view(&record, now);
     inner.records.insert(id, record);
     inner.stats.instances_launched += 1;
-    if let Some(kubelet) = inner
-        .kubelet
-        .clone()
-        .filter(|_| inner.faults.register_nodes)
-    {
+    let agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let joins = inner.faults.register_nodes
+        && !inner
+            .faults
+            .unjoined_user_agent
+            .as_deref()
+            .is_some_and(|unjoined| agent.contains(unjoined));
+    if let Some(kubelet) = inner.kubelet.clone().filter(|_| joins) {
         let boot = Duration::from_millis(inner.faults.boot_latency_ms);
         let node = NodeSpec {
             name: node_name(&view.id),

@@ -104,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
             register_nodes: true,
             refuse_updates: false,
             fail_user_agent: None,
+            unjoined_user_agent: None,
         },
         seed: 1,
         kube,

@@ -248,8 +248,15 @@ impl<'a> Pass<'a> {
                 Some(registered) => {
                     let uid = machine.uid().unwrap_or_default();
                     let served_by = status.plugin_digest.as_deref();
-                    let provider = registered.for_machine(&uid, served_by);
-                    (PluginState::Ready, Some(provider))
+                    let creating = !deleting && status.provider_id.is_none();
+                    if machine.failed_health_check() {
+                        registered.note_unhealthy(&uid, served_by);
+                    }
+                    match registered.for_machine(&uid, served_by, creating) {
+                        Some(provider) => (PluginState::Ready, Some(provider)),
+                        // A canary runs and has not yet said who creates it.
+                        None => (PluginState::Loading, None),
+                    }
                 }
                 None => (PluginState::Loading, None),
             },

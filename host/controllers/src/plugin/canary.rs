@@ -12,7 +12,7 @@
 
 use super::{Context, Failure, Loaded, Note, find, last_activated, load, prepare, shown_signers};
 use capstan_api::{
-    ANNOTATION_CANARY_ACTION, CallTally, CanaryPhase, CanaryStatus, CanaryWindow, Plugin,
+    ANNOTATION_CANARY_ACTION, CallTally, CanaryPhase, CanaryStatus, CanaryWindow, Machine, Plugin,
     PluginRollout, PluginStatus,
 };
 use capstan_kit::provider::{Canary, WasmProvider};
@@ -26,8 +26,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the Machines a canary serves are picked again while it runs
-/// (new Machines get their share), at most.
-const REASSIGN_EVERY: Duration = Duration::from_secs(5);
+/// (new Machines wait for it before they are created) and their health
+/// looked at, at most.
+const REASSIGN_EVERY: Duration = Duration::from_secs(2);
 /// Judged windows kept in `status.canary.windows`.
 const WINDOWS_KEPT: usize = 10;
 /// Rolled-back revisions kept in `status.rejected`.
@@ -43,6 +44,15 @@ pub(super) struct Held {
     resolved_source: Option<String>,
     signers: Vec<String>,
     version: String,
+    /// What the current window saw of the Machines' health.
+    window: Arc<std::sync::Mutex<WindowMachines>>,
+}
+
+/// How many Machines each revision served at the last pass.
+#[derive(Debug, Default)]
+struct WindowMachines {
+    canary: u64,
+    stable: u64,
 }
 
 /// What the canary step decided.
@@ -171,6 +181,8 @@ pub(super) async fn reconcile(
         // A new trial: windows start empty.
         held.canary.counts.take();
         registered.counts.take();
+        *held.window.lock().expect("window lock") = WindowMachines::default();
+        held.canary.take_unhealthy();
         let source = held
             .resolved_source
             .clone()
@@ -221,8 +233,13 @@ pub(super) async fn reconcile(
         let ends = started.0.as_second() + i64::from(step.duration_seconds);
         let left = ends - t.0.as_second();
         if left <= 0 {
-            let canary = held.canary.counts.take();
-            let stable = registered.counts.take();
+            let mut canary = held.canary.counts.take();
+            let mut stable = registered.counts.take();
+            {
+                let seen = held.window.lock().expect("window lock");
+                (canary.machines, stable.machines) = (seen.canary, seen.stable);
+            }
+            (canary.unhealthy_machines, stable.unhealthy_machines) = held.canary.take_unhealthy();
             let verdict = plan::judge(tally(canary), tally(stable), &analysis);
             let weight = progress.weight(&weights);
             let at_step = progress.step;
@@ -379,6 +396,7 @@ async fn hold(
         resolved_source: prepared.fetched.resolved_source.clone(),
         signers,
         version: prepared.loaded.manifest().version.clone(),
+        window: Arc::default(),
     };
     tracing::info!(plugin = %name, digest = %held.digest, "canary loaded ({})", prepared.message);
     ctx.canaries
@@ -389,8 +407,9 @@ async fn hold(
 }
 
 /// Pick the Machines the canary serves (every one it served, then the
-/// lowest-ranked others the selector allows, up to its share); how many it
-/// serves, of how many it could.
+/// lowest-ranked others the selector allows, up to its share), mark every
+/// other Machine of the plugin as the stable revision's, and note which of
+/// them fail their health check; how many it serves, of how many it could.
 fn assign(
     plugin: &Plugin,
     ctx: &Context,
@@ -399,12 +418,12 @@ fn assign(
     weight: u32,
 ) -> (usize, usize) {
     let name = plugin.name_any();
-    let candidates: Vec<(String, bool)> = ctx
+    let machines: Vec<Arc<Machine>> = ctx
         .kube
         .stores
         .machines
         .state()
-        .iter()
+        .into_iter()
         .filter(|m| {
             let plugin = if m.metadata.deletion_timestamp.is_some() {
                 m.instance_plugin()
@@ -413,22 +432,40 @@ fn assign(
             };
             plugin == name
         })
-        .filter_map(|m| {
-            let uid = m.uid()?;
-            let sticky = held.canary.serves(&uid)
-                || m.status.as_ref().and_then(|s| s.plugin_digest.as_deref())
-                    == Some(held.digest.as_str());
-            let eligible = m.metadata.deletion_timestamp.is_none()
-                && rollout
-                    .selector
-                    .as_ref()
-                    .is_none_or(|s| capstan_api::selector_matches(s, m.labels()));
-            (sticky || eligible).then_some((uid, sticky))
-        })
         .collect();
+    let served_before = |m: &Machine| {
+        m.status.as_ref().and_then(|s| s.plugin_digest.as_deref()) == Some(held.digest.as_str())
+    };
+    let mut considered = vec![];
+    let mut candidates = vec![];
+    for m in &machines {
+        let Some(uid) = m.uid() else { continue };
+        let sticky = held.canary.serves(&uid) || served_before(m);
+        let eligible = m.metadata.deletion_timestamp.is_none()
+            && rollout
+                .selector
+                .as_ref()
+                .is_none_or(|s| capstan_api::selector_matches(s, m.labels()));
+        if sticky || eligible {
+            candidates.push((uid.clone(), sticky));
+        }
+        considered.push(uid);
+    }
     let chosen = plan::assign(&held.digest, &candidates, weight);
+    {
+        let mut seen = held.window.lock().expect("window lock");
+        seen.canary = chosen.len() as u64;
+        seen.stable = (machines.len() - chosen.len()) as u64;
+    }
+    // The Machine controller notes them as it sees them; this catches
+    // the ones it has not looked at since (after a restart, say).
+    for m in machines.iter().filter(|m| m.failed_health_check()) {
+        let uid = m.uid().unwrap_or_default();
+        held.canary
+            .note_unhealthy(&uid, chosen.contains(&uid) || served_before(m));
+    }
     let serves = chosen.len();
-    held.canary.assign(chosen);
+    held.canary.assign(chosen, considered);
     (serves, candidates.len())
 }
 
@@ -497,6 +534,8 @@ fn tally(t: CallTally) -> Tally {
         calls: t.calls,
         errors: t.errors,
         failed_creates: t.failed_creates,
+        machines: t.machines,
+        unhealthy: t.unhealthy_machines,
     }
 }
 
@@ -511,6 +550,9 @@ fn analysis_of(rollout: &PluginRollout) -> Analysis {
             .max_error_percent_over_stable
             .unwrap_or(d.max_error_percent_over_stable),
         max_failed_creates: a.max_failed_creates.map_or(d.max_failed_creates, u64::from),
+        max_unhealthy_machines: a
+            .max_unhealthy_machines
+            .map_or(d.max_unhealthy_machines, u64::from),
         failure_limit: a.failure_limit.unwrap_or(d.failure_limit),
         inconclusive_limit: a.inconclusive_limit.unwrap_or(d.inconclusive_limit),
     }

@@ -304,7 +304,7 @@ async fn a_canary_the_cloud_fails_is_rolled_back_having_reached_only_its_share()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_healthy_canary_is_promoted_step_by_step_across_a_restart() {
+async fn a_healthy_canary_is_promoted_step_by_step_across_restarts() {
     crate::logs();
     let mut env = Env::start(Faults::default()).await.expect("env");
     let mut published = publish();
@@ -368,6 +368,31 @@ async fn a_healthy_canary_is_promoted_step_by_step_across_a_restart() {
         s.resolved_source.as_deref(),
         Some(format!("{}@{v2_manifest}", published.repo).as_str())
     );
+    all_ready_on(&env, 4, &published.v2_digest).await;
+
+    // An unsigned revision moves the tag and the controllers restart: the
+    // last promoted revision serves, and the unsigned one is refused.
+    let v3_path = published.dir.join("v3.wasm");
+    std::fs::write(
+        &v3_path,
+        capstan_e2e::cli::padded(&std::fs::read(&published.v2_path).unwrap(), "v3", 32),
+    )
+    .unwrap();
+    let tag = format!("{}:stable", published.repo);
+    ok(&["plugin", "push", v3_path.to_str().unwrap(), &tag]);
+    env.stop_controllers().await;
+    env.start_controllers(Providers::default(), published.options(&cache))
+        .await;
+    let refused = eventually("the unsigned revision refused", LONG, async || {
+        let p = plugin_now(&env, name).await;
+        let s = p.status.clone()?;
+        let c = capstan_api::condition(&s.conditions, UP_TO_DATE)?;
+        (c.reason == "VerificationFailed").then_some(p)
+    })
+    .await;
+    let s = refused.status.unwrap();
+    assert_eq!(s.digest.as_deref(), Some(published.v2_digest.as_str()));
+    assert!(capstan_api::is_true(&s.conditions, READY));
     all_ready_on(&env, 4, &published.v2_digest).await;
 
     // Pinning back to 0.1.0 with the registry stopped: its canary starts
@@ -545,6 +570,93 @@ async fn a_shadow_step_a_selected_deployment_and_an_outage_that_pauses_instead_o
     assert!(
         events.iter().any(|(r, _)| r == "CanaryPaused"),
         "{events:?}"
+    );
+    drop(published);
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn machines_that_never_join_under_a_canary_roll_it_back_through_the_health_check() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    let published = publish();
+    let name = "canary-join";
+    create_plugin(
+        &env,
+        &published,
+        name,
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"weight": 100, "durationSeconds": 20}],
+            "analysis": {"minSamples": 1}
+        }),
+    )
+    .await;
+    env.start_controllers(
+        Providers::default(),
+        published.options(&published.dir.join("oci-cache")),
+    )
+    .await;
+    deploy(&env, "join-pool", name, 2).await;
+    let check: capstan_api::MachineHealthCheck = serde_json::from_value(serde_json::json!({
+        "apiVersion": "capstan.dev/v1alpha1",
+        "kind": "MachineHealthCheck",
+        "metadata": { "name": "join-pool", "namespace": NS },
+        "spec": {
+            "selector": { "matchLabels": { "capstan.dev/pool": "join-pool" } },
+            "checks": { "nodeStartupTimeoutSeconds": 4 },
+        },
+    }))
+    .unwrap();
+    Api::<capstan_api::MachineHealthCheck>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &check)
+        .await
+        .unwrap();
+    all_ready_on(&env, 2, &published.v1_digest).await;
+
+    // Instances the canary launches never join.
+    let canary_agent = agent(name, &published.v2_digest);
+    env.cloud.set_faults(Faults {
+        unjoined_user_agent: Some(canary_agent.clone()),
+        ..Faults::default()
+    });
+    published.move_tag_to_v2();
+    canary_phase(&env, name, CanaryPhase::Progressing).await;
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "join-pool",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+
+    let p = canary_phase(&env, name, CanaryPhase::RolledBack).await;
+    let c = p.status.unwrap().canary.unwrap();
+    let failed = c.windows.last().unwrap();
+    assert_eq!(failed.verdict, "Fail", "{c:?}");
+    assert!(
+        failed.canary.unhealthy_machines >= 1
+            && failed
+                .reason
+                .contains("Machines it served failed their health check, over the maximum 0"),
+        "{failed:?}"
+    );
+    // The new Machines waited for the canary's decision: they were created
+    // through it, not by the stable revision behind its back.
+    let launched_by_canary = env
+        .cloud
+        .stats()
+        .client_tokens_by_user_agent
+        .get(&canary_agent)
+        .map_or(0, |t| t.len());
+    assert!(launched_by_canary >= 3, "{launched_by_canary}");
+    // Remediation replaces the Machines that never joined, through the
+    // stable revision: every Machine ends Ready on it.
+    all_ready_on(&env, 4, &published.v1_digest).await;
+    println!(
+        "never-joined canary rolled back: {}; machines it reached: {launched_by_canary}",
+        failed.reason
     );
     drop(published);
     env.stop_controllers().await;
