@@ -3,7 +3,7 @@
 //!
 //! Metrics: `capstan_reconcile_duration_seconds{controller}`,
 //! `capstan_reconcile_errors_total{controller}`,
-//! `capstan_plugin_call_duration_seconds{plugin,function,result}`,
+//! `capstan_plugin_call_duration_seconds{plugin,revision,function,result}`,
 //! `capstan_queue_depth{controller}` (objects triggered but not yet picked
 //! up by a reconcile), `capstan_reconciles_running{controller}` and
 //! `capstan_reconciles_waiting{controller}` (reconciles holding a worker,
@@ -41,6 +41,7 @@ struct ControllerLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
     plugin: String,
+    revision: String,
     function: String,
     result: String,
 }
@@ -285,12 +286,20 @@ impl Metrics {
         }
     }
 
-    /// Record one plugin call.
-    pub fn plugin_call(&self, plugin: &str, function: &str, result: &str, took: Duration) {
+    /// Record one plugin call. `revision` is `stable`, or `canary` for a
+    /// Plugin's canary (bounded: never a digest).
+    pub fn plugin_call(
+        &self,
+        (plugin, revision): (&str, &str),
+        function: &str,
+        result: &str,
+        took: Duration,
+    ) {
         self.inner
             .plugin_calls
             .get_or_create(&CallLabels {
                 plugin: plugin.to_string(),
+                revision: revision.to_string(),
                 function: function.to_string(),
                 result: result.to_string(),
             })
@@ -441,7 +450,7 @@ mod tests {
     fn exposition_names_every_family() {
         let m = Metrics::new();
         m.reconciled("machine", Duration::from_millis(3), true);
-        m.plugin_call("sim", "create", "ok", Duration::from_millis(1));
+        m.plugin_call(("sim", "stable"), "create", "ok", Duration::from_millis(1));
         m.wrote("machine", "patch_status");
         m.artifact_step("verify", "cached");
         m.enqueued("machine", "ns/a".into());

@@ -141,6 +141,11 @@ pub trait MachineProvider: Send + Sync + std::fmt::Debug {
     fn provider_id_prefix(&self) -> Option<&str> {
         None
     }
+    /// Which revision of its Plugin this is, as call metrics label it:
+    /// `stable`, or `canary` while a canary serves the Machine.
+    fn revision(&self) -> &'static str {
+        "stable"
+    }
     /// Check a provider config.
     fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
     /// Whether `create` can pass bootstrap data to the instance (a provider
@@ -509,23 +514,28 @@ impl Registered {
         {
             return None;
         }
-        let (provider, counts) = match &self.canary {
+        let (provider, counts, revision) = match &self.canary {
             Some(canary) if canary.is_shadow() => {
                 return Some(Arc::new(Shadowed {
                     stable: Counted {
                         provider: self.provider.clone(),
                         counts: self.counts.clone(),
+                        revision: "stable",
                     },
                     canary: canary.provider.clone(),
                     compared: canary.counts.clone(),
                 }));
             }
             Some(canary) if canary.serves(uid) || served_by == Some(canary.provider.digest()) => {
-                (canary.provider.clone(), canary.counts.clone())
+                (canary.provider.clone(), canary.counts.clone(), "canary")
             }
-            _ => (self.provider.clone(), self.counts.clone()),
+            _ => (self.provider.clone(), self.counts.clone(), "stable"),
         };
-        Some(Arc::new(Counted { provider, counts }))
+        Some(Arc::new(Counted {
+            provider,
+            counts,
+            revision,
+        }))
     }
 }
 
@@ -681,11 +691,15 @@ impl CallCounts {
 struct Counted {
     provider: Arc<dyn MachineProvider>,
     counts: Arc<CallCounts>,
+    revision: &'static str,
 }
 
 impl MachineProvider for Counted {
     fn digest(&self) -> &str {
         self.provider.digest()
+    }
+    fn revision(&self) -> &'static str {
+        self.revision
     }
     fn signer(&self) -> Option<&str> {
         self.provider.signer()
@@ -775,10 +789,22 @@ impl Providers {
     }
 }
 
-/// Time a provider call and record it under plugin / function / result.
+/// Time a plugin call and record it under plugin / function / result,
+/// as the stable revision's.
 pub async fn timed<T>(
     metrics: &Metrics,
     plugin: &str,
+    function: &'static str,
+    call: impl Future<Output = Result<T, ProviderError>>,
+) -> Result<T, ProviderError> {
+    timed_as(metrics, (plugin, "stable"), function, call).await
+}
+
+/// Time a call of one revision of a plugin (`stable` or `canary`:
+/// [`MachineProvider::revision`]) and record it.
+pub async fn timed_as<T>(
+    metrics: &Metrics,
+    (plugin, revision): (&str, &str),
     function: &'static str,
     call: impl Future<Output = Result<T, ProviderError>>,
 ) -> Result<T, ProviderError> {
@@ -788,7 +814,7 @@ pub async fn timed<T>(
         Ok(_) => "ok",
         Err(e) => e.kind(),
     };
-    metrics.plugin_call(plugin, function, outcome, started.elapsed());
+    metrics.plugin_call((plugin, revision), function, outcome, started.elapsed());
     result
 }
 

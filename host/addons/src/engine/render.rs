@@ -157,7 +157,12 @@ pub(super) async fn counted_call<T>(
     let result = call.await;
     if let Some(metrics) = metrics {
         let outcome = if result.is_ok() { "ok" } else { "error" };
-        metrics.plugin_call(&addon.spec.plugin, function, outcome, started.elapsed());
+        metrics.plugin_call(
+            (&addon.spec.plugin, "stable"),
+            function,
+            outcome,
+            started.elapsed(),
+        );
     }
     result
 }

@@ -5,7 +5,7 @@
 
 use super::node::delete_node;
 use super::{CONTROLLER, Pass};
-use capstan_kit::provider::{ProviderError, timed, to_plugin_machine};
+use capstan_kit::provider::{ProviderError, timed_as, to_plugin_machine};
 use capstan_kit::write::record_event;
 use capstan_kit::{Error, key_of};
 use capstan_planner::deletion::give_up_node_deletion;
@@ -142,9 +142,9 @@ impl Pass<'_> {
             return;
         };
         let plugin_machine = to_plugin_machine(machine);
-        let outcome = timed(
+        let outcome = timed_as(
             &ctx.kube.metrics,
-            plugin_name,
+            (plugin_name, provider.revision()),
             "delete",
             provider.delete(&plugin_machine),
         )

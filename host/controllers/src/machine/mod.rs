@@ -40,7 +40,9 @@ use capstan_api::{
 };
 use capstan_kit::controller::Spec;
 use capstan_kit::objects::machines_of_node;
-use capstan_kit::provider::{MachineProvider, ProviderError, Providers, timed, to_plugin_machine};
+use capstan_kit::provider::{
+    MachineProvider, ProviderError, Providers, timed_as, to_plugin_machine,
+};
 use capstan_kit::registry::Availability;
 use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
 use capstan_kit::{Error, Kube, key_of, kube_err, now};
@@ -385,9 +387,9 @@ impl<'a> Pass<'a> {
                     return Ok(());
                 };
                 let config = machine.spec.provider.config.to_string();
-                match timed(
+                match timed_as(
                     &ctx.kube.metrics,
-                    plugin_name,
+                    (plugin_name, provider.revision()),
                     "validate",
                     provider.validate(&config),
                 )
@@ -471,12 +473,13 @@ impl<'a> Pass<'a> {
         let result = match call {
             Call::Create => {
                 let creating = provider.create(&plugin_machine, self.bootstrap_data.as_ref());
-                timed(&ctx.kube.metrics, plugin_name, "create", creating).await
+                let labels = (plugin_name, provider.revision());
+                timed_as(&ctx.kube.metrics, labels, "create", creating).await
             }
             _ => {
-                timed(
+                timed_as(
                     &ctx.kube.metrics,
-                    plugin_name,
+                    (plugin_name, provider.revision()),
                     "get",
                     provider.get(&plugin_machine),
                 )

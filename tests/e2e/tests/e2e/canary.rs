@@ -269,6 +269,21 @@ async fn a_canary_the_cloud_fails_is_rolled_back_having_reached_only_its_share()
         requests,
         "the canary's request count stopped growing"
     );
+    // Call metrics tell the two revisions apart (a bounded label).
+    let metrics = env.metrics.encode();
+    let failed_canary_calls = metrics.lines().any(|l| {
+        l.starts_with("capstan_plugin_call_duration_seconds_count{")
+            && l.contains(&format!("plugin=\"{name}\""))
+            && l.contains("revision=\"canary\"")
+            && l.contains("result=\"transient\"")
+    });
+    assert!(failed_canary_calls, "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("revision=\"stable\"") && l.contains("result=\"ok\"")),
+        "{metrics}"
+    );
     let events = event_reasons(&env, name);
     for reason in ["CanaryStarted", "CanaryWindowFailed", "CanaryRolledBack"] {
         assert!(
