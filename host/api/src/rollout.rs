@@ -99,13 +99,14 @@ pub struct CanaryAnalysis {
     /// stable revision failed creates as often.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failed_creates: Option<u32>,
-    /// Machines served by the canary that may fail their health check
-    /// (a MachineHealthCheck's `HealthCheckSucceeded=False`, such as a
-    /// Node that never joined) in a window (default 0): one more fails the
+    /// Objects served by the canary that may be unhealthy in a window
+    /// (default 0): Machines failing a MachineHealthCheck
+    /// (`HealthCheckSucceeded=False`, such as a Node that never joined),
+    /// Addons whose plugin judges them not healthy. One more fails the
     /// window whatever the sample size, unless the stable revision's
-    /// Machines failed as often.
+    /// objects were unhealthy as often.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_unhealthy_machines: Option<u32>,
+    pub max_unhealthy: Option<u32>,
     /// Failed windows tolerated before the canary is rolled back (default
     /// 0: the first failed window rolls it back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,9 +156,9 @@ pub struct CanaryStatus {
     pub step: u32,
     /// The percent of Machines it may serve now (0 once rolled back).
     pub weight: u32,
-    /// How many Machines it serves now.
+    /// How many objects (Machines, or Addons) it serves now.
     #[serde(default)]
-    pub machines: u32,
+    pub objects: u32,
     /// When the current window began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_start: Option<Time>,
@@ -203,13 +204,14 @@ pub struct CallTally {
     pub errors: u64,
     /// `create` calls that failed.
     pub failed_creates: u64,
-    /// Machines it served at the window's end.
+    /// Objects (Machines, Addons) it served at the window's end.
     #[serde(default)]
-    pub machines: u64,
-    /// Machines it served that failed their health check in the window
-    /// (`HealthCheckSucceeded=False`, or remediated).
+    pub objects: u64,
+    /// Objects it served that were unhealthy in the window: Machines
+    /// failing their health check (`HealthCheckSucceeded=False`, or
+    /// remediated), Addons not healthy.
     #[serde(default)]
-    pub unhealthy_machines: u64,
+    pub unhealthy: u64,
 }
 
 /// The annotation through which `capstan plugin promote|abort` (or anyone

@@ -25,6 +25,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod canary;
 pub mod cascade;
 pub mod claims;
 pub mod conditions;

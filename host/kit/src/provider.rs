@@ -5,6 +5,7 @@
 //! ([`WasmProvider`]); the benchmark registers the same logic compiled
 //! natively as another, so both run through the identical controller path.
 
+use crate::canary::{CallCounts, Canary};
 use crate::metrics::Metrics;
 use capstan_runtime::types::{
     BootstrapData, Deletion, Machine as PluginMachine, MachineStatus, PluginError,
@@ -13,7 +14,6 @@ use capstan_runtime::{Error as RuntimeError, ProviderPlugin};
 use futures::future::BoxFuture;
 use kube::ResourceExt as _;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -469,7 +469,7 @@ pub struct Registered {
     /// The provider's calls since its canary's window began.
     pub counts: Arc<CallCounts>,
     /// A revision on trial for some of the Machines, if any.
-    pub canary: Option<Arc<Canary>>,
+    pub canary: Option<Arc<Canary<Arc<dyn MachineProvider>>>>,
 }
 
 impl Registered {
@@ -488,7 +488,7 @@ impl Registered {
     /// it).
     pub fn note_unhealthy(&self, uid: &str, served_by: Option<&str>) {
         if let Some(canary) = &self.canary {
-            let its = canary.serves(uid) || served_by == Some(canary.provider.digest());
+            let its = canary.serves(uid) || served_by == Some(canary.serving.digest());
             canary.note_unhealthy(uid, its);
         }
     }
@@ -522,12 +522,12 @@ impl Registered {
                         counts: self.counts.clone(),
                         revision: "stable",
                     },
-                    canary: canary.provider.clone(),
+                    canary: canary.serving.clone(),
                     compared: canary.counts.clone(),
                 }));
             }
-            Some(canary) if canary.serves(uid) || served_by == Some(canary.provider.digest()) => {
-                (canary.provider.clone(), canary.counts.clone(), "canary")
+            Some(canary) if canary.serves(uid) || served_by == Some(canary.serving.digest()) => {
+                (canary.serving.clone(), canary.counts.clone(), "canary")
             }
             _ => (self.provider.clone(), self.counts.clone(), "stable"),
         };
@@ -536,153 +536,6 @@ impl Registered {
             counts,
             revision,
         }))
-    }
-}
-
-/// A canary revision of a provider and the Machines it serves.
-#[derive(Debug)]
-pub struct Canary {
-    /// The canary's provider.
-    pub provider: Arc<dyn MachineProvider>,
-    /// Its calls since its window began.
-    pub counts: Arc<CallCounts>,
-    /// The uids of the Machines it serves, and of every Machine the Plugin
-    /// controller gave to it or to the stable revision.
-    machines: RwLock<Assignment>,
-    /// Shadowing: it serves no Machine, and the stable revision's
-    /// side-effect-free calls are mirrored to it.
-    shadow: std::sync::atomic::AtomicBool,
-    /// Machines that failed their health check in this window: the
-    /// canary's, the stable revision's.
-    unhealthy: std::sync::Mutex<(
-        std::collections::BTreeSet<String>,
-        std::collections::BTreeSet<String>,
-    )>,
-}
-
-impl Canary {
-    /// A canary serving no Machine yet.
-    pub fn new(provider: Arc<dyn MachineProvider>) -> Self {
-        Canary {
-            provider,
-            counts: Arc::default(),
-            machines: RwLock::default(),
-            shadow: Default::default(),
-            unhealthy: Default::default(),
-        }
-    }
-
-    /// Shadow the stable revision (`true`) or serve Machines.
-    pub fn set_shadow(&self, shadow: bool) {
-        self.shadow.store(shadow, Ordering::Relaxed);
-    }
-
-    /// Whether it shadows the stable revision.
-    pub fn is_shadow(&self) -> bool {
-        self.shadow.load(Ordering::Relaxed)
-    }
-
-    /// Whether it serves the Machine with this uid.
-    pub fn serves(&self, uid: &str) -> bool {
-        self.machines
-            .read()
-            .expect("canary lock")
-            .serves
-            .contains(uid)
-    }
-
-    /// Note a Machine that failed its health check in this window, as the
-    /// canary's (`true`) or the stable revision's.
-    pub fn note_unhealthy(&self, uid: &str, canary: bool) {
-        let mut seen = self.unhealthy.lock().expect("canary lock");
-        let side = if canary { &mut seen.0 } else { &mut seen.1 };
-        side.insert(uid.to_string());
-    }
-
-    /// How many Machines of the canary and of the stable revision failed
-    /// their health check since the last time this was asked.
-    pub fn take_unhealthy(&self) -> (u64, u64) {
-        let mut seen = self.unhealthy.lock().expect("canary lock");
-        let counts = (seen.0.len() as u64, seen.1.len() as u64);
-        *seen = Default::default();
-        counts
-    }
-
-    /// Whether the Machine with this uid was given to it or to the stable
-    /// revision.
-    pub fn decided(&self, uid: &str) -> bool {
-        self.machines
-            .read()
-            .expect("canary lock")
-            .considered
-            .contains(uid)
-    }
-
-    /// Serve exactly `serves` (uids), out of `considered`.
-    pub fn assign(
-        &self,
-        serves: impl IntoIterator<Item = String>,
-        considered: impl IntoIterator<Item = String>,
-    ) {
-        *self.machines.write().expect("canary lock") = Assignment {
-            serves: serves.into_iter().collect(),
-            considered: considered.into_iter().collect(),
-        };
-    }
-}
-
-/// Which Machines a canary serves, out of which the Plugin controller
-/// looked at.
-#[derive(Debug, Default)]
-struct Assignment {
-    serves: std::collections::BTreeSet<String>,
-    considered: std::collections::BTreeSet<String>,
-}
-
-/// Calls one revision made, counted until taken.
-#[derive(Debug, Default)]
-pub struct CallCounts {
-    calls: AtomicU64,
-    errors: AtomicU64,
-    failed_creates: AtomicU64,
-}
-
-impl CallCounts {
-    /// Count a call's outcome. Calls the host's quota held back are not
-    /// the revision's doing and are not counted; nor is `not found`, the
-    /// answer for an instance already gone.
-    pub fn record<T>(&self, function: &str, result: &Result<T, ProviderError>) {
-        match result {
-            Err(ProviderError::Quota { .. }) => return,
-            Ok(_) | Err(ProviderError::NotFound(_)) => {}
-            Err(_) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
-                if function == "create" {
-                    self.failed_creates.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        self.calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The counts so far, starting again from zero.
-    pub fn take(&self) -> capstan_api::CallTally {
-        capstan_api::CallTally {
-            calls: self.calls.swap(0, Ordering::Relaxed),
-            errors: self.errors.swap(0, Ordering::Relaxed),
-            failed_creates: self.failed_creates.swap(0, Ordering::Relaxed),
-            ..Default::default()
-        }
-    }
-
-    /// The counts so far.
-    pub fn peek(&self) -> capstan_api::CallTally {
-        capstan_api::CallTally {
-            calls: self.calls.load(Ordering::Relaxed),
-            errors: self.errors.load(Ordering::Relaxed),
-            failed_creates: self.failed_creates.load(Ordering::Relaxed),
-            ..Default::default()
-        }
     }
 }
 
@@ -768,7 +621,7 @@ impl Providers {
 
     /// Put a canary beside a plugin's serving provider (`None`: none). A
     /// plugin not registered gets none.
-    pub fn set_canary(&self, name: &str, canary: Option<Arc<Canary>>) {
+    pub fn set_canary(&self, name: &str, canary: Option<Arc<Canary<Arc<dyn MachineProvider>>>>) {
         if let Some(registered) = self.inner.write().expect("providers lock").get_mut(name) {
             registered.canary = canary;
         }

@@ -19,9 +19,10 @@ pub struct Tally {
     pub errors: u64,
     /// `create` calls that failed.
     pub failed_creates: u64,
-    /// Machines it served (at the window's end).
-    pub machines: u64,
-    /// Machines it served that failed their health check in the window.
+    /// Objects (Machines, Addons) it served at the window's end.
+    pub objects: u64,
+    /// Objects it served that were unhealthy in the window (a Machine
+    /// failing its health check, an Addon not healthy).
     pub unhealthy: u64,
 }
 
@@ -54,9 +55,8 @@ pub struct Analysis {
     pub max_error_percent_over_stable: u32,
     /// Failed creates a window may hold.
     pub max_failed_creates: u64,
-    /// Machines served by the canary that may fail their health check in
-    /// a window.
-    pub max_unhealthy_machines: u64,
+    /// Objects served by the canary that may be unhealthy in a window.
+    pub max_unhealthy: u64,
     /// Failed windows tolerated before a rollback.
     pub failure_limit: u32,
     /// Inconclusive windows in a row tolerated before a pause.
@@ -70,7 +70,7 @@ impl Default for Analysis {
             max_error_percent: 10,
             max_error_percent_over_stable: 5,
             max_failed_creates: 3,
-            max_unhealthy_machines: 0,
+            max_unhealthy: 0,
             failure_limit: 0,
             inconclusive_limit: 3,
         }
@@ -142,20 +142,20 @@ pub fn judge(canary: Tally, stable: Tally, analysis: &Analysis) -> Verdict {
     let creates_excused = creates_over
         && stable_known
         && stable.failed_create_percent() >= canary.failed_create_percent();
-    let unhealthy_over = canary.unhealthy > analysis.max_unhealthy_machines;
+    let unhealthy_over = canary.unhealthy > analysis.max_unhealthy;
     // Excused when the stable revision's Machines failed as often.
     let unhealthy_excused = unhealthy_over
-        && stable.machines > 0
-        && u128::from(stable.unhealthy) * u128::from(canary.machines)
-            >= u128::from(canary.unhealthy) * u128::from(stable.machines);
+        && stable.objects > 0
+        && u128::from(stable.unhealthy) * u128::from(canary.objects)
+            >= u128::from(canary.unhealthy) * u128::from(stable.objects);
     if unhealthy_over && !unhealthy_excused {
         return Verdict::Fail(format!(
-            "{} Machines it served failed their health check, over the maximum {} (it serves {} now; stable: {} failed, {} served)",
+            "{} objects it served were unhealthy, over the maximum {} (it serves {} now; stable: {} unhealthy, {} served)",
             canary.unhealthy,
-            analysis.max_unhealthy_machines,
-            canary.machines,
+            analysis.max_unhealthy,
+            canary.objects,
             stable.unhealthy,
-            stable.machines
+            stable.objects
         ));
     }
     if creates_over && !creates_excused {
@@ -193,8 +193,8 @@ pub fn judge(canary: Tally, stable: Tally, analysis: &Analysis) -> Verdict {
     }
     if unhealthy_excused {
         return Verdict::Inconclusive(format!(
-            "{} Machines it served failed their health check (it serves {}), but {} of the stable revision's {} did as well: the cloud, not the canary",
-            canary.unhealthy, canary.machines, stable.unhealthy, stable.machines
+            "{} objects it served were unhealthy (it serves {}), but {} of the stable revision's {} were as well: the cloud, not the canary",
+            canary.unhealthy, canary.objects, stable.unhealthy, stable.objects
         ));
     }
     if creates_excused {
@@ -430,22 +430,22 @@ mod tests {
     }
 
     #[test]
-    fn machines_failing_health_checks_under_the_canary_fail_the_window() {
+    fn unhealthy_objects_under_the_canary_fail_the_window() {
         let a = Analysis::default();
         let canary = Tally {
             calls: 1,
-            machines: 2,
+            objects: 2,
             unhealthy: 2,
             ..Tally::default()
         };
         let verdict = judge(canary, Tally::default(), &a);
         assert_eq!(
             verdict,
-            Verdict::Fail("2 Machines it served failed their health check, over the maximum 0 (it serves 2 now; stable: 0 failed, 0 served)".into())
+            Verdict::Fail("2 objects it served were unhealthy, over the maximum 0 (it serves 2 now; stable: 0 unhealthy, 0 served)".into())
         );
         let sick_stable = Tally {
             calls: 10,
-            machines: 4,
+            objects: 4,
             unhealthy: 4,
             ..Tally::default()
         };
@@ -506,7 +506,7 @@ mod tests {
                         calls,
                         errors,
                         failed_creates,
-                        machines,
+                        objects: machines,
                         unhealthy,
                     })
                 },
@@ -539,7 +539,7 @@ mod tests {
                         max_error_percent: max,
                         max_error_percent_over_stable: over,
                         max_failed_creates: creates,
-                        max_unhealthy_machines: unhealthy,
+                        max_unhealthy: unhealthy,
                         failure_limit,
                         inconclusive_limit,
                     }
@@ -569,7 +569,7 @@ mod tests {
             let worse = Tally {
                 errors,
                 failed_creates: (canary.failed_creates + more_creates).min(errors),
-                unhealthy: (canary.unhealthy + more_sick).min(canary.machines),
+                unhealthy: (canary.unhealthy + more_sick).min(canary.objects),
                 ..canary
             };
             if judge(canary, stable, &a).name() == "Fail" {
@@ -585,7 +585,7 @@ mod tests {
                 calls: canary.calls * scale,
                 errors: canary.errors * scale,
                 failed_creates: canary.failed_creates * scale,
-                machines: canary.machines * scale,
+                objects: canary.objects * scale,
                 unhealthy: canary.unhealthy * scale,
             };
             prop_assume!(stable.calls >= a.min_samples);

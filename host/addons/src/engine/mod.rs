@@ -35,7 +35,9 @@ use crate::{AddonError, AddonGrants, ImageRewrite, Object};
 use capstan_api::{
     ADDON_FINALIZER, Addon, AddonStatus, InventoryEntry, Plugin, set_condition, status,
 };
+use capstan_kit::canary::{CallCounts, Canary};
 use capstan_kit::controller::Spec;
+use capstan_kit::metrics::Metrics;
 use capstan_kit::registry::ByPlugin;
 use capstan_kit::write::{add_finalizer, apply_status, record_event};
 use capstan_kit::{Conditions, Error, Kube, now};
@@ -61,7 +63,7 @@ pub use kubernetes::COMPATIBLE;
 pub use order::{DEPENDENCIES_READY, VALID_SPEC};
 
 pub use cluster::{TENANT_BINDING, TENANT_ROLE};
-pub use render::{RenderError, Rendered, render};
+pub use render::{Meter, RenderError, Rendered, render};
 
 use cluster::{Target, apply_if_drifted, delete_entry, kind_of, read_live, target};
 use drift::{AddonState, WatchKey, need_watches, receiver_stream, watch_kind};
@@ -90,6 +92,69 @@ pub struct RegisteredAddon {
     pub grants: AddonGrants,
     /// Who signed the revision, joined (`None`: unsigned).
     pub signer: Option<String>,
+    /// `stable`, or `canary` for a Plugin's canary (the call metrics'
+    /// `revision` label).
+    pub revision: &'static str,
+    /// Its calls since its canary's window began.
+    pub counts: Arc<CallCounts>,
+    /// The serving revision's canary, if one is on trial
+    /// (`Plugin.spec.rollout`); the Plugin controller sets it.
+    pub canary: std::sync::RwLock<Option<Arc<AddonCanary>>>,
+}
+
+/// A canary revision of an addon plugin and the Addons it serves.
+pub type AddonCanary = Canary<Arc<RegisteredAddon>>;
+
+impl RegisteredAddon {
+    /// A serving revision with no canary.
+    pub fn new(
+        plugin: capstan_runtime::AddonPlugin,
+        grants: AddonGrants,
+        signer: Option<String>,
+    ) -> Self {
+        RegisteredAddon {
+            plugin,
+            grants,
+            signer,
+            revision: "stable",
+            counts: Arc::default(),
+            canary: Default::default(),
+        }
+    }
+
+    /// The revision that renders an Addon: the canary for the Addons it
+    /// serves (or served: `served_by` is the digest the Addon's status
+    /// records), this one for the rest.
+    pub fn for_addon(self: &Arc<Self>, uid: &str, served_by: Option<&str>) -> Arc<RegisteredAddon> {
+        let canary = self.canary.read().expect("canary lock").clone();
+        match canary {
+            Some(c)
+                if !c.is_shadow()
+                    && (c.serves(uid) || served_by == Some(c.serving.plugin.plugin().digest())) =>
+            {
+                c.serving.clone()
+            }
+            _ => self.clone(),
+        }
+    }
+
+    /// Note an Addon that is not healthy for the canary's window, if a
+    /// canary runs (as the canary's when it serves or served it).
+    pub fn note_unhealthy(&self, uid: &str, served_by: Option<&str>) {
+        if let Some(c) = self.canary.read().expect("canary lock").as_ref() {
+            let its = c.serves(uid) || served_by == Some(c.serving.plugin.plugin().digest());
+            c.note_unhealthy(uid, its);
+        }
+    }
+
+    /// How an Addon's calls through it are measured.
+    fn meter<'a>(&'a self, metrics: &'a Metrics) -> Meter<'a> {
+        Meter {
+            metrics,
+            revision: self.revision,
+            counts: Some(&self.counts),
+        }
+    }
 }
 
 /// Addon plugins by Plugin name; the Plugin controller fills it.
@@ -478,7 +543,7 @@ async fn converge(
     }
 
     let health = counted_call(
-        Some(&ctx.kube.metrics),
+        Some(registered.meter(&ctx.kube.metrics)),
         addon,
         "assess",
         registered.plugin.assess(&spec, &applied.observed),
@@ -755,7 +820,15 @@ fn plugin_of(addon: &Addon, ctx: &Context) -> Result<Arc<RegisteredAddon>, Failu
     }
     // A deleted Plugin's component stays registered; it serves no Addon.
     if let Some(r) = ctx.addons.get(name).filter(|_| object.is_some()) {
-        return Ok(r);
+        let uid = addon.uid().unwrap_or_default();
+        let served_by = addon
+            .status
+            .as_ref()
+            .and_then(|s| s.plugin_digest.as_deref());
+        if addon.status.as_ref().and_then(|s| s.healthy) == Some(false) {
+            r.note_unhealthy(&uid, served_by);
+        }
+        return Ok(r.for_addon(&uid, served_by));
     }
     let (message, waiting) = match object {
         None => (

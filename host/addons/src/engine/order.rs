@@ -219,7 +219,7 @@ pub(super) async fn render_gated(
             &registered.grants,
             tenant,
             &ctx.image_rewrites,
-            Some(&ctx.kube.metrics),
+            Some(registered.meter(&ctx.kube.metrics)),
             Some(cluster),
         )
         .await

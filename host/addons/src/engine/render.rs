@@ -62,10 +62,10 @@ pub async fn render(
     grants: &AddonGrants,
     tenant: bool,
     rewrites: &[ImageRewrite],
-    metrics: Option<&Metrics>,
+    meter: Option<Meter<'_>>,
     cluster: Option<&ClusterVersions>,
 ) -> Result<Rendered, RenderError> {
-    let offered = counted_call(metrics, addon, "versions", plugin.versions())
+    let offered = counted_call(meter, addon, "versions", plugin.versions())
         .await
         .map_err(|error| RenderError::Plugin {
             call: "versions",
@@ -112,7 +112,7 @@ pub async fn render(
             .map_or_else(|| "{}".to_string(), ToString::to_string),
         kubernetes_version: cluster.map(|c| c.server.clone()),
     };
-    let texts = counted_call(metrics, addon, "render", plugin.render(&spec))
+    let texts = counted_call(meter, addon, "render", plugin.render(&spec))
         .await
         .map_err(|error| RenderError::Plugin {
             call: "render",
@@ -145,24 +145,46 @@ pub async fn render(
     })
 }
 
-/// Run one call of an Addon's plugin, counting it in `metrics` (when
-/// given) under the Plugin's name, as provider calls are.
+/// How an Addon's plugin calls are measured: the call metrics (under the
+/// Plugin's name and the revision's label) and the revision's counts for
+/// its canary windows.
+#[derive(Debug, Clone, Copy)]
+pub struct Meter<'a> {
+    /// Where call durations go.
+    pub metrics: &'a Metrics,
+    /// `stable` or `canary`.
+    pub revision: &'a str,
+    /// The revision's calls, for canary windows.
+    pub counts: Option<&'a capstan_kit::canary::CallCounts>,
+}
+
+/// Run one call of an Addon's plugin, measured by `meter` (when given)
+/// under the Plugin's name, as provider calls are. A call the host's quota
+/// held back is not the revision's doing and is not counted.
 pub(super) async fn counted_call<T>(
-    metrics: Option<&Metrics>,
+    meter: Option<Meter<'_>>,
     addon: &Addon,
     function: &'static str,
     call: impl Future<Output = Result<T, capstan_runtime::Error>>,
 ) -> Result<T, capstan_runtime::Error> {
     let started = std::time::Instant::now();
     let result = call.await;
-    if let Some(metrics) = metrics {
+    if let Some(meter) = meter {
         let outcome = if result.is_ok() { "ok" } else { "error" };
-        metrics.plugin_call(
-            (&addon.spec.plugin, "stable"),
+        meter.metrics.plugin_call(
+            (&addon.spec.plugin, meter.revision),
             function,
             outcome,
             started.elapsed(),
         );
+        let held_back = matches!(
+            &result,
+            Err(capstan_runtime::Error::QuotaExceeded { .. }
+                | capstan_runtime::Error::HostCapacity { .. })
+        );
+        if let Some(counts) = meter.counts.filter(|_| !held_back) {
+            counts.record_outcome(function, result.is_err());
+        }
     }
     result
 }

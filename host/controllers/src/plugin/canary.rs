@@ -11,11 +11,13 @@
 //! step and window; `spec.source` is never rewritten.
 
 use super::{Context, Failure, Loaded, Note, find, last_activated, load, prepare, shown_signers};
+use capstan_addons::engine::{AddonCanary, RegisteredAddon};
 use capstan_api::{
-    ANNOTATION_CANARY_ACTION, CallTally, CanaryPhase, CanaryStatus, CanaryWindow, Machine, Plugin,
+    ANNOTATION_CANARY_ACTION, CallTally, CanaryPhase, CanaryStatus, CanaryWindow, Plugin,
     PluginRollout, PluginStatus,
 };
-use capstan_kit::provider::{Canary, WasmProvider};
+use capstan_kit::canary::{CallCounts, Canary};
+use capstan_kit::provider::{MachineProvider, WasmProvider};
 use capstan_kit::write::record_event;
 use capstan_manifest::World;
 use capstan_planner::canary::{self as plan, Action, Analysis, Phase, Progress, Tally, Verdict};
@@ -39,16 +41,103 @@ const REJECTED_KEPT: usize = 10;
 pub(super) struct Held {
     /// The revision and the grants' fingerprint it was loaded with.
     key: String,
-    canary: Arc<Canary>,
+    canary: Trialed,
     digest: String,
     resolved_source: Option<String>,
     signers: Vec<String>,
     version: String,
-    /// What the current window saw of the Machines' health.
+    /// How many objects each revision served at the last pass.
     window: Arc<std::sync::Mutex<WindowMachines>>,
 }
 
-/// How many Machines each revision served at the last pass.
+/// The canary revision, by world.
+#[derive(Debug, Clone)]
+enum Trialed {
+    /// A provider: its unit is the Machine.
+    Provider(Arc<Canary<Arc<dyn MachineProvider>>>),
+    /// An addon plugin: its unit is the Addon.
+    Addon(Arc<AddonCanary>),
+}
+
+impl Trialed {
+    fn counts(&self) -> &CallCounts {
+        match self {
+            Trialed::Provider(c) => &c.counts,
+            Trialed::Addon(c) => &c.counts,
+        }
+    }
+
+    fn serves(&self, uid: &str) -> bool {
+        match self {
+            Trialed::Provider(c) => c.serves(uid),
+            Trialed::Addon(c) => c.serves(uid),
+        }
+    }
+
+    fn assign(&self, serves: Vec<String>, considered: Vec<String>) {
+        match self {
+            Trialed::Provider(c) => c.assign(serves, considered),
+            Trialed::Addon(c) => c.assign(serves, considered),
+        }
+    }
+
+    fn set_shadow(&self, shadow: bool) {
+        match self {
+            Trialed::Provider(c) => c.set_shadow(shadow),
+            Trialed::Addon(c) => c.set_shadow(shadow),
+        }
+    }
+
+    fn note_unhealthy(&self, uid: &str, canary: bool) {
+        match self {
+            Trialed::Provider(c) => c.note_unhealthy(uid, canary),
+            Trialed::Addon(c) => c.note_unhealthy(uid, canary),
+        }
+    }
+
+    fn take_unhealthy(&self) -> (u64, u64) {
+        match self {
+            Trialed::Provider(c) => c.take_unhealthy(),
+            Trialed::Addon(c) => c.take_unhealthy(),
+        }
+    }
+
+    /// `Machines` or `Addons`: what it serves.
+    fn unit(&self) -> &'static str {
+        match self {
+            Trialed::Provider(_) => "Machines",
+            Trialed::Addon(_) => "Addons",
+        }
+    }
+
+    /// Serve beside the stable revision (once), and that revision's
+    /// counts; `None` when the stable revision stopped serving.
+    fn install(&self, ctx: &Context, name: &str) -> Option<Arc<CallCounts>> {
+        match self {
+            Trialed::Provider(c) => {
+                let registered = ctx.providers.get(name)?;
+                if !registered
+                    .canary
+                    .as_ref()
+                    .is_some_and(|r| Arc::ptr_eq(r, c))
+                {
+                    ctx.providers.set_canary(name, Some(c.clone()));
+                }
+                Some(registered.counts)
+            }
+            Trialed::Addon(c) => {
+                let registered = ctx.addons.get(name)?;
+                let mut slot = registered.canary.write().expect("canary lock");
+                if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, c)) {
+                    *slot = Some(c.clone());
+                }
+                Some(registered.counts.clone())
+            }
+        }
+    }
+}
+
+/// How many objects each revision served at the last pass.
 #[derive(Debug, Default)]
 struct WindowMachines {
     canary: u64,
@@ -109,7 +198,7 @@ pub(super) async fn reconcile(
         // A `file://` stable is not recorded by reference: after a restart
         // the spec's revision serves at once (file sources are for
         // development).
-        None if ctx.providers.get(name).is_none() => return Ok(Trial::NotNeeded),
+        None if super::serving_fingerprint(ctx, name).is_none() => return Ok(Trial::NotNeeded),
         None => {}
     }
     let found = find(plugin, ctx).await?;
@@ -124,7 +213,7 @@ pub(super) async fn reconcile(
         if let Some(c) = status.canary.as_mut().filter(|c| !is_final(c.phase)) {
             c.phase = CanaryPhase::RolledBack;
             c.weight = 0;
-            c.machines = 0;
+            c.objects = 0;
             c.message = Some("spec.source names the serving revision again".into());
         }
         return Ok(Trial::NotNeeded);
@@ -144,29 +233,35 @@ pub(super) async fn reconcile(
             ),
         ));
     }
-    if found.manifest.world != World::Provider {
-        return Err((
-            "InvalidSpec",
-            format!(
-                "spec.rollout.strategy: Canary serves provider plugins; this revision is a {} plugin: use Immediate",
-                found.manifest.world
-            ),
-        ));
+    match found.manifest.world {
+        World::Provider => {}
+        World::Addon => {
+            if let Some(i) = rollout.steps.iter().position(|s| s.shadow) {
+                return Err((
+                    "InvalidSpec",
+                    format!(
+                        "spec.rollout.steps[{i}].shadow: shadow steps mirror provider calls; an addon plugin's canary starts with a weighted step"
+                    ),
+                ));
+            }
+        }
+        world => {
+            return Err((
+                "InvalidSpec",
+                format!(
+                    "spec.rollout.strategy: Canary serves provider and addon plugins; this revision is a {world} plugin: use Immediate"
+                ),
+            ));
+        }
     }
     let held = hold(plugin, ctx, name, found, grants.clone(), &fingerprint).await?;
-    let Some(registered) = ctx.providers.get(name) else {
+    let Some(stable_counts) = held.canary.install(ctx, name) else {
         return Err((
             "LoadFailed",
             "the stable revision stopped serving while its canary was loaded".into(),
         ));
     };
-    if !registered
-        .canary
-        .as_ref()
-        .is_some_and(|c| Arc::ptr_eq(c, &held.canary))
-    {
-        ctx.providers.set_canary(name, Some(held.canary.clone()));
-    }
+    let unit = held.canary.unit();
 
     let weights: Vec<u32> = rollout.steps.iter().map(|s| s.weight).collect();
     let analysis = analysis_of(&rollout);
@@ -179,22 +274,26 @@ pub(super) async fn reconcile(
         .is_none_or(|c| c.digest != held.digest)
     {
         // A new trial: windows start empty.
-        held.canary.counts.take();
-        registered.counts.take();
+        held.canary.counts().take();
+        stable_counts.take();
         *held.window.lock().expect("window lock") = WindowMachines::default();
         held.canary.take_unhealthy();
         let source = held
             .resolved_source
             .clone()
             .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, held.digest));
+        let first = if rollout.steps[0].shadow {
+            "shadows the serving revision (mirrored get and validate calls, compared)".to_string()
+        } else {
+            format!("serves up to {}% of the {unit}", weights[0])
+        };
         events.push((
             EventType::Normal,
             "CanaryStarted",
             format!(
-                "canary {source} (version {}{}) serves up to {}% of the Machines for {}s; the serving revision serves the rest",
+                "canary {source} (version {}{}) {first} for {}s; the serving revision serves the rest",
                 held.version,
                 shown_signers(&held.signers),
-                weights[0],
                 rollout.steps[0].duration_seconds
             ),
         ));
@@ -206,7 +305,7 @@ pub(super) async fn reconcile(
             phase: CanaryPhase::Progressing,
             step: 0,
             weight: weights[0],
-            machines: 0,
+            objects: 0,
             window_start: Some(t.clone()),
             failures: 0,
             inconclusive: 0,
@@ -233,13 +332,13 @@ pub(super) async fn reconcile(
         let ends = started.0.as_second() + i64::from(step.duration_seconds);
         let left = ends - t.0.as_second();
         if left <= 0 {
-            let mut canary = held.canary.counts.take();
-            let mut stable = registered.counts.take();
+            let mut canary = held.canary.counts().take();
+            let mut stable = stable_counts.take();
             {
                 let seen = held.window.lock().expect("window lock");
-                (canary.machines, stable.machines) = (seen.canary, seen.stable);
+                (canary.objects, stable.objects) = (seen.canary, seen.stable);
             }
-            (canary.unhealthy_machines, stable.unhealthy_machines) = held.canary.take_unhealthy();
+            (canary.unhealthy, stable.unhealthy) = held.canary.take_unhealthy();
             let verdict = plan::judge(tally(canary), tally(stable), &analysis);
             let weight = progress.weight(&weights);
             let at_step = progress.step;
@@ -287,7 +386,7 @@ pub(super) async fn reconcile(
     let outcome = match progress.phase {
         Phase::RolledBack => {
             drop_canary(ctx, name);
-            c.machines = 0;
+            c.objects = 0;
             let revision = held.key.split_once('|').map(|(r, _)| r.to_string());
             if let Some(revision) = revision {
                 status.rejected.retain(|r| *r != revision);
@@ -295,7 +394,7 @@ pub(super) async fn reconcile(
                 status.rejected.truncate(REJECTED_KEPT);
             }
             let message = format!(
-                "canary {shown} rolled back ({why}); every Machine is served by the stable revision again"
+                "canary {shown} rolled back ({why}); the stable revision serves every one of its {unit} again"
             );
             events.push((EventType::Warning, "CanaryRolledBack", message.clone()));
             Err(("CanaryRolledBack", message))
@@ -303,11 +402,11 @@ pub(super) async fn reconcile(
         Phase::Promoted => {
             let loaded = load(plugin, ctx, name, generation, grants, fingerprint).await?;
             ctx.canaries.lock().expect("canaries lock").remove(name);
-            c.machines = 0;
+            c.objects = 0;
             events.push((
                 EventType::Normal,
                 "CanaryPromoted",
-                format!("canary {shown} promoted: it now serves every Machine ({why})"),
+                format!("canary {shown} promoted: it now serves all its {unit} ({why})"),
             ));
             match loaded {
                 Some(loaded) => Ok(Trial::Promoted(Box::new(loaded))),
@@ -317,18 +416,22 @@ pub(super) async fn reconcile(
         Phase::Progressing | Phase::Paused => {
             let shadowing = rollout.steps[progress.step.min(rollout.steps.len() - 1)].shadow;
             held.canary.set_shadow(shadowing);
-            let (serves, of) = assign(plugin, ctx, &rollout, &held, c.weight);
-            c.machines = serves as u32;
+            let units = match held.canary {
+                Trialed::Provider(_) => machine_units(plugin, ctx, &rollout, &held.digest),
+                Trialed::Addon(_) => addon_units(plugin, ctx, &rollout, &held.digest),
+            };
+            let (serves, of) = assign(&held, c.weight, units);
+            c.objects = serves as u32;
             let paused = progress.phase == Phase::Paused;
             if shadowing && !paused {
                 c.phase = CanaryPhase::Shadow;
             }
             let doing = if shadowing {
                 format!(
-                    "shadows the revision serving all {of} Machines (their get and validate calls are mirrored to it and compared)"
+                    "shadows the revision serving all {of} {unit} (their get and validate calls are mirrored to it and compared)"
                 )
             } else {
-                format!("serves {serves} of {of} Machines")
+                format!("serves {serves} of {of} {unit}")
             };
             Ok(Trial::Serving {
                 reason: if paused {
@@ -381,17 +484,34 @@ async fn hold(
     }
     let prepared = prepare(plugin, ctx, name, found, grants).await?;
     let signers = prepared.fetched.signers.clone();
-    let provider = prepared
-        .loaded
-        .provider()
-        .map_err(|e| ("LoadFailed", e.to_string()))?;
-    let provider = WasmProvider::new(provider)
-        .signed_by(&signers)
-        .with_settings(plugin.spec.settings.as_ref())
-        .map_err(|m| ("InvalidSettings", m))?;
+    let canary = match prepared.loaded.manifest().world {
+        World::Addon => {
+            let addon = prepared
+                .loaded
+                .addon()
+                .map_err(|e| ("LoadFailed", e.to_string()))?;
+            let signer = (!signers.is_empty()).then(|| signers.join(", "));
+            let registered = RegisteredAddon {
+                revision: "canary",
+                ..RegisteredAddon::new(addon, prepared.addon_grants.clone(), signer)
+            };
+            Trialed::Addon(Arc::new(Canary::new(Arc::new(registered))))
+        }
+        _ => {
+            let provider = prepared
+                .loaded
+                .provider()
+                .map_err(|e| ("LoadFailed", e.to_string()))?;
+            let provider = WasmProvider::new(provider)
+                .signed_by(&signers)
+                .with_settings(plugin.spec.settings.as_ref())
+                .map_err(|m| ("InvalidSettings", m))?;
+            Trialed::Provider(Arc::new(Canary::new(Arc::new(provider))))
+        }
+    };
     let held = Held {
         key,
-        canary: Arc::new(Canary::new(Arc::new(provider))),
+        canary,
         digest: prepared.loaded.digest().to_string(),
         resolved_source: prepared.fetched.resolved_source.clone(),
         signers,
@@ -406,20 +526,58 @@ async fn hold(
     Ok(held)
 }
 
-/// Pick the Machines the canary serves (every one it served, then the
+/// One object a canary may serve, as [`assign`] weighs it.
+struct Unit {
+    uid: String,
+    /// Its status records the canary's digest as what last served it.
+    served_before: bool,
+    /// The selector takes it, and it is not being deleted.
+    eligible: bool,
+    /// A Machine failing its health check, an Addon not healthy.
+    unhealthy: bool,
+}
+
+/// Pick the objects the canary serves (every one it served, then the
 /// lowest-ranked others the selector allows, up to its share), mark every
-/// other Machine of the plugin as the stable revision's, and note which of
-/// them fail their health check; how many it serves, of how many it could.
-fn assign(
+/// other one as the stable revision's, and note which of them are
+/// unhealthy; how many it serves, of how many it could.
+fn assign(held: &Held, weight: u32, units: Vec<Unit>) -> (usize, usize) {
+    let candidates: Vec<(String, bool)> = units
+        .iter()
+        .filter_map(|u| {
+            let sticky = u.served_before || held.canary.serves(&u.uid);
+            (sticky || u.eligible).then(|| (u.uid.clone(), sticky))
+        })
+        .collect();
+    let chosen = plan::assign(&held.digest, &candidates, weight);
+    {
+        let mut seen = held.window.lock().expect("window lock");
+        seen.canary = chosen.len() as u64;
+        seen.stable = (units.len() - chosen.len()) as u64;
+    }
+    // The Machine controller and the addon engine note them as they see
+    // them; this catches the ones they have not looked at since (after a
+    // restart, say).
+    for u in units.iter().filter(|u| u.unhealthy) {
+        held.canary
+            .note_unhealthy(&u.uid, u.served_before || chosen.contains(&u.uid));
+    }
+    let serves = chosen.len();
+    let considered = units.into_iter().map(|u| u.uid).collect();
+    held.canary.assign(chosen, considered);
+    (serves, candidates.len())
+}
+
+/// The Plugin's Machines (those it creates, and those it releases while
+/// they are deleted).
+fn machine_units(
     plugin: &Plugin,
     ctx: &Context,
     rollout: &PluginRollout,
-    held: &Held,
-    weight: u32,
-) -> (usize, usize) {
+    digest: &str,
+) -> Vec<Unit> {
     let name = plugin.name_any();
-    let machines: Vec<Arc<Machine>> = ctx
-        .kube
+    ctx.kube
         .stores
         .machines
         .state()
@@ -432,46 +590,53 @@ fn assign(
             };
             plugin == name
         })
-        .collect();
-    let served_before = |m: &Machine| {
-        m.status.as_ref().and_then(|s| s.plugin_digest.as_deref()) == Some(held.digest.as_str())
-    };
-    let mut considered = vec![];
-    let mut candidates = vec![];
-    for m in &machines {
-        let Some(uid) = m.uid() else { continue };
-        let sticky = held.canary.serves(&uid) || served_before(m);
-        let eligible = m.metadata.deletion_timestamp.is_none()
-            && rollout
-                .selector
-                .as_ref()
-                .is_none_or(|s| capstan_api::selector_matches(s, m.labels()));
-        if sticky || eligible {
-            candidates.push((uid.clone(), sticky));
-        }
-        considered.push(uid);
-    }
-    let chosen = plan::assign(&held.digest, &candidates, weight);
-    {
-        let mut seen = held.window.lock().expect("window lock");
-        seen.canary = chosen.len() as u64;
-        seen.stable = (machines.len() - chosen.len()) as u64;
-    }
-    // The Machine controller notes them as it sees them; this catches
-    // the ones it has not looked at since (after a restart, say).
-    for m in machines.iter().filter(|m| m.failed_health_check()) {
-        let uid = m.uid().unwrap_or_default();
-        held.canary
-            .note_unhealthy(&uid, chosen.contains(&uid) || served_before(m));
-    }
-    let serves = chosen.len();
-    held.canary.assign(chosen, considered);
-    (serves, candidates.len())
+        .filter_map(|m| {
+            Some(Unit {
+                uid: m.uid()?,
+                served_before: m.status.as_ref().and_then(|s| s.plugin_digest.as_deref())
+                    == Some(digest),
+                eligible: m.metadata.deletion_timestamp.is_none() && selected(rollout, m.labels()),
+                unhealthy: m.failed_health_check(),
+            })
+        })
+        .collect()
+}
+
+/// The Plugin's Addons.
+fn addon_units(plugin: &Plugin, ctx: &Context, rollout: &PluginRollout, digest: &str) -> Vec<Unit> {
+    let name = plugin.name_any();
+    ctx.kube
+        .stores
+        .addons
+        .state()
+        .into_iter()
+        .filter(|a| a.spec.plugin == name)
+        .filter_map(|a| {
+            let status = a.status.as_ref();
+            Some(Unit {
+                uid: a.uid()?,
+                served_before: status.and_then(|s| s.plugin_digest.as_deref()) == Some(digest),
+                eligible: a.metadata.deletion_timestamp.is_none() && selected(rollout, a.labels()),
+                unhealthy: status.and_then(|s| s.healthy) == Some(false),
+            })
+        })
+        .collect()
+}
+
+/// Whether `spec.rollout.selector` (unset: everything) takes these labels.
+fn selected(rollout: &PluginRollout, labels: &std::collections::BTreeMap<String, String>) -> bool {
+    rollout
+        .selector
+        .as_ref()
+        .is_none_or(|s| capstan_api::selector_matches(s, labels))
 }
 
 /// Stop serving a Plugin's canary, if it has one.
 pub(super) fn drop_canary(ctx: &Context, name: &str) {
     ctx.providers.set_canary(name, None);
+    if let Some(addon) = ctx.addons.get(name) {
+        *addon.canary.write().expect("canary lock") = None;
+    }
     ctx.canaries.lock().expect("canaries lock").remove(name);
 }
 
@@ -534,8 +699,8 @@ fn tally(t: CallTally) -> Tally {
         calls: t.calls,
         errors: t.errors,
         failed_creates: t.failed_creates,
-        machines: t.machines,
-        unhealthy: t.unhealthy_machines,
+        objects: t.objects,
+        unhealthy: t.unhealthy,
     }
 }
 
@@ -550,9 +715,7 @@ fn analysis_of(rollout: &PluginRollout) -> Analysis {
             .max_error_percent_over_stable
             .unwrap_or(d.max_error_percent_over_stable),
         max_failed_creates: a.max_failed_creates.map_or(d.max_failed_creates, u64::from),
-        max_unhealthy_machines: a
-            .max_unhealthy_machines
-            .map_or(d.max_unhealthy_machines, u64::from),
+        max_unhealthy: a.max_unhealthy.map_or(d.max_unhealthy, u64::from),
         failure_limit: a.failure_limit.unwrap_or(d.failure_limit),
         inconclusive_limit: a.inconclusive_limit.unwrap_or(d.inconclusive_limit),
     }

@@ -855,14 +855,9 @@ async fn register(
         World::Addon => {
             let addon = loaded.addon().map_err(|e| ("LoadFailed", e.to_string()))?;
             let grants = addon_grants;
-            ctx.addons.insert(
-                name,
-                RegisteredAddon {
-                    plugin: addon,
-                    grants,
-                    signer: (!signers.is_empty()).then(|| signers.join(", ")),
-                },
-            );
+            let signer = (!signers.is_empty()).then(|| signers.join(", "));
+            ctx.addons
+                .insert(name, RegisteredAddon::new(addon, grants, signer));
         }
     }
     Ok(())

@@ -223,7 +223,7 @@ async fn a_canary_the_cloud_fails_is_rolled_back_having_reached_only_its_share()
     let s = p.status.clone().unwrap();
     let canary = s.canary.clone().unwrap();
     assert_eq!(canary.digest, published.v2_digest);
-    assert_eq!((canary.weight, canary.machines), (0, 0));
+    assert_eq!((canary.weight, canary.objects), (0, 0));
     let failed = canary.windows.last().expect("a judged window");
     assert_eq!(failed.verdict, "Fail", "{canary:?}");
     assert_eq!(failed.weight, 50);
@@ -522,7 +522,7 @@ async fn a_shadow_step_a_selected_deployment_and_an_outage_that_pauses_instead_o
     // Shadow: the canary serves no Machine, but sees their `get` calls.
     let shadow = canary_phase(&env, name, CanaryPhase::Shadow).await;
     let c = shadow.status.unwrap().canary.unwrap();
-    assert_eq!((c.weight, c.machines), (0, 0));
+    assert_eq!((c.weight, c.objects), (0, 0));
     let canary_agent = agent(name, &published.v2_digest);
     let mirrored = eventually("mirrored calls from the canary", LONG, async || {
         let stats = env.cloud.stats();
@@ -549,7 +549,7 @@ async fn a_shadow_step_a_selected_deployment_and_an_outage_that_pauses_instead_o
     })
     .await;
     assert_eq!(second.windows[0].verdict, "Pass", "{second:?}");
-    assert_eq!(second.machines, 2, "{second:?}");
+    assert_eq!(second.objects, 2, "{second:?}");
     eventually("picked on the canary, other on stable", LONG, async || {
         let picked = digests_of(&env, "picked").await;
         let other = digests_of(&env, "other").await;
@@ -651,10 +651,10 @@ async fn machines_that_never_join_under_a_canary_roll_it_back_through_the_health
     let failed = c.windows.last().unwrap();
     assert_eq!(failed.verdict, "Fail", "{c:?}");
     assert!(
-        failed.canary.unhealthy_machines >= 1
+        failed.canary.unhealthy >= 1
             && failed
                 .reason
-                .contains("Machines it served failed their health check, over the maximum 0"),
+                .contains("objects it served were unhealthy, over the maximum 0"),
         "{failed:?}"
     );
     // The new Machines waited for the canary's decision: they were created
@@ -674,5 +674,141 @@ async fn machines_that_never_join_under_a_canary_roll_it_back_through_the_health
         failed.reason
     );
     drop(published);
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_addon_canary_whose_pods_never_get_ready_is_rolled_back_and_the_rest_see_no_writes() {
+    crate::logs();
+    let dir = tempfile::tempdir().unwrap();
+    // The next revision renders another image; the cluster cannot run it
+    // (its pods never get ready).
+    let next = tokio::task::block_in_place(|| {
+        crate::addon_order::exporter_variant(
+            dir.path(),
+            &[(
+                "quay.io/prometheus/node-exporter:v",
+                "quay.io/prometheus/node-exporter-next:v",
+            )],
+        )
+    });
+    let registry = Registry::start(RegistryOptions::default()).expect("registry");
+    let (key, public) = key_pair(dir.path(), "publisher");
+    let key = key.to_str().unwrap().to_string();
+    let tag = format!("oci://{}/capstan/ne-canary:stable", registry.host);
+    let first = capstan_e2e::plugin("node_exporter_py");
+    ok(&["plugin", "push", first.to_str().unwrap(), &tag]);
+    ok(&["plugin", "sign", &tag, "--key", &key]);
+    let (v1_digest, v2_digest) = (
+        capstan_runtime::digest(&std::fs::read(&first).unwrap()),
+        capstan_runtime::digest(&std::fs::read(&next).unwrap()),
+    );
+
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    env.add_nodes(2).await.expect("two Nodes");
+    env.cloud
+        .kubelet()
+        .unwrap()
+        .set_image_ready("node-exporter-next", false);
+    let namespaces = ["canary-a", "canary-b", "canary-c", "canary-d"];
+    let name = "ne-canary";
+    let spec = capstan_api::PluginSpec {
+        source: tag.clone(),
+        grants: capstan_api::PluginGrants {
+            objects: crate::addon_order::exporter_grants(&namespaces),
+            pod_security: Some(capstan_api::PodSecurityLevel::Privileged),
+            ..Default::default()
+        },
+        rollout: Some(
+            serde_json::from_value(serde_json::json!({
+                "strategy": "Canary",
+                "steps": [{"weight": 50, "durationSeconds": 15}],
+                "analysis": {"minSamples": 1}
+            }))
+            .unwrap(),
+        ),
+        ..Default::default()
+    };
+    Api::<Plugin>::all(env.client.clone())
+        .create(&PostParams::default(), &Plugin::new(name, spec))
+        .await
+        .unwrap();
+    let prefix = format!("oci://{}/capstan/", registry.host);
+    env.start_controllers(
+        Providers::default(),
+        Options {
+            poll: Duration::from_millis(250),
+            resync: Duration::from_secs(1),
+            supply: Some(std::sync::Arc::new(crate::oci_plugins::supply(
+                &dir.path().join("oci-cache"),
+                capstan_e2e::cli::publisher_policy(&prefix, &public),
+            ))),
+            ..Options::default()
+        },
+    )
+    .await;
+    for (i, ns) in namespaces.iter().enumerate() {
+        let addon = crate::addons::addon(
+            ns,
+            serde_json::json!({"plugin": name, "version": "1.7.0",
+                               "config": {"namespace": ns, "port": 9141 + i}}),
+        );
+        crate::addons::create(&env, &addon).await;
+    }
+    for ns in namespaces {
+        crate::addons::wait_status(&env, ns, "healthy on the first revision", |s| {
+            s.healthy == Some(true) && s.plugin_digest.as_deref() == Some(v1_digest.as_str())
+        })
+        .await;
+    }
+    let daemonsets = async || {
+        let mut versions = vec![];
+        for ns in namespaces {
+            let ds =
+                Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(env.client.clone(), ns)
+                    .get("node-exporter")
+                    .await
+                    .unwrap();
+            versions.push(ds.metadata.resource_version.unwrap());
+        }
+        versions
+    };
+    let before = daemonsets().await;
+
+    ok(&["plugin", "push", next.to_str().unwrap(), &tag]);
+    ok(&["plugin", "sign", &tag, "--key", &key]);
+    let p = canary_phase(&env, name, CanaryPhase::RolledBack).await;
+    let c = p.status.clone().unwrap().canary.unwrap();
+    assert_eq!(c.digest, v2_digest);
+    let failed = c.windows.last().unwrap();
+    assert_eq!(failed.verdict, "Fail", "{c:?}");
+    assert_eq!(failed.canary.objects, 2, "⌈50% × 4⌉ Addons: {failed:?}");
+    assert!(failed.canary.unhealthy >= 1, "{failed:?}");
+    assert!(
+        failed.reason.contains("objects it served were unhealthy"),
+        "{failed:?}"
+    );
+    // Every Addon ends healthy on the first revision again.
+    for ns in namespaces {
+        crate::addons::wait_status(&env, ns, "healthy on the first revision again", |s| {
+            s.healthy == Some(true) && s.plugin_digest.as_deref() == Some(v1_digest.as_str())
+        })
+        .await;
+    }
+    // The two Addons outside the canary saw no write at all.
+    let after = daemonsets().await;
+    let untouched = before.iter().zip(&after).filter(|(b, a)| b == a).count();
+    assert_eq!(untouched, 2, "before {before:?}, after {after:?}");
+    println!(
+        "addon canary rolled back: {}; DaemonSets untouched: {untouched} of 4",
+        failed.reason
+    );
+    let metrics = env.metrics.encode();
+    assert!(
+        metrics.lines().any(|l| l.contains(&format!("plugin=\"{name}\""))
+            && l.contains("revision=\"canary\"")),
+        "{metrics}"
+    );
+    drop(registry);
     env.stop_controllers().await;
 }

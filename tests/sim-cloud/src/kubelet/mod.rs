@@ -284,6 +284,8 @@ struct Inner {
     nodes: Mutex<BTreeMap<String, NodeState>>,
     /// Pods (namespace, name) told to fail readiness.
     unready_pods: Mutex<BTreeSet<(String, String)>>,
+    /// Pods with a container image containing one of these fail readiness.
+    unready_images: Mutex<BTreeSet<String>>,
     /// Pods (uid) with a step under way, so a step is never run twice at once.
     busy: Mutex<HashSet<String>>,
     /// Pods (uid) this kubelet started: a stale cache never starts one twice.
@@ -351,6 +353,7 @@ impl Kubelet {
             timeline,
             nodes: Mutex::new(BTreeMap::new()),
             unready_pods: Mutex::new(BTreeSet::new()),
+            unready_images: Mutex::new(BTreeSet::new()),
             busy: Mutex::new(HashSet::new()),
             started: Mutex::new(HashSet::new()),
             node_cache,
@@ -624,6 +627,23 @@ impl Kubelet {
         }
     }
 
+    /// Make every pod with a container image containing `image` fail
+    /// (`false`) or pass (`true`) its readiness (a broken release of an
+    /// image, say).
+    pub fn set_image_ready(&self, image: &str, ready: bool) {
+        {
+            let mut unready = lock(&self.inner.unready_images);
+            if ready {
+                unready.remove(image);
+            } else {
+                unready.insert(image.to_string());
+            }
+        }
+        for pod in self.inner.pod_cache.state() {
+            self.inner.consider(&pod);
+        }
+    }
+
     /// The Nodes this kubelet runs and their fault switches.
     pub fn nodes(&self) -> Vec<NodeReport> {
         lock(&self.inner.nodes)
@@ -728,7 +748,7 @@ impl Inner {
         else {
             return;
         };
-        let unready = self.is_unready(&pod.namespace().unwrap_or_default(), &pod.name_any());
+        let unready = self.is_unready(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let stop = Duration::from_millis(self.config.pod_stop_delay_ms);
         let step = match pod::next_step(pod, up, unready, stop, Timestamp::now()) {
@@ -749,13 +769,23 @@ impl Inner {
         });
     }
 
-    /// Whether a pod fails its readiness: by name, or every pod of its
-    /// namespace (`*`).
-    fn is_unready(&self, namespace: &str, name: &str) -> bool {
-        let unready = lock(&self.unready_pods);
-        [name, "*"]
-            .iter()
-            .any(|n| unready.contains(&(namespace.to_string(), n.to_string())))
+    /// Whether a pod fails its readiness: by name, every pod of its
+    /// namespace (`*`), or by a container image.
+    fn is_unready(&self, pod: &Pod) -> bool {
+        let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let by_name = {
+            let unready = lock(&self.unready_pods);
+            [name.as_str(), "*"]
+                .iter()
+                .any(|n| unready.contains(&(namespace.clone(), n.to_string())))
+        };
+        let images = lock(&self.unready_images);
+        by_name
+            || pod.spec.iter().flat_map(|s| &s.containers).any(|c| {
+                c.image
+                    .as_deref()
+                    .is_some_and(|image| images.iter().any(|bad| image.contains(bad.as_str())))
+            })
     }
 
     async fn run_step(&self, pod: &Pod, step: PodStep, host_ip: &str) -> Result<(), String> {
@@ -767,7 +797,7 @@ impl Inner {
             .unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.node_client(&node), &namespace);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let unready = || self.is_unready(&namespace, &name);
+        let unready = || self.is_unready(pod);
         let result = match step {
             PodStep::Wait => return Ok(()),
             PodStep::Start => {
