@@ -30,7 +30,7 @@ use capstan_api::{
     ANNOTATION_IN_PLACE_FROM, InPlaceStrategy, Machine, MachineSpec, Plugin, status as cond,
 };
 use capstan_kit::Kube;
-use capstan_kit::provider::{ProviderError, timed, to_plugin_machine};
+use capstan_kit::provider::{ProviderError, timed_as, to_plugin_machine};
 use capstan_kit::registry::{RegisteredUpdater, Updaters};
 use capstan_planner::inplace::{self, MachinePlan, Planner, Updater};
 use kube::ResourceExt;
@@ -107,14 +107,19 @@ pub(crate) async fn plan_machine(
             break;
         }
         let remaining = planner.remaining().to_vec();
-        let answer = timed(&kube.metrics, &updater.name, "can-update", async {
+        // A canary answers for the Machines it serves.
+        let registered = registered.for_machine(&machine.uid().unwrap_or_default(), None);
+        let labels = (updater.name.as_str(), registered.revision);
+        let answer = timed_as(&kube.metrics, labels, "can-update", async {
             Ok(registered
                 .plugin
                 .can_update(&before, &after, &remaining)
                 .await?)
         })
-        .await
-        .map_err(|e: ProviderError| format!("updater {}: can-update: {e}", updater.name))?;
+        .await;
+        registered.counts.record("can-update", &answer);
+        let answer = answer
+            .map_err(|e: ProviderError| format!("updater {}: can-update: {e}", updater.name))?;
         let claimed = planner.claim(updater, &answer);
         if !claimed.ignored.is_empty() {
             tracing::warn!(

@@ -34,9 +34,15 @@ pub struct Canary<P> {
 impl<P> Canary<P> {
     /// A canary serving no object yet.
     pub fn new(serving: P) -> Self {
+        Self::counted(serving, Arc::default())
+    }
+
+    /// A canary serving no object yet whose calls are counted in `counts`
+    /// (the revision's own, where the code that calls it counts them).
+    pub fn counted(serving: P, counts: Arc<CallCounts>) -> Self {
         Canary {
             serving,
-            counts: Arc::default(),
+            counts,
             machines: RwLock::default(),
             shadow: Default::default(),
             unhealthy: Default::default(),

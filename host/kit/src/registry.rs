@@ -6,6 +6,7 @@
 //! fills it; the Machine, in-place and Addon code read it. It imports none
 //! of them, so none of them import each other through it.
 
+use crate::canary::{CallCounts, Canary};
 use crate::{Kube, Providers};
 use capstan_api::machine_conditions::READY;
 use capstan_api::{Plugin, status};
@@ -29,12 +30,34 @@ pub struct RegisteredUpdater {
     pub progress_deadline: std::time::Duration,
     /// What its steps do to the machine's workloads (its manifest's).
     pub disruption: capstan_manifest::Disruption,
+    /// `stable`, or `canary` for a Plugin's canary (the call metrics'
+    /// `revision` label).
+    pub revision: &'static str,
+    /// Its calls since its canary's window began.
+    pub counts: Arc<CallCounts>,
+    /// The serving revision's canary, if one is on trial
+    /// (`Plugin.spec.rollout`); the Plugin controller sets it.
+    pub canary: Arc<RwLock<Option<Arc<UpdaterCanary>>>>,
 }
+
+/// A canary revision of an updater and the Machines it serves.
+pub type UpdaterCanary = Canary<Arc<RegisteredUpdater>>;
 
 impl RegisteredUpdater {
     /// `sha256:…` of the component.
     pub fn digest(&self) -> &str {
         self.plugin.plugin().digest()
+    }
+
+    /// The revision that updates a Machine: the canary for the Machines it
+    /// serves (or whose update it began: `served_by` is the digest the
+    /// Machine's in-place step records), this one for the rest.
+    pub fn for_machine(self: &Arc<Self>, uid: &str, served_by: Option<&str>) -> Arc<Self> {
+        let canary = self.canary.read().expect("canary lock").clone();
+        match canary {
+            Some(c) if c.serves(uid) || served_by == Some(c.serving.digest()) => c.serving.clone(),
+            _ => self.clone(),
+        }
     }
 }
 
@@ -44,7 +67,59 @@ pub type Updaters = ByPlugin<RegisteredUpdater>;
 
 /// Bootstrap plugins by Plugin name. The Plugin controller fills it; the
 /// Machine controller reads it.
-pub type Bootstraps = ByPlugin<BootstrapPlugin>;
+pub type Bootstraps = ByPlugin<RegisteredBootstrap>;
+
+/// One active bootstrap plugin.
+#[derive(Debug)]
+pub struct RegisteredBootstrap {
+    /// The loaded plugin.
+    pub plugin: BootstrapPlugin,
+    /// `stable`, or `canary` for a Plugin's canary (the call metrics'
+    /// `revision` label).
+    pub revision: &'static str,
+    /// Its calls since its canary's window began.
+    pub counts: Arc<CallCounts>,
+    /// The serving revision's canary, if one is on trial
+    /// (`Plugin.spec.rollout`); the Plugin controller sets it.
+    pub canary: RwLock<Option<Arc<BootstrapCanary>>>,
+}
+
+/// A canary revision of a bootstrap plugin and the Machines it serves.
+pub type BootstrapCanary = Canary<Arc<RegisteredBootstrap>>;
+
+impl RegisteredBootstrap {
+    /// A serving revision with no canary.
+    pub fn new(plugin: BootstrapPlugin) -> Self {
+        RegisteredBootstrap {
+            plugin,
+            revision: "stable",
+            counts: Arc::default(),
+            canary: RwLock::default(),
+        }
+    }
+
+    /// The revision that renders a Machine's bootstrap data: the canary
+    /// for the Machines it serves, this one for the rest; `None` while a
+    /// canary runs and the Plugin controller has not yet given the Machine
+    /// to either (it waits a second or two, so the canary's share counts
+    /// it).
+    pub fn for_machine(self: &Arc<Self>, uid: &str) -> Option<Arc<Self>> {
+        let canary = self.canary.read().expect("canary lock").clone();
+        match canary {
+            Some(c) if c.serves(uid) => Some(c.serving.clone()),
+            Some(c) if !c.decided(uid) => None,
+            _ => Some(self.clone()),
+        }
+    }
+
+    /// Note a Machine that failed its health check for the canary's
+    /// window, if a canary runs.
+    pub fn note_unhealthy(&self, uid: &str) {
+        if let Some(c) = self.canary.read().expect("canary lock").as_ref() {
+            c.note_unhealthy(uid, c.serves(uid));
+        }
+    }
+}
 
 /// What the Plugin controller loaded of one kind, by Plugin name.
 #[derive(Debug)]

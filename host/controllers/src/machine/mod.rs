@@ -253,6 +253,15 @@ impl<'a> Pass<'a> {
                     let creating = !deleting && status.provider_id.is_none();
                     if machine.failed_health_check() {
                         registered.note_unhealthy(&uid, served_by);
+                        if let Some(b) = machine
+                            .spec
+                            .bootstrap
+                            .as_ref()
+                            .and_then(|b| b.plugin.as_deref())
+                            && let Some(bootstrap) = ctx.bootstraps.get(b)
+                        {
+                            bootstrap.note_unhealthy(&uid);
+                        }
                     }
                     match registered.for_machine(&uid, served_by, creating) {
                         Some(provider) => (PluginState::Ready, Some(provider)),

@@ -14,7 +14,7 @@ use capstan_api::{
     MachineSpec, MachineStatus, Time, UpdateRecord, set_condition, status as cond,
 };
 use capstan_kit::Kube;
-use capstan_kit::provider::{ProviderError, timed};
+use capstan_kit::provider::{ProviderError, timed_as};
 use capstan_kit::registry::Updaters;
 use capstan_kit::write::record_event;
 use capstan_runtime::types::UpdateProgress;
@@ -105,14 +105,28 @@ pub(crate) async fn advance(
                 }
             }
         }
-        let answer = timed(&kube.metrics, &step.updater, "update", async {
+        // A canary updates the Machines it serves, and finishes the
+        // updates it began.
+        let uid = machine.uid().unwrap_or_default();
+        let registered = registered.for_machine(&uid, step.digest.as_deref());
+        let labels = (step.updater.as_str(), registered.revision);
+        let answer = timed_as(&kube.metrics, labels, "update", async {
             Ok(registered
                 .plugin
                 .update(&before, &after, &step.fields)
                 .await?)
         })
         .await;
-        match record_answer(status, index, registered.digest(), answer, generation, t) {
+        // An error, or a step the updater reports failed, counts against
+        // its revision (the host's quota holding it back does not).
+        let errored = answer.is_err();
+        let held_back = matches!(answer, Err(ProviderError::Quota { .. }));
+        let outcome = record_answer(status, index, registered.digest(), answer, generation, t);
+        if !held_back {
+            let failed = errored || matches!(outcome, StepOutcome::Failed(_));
+            registered.counts.record_outcome("update", failed);
+        }
+        match outcome {
             StepOutcome::Done => {}
             StepOutcome::Wait(wait, message) => {
                 set_progress(status, generation, t, message);

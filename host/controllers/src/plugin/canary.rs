@@ -18,6 +18,9 @@ use capstan_api::{
 };
 use capstan_kit::canary::{CallCounts, Canary};
 use capstan_kit::provider::{MachineProvider, WasmProvider};
+use capstan_kit::registry::{
+    BootstrapCanary, RegisteredBootstrap, RegisteredUpdater, UpdaterCanary,
+};
 use capstan_kit::write::record_event;
 use capstan_manifest::World;
 use capstan_planner::canary::{self as plan, Action, Analysis, Phase, Progress, Tally, Verdict};
@@ -57,55 +60,54 @@ enum Trialed {
     Provider(Arc<Canary<Arc<dyn MachineProvider>>>),
     /// An addon plugin: its unit is the Addon.
     Addon(Arc<AddonCanary>),
+    /// An in-place updater: its unit is the Machine.
+    Updater(Arc<UpdaterCanary>),
+    /// A bootstrap plugin: its unit is the Machine (its data, rendered once
+    /// before the instance is created).
+    Bootstrap(Arc<BootstrapCanary>),
+}
+
+/// The same for every kind of canary.
+macro_rules! each {
+    ($trialed:expr, $c:ident => $body:expr) => {
+        match $trialed {
+            Trialed::Provider($c) => $body,
+            Trialed::Addon($c) => $body,
+            Trialed::Updater($c) => $body,
+            Trialed::Bootstrap($c) => $body,
+        }
+    };
 }
 
 impl Trialed {
     fn counts(&self) -> &CallCounts {
-        match self {
-            Trialed::Provider(c) => &c.counts,
-            Trialed::Addon(c) => &c.counts,
-        }
+        each!(self, c => &c.counts)
     }
 
     fn serves(&self, uid: &str) -> bool {
-        match self {
-            Trialed::Provider(c) => c.serves(uid),
-            Trialed::Addon(c) => c.serves(uid),
-        }
+        each!(self, c => c.serves(uid))
     }
 
     fn assign(&self, serves: Vec<String>, considered: Vec<String>) {
-        match self {
-            Trialed::Provider(c) => c.assign(serves, considered),
-            Trialed::Addon(c) => c.assign(serves, considered),
-        }
+        each!(self, c => c.assign(serves, considered))
     }
 
     fn set_shadow(&self, shadow: bool) {
-        match self {
-            Trialed::Provider(c) => c.set_shadow(shadow),
-            Trialed::Addon(c) => c.set_shadow(shadow),
-        }
+        each!(self, c => c.set_shadow(shadow))
     }
 
     fn note_unhealthy(&self, uid: &str, canary: bool) {
-        match self {
-            Trialed::Provider(c) => c.note_unhealthy(uid, canary),
-            Trialed::Addon(c) => c.note_unhealthy(uid, canary),
-        }
+        each!(self, c => c.note_unhealthy(uid, canary))
     }
 
     fn take_unhealthy(&self) -> (u64, u64) {
-        match self {
-            Trialed::Provider(c) => c.take_unhealthy(),
-            Trialed::Addon(c) => c.take_unhealthy(),
-        }
+        each!(self, c => c.take_unhealthy())
     }
 
     /// `Machines` or `Addons`: what it serves.
     fn unit(&self) -> &'static str {
         match self {
-            Trialed::Provider(_) => "Machines",
+            Trialed::Provider(_) | Trialed::Updater(_) | Trialed::Bootstrap(_) => "Machines",
             Trialed::Addon(_) => "Addons",
         }
     }
@@ -127,6 +129,22 @@ impl Trialed {
             }
             Trialed::Addon(c) => {
                 let registered = ctx.addons.get(name)?;
+                let mut slot = registered.canary.write().expect("canary lock");
+                if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, c)) {
+                    *slot = Some(c.clone());
+                }
+                Some(registered.counts.clone())
+            }
+            Trialed::Bootstrap(c) => {
+                let registered = ctx.bootstraps.get(name)?;
+                let mut slot = registered.canary.write().expect("canary lock");
+                if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, c)) {
+                    *slot = Some(c.clone());
+                }
+                Some(registered.counts.clone())
+            }
+            Trialed::Updater(c) => {
+                let registered = ctx.updaters.get(name)?;
                 let mut slot = registered.canary.write().expect("canary lock");
                 if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, c)) {
                     *slot = Some(c.clone());
@@ -235,23 +253,16 @@ pub(super) async fn reconcile(
     }
     match found.manifest.world {
         World::Provider => {}
-        World::Addon => {
+        World::Addon | World::Updater | World::Bootstrap => {
             if let Some(i) = rollout.steps.iter().position(|s| s.shadow) {
                 return Err((
                     "InvalidSpec",
                     format!(
-                        "spec.rollout.steps[{i}].shadow: shadow steps mirror provider calls; an addon plugin's canary starts with a weighted step"
+                        "spec.rollout.steps[{i}].shadow: shadow steps mirror provider calls; an {} plugin's canary starts with a weighted step",
+                        found.manifest.world
                     ),
                 ));
             }
-        }
-        world => {
-            return Err((
-                "InvalidSpec",
-                format!(
-                    "spec.rollout.strategy: Canary serves provider and addon plugins; this revision is a {world} plugin: use Immediate"
-                ),
-            ));
         }
     }
     let held = hold(plugin, ctx, name, found, grants.clone(), &fingerprint).await?;
@@ -419,6 +430,8 @@ pub(super) async fn reconcile(
             let units = match held.canary {
                 Trialed::Provider(_) => machine_units(plugin, ctx, &rollout, &held.digest),
                 Trialed::Addon(_) => addon_units(plugin, ctx, &rollout, &held.digest),
+                Trialed::Updater(_) => updated_units(plugin, ctx, &rollout, &held.digest),
+                Trialed::Bootstrap(_) => bootstrapped_units(plugin, ctx, &rollout),
             };
             let (serves, of) = assign(&held, c.weight, units);
             c.objects = serves as u32;
@@ -495,7 +508,59 @@ async fn hold(
                 revision: "canary",
                 ..RegisteredAddon::new(addon, prepared.addon_grants.clone(), signer)
             };
-            Trialed::Addon(Arc::new(Canary::new(Arc::new(registered))))
+            let counts = registered.counts.clone();
+            Trialed::Addon(Arc::new(Canary::counted(Arc::new(registered), counts)))
+        }
+        World::Bootstrap => {
+            let bootstrap = prepared
+                .loaded
+                .bootstrap()
+                .map_err(|e| ("LoadFailed", e.to_string()))?;
+            let registered = RegisteredBootstrap {
+                revision: "canary",
+                ..RegisteredBootstrap::new(bootstrap)
+            };
+            let counts = registered.counts.clone();
+            Trialed::Bootstrap(Arc::new(Canary::counted(Arc::new(registered), counts)))
+        }
+        World::Updater => {
+            let updater = prepared
+                .loaded
+                .updater()
+                .map_err(|e| ("LoadFailed", e.to_string()))?;
+            // Routed per Machine only when it changes what the serving
+            // revision changes: another set of fields would move field
+            // ownership between updaters for a share of the fleet.
+            let fields = |f: &[capstan_manifest::FieldPattern]| {
+                let mut shown: Vec<String> = f.iter().map(ToString::to_string).collect();
+                shown.sort();
+                shown
+            };
+            let stable = ctx.updaters.get(name).map(|r| fields(&r.fields));
+            let trial = fields(&prepared.update_fields);
+            if let Some(stable) = stable.filter(|s| *s != trial) {
+                return Err((
+                    "CanaryRefused",
+                    format!(
+                        "an updater canary must change the fields the serving revision changes: it would update [{}], the serving revision updates [{}]; use Immediate (the fields are checked against the other updaters then)",
+                        trial.join(", "),
+                        stable.join(", ")
+                    ),
+                ));
+            }
+            let manifest = prepared.loaded.manifest().clone();
+            let registered = RegisteredUpdater {
+                plugin: updater,
+                fields: prepared.update_fields.clone(),
+                order: plugin.spec.update_order,
+                progress_deadline: super::progress_deadline(plugin, &manifest)?,
+                disruption: manifest.disruption.unwrap_or_default(),
+                revision: "canary",
+                counts: Arc::default(),
+                canary: Arc::default(),
+            };
+            let counts = registered.counts.clone();
+            Trialed::Updater(Arc::new(Canary::counted(Arc::new(registered), counts)))
         }
         _ => {
             let provider = prepared
@@ -602,6 +667,63 @@ fn machine_units(
         .collect()
 }
 
+/// The Machines an updater may update: those in the namespaces its Plugin
+/// allows.
+fn updated_units(
+    plugin: &Plugin,
+    ctx: &Context,
+    rollout: &PluginRollout,
+    digest: &str,
+) -> Vec<Unit> {
+    ctx.kube
+        .stores
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| {
+            let namespace = m.namespace().unwrap_or_default();
+            capstan_kit::registry::allowed_in(&ctx.kube, plugin, &namespace)
+        })
+        .filter_map(|m| {
+            let updated_by_it = m
+                .status
+                .as_ref()
+                .and_then(|s| s.in_place_update.as_ref())
+                .is_some_and(|u| u.steps.iter().any(|s| s.digest.as_deref() == Some(digest)));
+            Some(Unit {
+                uid: m.uid()?,
+                served_before: updated_by_it,
+                eligible: m.metadata.deletion_timestamp.is_none() && selected(rollout, m.labels()),
+                unhealthy: m.failed_health_check(),
+            })
+        })
+        .collect()
+}
+
+/// The Machines whose data the bootstrap plugin renders.
+fn bootstrapped_units(plugin: &Plugin, ctx: &Context, rollout: &PluginRollout) -> Vec<Unit> {
+    let name = plugin.name_any();
+    ctx.kube
+        .stores
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| {
+            m.spec.bootstrap.as_ref().and_then(|b| b.plugin.as_deref()) == Some(name.as_str())
+        })
+        .filter_map(|m| {
+            Some(Unit {
+                uid: m.uid()?,
+                // Nothing records which revision rendered a Machine's data;
+                // the canary keeps the Machines it served while it lives.
+                served_before: false,
+                eligible: m.metadata.deletion_timestamp.is_none() && selected(rollout, m.labels()),
+                unhealthy: m.failed_health_check(),
+            })
+        })
+        .collect()
+}
+
 /// The Plugin's Addons.
 fn addon_units(plugin: &Plugin, ctx: &Context, rollout: &PluginRollout, digest: &str) -> Vec<Unit> {
     let name = plugin.name_any();
@@ -636,6 +758,12 @@ pub(super) fn drop_canary(ctx: &Context, name: &str) {
     ctx.providers.set_canary(name, None);
     if let Some(addon) = ctx.addons.get(name) {
         *addon.canary.write().expect("canary lock") = None;
+    }
+    if let Some(updater) = ctx.updaters.get(name) {
+        *updater.canary.write().expect("canary lock") = None;
+    }
+    if let Some(bootstrap) = ctx.bootstraps.get(name) {
+        *bootstrap.canary.write().expect("canary lock") = None;
     }
     ctx.canaries.lock().expect("canaries lock").remove(name);
 }

@@ -843,6 +843,9 @@ async fn register(
                 order: plugin.spec.update_order,
                 progress_deadline,
                 disruption: loaded.manifest().disruption.unwrap_or_default(),
+                revision: "stable",
+                counts: Arc::default(),
+                canary: Arc::default(),
             };
             ctx.updaters.insert(name, registered);
         }
@@ -850,7 +853,10 @@ async fn register(
             let bootstrap = loaded
                 .bootstrap()
                 .map_err(|e| ("LoadFailed", e.to_string()))?;
-            ctx.bootstraps.insert(name, bootstrap);
+            ctx.bootstraps.insert(
+                name,
+                capstan_kit::registry::RegisteredBootstrap::new(bootstrap),
+            );
         }
         World::Addon => {
             let addon = loaded.addon().map_err(|e| ("LoadFailed", e.to_string()))?;

@@ -36,14 +36,19 @@ struct Published {
 }
 
 fn publish() -> Published {
+    publish_plugin("sim_provider", "sim-provider")
+}
+
+/// The same for the plugin built as `stem` from `plugins/SAMPLE`.
+fn publish_plugin(stem: &str, sample: &str) -> Published {
     let registry = Registry::start(RegistryOptions::default()).expect("registry");
     let dir = registry.scratch().to_path_buf();
     let (key, public) = key_pair(&dir, "publisher");
     let key = key.to_str().unwrap().to_string();
-    let repo = format!("oci://{}/capstan/sim-provider", registry.host);
-    let v1_bytes = std::fs::read(plugin("sim_provider")).unwrap();
+    let repo = format!("oci://{}/capstan/{sample}", registry.host);
+    let v1_bytes = std::fs::read(plugin(stem)).unwrap();
     let manifest = std::fs::read_to_string(
-        capstan_e2e::workspace_root().join("plugins/sim-provider/capstan-plugin.json"),
+        capstan_e2e::workspace_root().join(format!("plugins/{sample}/capstan-plugin.json")),
     )
     .unwrap();
     let next = manifest.replace("\"version\": \"0.1.0\"", "\"version\": \"0.1.1\"");
@@ -783,6 +788,10 @@ async fn an_addon_canary_whose_pods_never_get_ready_is_rolled_back_and_the_rest_
     let failed = c.windows.last().unwrap();
     assert_eq!(failed.verdict, "Fail", "{c:?}");
     assert_eq!(failed.canary.objects, 2, "⌈50% × 4⌉ Addons: {failed:?}");
+    assert!(
+        failed.canary.calls >= 1,
+        "its render and assess calls: {failed:?}"
+    );
     assert!(failed.canary.unhealthy >= 1, "{failed:?}");
     assert!(
         failed.reason.contains("objects it served were unhealthy"),
@@ -810,5 +819,224 @@ async fn an_addon_canary_whose_pods_never_get_ready_is_rolled_back_and_the_rest_
         "{metrics}"
     );
     drop(registry);
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_updater_canary_the_cloud_fails_is_rolled_back_and_stable_finishes_the_update() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    let published = publish_plugin("sim_updater", "sim-updater");
+    let name = "upd-canary";
+    create_plugin(
+        &env,
+        &published,
+        name,
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"weight": 50, "durationSeconds": 10}],
+            "analysis": {"minSamples": 1, "inconclusiveLimit": 20}
+        }),
+    )
+    .await;
+    env.start_controllers(
+        Providers::default(),
+        published.options(&published.dir.join("oci-cache")),
+    )
+    .await;
+    let mut md = sample_deployment(
+        "upd-pool",
+        capstan_e2e::env::SIM_PLUGIN,
+        &env.cloud.url(),
+        4,
+        "v1.30.0",
+    );
+    // In place only: no surge machine.
+    md.spec.strategy.rolling_update = Some(capstan_api::RollingUpdate {
+        max_surge: Some(capstan_api::IntOrString::Int(0)),
+        max_unavailable: Some(capstan_api::IntOrString::Int(1)),
+    });
+    md.spec.strategy.in_place = Some(capstan_api::InPlaceStrategy {
+        updaters: Some(vec![name.to_string()]),
+        fallback: capstan_api::InPlaceFallback::None,
+    });
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    eventually("4 Machines Ready", LONG, async || {
+        let ms = machines(&env).await;
+        (ms.len() == 4
+            && ms.iter().all(|m| {
+                m.status
+                    .as_ref()
+                    .is_some_and(|s| capstan_api::is_true(&s.conditions, "Ready"))
+            }))
+        .then_some(())
+    })
+    .await;
+    let instances: std::collections::BTreeSet<String> = machines(&env)
+        .await
+        .iter()
+        .filter_map(|m| m.status.as_ref()?.provider_id.clone())
+        .collect();
+
+    // The cloud fails the coming revision's requests.
+    let canary_agent = agent(name, &published.v2_digest);
+    env.cloud.set_faults(Faults {
+        fail_user_agent: Some(canary_agent.clone()),
+        ..Faults::default()
+    });
+    published.move_tag_to_v2();
+    let serving = eventually("the canary serving 2 Machines", LONG, async || {
+        let c = plugin_now(&env, name).await.status?.canary?;
+        (c.phase == CanaryPhase::Progressing && c.objects == 2).then_some(c)
+    })
+    .await;
+    assert_eq!(serving.weight, 50);
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "upd-pool",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let p = canary_phase(&env, name, CanaryPhase::RolledBack).await;
+    let c = p.status.unwrap().canary.unwrap();
+    let failed = c.windows.last().unwrap();
+    assert_eq!(failed.verdict, "Fail", "{c:?}");
+    assert!(failed.canary.errors >= 1, "{failed:?}");
+    let reached = env
+        .cloud
+        .stats()
+        .client_tokens_by_user_agent
+        .get(&canary_agent)
+        .map_or(0, |t| t.len());
+    assert!(
+        (1..=2).contains(&reached),
+        "machines the canary reached: {reached}"
+    );
+    // The stable revision finishes the update in place: same instances,
+    // every Machine at the new version.
+    eventually("4 Machines at v1.31.0, in place", LONG, async || {
+        let ms = machines(&env).await;
+        let ids: std::collections::BTreeSet<String> = ms
+            .iter()
+            .filter_map(|m| m.status.as_ref()?.provider_id.clone())
+            .collect();
+        (ms.len() == 4
+            && ids == instances
+            && ms.iter().all(|m| {
+                m.spec.version.as_deref() == Some("v1.31.0")
+                    && m.status
+                        .as_ref()
+                        .is_some_and(|s| capstan_api::is_true(&s.conditions, "Ready"))
+            }))
+        .then_some(())
+    })
+    .await;
+    println!(
+        "updater canary rolled back: {}; machines it reached: {reached}",
+        failed.reason
+    );
+    drop(published);
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bootstrap_canary_renders_the_new_machines_data_and_is_promoted() {
+    crate::logs();
+    let mut options = capstan_e2e::env::EnvOptions::new(Faults {
+        boot_latency_ms: 200,
+        ..Faults::default()
+    });
+    // Instances join only with the data the bootstrap plugin rendered.
+    options.kubelet.shared_identity_without_join_data = false;
+    let mut env = Env::start_with(options).await.expect("env");
+    let published = publish_plugin("kubeadm_bootstrap", "kubeadm-bootstrap");
+    let name = "kb-canary";
+    let mut spec = sim_plugin_spec(&format!("{}:stable", published.repo));
+    spec.grants = Default::default();
+    spec.verification = Some(capstan_e2e::cli::publisher_verification(&published.public));
+    spec.rollout = Some(
+        serde_json::from_value(serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"weight": 100, "durationSeconds": 10}],
+            "analysis": {"minSamples": 1}
+        }))
+        .unwrap(),
+    );
+    Api::<Plugin>::all(env.client.clone())
+        .create(&PostParams::default(), &Plugin::new(name, spec))
+        .await
+        .unwrap();
+    // As installed: its ServiceAccount, Capstan's own namespace.
+    let config = capstan_e2e::install::controller_config(&env).await;
+    env.start_controllers_as(
+        config,
+        Providers::default(),
+        Options {
+            secrets_namespace: Some(capstan_e2e::env::CAPSTAN_NAMESPACE.into()),
+            ..published.options(&published.dir.join("oci-cache"))
+        },
+    )
+    .await;
+    let mut md = sample_deployment(
+        "kb-pool",
+        capstan_e2e::env::SIM_PLUGIN,
+        &env.cloud.url(),
+        2,
+        "v1.20.2",
+    );
+    md.spec.template.spec.bootstrap = Some(capstan_api::MachineBootstrap {
+        plugin: Some(name.into()),
+        config: Some(serde_json::json!({})),
+        data_secret_name: None,
+    });
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    env.wait_rolled_out(NS, "kb-pool", LONG).await;
+
+    published.move_tag_to_v2();
+    canary_phase(&env, name, CanaryPhase::Progressing).await;
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "kb-pool",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    let p = canary_phase(&env, name, CanaryPhase::Promoted).await;
+    let c = p.status.clone().unwrap().canary.unwrap();
+    let passed = c.windows.last().unwrap();
+    assert_eq!(passed.verdict, "Pass", "{c:?}");
+    assert!(
+        passed.canary.calls >= 2,
+        "the two new Machines' data, rendered by the canary: {passed:?}"
+    );
+    assert_eq!(
+        p.status.unwrap().digest.as_deref(),
+        Some(published.v2_digest.as_str())
+    );
+    env.wait_rolled_out(NS, "kb-pool", LONG).await;
+    let joined = machines(&env).await;
+    assert_eq!(joined.len(), 4);
+    let metrics = env.metrics.encode();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("capstan_plugin_call_duration_seconds_count{")
+                && l.contains(&format!("plugin=\"{name}\""))
+                && l.contains("revision=\"canary\"")
+                && l.contains("function=\"render\"")
+        ),
+        "{metrics}"
+    );
+    drop(published);
     env.stop_controllers().await;
 }

@@ -279,17 +279,26 @@ async fn rendered_data(
             5_000,
         );
     };
+    let Some(bootstrap) = bootstrap.for_machine(&uid) else {
+        return retry(
+            "BootstrapPluginNotReady",
+            format!("a canary of bootstrap plugin {plugin:?} is choosing the Machines it serves"),
+            1_000,
+        );
+    };
     let join = match join_info(ctx, machine).await {
         Ok(join) => join,
         Err(message) => return retry("JoinInfoUnavailable", message, 15_000),
     };
     let plugin_machine = to_plugin_machine(machine);
-    let rendering = bootstrap.render(&plugin_machine, config, &join);
-    let rendered = match capstan_kit::provider::timed(&ctx.kube.metrics, plugin, "render", async {
+    let rendering = bootstrap.plugin.render(&plugin_machine, config, &join);
+    let labels = (plugin, bootstrap.revision);
+    let rendered = capstan_kit::provider::timed_as(&ctx.kube.metrics, labels, "render", async {
         rendering.await.map_err(ProviderError::from)
     })
-    .await
-    {
+    .await;
+    bootstrap.counts.record("render", &rendered);
+    let rendered = match rendered {
         Ok(data) => data,
         Err(ProviderError::InvalidConfig(m)) => {
             return failed(
