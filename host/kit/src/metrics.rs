@@ -463,7 +463,7 @@ mod tests {
         );
         assert!(text.contains("capstan_reconcile_errors_total{controller=\"machine\"} 1"));
         assert!(text.contains(
-            "capstan_plugin_call_duration_seconds_count{plugin=\"sim\",function=\"create\",result=\"ok\"} 1"
+            "capstan_plugin_call_duration_seconds_count{plugin=\"sim\",revision=\"stable\",function=\"create\",result=\"ok\"} 1"
         ));
         assert!(text.contains("capstan_queue_depth{controller=\"machine\"} 1"));
         assert!(

@@ -50,7 +50,7 @@ pub(super) struct Held {
     signers: Vec<String>,
     version: String,
     /// How many objects each revision served at the last pass.
-    window: Arc<std::sync::Mutex<WindowMachines>>,
+    window: Arc<std::sync::Mutex<WindowObjects>>,
 }
 
 /// The canary revision, by world.
@@ -157,7 +157,7 @@ impl Trialed {
 
 /// How many objects each revision served at the last pass.
 #[derive(Debug, Default)]
-struct WindowMachines {
+struct WindowObjects {
     canary: u64,
     stable: u64,
 }
@@ -168,14 +168,14 @@ pub(super) enum Trial {
     /// first revision serves at once), or the spec names the serving
     /// revision. The Immediate path applies.
     NotNeeded,
-    /// A canary serves part of the Machines: `UpToDate=False` with this
-    /// reason and message, and when to look again.
+    /// A canary serves part of the Machines (or Addons): `UpToDate=False`
+    /// with this reason and message, and when to look again.
     Serving {
         reason: &'static str,
         message: String,
         requeue: Duration,
     },
-    /// Promoted: the spec's revision now serves every Machine.
+    /// Promoted: the spec's revision now serves every object.
     Promoted(Box<Loaded>),
 }
 
@@ -195,6 +195,9 @@ pub(super) async fn reconcile(
     }
     if !rollout.is_canary() || status.digest.is_none() {
         drop_canary(ctx, name);
+        // The strategy changed mid-trial: the spec's revision serves every
+        // object at once, and the trial says it ended.
+        settle(status, "spec.rollout.strategy is no longer Canary");
         return Ok(Trial::NotNeeded);
     }
     // The stable revision: the one the status records as serving, loaded
@@ -228,12 +231,7 @@ pub(super) async fn reconcile(
         .and_then(|(_, key)| key.split_once('|').map(|(r, _)| r.to_string()));
     if stable_revision.as_deref() == Some(found.revision.as_str()) {
         drop_canary(ctx, name);
-        if let Some(c) = status.canary.as_mut().filter(|c| !is_final(c.phase)) {
-            c.phase = CanaryPhase::RolledBack;
-            c.weight = 0;
-            c.objects = 0;
-            c.message = Some("spec.source names the serving revision again".into());
-        }
+        settle(status, "spec.source names the serving revision again");
         return Ok(Trial::NotNeeded);
     }
     if status.rejected.contains(&found.revision) {
@@ -287,7 +285,7 @@ pub(super) async fn reconcile(
         // A new trial: windows start empty.
         held.canary.counts().take();
         stable_counts.take();
-        *held.window.lock().expect("window lock") = WindowMachines::default();
+        *held.window.lock().expect("window lock") = WindowObjects::default();
         held.canary.take_unhealthy();
         let source = held
             .resolved_source
@@ -792,6 +790,17 @@ fn window_event(verdict: &Verdict, step: usize, steps: usize, weight: u32) -> No
         Verdict::Pass(_) => (EventType::Normal, "CanaryWindowPassed", note),
         Verdict::Fail(_) => (EventType::Warning, "CanaryWindowFailed", note),
         Verdict::Inconclusive(_) => (EventType::Normal, "CanaryWindowInconclusive", note),
+    }
+}
+
+/// End a trial the spec no longer asks for (not a rollback: its digest
+/// is not rejected).
+fn settle(status: &mut PluginStatus, why: &str) {
+    if let Some(c) = status.canary.as_mut().filter(|c| !is_final(c.phase)) {
+        c.phase = CanaryPhase::RolledBack;
+        c.weight = 0;
+        c.objects = 0;
+        c.message = Some(format!("{why}; the trial ended"));
     }
 }
 
