@@ -129,30 +129,35 @@ impl Trialed {
             }
             Trialed::Addon(c) => {
                 let registered = ctx.addons.get(name)?;
-                let mut slot = registered.canary.write().expect("canary lock");
-                if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, c)) {
-                    *slot = Some(c.clone());
-                }
+                put(&registered.canary, c);
                 Some(registered.counts.clone())
             }
             Trialed::Bootstrap(c) => {
                 let registered = ctx.bootstraps.get(name)?;
-                let mut slot = registered.canary.write().expect("canary lock");
-                if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, c)) {
-                    *slot = Some(c.clone());
-                }
+                put(&registered.canary, c);
                 Some(registered.counts.clone())
             }
             Trialed::Updater(c) => {
                 let registered = ctx.updaters.get(name)?;
-                let mut slot = registered.canary.write().expect("canary lock");
-                if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, c)) {
-                    *slot = Some(c.clone());
-                }
+                put(&registered.canary, c);
                 Some(registered.counts.clone())
             }
         }
     }
+}
+
+/// Put a canary in a serving revision's slot, unless it is there already.
+fn put<T>(slot: &std::sync::RwLock<Option<Arc<T>>>, canary: &Arc<T>) {
+    let mut slot = slot.write().expect("canary lock");
+    if !slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, canary)) {
+        *slot = Some(canary.clone());
+    }
+}
+
+/// A canary revision whose calls are counted where its caller counts
+/// them (the revision's own counts).
+fn counted<T>(registered: T, counts: &Arc<CallCounts>) -> Arc<Canary<Arc<T>>> {
+    Arc::new(Canary::counted(Arc::new(registered), counts.clone()))
 }
 
 /// How many objects each revision served at the last pass.
@@ -507,7 +512,7 @@ async fn hold(
                 ..RegisteredAddon::new(addon, prepared.addon_grants.clone(), signer)
             };
             let counts = registered.counts.clone();
-            Trialed::Addon(Arc::new(Canary::counted(Arc::new(registered), counts)))
+            Trialed::Addon(counted(registered, &counts))
         }
         World::Bootstrap => {
             let bootstrap = prepared
@@ -519,7 +524,7 @@ async fn hold(
                 ..RegisteredBootstrap::new(bootstrap)
             };
             let counts = registered.counts.clone();
-            Trialed::Bootstrap(Arc::new(Canary::counted(Arc::new(registered), counts)))
+            Trialed::Bootstrap(counted(registered, &counts))
         }
         World::Updater => {
             let updater = prepared
@@ -558,7 +563,7 @@ async fn hold(
                 canary: Arc::default(),
             };
             let counts = registered.counts.clone();
-            Trialed::Updater(Arc::new(Canary::counted(Arc::new(registered), counts)))
+            Trialed::Updater(counted(registered, &counts))
         }
         _ => {
             let provider = prepared

@@ -81,6 +81,11 @@ impl Published {
         pushed.trim().to_string()
     }
 
+    /// The host's OCI cache for this registry.
+    fn cache(&self) -> PathBuf {
+        self.dir.join("oci-cache")
+    }
+
     fn options(&self, cache: &Path) -> Options {
         let prefix = format!("oci://{}/capstan/", self.registry.host);
         Options {
@@ -95,6 +100,19 @@ impl Published {
             ..Options::default()
         }
     }
+}
+
+/// The control plane and the sim cloud, the sim provider published (0.1.0
+/// on `stable`), a Plugin `name` with this rollout serving it, and the
+/// controllers running.
+async fn canary_env(name: &str, rollout: serde_json::Value) -> (Env, Published) {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    let published = publish();
+    create_plugin(&env, &published, name, rollout).await;
+    env.start_controllers(Providers::default(), published.options(&published.cache()))
+        .await;
+    (env, published)
 }
 
 /// `capstan-plugin/NAME@sha256:<12 hex>`: how the host names a revision in
@@ -194,24 +212,14 @@ async fn deploy(env: &Env, name: &str, plugin: &str, replicas: i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_canary_the_cloud_fails_is_rolled_back_having_reached_only_its_share() {
-    crate::logs();
-    let mut env = Env::start(Faults::default()).await.expect("env");
-    let published = publish();
     let name = "canary-sim";
-    create_plugin(
-        &env,
-        &published,
+    let (mut env, published) = canary_env(
         name,
         serde_json::json!({
             "strategy": "Canary",
             "steps": [{"weight": 50, "durationSeconds": 6}, {"weight": 100, "durationSeconds": 6}],
             "analysis": {"minSamples": 3}
         }),
-    )
-    .await;
-    env.start_controllers(
-        Providers::default(),
-        published.options(&published.dir.join("oci-cache")),
     )
     .await;
     deploy(&env, "canary-pool", name, 4).await;
@@ -325,13 +333,8 @@ async fn a_canary_the_cloud_fails_is_rolled_back_having_reached_only_its_share()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_healthy_canary_is_promoted_step_by_step_across_restarts() {
-    crate::logs();
-    let mut env = Env::start(Faults::default()).await.expect("env");
-    let mut published = publish();
     let name = "canary-ok";
-    create_plugin(
-        &env,
-        &published,
+    let (mut env, mut published) = canary_env(
         name,
         serde_json::json!({
             "strategy": "Canary",
@@ -345,9 +348,7 @@ async fn a_healthy_canary_is_promoted_step_by_step_across_restarts() {
         }),
     )
     .await;
-    let cache = published.dir.join("oci-cache");
-    env.start_controllers(Providers::default(), published.options(&cache))
-        .await;
+    let cache = published.cache();
     deploy(&env, "ok-pool", name, 4).await;
     all_ready_on(&env, 4, &published.v1_digest).await;
 
@@ -495,28 +496,18 @@ async fn digests_of(env: &Env, md: &str) -> Vec<Option<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shadow_step_a_selected_deployment_and_an_outage_that_pauses_instead_of_rolling_back() {
-    crate::logs();
-    let mut env = Env::start(Faults::default()).await.expect("env");
-    let published = publish();
     let name = "canary-sel";
-    create_plugin(
-        &env,
-        &published,
+    let (mut env, published) = canary_env(
         name,
         serde_json::json!({
-            "strategy": "Canary",
-            "steps": [{"shadow": true, "durationSeconds": 4}, {"weight": 100, "durationSeconds": 6}],
-            "selector": {"matchLabels": {"capstan.dev/deployment-name": "picked"}},
-            // The outage below starts a little into a window: a wide
-            // allowance over the stable ratio keeps the verdict about the
-            // outage, not about which calls fell before it.
-            "analysis": {"minSamples": 3, "inconclusiveLimit": 0, "maxErrorPercentOverStable": 50}
-        }),
-    )
-    .await;
-    env.start_controllers(
-        Providers::default(),
-        published.options(&published.dir.join("oci-cache")),
+        "strategy": "Canary",
+        "steps": [{"shadow": true, "durationSeconds": 4}, {"weight": 100, "durationSeconds": 6}],
+        "selector": {"matchLabels": {"capstan.dev/deployment-name": "picked"}},
+        // The outage below starts a little into a window: a wide
+        // allowance over the stable ratio keeps the verdict about the
+        // outage, not about which calls fell before it.
+        "analysis": {"minSamples": 3, "inconclusiveLimit": 0, "maxErrorPercentOverStable": 50}
+    }),
     )
     .await;
     deploy(&env, "picked", name, 2).await;
@@ -597,24 +588,14 @@ async fn a_shadow_step_a_selected_deployment_and_an_outage_that_pauses_instead_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn machines_that_never_join_under_a_canary_roll_it_back_through_the_health_check() {
-    crate::logs();
-    let mut env = Env::start(Faults::default()).await.expect("env");
-    let published = publish();
     let name = "canary-join";
-    create_plugin(
-        &env,
-        &published,
+    let (mut env, published) = canary_env(
         name,
         serde_json::json!({
             "strategy": "Canary",
             "steps": [{"weight": 100, "durationSeconds": 20}],
             "analysis": {"minSamples": 1}
         }),
-    )
-    .await;
-    env.start_controllers(
-        Providers::default(),
-        published.options(&published.dir.join("oci-cache")),
     )
     .await;
     deploy(&env, "join-pool", name, 2).await;
@@ -839,11 +820,8 @@ async fn an_updater_canary_the_cloud_fails_is_rolled_back_and_stable_finishes_th
         }),
     )
     .await;
-    env.start_controllers(
-        Providers::default(),
-        published.options(&published.dir.join("oci-cache")),
-    )
-    .await;
+    env.start_controllers(Providers::default(), published.options(&published.cache()))
+        .await;
     let mut md = sample_deployment(
         "upd-pool",
         capstan_e2e::env::SIM_PLUGIN,
@@ -980,7 +958,7 @@ async fn a_bootstrap_canary_renders_the_new_machines_data_and_is_promoted() {
         Providers::default(),
         Options {
             secrets_namespace: Some(capstan_e2e::env::CAPSTAN_NAMESPACE.into()),
-            ..published.options(&published.dir.join("oci-cache"))
+            ..published.options(&published.cache())
         },
     )
     .await;
