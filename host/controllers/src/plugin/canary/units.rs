@@ -4,7 +4,7 @@
 
 use super::super::Context;
 use super::trialed::Held;
-use capstan_api::{Plugin, PluginRollout};
+use capstan_api::{Machine, Plugin, PluginRollout};
 use capstan_planner::canary as plan;
 use kube::ResourceExt;
 
@@ -59,86 +59,73 @@ pub(super) fn machine_units(
     digest: &str,
 ) -> Vec<Unit> {
     let name = plugin.name_any();
-    ctx.kube
-        .stores
-        .machines
-        .state()
-        .into_iter()
-        .filter(|m| {
-            let plugin = if m.metadata.deletion_timestamp.is_some() {
-                m.instance_plugin()
-            } else {
-                m.spec.provider.plugin.as_str()
-            };
-            plugin == name
-        })
-        .filter_map(|m| {
-            Some(Unit {
-                uid: m.uid()?,
-                served_before: m.status.as_ref().and_then(|s| s.plugin_digest.as_deref())
-                    == Some(digest),
-                eligible: m.metadata.deletion_timestamp.is_none() && selected(rollout, m.labels()),
-                unhealthy: m.failed_health_check(),
-            })
-        })
-        .collect()
+    let uses = |m: &Machine| {
+        let used = if m.metadata.deletion_timestamp.is_some() {
+            m.instance_plugin()
+        } else {
+            m.spec.provider.plugin.as_str()
+        };
+        used == name
+    };
+    let served =
+        |m: &Machine| m.status.as_ref().and_then(|s| s.plugin_digest.as_deref()) == Some(digest);
+    machines_where(plugin, ctx, rollout, uses, served)
 }
 
-/// The Machines an updater may update: those in the namespaces its Plugin
-/// allows.
+/// The Machines an updater may update (every Machine its Plugin may act
+/// on); those it updated are the ones whose in-place step records it.
 pub(super) fn updated_units(
     plugin: &Plugin,
     ctx: &Context,
     rollout: &PluginRollout,
     digest: &str,
 ) -> Vec<Unit> {
-    ctx.kube
-        .stores
-        .machines
-        .state()
-        .into_iter()
-        .filter(|m| {
-            let namespace = m.namespace().unwrap_or_default();
-            capstan_kit::registry::allowed_in(&ctx.kube, plugin, &namespace)
-        })
-        .filter_map(|m| {
-            let updated_by_it = m
-                .status
-                .as_ref()
-                .and_then(|s| s.in_place_update.as_ref())
-                .is_some_and(|u| u.steps.iter().any(|s| s.digest.as_deref() == Some(digest)));
-            Some(Unit {
-                uid: m.uid()?,
-                served_before: updated_by_it,
-                eligible: m.metadata.deletion_timestamp.is_none() && selected(rollout, m.labels()),
-                unhealthy: m.failed_health_check(),
-            })
-        })
-        .collect()
+    let updated_by_it = |m: &Machine| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.in_place_update.as_ref())
+            .is_some_and(|u| u.steps.iter().any(|s| s.digest.as_deref() == Some(digest)))
+    };
+    machines_where(plugin, ctx, rollout, |_| true, updated_by_it)
 }
 
-/// The Machines whose data the bootstrap plugin renders.
+/// The Machines whose data the bootstrap plugin renders. Nothing records
+/// which revision rendered a Machine's data; the canary keeps the Machines
+/// it served while it lives.
 pub(super) fn bootstrapped_units(
     plugin: &Plugin,
     ctx: &Context,
     rollout: &PluginRollout,
 ) -> Vec<Unit> {
     let name = plugin.name_any();
+    let renders = |m: &Machine| {
+        m.spec.bootstrap.as_ref().and_then(|b| b.plugin.as_deref()) == Some(name.as_str())
+    };
+    machines_where(plugin, ctx, rollout, renders, |_| false)
+}
+
+/// The Machines `uses` takes, as units: eligible when alive, taken by the
+/// selector and in a namespace the Plugin allows (a Machine elsewhere never
+/// reaches the plugin, so it neither gets the canary nor widens its share).
+fn machines_where(
+    plugin: &Plugin,
+    ctx: &Context,
+    rollout: &PluginRollout,
+    uses: impl Fn(&Machine) -> bool,
+    served_before: impl Fn(&Machine) -> bool,
+) -> Vec<Unit> {
     ctx.kube
         .stores
         .machines
         .state()
         .into_iter()
-        .filter(|m| {
-            m.spec.bootstrap.as_ref().and_then(|b| b.plugin.as_deref()) == Some(name.as_str())
-        })
+        .filter(|m| uses(m))
         .filter_map(|m| {
             Some(Unit {
                 uid: m.uid()?,
-                // Nothing records which revision rendered a Machine's data;
-                // the canary keeps the Machines it served while it lives.
-                served_before: false,
-                eligible: m.metadata.deletion_timestamp.is_none() && selected(rollout, m.labels()),
+                served_before: served_before(&m),
+                eligible: m.metadata.deletion_timestamp.is_none()
+                    && takes(plugin, ctx, rollout, m.as_ref()),
                 unhealthy: m.failed_health_check(),
             })
         })
@@ -164,17 +151,26 @@ pub(super) fn addon_units(
             Some(Unit {
                 uid: a.uid()?,
                 served_before: status.and_then(|s| s.plugin_digest.as_deref()) == Some(digest),
-                eligible: a.metadata.deletion_timestamp.is_none() && selected(rollout, a.labels()),
+                eligible: a.metadata.deletion_timestamp.is_none()
+                    && takes(plugin, ctx, rollout, a.as_ref()),
                 unhealthy: status.and_then(|s| s.healthy) == Some(false),
             })
         })
         .collect()
 }
 
-/// Whether `spec.rollout.selector` (unset: everything) takes these labels.
-fn selected(rollout: &PluginRollout, labels: &std::collections::BTreeMap<String, String>) -> bool {
+/// Whether the canary may be given this object: the selector (unset:
+/// everything) takes its labels and its namespace may use the Plugin.
+fn takes<K: ResourceExt>(
+    plugin: &Plugin,
+    ctx: &Context,
+    rollout: &PluginRollout,
+    object: &K,
+) -> bool {
+    let namespace = object.namespace().unwrap_or_default();
     rollout
         .selector
         .as_ref()
-        .is_none_or(|s| capstan_api::selector_matches(s, labels))
+        .is_none_or(|s| capstan_api::selector_matches(s, object.labels()))
+        && capstan_kit::registry::allowed_in(&ctx.kube, plugin, &namespace)
 }
