@@ -62,8 +62,10 @@ pub struct CanaryStep {
     #[serde(default)]
     #[schemars(range(min = 0, max = 100))]
     pub weight: u32,
-    /// A shadow step serves no Machine: the stable revision's
-    /// side-effect-free calls (`get`, `validate`) are mirrored to the
+    /// A shadow step serves no object: the stable revision's
+    /// side-effect-free calls (a provider's `get` and `validate`, an addon
+    /// plugin's `versions`, `render` and `assess`, an updater's
+    /// `can-update`, a bootstrap plugin's `render`) are mirrored to the
     /// canary and compared; a different answer or a failure counts as its
     /// error, and its answers are never used. Shadow steps come first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -115,6 +117,12 @@ pub struct CanaryAnalysis {
     /// for a human (`capstan plugin promote` or `abort`; default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inconclusive_limit: Option<u32>,
+    /// How long the canary may hold one step (inconclusive, or paused)
+    /// before it is rolled back, in seconds, checked as each window ends
+    /// (unset: no deadline; a paused canary waits for a human).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: Option<u32>,
 }
 
 /// Where a canary stands.
@@ -162,6 +170,9 @@ pub struct CanaryStatus {
     /// When the current window began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_start: Option<Time>,
+    /// When the current step began (its progress deadline counts from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_start: Option<Time>,
     /// Failed windows so far.
     #[serde(default)]
     pub failures: u32,
@@ -278,6 +289,12 @@ impl PluginRollout {
             }
             last = step.weight;
         }
+        if self.analysis.progress_deadline_seconds == Some(0) {
+            return Some(
+                "spec.rollout.analysis.progressDeadlineSeconds: must be at least 1 (or unset: no deadline)"
+                    .to_string(),
+            );
+        }
         None
     }
 }
@@ -365,6 +382,14 @@ mod tests {
                 .unwrap()
                 .contains("a shadow step serves no Machine")
         );
+        let mut no_deadline = rollout(&[(10, 60)]);
+        no_deadline.analysis.progress_deadline_seconds = Some(0);
+        assert!(
+            no_deadline
+                .problem()
+                .unwrap()
+                .starts_with("spec.rollout.analysis.progressDeadlineSeconds: must be at least 1")
+        );
     }
 
     #[test]
@@ -373,13 +398,14 @@ mod tests {
             "strategy": "Canary",
             "steps": [{"weight": 10, "durationSeconds": 300}, {"weight": 50, "durationSeconds": 600}],
             "selector": {"matchLabels": {"capstan.dev/deployment-name": "workers"}},
-            "analysis": {"minSamples": 20, "maxErrorPercent": 5, "failureLimit": 1},
+            "analysis": {"minSamples": 20, "maxErrorPercent": 5, "failureLimit": 1, "progressDeadlineSeconds": 1800},
             "revisionHistoryLimit": 5
         }))
         .unwrap();
         assert!(rollout.is_canary());
         assert_eq!(rollout.steps[1].weight, 50);
         assert_eq!(rollout.analysis.min_samples, Some(20));
+        assert_eq!(rollout.analysis.progress_deadline_seconds, Some(1800));
         assert_eq!(rollout.revision_history_limit, Some(5));
         assert_eq!(rollout.problem(), None);
     }

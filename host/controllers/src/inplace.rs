@@ -115,8 +115,31 @@ pub(crate) async fn plan_machine(
                 .plugin
                 .can_update(&before, &after, &remaining)
                 .await?)
-        })
-        .await;
+        });
+        // A shadowing canary is asked the same at once; its answer is
+        // compared (the fields it claims, in any order) and never used.
+        let shadow = capstan_kit::canary::shadowing(&registered.canary);
+        let mirrored = async {
+            let shadow = shadow.as_ref()?;
+            let labels = (updater.name.as_str(), shadow.serving.revision);
+            Some(
+                timed_as(&kube.metrics, labels, "can-update", async {
+                    Ok(shadow
+                        .serving
+                        .plugin
+                        .can_update(&before, &after, &remaining)
+                        .await?)
+                })
+                .await,
+            )
+        };
+        let (answer, mirrored) = futures::join!(answer, mirrored);
+        if let (Some(shadow), Some(mirrored)) = (&shadow, &mirrored) {
+            shadow.compare(&answer, mirrored, |a: &Vec<String>, b| {
+                let sorted = |v: &Vec<String>| std::collections::BTreeSet::from_iter(v.clone());
+                sorted(a) == sorted(b)
+            });
+        }
         registered.counts.record("can-update", &answer);
         let answer = answer
             .map_err(|e: ProviderError| format!("updater {}: can-update: {e}", updater.name))?;

@@ -2,7 +2,9 @@
 //! with the objects (Machines, Addons) the Plugin controller gave it, the
 //! objects that failed their health check in the current window, and the
 //! [`CallCounts`] each revision's calls add to. The Machine controller and
-//! the addon engine route by it; the decisions are
+//! the addon engine route by it; while it shadows ([`shadowing`]) they
+//! mirror side-effect-free calls to it and count whether its answers agree
+//! with the serving revision's ([`agrees`]). The decisions are
 //! `capstan_planner::canary`'s.
 
 use crate::provider::ProviderError;
@@ -85,6 +87,28 @@ impl<P> Canary<P> {
         counts
     }
 
+    /// Count one mirrored call of a shadow step: an error when the
+    /// canary's answer disagreed with the stable revision's.
+    pub fn record_mirrored(&self, agreed: bool) {
+        self.counts.record_outcome("shadow", !agreed);
+    }
+
+    /// Compare a mirrored call's answers (a provider's, an updater's, a
+    /// bootstrap plugin's) and count it ([`agrees`], errors alike by their
+    /// kind). A canary call the host's quota held back is not its doing
+    /// and is not counted.
+    pub fn compare<T>(
+        &self,
+        stable: &Result<T, ProviderError>,
+        canary: &Result<T, ProviderError>,
+        same: impl Fn(&T, &T) -> bool,
+    ) {
+        if matches!(canary, Err(ProviderError::Quota { .. })) {
+            return;
+        }
+        self.record_mirrored(agrees(stable, canary, same, |a, b| a.kind() == b.kind()));
+    }
+
     /// Whether the object with this uid was given to it or to the stable
     /// revision.
     pub fn decided(&self, uid: &str) -> bool {
@@ -105,6 +129,33 @@ impl<P> Canary<P> {
             serves: serves.into_iter().collect(),
             considered: considered.into_iter().collect(),
         };
+    }
+}
+
+/// The canary in `slot` if it shadows the serving revision (its calls are
+/// to be mirrored, never served).
+pub fn shadowing<P>(slot: &RwLock<Option<Arc<Canary<P>>>>) -> Option<Arc<Canary<P>>> {
+    slot.read()
+        .expect("canary lock")
+        .clone()
+        .filter(|c| c.is_shadow())
+}
+
+/// Whether a shadowing canary's answer to a mirrored call agrees with the
+/// stable revision's: the same value (by `same`), or failures alike (by
+/// `same_error`). When only the stable revision failed (the cloud, say)
+/// there is nothing to hold against the canary.
+pub fn agrees<T, E>(
+    stable: &Result<T, E>,
+    canary: &Result<T, E>,
+    same: impl Fn(&T, &T) -> bool,
+    same_error: impl Fn(&E, &E) -> bool,
+) -> bool {
+    match (stable, canary) {
+        (Ok(a), Ok(b)) => same(a, b),
+        (Err(a), Err(b)) => same_error(a, b),
+        (Err(_), Ok(_)) => true,
+        (Ok(_), Err(_)) => false,
     }
 }
 
@@ -165,5 +216,53 @@ impl CallCounts {
             failed_creates: self.failed_creates.load(Ordering::Relaxed),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn quota() -> ProviderError {
+        ProviderError::Quota {
+            message: String::new(),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_mirrored_answer_counts_an_error_only_when_the_canary_is_worse_or_different() {
+        let shadow = Canary::new(());
+        let same = |a: &u32, b: &u32| a == b;
+        shadow.compare(&Ok(1), &Ok(1), same);
+        shadow.compare(&Ok(1), &Ok(2), same);
+        shadow.compare(&Ok(1), &Err(ProviderError::Fault("trap".into())), same);
+        // Only the stable revision failed: nothing against the canary.
+        shadow.compare(&Err(ProviderError::Fault("cloud".into())), &Ok(1), same);
+        // Failures of the same kind agree; another kind does not.
+        shadow.compare(
+            &Err(ProviderError::Fault("a".into())),
+            &Err(ProviderError::Fault("b".into())),
+            same,
+        );
+        shadow.compare(
+            &Err(ProviderError::Fault("a".into())),
+            &Err(ProviderError::InvalidConfig("b".into())),
+            same,
+        );
+        // Held back by the host's quota: not the canary's doing.
+        shadow.compare(&Ok(1), &Err(quota()), same);
+        let tally = shadow.counts.take();
+        assert_eq!((tally.calls, tally.errors), (6, 3));
+    }
+
+    #[test]
+    fn only_a_shadowing_canary_is_mirrored_to() {
+        let slot = RwLock::new(Some(Arc::new(Canary::new(()))));
+        assert!(shadowing(&slot).is_none());
+        slot.read().unwrap().as_ref().unwrap().set_shadow(true);
+        assert!(shadowing(&slot).is_some());
+        assert!(shadowing::<()>(&RwLock::new(None)).is_none());
     }
 }

@@ -357,41 +357,13 @@ impl MachineProvider for WasmProvider {
 
 /// The stable revision serving a Machine while a shadowing canary gets the
 /// same side-effect-free calls (`get`, `validate`, at once): its answer is
-/// compared with the stable one and never used. `compared` counts one call
-/// per mirrored call, and an error when the canary failed where the stable
-/// revision did not, or answered differently (the message aside).
+/// compared with the stable one and never used ([`Canary::compare`]: one
+/// call per mirrored call, an error when the canary failed where the
+/// stable revision did not, or answered differently, the message aside).
 #[derive(Debug)]
 struct Shadowed {
     stable: Counted,
-    canary: Arc<dyn MachineProvider>,
-    compared: Arc<CallCounts>,
-}
-
-impl Shadowed {
-    fn compare<T: PartialEq>(
-        &self,
-        stable: &Result<T, ProviderError>,
-        canary: &Result<T, ProviderError>,
-        same: impl Fn(&T, &T) -> bool,
-    ) {
-        let agrees = match (stable, canary) {
-            (Ok(a), Ok(b)) => same(a, b),
-            (Err(a), Err(b)) => a.kind() == b.kind(),
-            // The stable revision failed (the cloud, say): nothing to hold
-            // against the canary.
-            (Err(_), Ok(_)) => true,
-            (Ok(_), Err(_)) => false,
-        };
-        if matches!(canary, Err(ProviderError::Quota { .. })) {
-            return;
-        }
-        let outcome: Result<(), ProviderError> = if agrees {
-            Ok(())
-        } else {
-            Err(ProviderError::Fault(String::new()))
-        };
-        self.compared.record("shadow", &outcome);
-    }
+    canary: Arc<Canary<Arc<dyn MachineProvider>>>,
 }
 
 impl MachineProvider for Shadowed {
@@ -409,9 +381,11 @@ impl MachineProvider for Shadowed {
     }
     fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
-            let (stable, canary) =
-                futures::join!(self.stable.validate(config), self.canary.validate(config));
-            self.compare(&stable, &canary, |_, _| true);
+            let (stable, canary) = futures::join!(
+                self.stable.validate(config),
+                self.canary.serving.validate(config)
+            );
+            self.canary.compare(&stable, &canary, |_, _| true);
             stable
         })
     }
@@ -428,8 +402,8 @@ impl MachineProvider for Shadowed {
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
         Box::pin(async move {
             let (stable, canary) =
-                futures::join!(self.stable.get(machine), self.canary.get(machine));
-            self.compare(&stable, &canary, |a, b| {
+                futures::join!(self.stable.get(machine), self.canary.serving.get(machine));
+            self.canary.compare(&stable, &canary, |a, b| {
                 MachineStatus {
                     message: None,
                     ..a.clone()
@@ -522,8 +496,7 @@ impl Registered {
                         counts: self.counts.clone(),
                         revision: "stable",
                     },
-                    canary: canary.serving.clone(),
-                    compared: canary.counts.clone(),
+                    canary: canary.clone(),
                 }));
             }
             Some(canary) if canary.serves(uid) || served_by == Some(canary.serving.digest()) => {

@@ -107,7 +107,7 @@ impl RegisteredBootstrap {
         let canary = self.canary.read().expect("canary lock").clone();
         match canary {
             Some(c) if c.serves(uid) => Some(c.serving.clone()),
-            Some(c) if !c.decided(uid) => None,
+            Some(c) if !c.is_shadow() && !c.decided(uid) => None,
             _ => Some(self.clone()),
         }
     }

@@ -6,7 +6,8 @@
 //! stable revision's in the same window, so a cloud-wide fault (both as
 //! bad) is inconclusive instead of a rollback. [`advance`] walks the steps:
 //! a rollback is absorbing, a pass moves one step, too many inconclusive
-//! windows pause for a human. [`assign`] keeps every Machine the canary
+//! windows pause for a human, and a step held past the progress deadline
+//! ([`past_deadline`]) rolls back. [`assign`] keeps every Machine the canary
 //! ever served and adds the lowest-ranked others up to ⌈weight × n / 100⌉,
 //! so at most that many Machines ever meet the canary at a step.
 
@@ -61,6 +62,9 @@ pub struct Analysis {
     pub failure_limit: u32,
     /// Inconclusive windows in a row tolerated before a pause.
     pub inconclusive_limit: u32,
+    /// Seconds a canary may hold one step before it is rolled back
+    /// (`None`: no deadline).
+    pub progress_deadline: Option<u64>,
 }
 
 impl Default for Analysis {
@@ -73,6 +77,7 @@ impl Default for Analysis {
             max_unhealthy: 0,
             failure_limit: 0,
             inconclusive_limit: 3,
+            progress_deadline: None,
         }
     }
 }
@@ -308,6 +313,34 @@ pub fn advance(progress: Progress, verdict: &Verdict, steps: usize, a: &Analysis
     next
 }
 
+/// The progress of a canary that has held its step for `held` seconds,
+/// with why, when that is past the progress deadline (`None`: it is not,
+/// or there is none): rolled back, whether it was progressing or paused.
+/// A deadline never promotes and never moves a step.
+pub fn past_deadline(progress: Progress, held: u64, a: &Analysis) -> Option<(Progress, String)> {
+    let deadline = a.progress_deadline?;
+    if progress.is_final() || held < deadline {
+        return None;
+    }
+    let paused = if progress.phase == Phase::Paused {
+        ", paused"
+    } else {
+        ""
+    };
+    let why = format!(
+        "step {} made no progress for {held}s, past progressDeadlineSeconds {deadline} ({} inconclusive windows in a row{paused})",
+        progress.step + 1,
+        progress.inconclusive
+    );
+    Some((
+        Progress {
+            phase: Phase::RolledBack,
+            ..progress
+        },
+        why,
+    ))
+}
+
 /// The progress after a human's action (none on a final phase).
 pub fn act(progress: Progress, action: Action) -> Progress {
     if progress.is_final() {
@@ -490,6 +523,30 @@ mod tests {
     }
 
     #[test]
+    fn a_canary_stuck_past_its_deadline_is_rolled_back() {
+        let a = Analysis {
+            progress_deadline: Some(600),
+            ..Analysis::default()
+        };
+        let unsure = Verdict::Inconclusive(String::new());
+        let mut p = Progress::start();
+        for _ in 0..=a.inconclusive_limit {
+            p = advance(p, &unsure, 2, &a);
+        }
+        assert_eq!(p.phase, Phase::Paused);
+        assert_eq!(past_deadline(p, 599, &a), None);
+        let (rolled, why) = past_deadline(p, 600, &a).unwrap();
+        assert_eq!((rolled.phase, rolled.step), (Phase::RolledBack, 0));
+        assert_eq!(
+            why,
+            "step 1 made no progress for 600s, past progressDeadlineSeconds 600 (4 inconclusive windows in a row, paused)"
+        );
+        assert_eq!(past_deadline(p, 10_000, &Analysis::default()), None);
+        let promoted = act(p, Action::Promote);
+        assert_eq!(past_deadline(promoted, 10_000, &a), None);
+    }
+
+    #[test]
     fn the_share_is_rounded_up_and_never_more() {
         assert_eq!(share(10, 4), 1);
         assert_eq!(share(50, 4), 2);
@@ -523,6 +580,7 @@ mod tests {
             0u64..3,
             0u32..3,
             0u32..4,
+            proptest::option::of(1u64..100),
         )
             .prop_map(
                 |(
@@ -533,6 +591,7 @@ mod tests {
                     unhealthy,
                     failure_limit,
                     inconclusive_limit,
+                    progress_deadline,
                 )| {
                     Analysis {
                         min_samples,
@@ -542,6 +601,7 @@ mod tests {
                         max_unhealthy: unhealthy,
                         failure_limit,
                         inconclusive_limit,
+                        progress_deadline,
                     }
                 },
             )
@@ -596,7 +656,7 @@ mod tests {
         /// decrease before it, and a promotion took a pass in every step.
         #[test]
         fn progress_is_monotone_and_rollback_absorbing(
-            verdicts in proptest::collection::vec(arb_verdict(), 0..40),
+            verdicts in proptest::collection::vec((arb_verdict(), 0u64..60), 0..40),
             raw_weights in proptest::collection::vec(1u32..=100, 1..5),
             a in arb_analysis(),
         ) {
@@ -605,9 +665,18 @@ mod tests {
             let mut p = Progress::start();
             let mut passes_per_step = vec![0u32; weights.len()];
             let mut last_weight = p.weight(&weights);
-            for v in &verdicts {
+            // Seconds the canary has held its step, each window adding some.
+            let mut held = 0;
+            for (v, window) in &verdicts {
                 let before = p;
                 p = advance(p, v, weights.len(), &a);
+                held = if p.step == before.step { held + window } else { 0 };
+                if let Some((late, _)) = past_deadline(p, held, &a) {
+                    // A deadline only ever rolls back.
+                    prop_assert_eq!(late.phase, Phase::RolledBack);
+                    prop_assert_eq!(late.step, p.step);
+                    p = late;
+                }
                 if before.phase == Phase::RolledBack {
                     prop_assert_eq!(p, before);
                 }

@@ -57,6 +57,7 @@ mod finalize;
 mod kubernetes;
 mod order;
 mod render;
+mod shadow;
 
 pub use available::UPDATE_AVAILABLE;
 pub use kubernetes::COMPATIBLE;
@@ -542,11 +543,24 @@ async fn converge(
         }
     }
 
-    let health = counted_call(
-        Some(registered.meter(&ctx.kube.metrics)),
-        addon,
-        "assess",
-        registered.plugin.assess(&spec, &applied.observed),
+    let health = shadow::mirrored(
+        &registered,
+        counted_call(
+            Some(registered.meter(&ctx.kube.metrics)),
+            addon,
+            "assess",
+            registered.plugin.assess(&spec, &applied.observed),
+        ),
+        async |canary: &RegisteredAddon| {
+            counted_call(
+                Some(canary.mirror_meter(&ctx.kube.metrics)),
+                addon,
+                "assess",
+                canary.plugin.assess(&spec, &applied.observed),
+            )
+            .await
+        },
+        shadow::same_health,
     )
     .await
     .map_err(|e| fail(HEALTHY, "AssessFailed", plugin_text(&e)))?;

@@ -225,7 +225,34 @@ pub(super) async fn render_gated(
         .await
         .map_err(render_failure)
     };
-    let rendered = render_spec(addon).await?;
+    // A shadowing canary renders the same at once; compared, never used.
+    let rendered = super::shadow::mirrored(
+        registered,
+        render(
+            &registered.plugin,
+            addon,
+            &registered.grants,
+            tenant,
+            &ctx.image_rewrites,
+            Some(registered.meter(&ctx.kube.metrics)),
+            Some(cluster),
+        ),
+        async |canary: &RegisteredAddon| {
+            render(
+                &canary.plugin,
+                addon,
+                &canary.grants,
+                tenant,
+                &ctx.image_rewrites,
+                Some(canary.mirror_meter(&ctx.kube.metrics)),
+                Some(cluster),
+            )
+            .await
+        },
+        super::shadow::same_render,
+    )
+    .await
+    .map_err(render_failure)?;
     let digest = registered.plugin.plugin().digest();
     super::available::report_available(ctx, addon, status, &rendered, digest, generation, t).await;
     let applied = status.last_applied.clone();

@@ -5,6 +5,9 @@
 //! numbers, having reached at most its share of the Machines; a healthy one
 //! is promoted step by step, survives a controller restart mid-trial
 //! without a double advance, and `capstan plugin abort` ends one by hand.
+//! Shadow steps for every world (provider `get`, addon renders that
+//! differ, updater `can-update`, bootstrap `render`), a progress deadline,
+//! and addon, updater and bootstrap canaries.
 
 use capstan_api::{CanaryPhase, Machine, MachineDeployment, Plugin, PluginRollout};
 use capstan_controllers::plugin::{READY, UP_TO_DATE};
@@ -327,6 +330,56 @@ async fn a_canary_the_cloud_fails_is_rolled_back_having_reached_only_its_share()
         again.status.unwrap().canary.unwrap().phase,
         CanaryPhase::RolledBack
     );
+    drop(published);
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_canary_that_cannot_be_judged_is_rolled_back_at_its_progress_deadline() {
+    let name = "canary-late";
+    let (mut env, published) = canary_env(
+        name,
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"weight": 50, "durationSeconds": 3}],
+            // Never enough calls to judge: every window is inconclusive,
+            // it pauses after two, and the deadline ends the wait.
+            "analysis": {"minSamples": 100000, "inconclusiveLimit": 1, "progressDeadlineSeconds": 8}
+        }),
+    )
+    .await;
+    deploy(&env, "late-pool", name, 2).await;
+    all_ready_on(&env, 2, &published.v1_digest).await;
+    let v2_manifest = published.move_tag_to_v2();
+    canary_phase(&env, name, CanaryPhase::Paused).await;
+    let p = canary_phase(&env, name, CanaryPhase::RolledBack).await;
+    let s = p.status.clone().unwrap();
+    let c = s.canary.clone().unwrap();
+    assert!(
+        c.windows.len() >= 3 && c.windows.iter().all(|w| w.verdict == "Inconclusive"),
+        "{c:?}"
+    );
+    let why = c.message.clone().unwrap_or_default();
+    assert!(
+        why.starts_with("step 1 made no progress for ")
+            && why.contains("past progressDeadlineSeconds 8")
+            && why.contains("paused"),
+        "{why}"
+    );
+    assert_eq!(s.rejected, vec![v2_manifest]);
+    let events = event_reasons(&env, name);
+    for reason in [
+        "CanaryPaused",
+        "CanaryProgressDeadlineExceeded",
+        "CanaryRolledBack",
+    ] {
+        assert!(
+            events.iter().any(|(r, _)| r == reason),
+            "{reason}: {events:?}"
+        );
+    }
+    all_ready_on(&env, 2, &published.v1_digest).await;
+    println!("canary past its deadline: {why}");
     drop(published);
     env.stop_controllers().await;
 }
@@ -663,109 +716,163 @@ async fn machines_that_never_join_under_a_canary_roll_it_back_through_the_health
     env.stop_controllers().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_addon_canary_whose_pods_never_get_ready_is_rolled_back_and_the_rest_see_no_writes() {
-    crate::logs();
-    let dir = tempfile::tempdir().unwrap();
-    // The next revision renders another image; the cluster cannot run it
-    // (its pods never get ready).
-    let next = tokio::task::block_in_place(|| {
-        crate::addon_order::exporter_variant(
-            dir.path(),
-            &[(
-                "quay.io/prometheus/node-exporter:v",
-                "quay.io/prometheus/node-exporter-next:v",
-            )],
-        )
-    });
-    let registry = Registry::start(RegistryOptions::default()).expect("registry");
-    let (key, public) = key_pair(dir.path(), "publisher");
-    let key = key.to_str().unwrap().to_string();
-    let tag = format!("oci://{}/capstan/ne-canary:stable", registry.host);
-    let first = capstan_e2e::plugin("node_exporter_py");
-    ok(&["plugin", "push", first.to_str().unwrap(), &tag]);
-    ok(&["plugin", "sign", &tag, "--key", &key]);
-    let (v1_digest, v2_digest) = (
-        capstan_runtime::digest(&std::fs::read(&first).unwrap()),
-        capstan_runtime::digest(&std::fs::read(&next).unwrap()),
-    );
+/// Four Addons of one addon Plugin (the Python node-exporter sample,
+/// signed, in a real registry) healthy on its first revision, in four
+/// namespaces on two Nodes, with `rollout`; and a next revision, built but
+/// not pushed yet, that renders another image the cluster cannot run.
+struct AddonCanary {
+    env: Env,
+    _registry: Registry,
+    _dir: tempfile::TempDir,
+    key: String,
+    tag: String,
+    next: PathBuf,
+    v1_digest: String,
+    v2_digest: String,
+    namespaces: [&'static str; 4],
+}
 
-    let mut env = Env::start(Faults::default()).await.expect("env");
-    env.add_nodes(2).await.expect("two Nodes");
-    env.cloud
-        .kubelet()
-        .unwrap()
-        .set_image_ready("node-exporter-next", false);
-    let namespaces = ["canary-a", "canary-b", "canary-c", "canary-d"];
-    let name = "ne-canary";
-    let spec = capstan_api::PluginSpec {
-        source: tag.clone(),
-        grants: capstan_api::PluginGrants {
-            objects: crate::addon_order::exporter_grants(&namespaces),
-            pod_security: Some(capstan_api::PodSecurityLevel::Privileged),
-            ..Default::default()
-        },
-        rollout: Some(
-            serde_json::from_value(serde_json::json!({
-                "strategy": "Canary",
-                "steps": [{"weight": 50, "durationSeconds": 15}],
-                "analysis": {"minSamples": 1}
-            }))
-            .unwrap(),
-        ),
-        ..Default::default()
-    };
-    Api::<Plugin>::all(env.client.clone())
-        .create(&PostParams::default(), &Plugin::new(name, spec))
-        .await
-        .unwrap();
-    let prefix = format!("oci://{}/capstan/", registry.host);
-    env.start_controllers(
-        Providers::default(),
-        Options {
-            poll: Duration::from_millis(250),
-            resync: Duration::from_secs(1),
-            supply: Some(std::sync::Arc::new(crate::oci_plugins::supply(
-                &dir.path().join("oci-cache"),
-                capstan_e2e::cli::publisher_policy(&prefix, &public),
-            ))),
-            ..Options::default()
-        },
-    )
-    .await;
-    for (i, ns) in namespaces.iter().enumerate() {
-        let addon = crate::addons::addon(
-            ns,
-            serde_json::json!({"plugin": name, "version": "1.7.0",
-                               "config": {"namespace": ns, "port": 9141 + i}}),
+impl AddonCanary {
+    async fn start(name: &str, prefix: &'static str, rollout: serde_json::Value) -> AddonCanary {
+        crate::logs();
+        let dir = tempfile::tempdir().unwrap();
+        // The next revision renders another image; the cluster cannot run it
+        // (its pods never get ready).
+        let next = tokio::task::block_in_place(|| {
+            crate::addon_order::exporter_variant(
+                dir.path(),
+                &[(
+                    "quay.io/prometheus/node-exporter:v",
+                    "quay.io/prometheus/node-exporter-next:v",
+                )],
+            )
+        });
+        let registry = Registry::start(RegistryOptions::default()).expect("registry");
+        let (key, public) = key_pair(dir.path(), "publisher");
+        let key = key.to_str().unwrap().to_string();
+        let tag = format!("oci://{}/capstan/{name}:stable", registry.host);
+        let first = capstan_e2e::plugin("node_exporter_py");
+        ok(&["plugin", "push", first.to_str().unwrap(), &tag]);
+        ok(&["plugin", "sign", &tag, "--key", &key]);
+        let (v1_digest, v2_digest) = (
+            capstan_runtime::digest(&std::fs::read(&first).unwrap()),
+            capstan_runtime::digest(&std::fs::read(&next).unwrap()),
         );
-        crate::addons::create(&env, &addon).await;
-    }
-    for ns in namespaces {
-        crate::addons::wait_status(&env, ns, "healthy on the first revision", |s| {
-            s.healthy == Some(true) && s.plugin_digest.as_deref() == Some(v1_digest.as_str())
-        })
+
+        let mut env = Env::start(Faults::default()).await.expect("env");
+        env.add_nodes(2).await.expect("two Nodes");
+        env.cloud
+            .kubelet()
+            .unwrap()
+            .set_image_ready("node-exporter-next", false);
+        let namespaces = ["a", "b", "c", "d"].map(|n| &*format!("{prefix}-{n}").leak());
+        let spec = capstan_api::PluginSpec {
+            source: tag.clone(),
+            grants: capstan_api::PluginGrants {
+                objects: crate::addon_order::exporter_grants(&namespaces),
+                pod_security: Some(capstan_api::PodSecurityLevel::Privileged),
+                ..Default::default()
+            },
+            rollout: Some(serde_json::from_value(rollout).unwrap()),
+            ..Default::default()
+        };
+        Api::<Plugin>::all(env.client.clone())
+            .create(&PostParams::default(), &Plugin::new(name, spec))
+            .await
+            .unwrap();
+        let prefix = format!("oci://{}/capstan/", registry.host);
+        env.start_controllers(
+            Providers::default(),
+            Options {
+                poll: Duration::from_millis(250),
+                resync: Duration::from_secs(1),
+                supply: Some(std::sync::Arc::new(crate::oci_plugins::supply(
+                    &dir.path().join("oci-cache"),
+                    capstan_e2e::cli::publisher_policy(&prefix, &public),
+                ))),
+                ..Options::default()
+            },
+        )
         .await;
+        for (i, ns) in namespaces.iter().enumerate() {
+            let addon = crate::addons::addon(
+                ns,
+                serde_json::json!({"plugin": name, "version": "1.7.0",
+                                   "config": {"namespace": ns, "port": 9141 + i}}),
+            );
+            crate::addons::create(&env, &addon).await;
+        }
+        let started = AddonCanary {
+            env,
+            _registry: registry,
+            _dir: dir,
+            key,
+            tag,
+            next,
+            v1_digest,
+            v2_digest,
+            namespaces,
+        };
+        started
+            .all_healthy_on_v1("healthy on the first revision")
+            .await;
+        started
     }
-    let daemonsets = async || {
+
+    /// Every Addon healthy, last served by the first revision.
+    async fn all_healthy_on_v1(&self, what: &str) {
+        for ns in self.namespaces {
+            crate::addons::wait_status(&self.env, ns, what, |s| {
+                s.healthy == Some(true)
+                    && s.plugin_digest.as_deref() == Some(self.v1_digest.as_str())
+            })
+            .await;
+        }
+    }
+
+    /// Each Addon's DaemonSet's `resourceVersion`: unchanged, not written.
+    async fn daemonsets(&self) -> Vec<String> {
         let mut versions = vec![];
-        for ns in namespaces {
-            let ds =
-                Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(env.client.clone(), ns)
-                    .get("node-exporter")
-                    .await
-                    .unwrap();
+        for ns in self.namespaces {
+            let ds = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(
+                self.env.client.clone(),
+                ns,
+            )
+            .get("node-exporter")
+            .await
+            .unwrap();
             versions.push(ds.metadata.resource_version.unwrap());
         }
         versions
-    };
-    let before = daemonsets().await;
+    }
 
-    ok(&["plugin", "push", next.to_str().unwrap(), &tag]);
-    ok(&["plugin", "sign", &tag, "--key", &key]);
-    let p = canary_phase(&env, name, CanaryPhase::RolledBack).await;
+    /// Push and sign the next revision under the same tag.
+    fn push_next(&self) {
+        ok(&["plugin", "push", self.next.to_str().unwrap(), &self.tag]);
+        ok(&["plugin", "sign", &self.tag, "--key", &self.key]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_addon_canary_whose_pods_never_get_ready_is_rolled_back_and_the_rest_see_no_writes() {
+    let name = "ne-canary";
+    let trial = AddonCanary::start(
+        name,
+        "canary",
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"weight": 50, "durationSeconds": 15}],
+            "analysis": {"minSamples": 1}
+        }),
+    )
+    .await;
+    let env = &trial.env;
+    let before = trial.daemonsets().await;
+
+    trial.push_next();
+    let p = canary_phase(env, name, CanaryPhase::RolledBack).await;
     let c = p.status.clone().unwrap().canary.unwrap();
-    assert_eq!(c.digest, v2_digest);
+    assert_eq!(c.digest, trial.v2_digest);
     let failed = c.windows.last().unwrap();
     assert_eq!(failed.verdict, "Fail", "{c:?}");
     assert_eq!(failed.canary.objects, 2, "⌈50% × 4⌉ Addons: {failed:?}");
@@ -779,14 +886,11 @@ async fn an_addon_canary_whose_pods_never_get_ready_is_rolled_back_and_the_rest_
         "{failed:?}"
     );
     // Every Addon ends healthy on the first revision again.
-    for ns in namespaces {
-        crate::addons::wait_status(&env, ns, "healthy on the first revision again", |s| {
-            s.healthy == Some(true) && s.plugin_digest.as_deref() == Some(v1_digest.as_str())
-        })
+    trial
+        .all_healthy_on_v1("healthy on the first revision again")
         .await;
-    }
     // The two Addons outside the canary saw no write at all.
-    let after = daemonsets().await;
+    let after = trial.daemonsets().await;
     let untouched = before.iter().zip(&after).filter(|(b, a)| b == a).count();
     assert_eq!(untouched, 2, "before {before:?}, after {after:?}");
     println!(
@@ -799,8 +903,76 @@ async fn an_addon_canary_whose_pods_never_get_ready_is_rolled_back_and_the_rest_
             && l.contains("revision=\"canary\"")),
         "{metrics}"
     );
-    drop(registry);
-    env.stop_controllers().await;
+    let mut trial = trial;
+    trial.env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_addon_canary_whose_shadow_renders_differ_is_rolled_back_having_written_nothing() {
+    let name = "ne-shadow";
+    let trial = AddonCanary::start(
+        name,
+        "shadow",
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"shadow": true, "durationSeconds": 8}, {"weight": 50, "durationSeconds": 30}],
+            "analysis": {"minSamples": 2}
+        }),
+    )
+    .await;
+    let env = &trial.env;
+    let before = trial.daemonsets().await;
+
+    trial.push_next();
+    let shadowing = canary_phase(env, name, CanaryPhase::Shadow).await;
+    let message = capstan_api::condition(&shadowing.status.unwrap().conditions, UP_TO_DATE)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("versions, render and assess calls are mirrored"),
+        "{message}"
+    );
+    let p = canary_phase(env, name, CanaryPhase::RolledBack).await;
+    let c = p.status.clone().unwrap().canary.unwrap();
+    assert_eq!(c.digest, trial.v2_digest);
+    let failed = c.windows.last().unwrap();
+    assert_eq!(
+        (failed.step, failed.weight, failed.verdict.as_str()),
+        (0, 0, "Fail"),
+        "the shadow window: {c:?}"
+    );
+    assert_eq!(
+        failed.canary.objects, 0,
+        "a shadow serves nothing: {failed:?}"
+    );
+    // Each mirrored render differs (another image); `assess` of the same
+    // observed objects agrees.
+    assert!(
+        failed.canary.errors >= 2 && failed.canary.errors < failed.canary.calls,
+        "{failed:?}"
+    );
+    assert!(failed.reason.contains("calls failed"), "{failed:?}");
+    // No Addon was ever served by the canary, and nothing was written.
+    trial
+        .all_healthy_on_v1("healthy on the first revision throughout")
+        .await;
+    assert_eq!(trial.daemonsets().await, before);
+    let metrics = env.metrics.encode();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("capstan_plugin_call_duration_seconds_count{")
+                && l.contains(&format!("plugin=\"{name}\""))
+                && l.contains("revision=\"canary\"")
+                && l.contains("function=\"render\"")
+        ),
+        "{metrics}"
+    );
+    println!(
+        "addon shadow rolled back: {}; DaemonSets written: 0 of 4",
+        failed.reason
+    );
+    let mut trial = trial;
+    trial.env.stop_controllers().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -925,6 +1097,105 @@ async fn an_updater_canary_the_cloud_fails_is_rolled_back_and_stable_finishes_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_updater_canary_shadows_can_update_and_never_updates_until_promoted() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    let published = publish_plugin("sim_updater", "sim-updater");
+    let name = "upd-shadow";
+    create_plugin(
+        &env,
+        &published,
+        name,
+        serde_json::json!({
+            "strategy": "Canary",
+            "steps": [{"shadow": true, "durationSeconds": 20}],
+            "analysis": {"minSamples": 1}
+        }),
+    )
+    .await;
+    env.start_controllers(Providers::default(), published.options(&published.cache()))
+        .await;
+    let mut md = sample_deployment(
+        "shadow-pool",
+        capstan_e2e::env::SIM_PLUGIN,
+        &env.cloud.url(),
+        2,
+        "v1.30.0",
+    );
+    md.spec.strategy.rolling_update = Some(capstan_api::RollingUpdate {
+        max_surge: Some(capstan_api::IntOrString::Int(0)),
+        max_unavailable: Some(capstan_api::IntOrString::Int(1)),
+    });
+    md.spec.strategy.in_place = Some(capstan_api::InPlaceStrategy {
+        updaters: Some(vec![name.to_string()]),
+        fallback: capstan_api::InPlaceFallback::None,
+    });
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    env.wait_rolled_out(NS, "shadow-pool", LONG).await;
+
+    published.move_tag_to_v2();
+    canary_phase(&env, name, CanaryPhase::Shadow).await;
+    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "shadow-pool",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"template": {"spec": {"version": "v1.31.0"}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // The serving revision updates both Machines in place while the canary
+    // is only asked `can-update`.
+    eventually("2 Machines at v1.31.0", LONG, async || {
+        let ms = machines(&env).await;
+        (ms.len() == 2
+            && ms.iter().all(|m| {
+                m.spec.version.as_deref() == Some("v1.31.0")
+                    && m.status
+                        .as_ref()
+                        .is_some_and(|s| capstan_api::is_true(&s.conditions, "Ready"))
+            }))
+        .then_some(())
+    })
+    .await;
+    let stats = env.cloud.stats();
+    let canary_agent = agent(name, &published.v2_digest);
+    assert_eq!(
+        stats.client_tokens_by_user_agent.get(&canary_agent),
+        None,
+        "the shadow reached no instance: {:?}",
+        stats.client_tokens_by_user_agent
+    );
+    assert!(
+        stats
+            .client_tokens_by_user_agent
+            .get(&agent(name, &published.v1_digest))
+            .is_some_and(|t| t.len() == 2),
+        "the serving revision updated both: {:?}",
+        stats.client_tokens_by_user_agent
+    );
+    let p = canary_phase(&env, name, CanaryPhase::Promoted).await;
+    let c = p.status.unwrap().canary.unwrap();
+    let shadowed = c.windows.last().unwrap();
+    assert_eq!(
+        (shadowed.weight, shadowed.verdict.as_str()),
+        (0, "Pass"),
+        "{c:?}"
+    );
+    assert!(
+        shadowed.canary.calls >= 2 && shadowed.canary.errors == 0,
+        "both Machines' can-update, mirrored and the same: {shadowed:?}"
+    );
+    println!("updater shadow promoted: {}", shadowed.reason);
+    drop(published);
+    env.stop_controllers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bootstrap_canary_renders_the_new_machines_data_and_is_promoted() {
     crate::logs();
     let mut options = capstan_e2e::env::EnvOptions::new(Faults {
@@ -942,7 +1213,7 @@ async fn a_bootstrap_canary_renders_the_new_machines_data_and_is_promoted() {
     spec.rollout = Some(
         serde_json::from_value(serde_json::json!({
             "strategy": "Canary",
-            "steps": [{"weight": 100, "durationSeconds": 10}],
+            "steps": [{"shadow": true, "durationSeconds": 10}, {"weight": 100, "durationSeconds": 10}],
             "analysis": {"minSamples": 1}
         }))
         .unwrap(),
@@ -981,22 +1252,39 @@ async fn a_bootstrap_canary_renders_the_new_machines_data_and_is_promoted() {
     env.wait_rolled_out(NS, "kb-pool", LONG).await;
 
     published.move_tag_to_v2();
+    let scale = async |replicas: i32| {
+        Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+            .patch(
+                "kb-pool",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .unwrap();
+    };
+    // Shadowing: the new Machine's data is rendered by both, compared, and
+    // the serving revision's is used.
+    canary_phase(&env, name, CanaryPhase::Shadow).await;
+    scale(3).await;
     canary_phase(&env, name, CanaryPhase::Progressing).await;
-    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
-        .patch(
-            "kb-pool",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
-        )
-        .await
-        .unwrap();
+    scale(4).await;
     let p = canary_phase(&env, name, CanaryPhase::Promoted).await;
     let c = p.status.clone().unwrap().canary.unwrap();
-    let passed = c.windows.last().unwrap();
-    assert_eq!(passed.verdict, "Pass", "{c:?}");
+    let shadowed = &c.windows[0];
+    assert_eq!(
+        (shadowed.step, shadowed.weight, shadowed.verdict.as_str()),
+        (0, 0, "Pass"),
+        "{c:?}"
+    );
     assert!(
-        passed.canary.calls >= 2,
-        "the two new Machines' data, rendered by the canary: {passed:?}"
+        shadowed.canary.calls >= 1 && shadowed.canary.errors == 0,
+        "the third Machine's data, rendered by both and the same: {shadowed:?}"
+    );
+    let passed = c.windows.last().unwrap();
+    assert_eq!((passed.step, passed.verdict.as_str()), (1, "Pass"), "{c:?}");
+    assert!(
+        passed.canary.calls >= 1,
+        "the fourth Machine's data, rendered by the canary: {passed:?}"
     );
     assert_eq!(
         p.status.unwrap().digest.as_deref(),

@@ -291,12 +291,27 @@ async fn rendered_data(
         Err(message) => return retry("JoinInfoUnavailable", message, 15_000),
     };
     let plugin_machine = to_plugin_machine(machine);
-    let rendering = bootstrap.plugin.render(&plugin_machine, config, &join);
-    let labels = (plugin, bootstrap.revision);
-    let rendered = capstan_kit::provider::timed_as(&ctx.kube.metrics, labels, "render", async {
-        rendering.await.map_err(ProviderError::from)
-    })
-    .await;
+    let render_with = async |revision: &capstan_kit::registry::RegisteredBootstrap| {
+        let labels = (plugin, revision.revision);
+        let rendering = revision.plugin.render(&plugin_machine, config, &join);
+        capstan_kit::provider::timed_as(&ctx.kube.metrics, labels, "render", async {
+            rendering.await.map_err(ProviderError::from)
+        })
+        .await
+    };
+    // A shadowing canary renders the same Machine at once; its data is
+    // compared and never used.
+    let shadow = capstan_kit::canary::shadowing(&bootstrap.canary);
+    let mirrored = async {
+        match &shadow {
+            Some(s) => Some(render_with(&s.serving).await),
+            None => None,
+        }
+    };
+    let (rendered, mirrored) = futures::join!(render_with(&bootstrap), mirrored);
+    if let (Some(shadow), Some(mirrored)) = (&shadow, &mirrored) {
+        shadow.compare(&rendered, mirrored, |a, b| a == b);
+    }
     bootstrap.counts.record("render", &rendered);
     let rendered = match rendered {
         Ok(data) => data,

@@ -21,7 +21,6 @@ pub(super) use trialed::{Held, drop_canary};
 use super::{Context, Failure, Loaded, Note, find, last_activated, load, shown_signers};
 use capstan_api::{CanaryPhase, CanaryStatus, CanaryWindow, Plugin, PluginStatus};
 use capstan_kit::write::record_event;
-use capstan_manifest::World;
 use capstan_planner::canary::{self as plan, Action, Phase, Verdict};
 use capstan_runtime::Grants;
 use kube::Resource;
@@ -227,26 +226,6 @@ async fn trial_of(
             ),
         ));
     }
-    match found.manifest.world {
-        World::Provider => {}
-        World::Addon | World::Updater | World::Bootstrap => {
-            if let Some(i) = plugin
-                .spec
-                .rollout
-                .iter()
-                .flat_map(|r| &r.steps)
-                .position(|s| s.shadow)
-            {
-                return Err((
-                    "InvalidSpec",
-                    format!(
-                        "spec.rollout.steps[{i}].shadow: shadow steps mirror provider calls; an {} plugin's canary starts with a weighted step",
-                        found.manifest.world
-                    ),
-                ));
-            }
-        }
-    }
     let held = hold(plugin, ctx, name, found, grants.clone(), fingerprint).await?;
     let Some(stable_counts) = held.canary.install(ctx, name) else {
         return Err((
@@ -305,6 +284,18 @@ fn judge_due(
             verdict.reason()
         ));
         events.push(window_event(&verdict, at_step, weights.len(), weight));
+        let step_start = c.step_start.clone().unwrap_or(started);
+        if progress.step != at_step {
+            c.step_start = Some(t.clone());
+        } else if let Some((late, why)) = plan::past_deadline(
+            progress,
+            (t.0.as_second() - step_start.0.as_second()).max(0) as u64,
+            &analysis,
+        ) {
+            progress = late;
+            c.message = Some(why.clone());
+            events.push((EventType::Warning, "CanaryProgressDeadlineExceeded", why));
+        }
         if progress.phase == Phase::Paused && !matches!(verdict, Verdict::Pass(_)) {
             events.push((
                 EventType::Warning,
@@ -343,7 +334,10 @@ fn begin(
         .clone()
         .unwrap_or_else(|| format!("{} ({})", plugin.spec.source, held.digest));
     let first = if rollout.steps[0].shadow {
-        "shadows the serving revision (mirrored get and validate calls, compared)".to_string()
+        format!(
+            "shadows the serving revision (its {} are mirrored and compared)",
+            held.canary.mirrored_calls()
+        )
     } else {
         format!("serves up to {}% of the {unit}", weights[0])
     };
@@ -367,6 +361,7 @@ fn begin(
         weight: weights[0],
         objects: 0,
         window_start: Some(t.clone()),
+        step_start: Some(t.clone()),
         failures: 0,
         inconclusive: 0,
         windows: vec![],
@@ -404,7 +399,8 @@ fn serve(
     }
     let doing = if shadowing {
         format!(
-            "shadows the revision serving all {of} {unit} (their get and validate calls are mirrored to it and compared)"
+            "shadows the revision serving all {of} {unit} (their {} are mirrored to it and compared)",
+            held.canary.mirrored_calls()
         )
     } else {
         format!("serves {serves} of {of} {unit}")

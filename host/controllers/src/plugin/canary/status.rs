@@ -99,5 +99,6 @@ pub(super) fn analysis_of(rollout: &PluginRollout) -> Analysis {
         max_unhealthy: a.max_unhealthy.map_or(d.max_unhealthy, u64::from),
         failure_limit: a.failure_limit.unwrap_or(d.failure_limit),
         inconclusive_limit: a.inconclusive_limit.unwrap_or(d.inconclusive_limit),
+        progress_deadline: a.progress_deadline_seconds.map(u64::from),
     }
 }

@@ -87,6 +87,16 @@ impl Trialed {
         }
     }
 
+    /// The calls a shadow step mirrors to it (side-effect free ones).
+    pub(super) fn mirrored_calls(&self) -> &'static str {
+        match self {
+            Trialed::Provider(_) => "get and validate calls",
+            Trialed::Addon(_) => "versions, render and assess calls",
+            Trialed::Updater(_) => "can-update calls",
+            Trialed::Bootstrap(_) => "render calls",
+        }
+    }
+
     /// Serve beside the stable revision (once), and that revision's
     /// counts; `None` when the stable revision stopped serving.
     pub(super) fn install(&self, ctx: &Context, name: &str) -> Option<Arc<CallCounts>> {
