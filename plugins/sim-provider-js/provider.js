@@ -110,6 +110,26 @@ export const provider = {
     if (answer.status === 200 || answer.status === 202) return { tag: 'in-progress', val: 250n };
     throw apiError(answer, 'deleting the instance');
   },
+  async findInstance(machine) {
+    const config = parse(machine.providerConfig);
+    let instance;
+    if (machine.providerId) {
+      instance = await find(machine, config);
+    } else {
+      const owner = `${machine.namespace}/${machine.name}`;
+      const answer = await send('GET', url(config, `/v1/instances?tagKey=capstan.dev/machine&tagValue=${owner}`));
+      if (answer.status !== 200) throw apiError(answer, 'looking up instances by machine tag');
+      instance = (json(answer).instances ?? []).find(
+        (i) => i.tags?.['capstan.dev/machine'] === owner && i.state !== 'terminating',
+      );
+    }
+    if (!instance || instance.state === 'terminating') return undefined;
+    return {
+      status: status(instance),
+      machine: instance.tags?.['capstan.dev/machine'],
+      cluster: instance.tags?.['capstan.dev/cluster'],
+    };
+  },
   async listInstances(config) {
     const answer = await send('GET', url(parse(config), '/v1/instances'));
     if (answer.status === 200) return (json(answer).instances ?? []).map(status);

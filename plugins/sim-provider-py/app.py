@@ -31,6 +31,8 @@ from wit_world.imports import capstan_plugin_types as types
 
 INSTANCE_TYPES = ("small", "medium", "large")
 PROVIDER_ID_PREFIX = "sim://"
+MACHINE_TAG = "capstan.dev/machine"
+CLUSTER_TAG = "capstan.dev/cluster"
 STATES = {
     "pending": types.InstanceState.PENDING,
     "running": types.InstanceState.RUNNING,
@@ -127,9 +129,9 @@ class Provider(ConfigProvider, exports.Provider):
 
     def create_instance(self, machine, config: SimConfig, bootstrap) -> types.MachineStatus:
         tags = dict(config.tags)
-        tags["capstan.dev/machine"] = f"{machine.namespace}/{machine.name}"
+        tags[MACHINE_TAG] = f"{machine.namespace}/{machine.name}"
         if machine.cluster_name:
-            tags["capstan.dev/cluster"] = machine.cluster_name
+            tags[CLUSTER_TAG] = machine.cluster_name
         request = {
             "clientToken": machine.uid,
             "name": machine.name,
@@ -164,6 +166,23 @@ class Provider(ConfigProvider, exports.Provider):
         if resp.status in (200, 202):
             return provider.Deletion_InProgress(250)
         raise api_error(resp, "deleting the instance")
+
+    def adoptable(self, machine, config: SimConfig):
+        if machine.provider_id:
+            instance = self.find(machine, config)
+        else:
+            owner = f"{machine.namespace}/{machine.name}"
+            resp = call(Request.get(self.url(
+                config, f"/v1/instances?tagKey={MACHINE_TAG}&tagValue={owner}"
+            )))
+            if resp.status != 200:
+                raise api_error(resp, "looking up instances by machine tag")
+            tagged = [i for i in body(resp).get("instances", []) if i.get("tags", {}).get(MACHINE_TAG) == owner]
+            instance = next((i for i in tagged if i.get("state") != "terminating"), None)
+        if instance is None or instance.get("state") == "terminating":
+            return None
+        tags = instance.get("tags", {})
+        return provider.FoundInstance(status(instance), tags.get(MACHINE_TAG), tags.get(CLUSTER_TAG))
 
     def list(self, config: SimConfig):
         resp = call(Request.get(self.url(config, "/v1/instances")))

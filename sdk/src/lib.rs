@@ -147,7 +147,7 @@ pub use bindings::provider::capstan::plugin0_1_0::types::{
 pub use bindings::provider::capstan::plugin0_2_0::bootstrap_types::{
     BootstrapData, BootstrapFormat, JoinInfo, Taint,
 };
-pub use bindings::provider::exports::capstan::plugin0_2_0::provider::Deletion;
+pub use bindings::provider::exports::capstan::plugin0_2_0::provider::{Deletion, FoundInstance};
 
 /// The raw `updater` guest trait and its types; implement
 /// [`updater::Guest`] and call [`export_updater!`].
@@ -321,6 +321,21 @@ pub trait Provider: Default {
         let _ = config;
         Ok(None)
     }
+
+    /// The instance a machine the host has recorded none for should adopt
+    /// (after a restore, a re-apply or a move): the one `machine.provider_id`
+    /// names when set, otherwise the live instance tagged for the machine's
+    /// namespace and name, with the tags that say whom it was launched for.
+    /// Tag instances at `create` so this can find them. The default finds
+    /// nothing: a restored Machine then launches a second instance.
+    fn find(
+        &self,
+        machine: &Machine,
+        config: &Self::Config,
+    ) -> Result<Option<FoundInstance>, PluginError> {
+        let _ = (machine, config);
+        Ok(None)
+    }
 }
 
 /// Glue between the generated guest trait and [`Provider`]; used by
@@ -356,6 +371,10 @@ pub mod provider_glue {
     pub fn list<P: Provider>(json: &str) -> Result<Option<Vec<MachineStatus>>, PluginError> {
         let p = P::default();
         p.list(&config::<P>(json)?)
+    }
+    pub fn find<P: Provider>(machine: &Machine) -> Result<Option<FoundInstance>, PluginError> {
+        let p = P::default();
+        p.find(machine, &config::<P>(&machine.provider_config)?)
     }
 }
 
@@ -412,6 +431,11 @@ macro_rules! export_provider {
                     config: String,
                 ) -> Result<Option<Vec<$crate::MachineStatus>>, $crate::PluginError> {
                     $crate::provider_glue::list::<$ty>(&config)
+                }
+                fn find_instance(
+                    machine: $crate::Machine,
+                ) -> Result<Option<$crate::FoundInstance>, $crate::PluginError> {
+                    $crate::provider_glue::find::<$ty>(&machine)
                 }
             }
             $crate::bindings::provider::__export_provider_world!(__CapstanProvider);

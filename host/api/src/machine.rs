@@ -52,6 +52,18 @@ pub struct MachineSpec {
     pub failure_domain: Option<String>,
     /// Which plugin provides the instance, and its configuration.
     pub provider: ProviderRef,
+    /// An existing instance for this Machine to adopt instead of creating
+    /// one (Cluster API's `spec.providerID`; lift and shift): the provider
+    /// must find it, it must not be tagged for another Machine, and one
+    /// launched outside Capstan is adopted only where its Plugin's
+    /// `adoptUntaggedIn` allows the namespace. Not in templates.
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 512))]
+    pub provider_id: Option<String>,
     /// The data the instance boots with to join its cluster (Cluster API's
     /// `spec.bootstrap`). Unset: the instance gets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -359,6 +371,11 @@ pub struct MachineStatus {
     /// it, whatever `spec.provider.plugin` says later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_plugin: Option<String>,
+    /// Set when the instance was adopted instead of created, and how: by
+    /// its tags naming this Machine (`Tags`: a restore, a re-apply, a
+    /// move) or by `spec.providerID` (`ProviderID`: lift and shift).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<AdoptedBy>,
     /// Digest (`sha256:…`) of the plugin that last acted on this machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_digest: Option<String>,
@@ -398,6 +415,15 @@ pub struct MachineStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// How a Machine's instance was adopted (`status.adopted`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum AdoptedBy {
+    /// Its tags named this Machine's namespace and name.
+    Tags,
+    /// `spec.providerID` named it.
+    ProviderID,
 }
 
 impl Machine {

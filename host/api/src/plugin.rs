@@ -98,6 +98,12 @@ pub struct PluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::free_form_object")]
     pub settings: Option<serde_json::Value>,
+    /// Providers: the namespaces whose Machines may adopt an instance
+    /// launched outside Capstan (one carrying no machine tag) by naming it
+    /// in `spec.providerID` (lift and shift). Unset: none. Instances tagged
+    /// for a Machine are adopted only by that Machine, whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt_untagged_in: Option<AllowedNamespaces>,
     /// How a new revision replaces the serving one: at once (the default)
     /// or as a health-gated canary (provider plugins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,6 +134,20 @@ pub const TRUSTED_NAMESPACE_LABEL: &str = "kubernetes.io/metadata.name";
 pub const TRUSTED_NAMESPACE_LABEL_PREFIX: &str = "tenancy.capstan.dev/";
 
 impl AllowedNamespaces {
+    /// Whether it takes `namespace` (with these labels): by name (`*`:
+    /// every one), or by a selector on labels a tenant cannot set.
+    pub fn allows(
+        &self,
+        namespace: &str,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> bool {
+        self.names.iter().any(|n| n == "*" || n == namespace)
+            || self.selector.as_ref().is_some_and(|s| {
+                self.untrusted_selector_keys().is_empty()
+                    && labels.is_some_and(|labels| selector_matches(s, labels))
+            })
+    }
+
     /// The selector's keys that a tenant might be able to set (those make
     /// the selector match nothing).
     pub fn untrusted_selector_keys(&self) -> Vec<String> {
@@ -166,14 +186,21 @@ impl Plugin {
     ) -> bool {
         match &self.spec.allowed_namespaces {
             None => own.is_none_or(|own| own == namespace),
-            Some(allowed) => {
-                allowed.names.iter().any(|n| n == "*" || n == namespace)
-                    || allowed.selector.as_ref().is_some_and(|s| {
-                        allowed.untrusted_selector_keys().is_empty()
-                            && labels.is_some_and(|labels| selector_matches(s, labels))
-                    })
-            }
+            Some(allowed) => allowed.allows(namespace, labels),
         }
+    }
+
+    /// Whether Machines in `namespace` (with these labels) may adopt an
+    /// untagged instance through this plugin (`spec.adoptUntaggedIn`).
+    pub fn adopts_untagged_in(
+        &self,
+        namespace: &str,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> bool {
+        self.spec
+            .adopt_untagged_in
+            .as_ref()
+            .is_some_and(|allowed| allowed.allows(namespace, labels))
     }
 
     /// The condition message for an object in `namespace` that names this
@@ -558,6 +585,11 @@ pub struct PluginStatus {
     /// the source resolves to another digest (newest first, at most 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<String>,
+    /// Providers: instances the plugin lists (`list-instances`, with the
+    /// configs its Machines use) that no Machine records, found by two
+    /// scans in a row (`capstan machines orphans` prints them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphans: Option<OrphanReport>,
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -568,6 +600,24 @@ pub struct PluginStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// Instances a provider plugin knows that no Machine owns.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OrphanReport {
+    /// When a scan first found this (the report is rewritten only when
+    /// what it says changes, so Machines are not woken by every scan).
+    pub since: crate::Time,
+    /// How many orphans the last two scans both found.
+    pub count: u32,
+    /// Their provider IDs, sorted (the first 50).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<String>,
+    /// Why the scan could not say, when it could not (listing unsupported
+    /// or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[cfg(test)]

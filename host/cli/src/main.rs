@@ -18,6 +18,7 @@ mod controller;
 mod distribute;
 mod inspect;
 mod install;
+mod machines;
 mod options;
 mod rollout;
 mod scaffold;
@@ -77,6 +78,9 @@ enum Command {
     /// an Addon would apply.
     #[command(subcommand)]
     Addon(addon::Command),
+    /// Machines: `capstan machines orphans` lists instances no Machine owns.
+    #[command(subcommand)]
+    Machines(machines::Command),
 }
 
 #[derive(Debug, Subcommand)]
@@ -218,6 +222,7 @@ fn main() -> ExitCode {
             Command::Rollout(rollout::Command::Plan(args)) => rollout::plan(args).await,
             Command::Addon(addon::Command::Render(args)) => addon::render(args).await,
             Command::Addon(addon::Command::Updates(args)) => addon::updates(args).await,
+            Command::Machines(machines::Command::Orphans(args)) => machines::orphans(args).await,
         }
     });
     // Every command has awaited its own work by now. What is left are

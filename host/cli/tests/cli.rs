@@ -78,6 +78,10 @@ async fn conformance_passes_for_sim_provider_even_with_cloud_faults() {
     for check in [
         "PASS  create is idempotent for the same machine uid",
         "PASS  the instance got the bootstrap data create passed",
+        "PASS  find-instance finds the instance tagged for the machine under a new uid",
+        "PASS  find-instance by provider ID finds it, and get acts on it for the new uid",
+        "PASS  find-instance finds nothing for another machine's name",
+        "PASS  find-instance skips a deleted instance",
     ] {
         assert!(stdout.contains(check), "{stdout}");
     }
@@ -132,6 +136,20 @@ async fn conformance_fails_precisely_for_a_non_idempotent_provider() {
     assert!(
         detail.contains("sim://i-000001") && detail.contains("sim://i-000002"),
         "names both provider IDs: {detail}"
+    );
+    // It cannot look its instances up either: a restore would duplicate them.
+    let lookup = failed
+        .iter()
+        .find(|c| {
+            c["name"] == "find-instance finds the instance tagged for the machine under a new uid"
+        })
+        .expect("the lookup check fails");
+    assert!(
+        lookup["detail"]
+            .as_str()
+            .unwrap()
+            .contains("a Machine restored under a new uid would launch a second instance"),
+        "{lookup}"
     );
     assert_eq!(
         cloud.stats().live_instances,

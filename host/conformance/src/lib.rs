@@ -6,7 +6,10 @@
 //! `invalid-config`; `create` returns a provider ID and is idempotent for the
 //! same machine uid; `get` after `create` finds the same instance; the instance
 //! reaches `running`; `delete` ends in `done`, is idempotent, and is followed
-//! by `not-found`; `list-instances` (when supported) no longer shows it; every
+//! by `not-found`; `find-instance` (0.2.0) finds the instance for the
+//! machine under a new uid by its tags and by provider ID, `get` then acts
+//! on it, another machine's name finds nothing, and a deleted instance is
+//! not found; `list-instances` (when supported) no longer shows it; every
 //! transient error carries a retry-after. Transient errors are retried as the
 //! plugin asks, within the time budget. A provider of contract 0.2.0 gets
 //! bootstrap data with `create`, and with a [`UserDataProbe`] (the cloud's
@@ -346,6 +349,7 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
     run.record("the instance reaches running", outcome);
     let outcome = user_data_arrived(options, &first_id, bootstrap.as_ref()).await;
     run.record("the instance got the bootstrap data create passed", outcome);
+    find_checks(&mut run, &machine, &first_id).await;
 
     // delete until done, then again, then get is not-found.
     let outcome = delete_until_done(&mut run, &machine).await;
@@ -376,6 +380,27 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
         Err(e) => Outcome::Fail(format!("expected not-found, got: {}", brief(&e))),
     };
     run.record("get after delete is not-found", outcome);
+    let restored = Machine {
+        uid: format!("{}-restored", machine.uid),
+        provider_id: None,
+        ..machine.clone()
+    };
+    let gone = run
+        .retrying("find-instance after delete", || {
+            provider.find_instance(&restored)
+        })
+        .await;
+    let outcome = match gone {
+        _ if !provider.takes_bootstrap_data() => {
+            Outcome::Skip("contract 0.1.0 has no find-instance".into())
+        }
+        Ok(Some(f)) if f.status.provider_id == first_id => Outcome::Fail(format!(
+            "find-instance still finds deleted instance {first_id} (a restored Machine would adopt an instance being terminated)"
+        )),
+        Ok(_) => Outcome::Pass,
+        Err(e) => Outcome::Fail(brief(&e)),
+    };
+    run.record("find-instance skips a deleted instance", outcome);
 
     let listed = run
         .retrying("list-instances", || provider.list(&options.config))
@@ -400,6 +425,107 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
         let _ = delete_until_done(&mut run, &extra).await;
     }
     finish(run, plugin, &machine, "")
+}
+
+/// The lookup a restored Machine relies on (`find-instance`, contract
+/// 0.2.0): the machine under a new uid finds its instance by its tags, and
+/// by provider ID, and `get` then acts on it; another machine's name finds
+/// not this one.
+async fn find_checks(run: &mut Run<'_>, machine: &Machine, first_id: &str) {
+    const BY_TAG: &str = "find-instance finds the instance tagged for the machine under a new uid";
+    const BY_ID: &str = "find-instance by provider ID finds it, and get acts on it for the new uid";
+    const OTHER: &str = "find-instance finds nothing for another machine's name";
+    let provider = run.provider;
+    if !provider.takes_bootstrap_data() {
+        for check in [BY_TAG, BY_ID, OTHER] {
+            run.record(
+                check,
+                Outcome::Skip("contract 0.1.0 has no find-instance".into()),
+            );
+        }
+        return;
+    }
+    let owner = format!("{}/{}", machine.namespace, machine.name);
+    let restored = Machine {
+        uid: format!("{}-restored", machine.uid),
+        provider_id: None,
+        ..machine.clone()
+    };
+    let found = run
+        .retrying("find-instance", || provider.find_instance(&restored))
+        .await;
+    let outcome = match found {
+        Ok(Some(f)) if f.status.provider_id == first_id && f.machine.as_deref() == Some(&owner) => {
+            Outcome::Pass
+        }
+        Ok(Some(f)) if f.status.provider_id == first_id => Outcome::Fail(format!(
+            "found {first_id}, tagged for {:?} instead of {owner:?}: tag instances with the machine's namespace/name at create",
+            f.machine
+        )),
+        Ok(Some(f)) => Outcome::Fail(format!(
+            "found {}, not the machine's instance {first_id}",
+            f.status.provider_id
+        )),
+        Ok(None) => Outcome::Fail(format!(
+            "found nothing: a Machine restored under a new uid would launch a second instance beside {first_id}"
+        )),
+        Err(e) => Outcome::Fail(brief(&e)),
+    };
+    run.record(BY_TAG, outcome);
+
+    let adopted = Machine {
+        provider_id: Some(first_id.to_string()),
+        ..restored
+    };
+    let by_id = run
+        .retrying("find-instance by provider ID", || {
+            provider.find_instance(&adopted)
+        })
+        .await;
+    let outcome = match by_id {
+        Ok(Some(f)) if f.status.provider_id == first_id => {
+            match run
+                .retrying("get (adopted)", || provider.get(&adopted))
+                .await
+            {
+                Ok(s) if s.provider_id == first_id => Outcome::Pass,
+                Ok(s) => Outcome::Fail(format!(
+                    "get for the adopting machine returned {}, not {first_id}",
+                    s.provider_id
+                )),
+                Err(e) => Outcome::Fail(format!(
+                    "get for the adopting machine (new uid, provider ID {first_id}): {}",
+                    brief(&e)
+                )),
+            }
+        }
+        Ok(other) => Outcome::Fail(format!(
+            "find-instance by provider ID {first_id} returned {:?}",
+            other.map(|f| f.status.provider_id)
+        )),
+        Err(e) => Outcome::Fail(brief(&e)),
+    };
+    run.record(BY_ID, outcome);
+
+    let stranger = Machine {
+        name: format!("{}-other", machine.name),
+        uid: format!("{}-other", machine.uid),
+        provider_id: None,
+        ..machine.clone()
+    };
+    let other = run
+        .retrying("find-instance (another machine)", || {
+            provider.find_instance(&stranger)
+        })
+        .await;
+    let outcome = match other {
+        Ok(Some(f)) if f.status.provider_id == first_id => Outcome::Fail(format!(
+            "another machine's name found {first_id}: it would be adopted by the wrong Machine"
+        )),
+        Ok(_) => Outcome::Pass,
+        Err(e) => Outcome::Fail(brief(&e)),
+    };
+    run.record(OTHER, outcome);
 }
 
 /// Harmless cloud-config naming the test machine: what a real image's

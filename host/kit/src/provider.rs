@@ -8,7 +8,7 @@
 use crate::canary::{CallCounts, Canary};
 use crate::metrics::Metrics;
 use capstan_runtime::types::{
-    BootstrapData, Deletion, Machine as PluginMachine, MachineStatus, PluginError,
+    BootstrapData, Deletion, FoundInstance, Machine as PluginMachine, MachineStatus, PluginError,
 };
 use capstan_runtime::{Error as RuntimeError, ProviderPlugin};
 use futures::future::BoxFuture;
@@ -170,6 +170,26 @@ pub trait MachineProvider: Send + Sync + std::fmt::Debug {
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<Deletion, ProviderError>>;
+    /// Every instance the provider can see with `config` (`None`: it does
+    /// not list). The default does not list.
+    fn list_instances<'a>(
+        &'a self,
+        config: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Vec<MachineStatus>>, ProviderError>> {
+        let _ = config;
+        Box::pin(async { Ok(None) })
+    }
+    /// The instance a machine with none recorded should adopt (its
+    /// `provider_id`'s, else the one tagged for it), with whom it is
+    /// tagged for: a claim the host checks before adopting. The default
+    /// finds nothing (providers that cannot look up).
+    fn find_instance<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Option<FoundInstance>, ProviderError>> {
+        let _ = machine;
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// A Wasm provider plugin loaded by the runtime.
@@ -344,6 +364,36 @@ impl MachineProvider for WasmProvider {
             Ok(bounded_status(self.plugin.get(&machine).await?))
         })
     }
+    fn list_instances<'a>(
+        &'a self,
+        config: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Vec<MachineStatus>>, ProviderError>> {
+        Box::pin(async move {
+            let config = self.configured(config, MachineSets::Refused)?;
+            Ok(self.plugin.list(&config).await?)
+        })
+    }
+    fn find_instance<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Option<FoundInstance>, ProviderError>> {
+        Box::pin(async move {
+            let machine = self.configured_machine(machine, MachineSets::Refused)?;
+            Ok(self
+                .plugin
+                .find_instance(&machine)
+                .await?
+                .map(|found| FoundInstance {
+                    status: bounded_status(found.status),
+                    machine: found
+                        .machine
+                        .map(|m| capstan_api::bounded(&m, capstan_api::MAX_PLUGIN_TEXT)),
+                    cluster: found
+                        .cluster
+                        .map(|c| capstan_api::bounded(&c, capstan_api::MAX_PLUGIN_TEXT)),
+                }))
+        })
+    }
     fn delete<'a>(
         &'a self,
         machine: &'a PluginMachine,
@@ -420,6 +470,12 @@ impl MachineProvider for Shadowed {
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<Deletion, ProviderError>> {
         self.stable.delete(machine)
+    }
+    fn find_instance<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Option<FoundInstance>, ProviderError>> {
+        self.stable.find_instance(machine)
     }
 }
 
@@ -574,6 +630,16 @@ impl MachineProvider for Counted {
             result
         })
     }
+    fn find_instance<'a>(
+        &'a self,
+        machine: &'a PluginMachine,
+    ) -> BoxFuture<'a, Result<Option<FoundInstance>, ProviderError>> {
+        Box::pin(async move {
+            let result = self.provider.find_instance(machine).await;
+            self.counts.record("find-instance", &result);
+            result
+        })
+    }
 }
 
 /// Providers by plugin name. The Plugin controller fills it; the Machine
@@ -645,6 +711,10 @@ pub async fn timed_as<T>(
 }
 
 /// The machine as the plugin contract describes it.
+///
+/// Only the provider ID the status records (one the host created or
+/// adopted) is passed: a `spec.providerID` not adopted yet never reaches
+/// `get` or `delete`.
 pub fn to_plugin_machine(machine: &capstan_api::Machine) -> PluginMachine {
     PluginMachine {
         name: machine.name_any(),

@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod bootstrap;
 pub mod canary;
 pub mod deletion;

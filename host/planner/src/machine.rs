@@ -41,6 +41,8 @@ pub enum Call {
     Create,
     /// `get` the instance.
     Get,
+    /// `find-instance`: look for an instance to adopt.
+    FindInstance,
 }
 
 /// How a provider call failed, as far as the steps care.
@@ -100,6 +102,25 @@ pub enum NodeSeen {
         node: String,
         /// The rule that refused it.
         why: String,
+    },
+}
+
+/// A machine with no recorded instance asks its provider for one to adopt
+/// before it creates one (a restore, a re-apply, a move, `spec.providerID`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Adoption {
+    /// Not asked yet this pass.
+    #[default]
+    NotAsked,
+    /// Nothing to adopt: the instance is created.
+    NothingFound,
+    /// What was found may not be adopted (or `spec.providerID` names none):
+    /// the condition reason and why. Nothing is created.
+    Refused {
+        /// `AdoptionRefused` or `InstanceNotFound`.
+        reason: String,
+        /// Why.
+        message: String,
     },
 }
 
@@ -213,6 +234,8 @@ pub struct MachineView {
     /// The instance's provider ID, once known (recorded, or created in
     /// this pass).
     pub provider_id: Option<String>,
+    /// Whether it looked for an instance to adopt (no provider ID yet).
+    pub adoption: Adoption,
     /// The bootstrap data `create` needs.
     pub bootstrap: Bootstrap,
     /// The provider call of this pass that failed, and how.
@@ -256,6 +279,8 @@ pub enum MachineStep {
     /// Prepare the bootstrap data: the user's Secret, or the token and the
     /// bootstrap plugin's rendered data in the machine's data Secret.
     PrepareBootstrap,
+    /// Call `find-instance`: an instance to adopt, before creating one.
+    FindInstance,
     /// Call `create`.
     Create,
     /// Call `get`.
@@ -412,6 +437,19 @@ pub fn next_step(view: &MachineView) -> MachineStep {
     let Some(instance) = &view.instance else {
         if view.provider_id.is_some() {
             return MachineStep::Get;
+        }
+        // An instance launched for this Machine before (it was restored,
+        // re-applied or moved) is adopted, not launched twice.
+        match &view.adoption {
+            Adoption::NotAsked => return MachineStep::FindInstance,
+            Adoption::NothingFound => {}
+            Adoption::Refused { reason, message } => {
+                let failed = Outcome::Failed {
+                    reason: reason.clone(),
+                    message: message.clone(),
+                };
+                return end(failed, Requeue::Resync);
+            }
         }
         // No instance is created without the data it must boot with.
         return match &view.bootstrap {
@@ -707,6 +745,7 @@ mod tests {
             MachineStep::AddFinalizer => view.has_finalizer = true,
             MachineStep::Validate => view.validated = true,
             MachineStep::PrepareBootstrap => view.bootstrap = Bootstrap::Ready,
+            MachineStep::FindInstance => view.adoption = Adoption::NothingFound,
             MachineStep::Create | MachineStep::Get => {
                 view.provider_id = Some("sim://i-1".into());
                 view.instance = Some(instance(
@@ -732,6 +771,7 @@ mod tests {
             [
                 MachineStep::AddFinalizer,
                 MachineStep::Validate,
+                MachineStep::FindInstance,
                 MachineStep::Create
             ]
         );
@@ -748,6 +788,43 @@ mod tests {
     }
 
     #[test]
+    fn an_instance_found_for_the_machine_is_adopted_before_any_bootstrap_or_create() {
+        let wanted = MachineView {
+            bootstrap: Bootstrap::Wanted,
+            ..alive()
+        };
+        // Found and adopted: the controller records its provider ID.
+        let (steps, end) = pass(wanted.clone(), |step, view| match step {
+            MachineStep::FindInstance => view.provider_id = Some("sim://i-7".into()),
+            other => healthy(other, view),
+        });
+        assert_eq!(
+            steps,
+            [
+                MachineStep::Validate,
+                MachineStep::FindInstance,
+                MachineStep::Get
+            ]
+        );
+        assert_eq!(end.outcome, Outcome::Observed);
+        // Refused: the Machine fails; no token, no data, no instance.
+        let (steps, end) = pass(wanted, |step, view| match step {
+            MachineStep::FindInstance => {
+                view.adoption = Adoption::Refused {
+                    reason: "AdoptionRefused".into(),
+                    message: "tagged for team-b/x".into(),
+                }
+            }
+            other => healthy(other, view),
+        });
+        assert_eq!(steps, [MachineStep::Validate, MachineStep::FindInstance]);
+        assert!(
+            matches!(&end.outcome, Outcome::Failed { reason, .. } if reason == "AdoptionRefused"),
+            "{end:?}"
+        );
+    }
+
+    #[test]
     fn no_instance_is_created_before_its_bootstrap_data() {
         let wanted = MachineView {
             bootstrap: Bootstrap::Wanted,
@@ -759,6 +836,7 @@ mod tests {
             [
                 MachineStep::AddFinalizer,
                 MachineStep::Validate,
+                MachineStep::FindInstance,
                 MachineStep::PrepareBootstrap,
                 MachineStep::Create
             ]

@@ -14,7 +14,10 @@
 //!    `controlPlaneNodes`;
 //! 4. the Node registered after the Machine was created (both times from
 //!    the API server's clock): an instance cannot have joined before the
-//!    Machine that asked for it existed.
+//!    Machine that asked for it existed. An adopted instance's Node did
+//!    (`adopted_node`): the Node whose Cluster API annotations already name
+//!    this Machine (restored under the same name), or any Node of an
+//!    instance adopted by `spec.providerID` where the admin allows it.
 //!
 //! A refused claim leaves the Node untouched and says which rule refused it.
 
@@ -43,6 +46,9 @@ pub struct Claim<'a> {
     pub node_created: i64,
     /// The Machine's `metadata.creationTimestamp`, in seconds.
     pub machine_created: i64,
+    /// The Machine adopted the instance behind the Node, and the Node may
+    /// predate it (see the module docs).
+    pub adopted_node: bool,
 }
 
 /// Why a claim was refused (the Node is named by the caller).
@@ -94,7 +100,7 @@ pub fn check(claim: &Claim<'_>) -> Result<(), Refused> {
     if claim.control_plane_node && !claim.control_plane_granted {
         return Err(Refused::ControlPlane);
     }
-    if claim.node_created < claim.machine_created {
+    if claim.node_created < claim.machine_created && !claim.adopted_node {
         return Err(Refused::RegisteredBefore(
             claim.machine_created - claim.node_created,
         ));
@@ -116,6 +122,7 @@ mod tests {
             control_plane_granted: false,
             node_created: 1_000,
             machine_created: 900,
+            adopted_node: false,
         }
     }
 
@@ -195,6 +202,7 @@ mod tests {
             control_plane_granted: bool,
             node_created in 0i64..2_000,
             machine_created in 0i64..2_000,
+            adopted_node: bool,
         ) {
             let claim = Claim {
                 provider_id: if in_prefix { "aws:///z/i-1" } else { "evil://i-1" },
@@ -204,11 +212,12 @@ mod tests {
                 control_plane_granted,
                 node_created,
                 machine_created,
+                adopted_node,
             };
             let expected = !shared
                 && (in_prefix || !declared)
                 && (!control_plane_node || control_plane_granted)
-                && node_created >= machine_created;
+                && (node_created >= machine_created || adopted_node);
             prop_assert_eq!(check(&claim).is_ok(), expected);
         }
     }

@@ -233,6 +233,11 @@ impl ReturnSize for MachineStatus {
             + 1
     }
 }
+impl ReturnSize for types::FoundInstance {
+    fn return_size(&self) -> usize {
+        self.status.return_size() + self.machine.return_size() + self.cluster.return_size()
+    }
+}
 impl ReturnSize for UpdateProgress {
     fn return_size(&self) -> usize {
         match self {

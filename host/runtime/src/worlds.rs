@@ -451,6 +451,31 @@ impl ProviderPlugin {
             .await)
     }
 
+    /// `find-instance(machine)`: the instance a machine with none recorded
+    /// should adopt. A 0.1.0 provider cannot look up by tags: it is asked
+    /// `get` for the instance `machine.provider_id` names (untagged, as far
+    /// as the host can tell), and finds nothing otherwise.
+    pub async fn find_instance(&self, machine: &Machine) -> Result<Option<FoundInstance>, Error> {
+        if !self.is_v2() && machine.provider_id.is_none() {
+            return Ok(None);
+        }
+        on_versioned_call!(
+            self,
+            "find-instance",
+            [machine],
+            async |s, p| Ok(match p.call_get(s, &machine).await? {
+                Ok(status) => Ok(Some(FoundInstance {
+                    status,
+                    machine: None,
+                    cluster: None,
+                })),
+                Err(types::PluginError::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            }),
+            p.call_find_instance(s, &machine).await
+        )
+    }
+
     /// Instantiate in a fresh store and call nothing: measures the per-call
     /// setup cost (benchmarks).
     pub async fn instantiate_only(&self) -> Result<(), Error> {

@@ -27,13 +27,20 @@
 //! - `delete`: `TerminateInstances` for every live instance with the uid;
 //!   done only when the tag search finds none.
 //! - `list-instances`: every instance carrying the machine-uid tag.
+//! - `find-instance`: by the provider ID when the machine has one, else
+//!   the earliest launched live instance whose `capstan.dev/machine` tag
+//!   names the machine's namespace and name (a restored Machine has a new
+//!   uid). `get` and `delete` then act on it by id: an instance is the
+//!   machine's when its uid tag or its machine tag says so, or when it
+//!   carries neither (launched outside Capstan, adopted where an admin
+//!   allows); one tagged for another machine is refused.
 //!
 //! The logic is generic over [`HttpClient`], so it is unit-tested natively.
 
 use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
 use capstan_sdk::{
-    AddressKind, BootstrapData, Deletion, InstanceState, Machine, MachineAddress, MachineStatus,
-    PluginError, Provider,
+    AddressKind, BootstrapData, Deletion, FoundInstance, InstanceState, Machine, MachineAddress,
+    MachineStatus, PluginError, Provider,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -211,11 +218,19 @@ impl<C: HttpClient> Ec2Provider<C> {
         let Some(instance) = found.into_iter().find(|i| i.id == id) else {
             return Ok(None);
         };
-        match instance.tags.get(UID_TAG) {
-            Some(uid) if *uid == machine.uid => Ok(Some(instance)),
-            other => Err(PluginError::terminal(format!(
-                "instance {id} carries {UID_TAG}={}, not this machine's uid {}: refusing to act on another machine's instance (is status.providerID right?)",
-                other.map_or("(none)", String::as_str),
+        let owner = format!("{}/{}", machine.namespace, machine.name);
+        match (instance.tags.get(UID_TAG), instance.tags.get(MACHINE_TAG)) {
+            (Some(uid), _) if *uid == machine.uid => Ok(Some(instance)),
+            // The same Machine under a new uid (restored, re-applied,
+            // moved): the host adopted it through `find-instance`.
+            (_, Some(tagged)) if *tagged == owner => Ok(Some(instance)),
+            // Launched outside Capstan: adopted by its provider ID, which
+            // the host allows only where an admin granted it.
+            (None, None) => Ok(Some(instance)),
+            (uid, tagged) => Err(PluginError::terminal(format!(
+                "instance {id} carries {UID_TAG}={} and {MACHINE_TAG}={}, not this machine's ({} / {owner}): refusing to act on another machine's instance (is status.providerID right?)",
+                uid.map_or("(none)", String::as_str),
+                tagged.map_or("(none)", String::as_str),
                 machine.uid
             ))),
         }
@@ -241,7 +256,11 @@ impl<C: HttpClient> Ec2Provider<C> {
 
     /// Test hook: the live instance a machine without a provider ID has.
     #[cfg(test)]
-    fn find(&self, machine: &Machine, config: &Ec2Config) -> Result<Option<Instance>, PluginError> {
+    fn live_tagged(
+        &self,
+        machine: &Machine,
+        config: &Ec2Config,
+    ) -> Result<Option<Instance>, PluginError> {
         Ok(self
             .tagged(machine, config)?
             .into_iter()
@@ -374,6 +393,45 @@ impl<C: HttpClient + Default> Provider for Ec2Provider<C> {
         }
         self.terminate_all(config, &running)?;
         Ok(Deletion::InProgress(2_000))
+    }
+
+    /// By provider ID: that instance (never one tagged for another
+    /// machine). Otherwise the earliest launched live instance tagged for
+    /// the machine's namespace and name.
+    fn find(
+        &self,
+        machine: &Machine,
+        config: &Ec2Config,
+    ) -> Result<Option<FoundInstance>, PluginError> {
+        let instance = match machine.provider_id.as_deref() {
+            Some(pid) => {
+                let id = instance_id(pid)?;
+                let found = match self.describe(config, &[("InstanceId.1".into(), id.to_string())])
+                {
+                    Err(PluginError::NotFound(_)) => vec![],
+                    other => other?,
+                };
+                found.into_iter().find(|i| i.id == id)
+            }
+            None => {
+                let owner = format!("{}/{}", machine.namespace, machine.name);
+                let mut found = self.describe(
+                    config,
+                    &[
+                        ("Filter.1.Name".into(), format!("tag:{MACHINE_TAG}")),
+                        ("Filter.1.Value.1".into(), owner.clone()),
+                    ],
+                )?;
+                found.retain(|i| i.tags.get(MACHINE_TAG) == Some(&owner));
+                found.sort_by(|a, b| (&a.launch_time, &a.id).cmp(&(&b.launch_time, &b.id)));
+                found.into_iter().find(live)
+            }
+        };
+        Ok(instance.filter(live).map(|mut i| FoundInstance {
+            machine: i.tags.remove(MACHINE_TAG),
+            cluster: i.tags.remove(CLUSTER_TAG),
+            status: status(i),
+        }))
     }
 
     fn list(&self, config: &Ec2Config) -> Result<Option<Vec<MachineStatus>>, PluginError> {

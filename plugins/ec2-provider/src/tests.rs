@@ -308,7 +308,7 @@ fn create_finds_an_instance_launched_before_a_crash_instead_of_launching_again()
     ]);
     let provider = Ec2Provider::with_client(&script);
     let status = provider
-        .find(&machine("uid-1", None), &config())
+        .live_tagged(&machine("uid-1", None), &config())
         .unwrap()
         .map(self::status)
         .unwrap();
@@ -326,7 +326,9 @@ fn create_finds_an_instance_launched_before_a_crash_instead_of_launching_again()
         response(200, "<RunInstancesResponse><instancesSet><item><instanceId>i-9</instanceId><instanceState><name>pending</name></instanceState><placement><availabilityZone>eu-west-1b</availabilityZone></placement></item></instancesSet></RunInstancesResponse>"),
     ]);
     let provider = Ec2Provider::with_client(&script);
-    let launched = provider.find(&machine("uid-2", None), &config()).unwrap();
+    let launched = provider
+        .live_tagged(&machine("uid-2", None), &config())
+        .unwrap();
     assert!(launched.is_none());
     let xml = provider
         .call(

@@ -16,8 +16,8 @@
 
 use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
 use capstan_sdk::{
-    AddressKind, BootstrapData, BootstrapFormat, Deletion, InstanceState, Machine, MachineAddress,
-    MachineStatus, PluginError, Provider,
+    AddressKind, BootstrapData, BootstrapFormat, Deletion, FoundInstance, InstanceState, Machine,
+    MachineAddress, MachineStatus, PluginError, Provider,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -63,6 +63,8 @@ struct Instance {
     private_ip: Option<String>,
     hostname: Option<String>,
     update: Option<UpdateStatus>,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,6 +116,10 @@ impl UserData {
 }
 
 const PROVIDER_ID_PREFIX: &str = "sim://";
+/// The tag naming the machine (`namespace/name`) an instance was launched
+/// for, and the one naming its cluster.
+const MACHINE_TAG: &str = "capstan.dev/machine";
+const CLUSTER_TAG: &str = "capstan.dev/cluster";
 
 impl<C: HttpClient> SimProvider<C> {
     fn send(&self, request: Request) -> Result<Response, PluginError> {
@@ -131,7 +137,11 @@ impl<C: HttpClient> SimProvider<C> {
 
     /// The instance behind `machine`: by provider ID when known, otherwise by
     /// the client token (the machine uid), which survives a lost provider ID.
-    fn find(&self, machine: &Machine, config: &SimConfig) -> Result<Option<Instance>, PluginError> {
+    fn instance_of(
+        &self,
+        machine: &Machine,
+        config: &SimConfig,
+    ) -> Result<Option<Instance>, PluginError> {
         if let Some(id) = machine.provider_id.as_deref() {
             let id = instance_id(id)?;
             let resp = self.send(Request::get(Self::url(
@@ -193,11 +203,11 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
         tags.insert(
-            "capstan.dev/machine",
+            MACHINE_TAG,
             format!("{}/{}", machine.namespace, machine.name),
         );
         if let Some(cluster) = &machine.cluster_name {
-            tags.insert("capstan.dev/cluster", cluster.clone());
+            tags.insert(CLUSTER_TAG, cluster.clone());
         }
         let body = CreateInstance {
             client_token: &machine.uid,
@@ -220,7 +230,7 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
     }
 
     fn get(&self, machine: &Machine, config: &SimConfig) -> Result<MachineStatus, PluginError> {
-        match self.find(machine, config)? {
+        match self.instance_of(machine, config)? {
             Some(instance) => Ok(status(instance)),
             None => Err(PluginError::not_found(format!(
                 "no instance for machine {}/{} (uid {})",
@@ -230,7 +240,7 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
     }
 
     fn delete(&self, machine: &Machine, config: &SimConfig) -> Result<Deletion, PluginError> {
-        let Some(instance) = self.find(machine, config)? else {
+        let Some(instance) = self.instance_of(machine, config)? else {
             return Ok(Deletion::Done);
         };
         let resp = self.send(Request::delete(Self::url(
@@ -242,6 +252,36 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
             200 | 202 => Ok(Deletion::InProgress(250)),
             _ => Err(api_error(&resp, "deleting the instance")),
         }
+    }
+
+    fn find(
+        &self,
+        machine: &Machine,
+        config: &SimConfig,
+    ) -> Result<Option<FoundInstance>, PluginError> {
+        let live = |i: &Instance| i.state != "terminating";
+        let instance = if machine.provider_id.is_some() {
+            self.instance_of(machine, config)?.filter(live)
+        } else {
+            let owner = format!("{}/{}", machine.namespace, machine.name);
+            let resp = self.send(Request::get(Self::url(
+                config,
+                &format!("/v1/instances?tagKey={MACHINE_TAG}&tagValue={owner}"),
+            )))?;
+            if resp.status != 200 {
+                return Err(api_error(&resp, "looking up instances by machine tag"));
+            }
+            json::<InstanceList>(&resp)?
+                .instances
+                .into_iter()
+                .filter(|i| i.tags.get(MACHINE_TAG) == Some(&owner))
+                .find(live)
+        };
+        Ok(instance.map(|mut i| FoundInstance {
+            machine: i.tags.remove(MACHINE_TAG),
+            cluster: i.tags.remove(CLUSTER_TAG),
+            status: status(i),
+        }))
     }
 
     fn list(&self, config: &SimConfig) -> Result<Option<Vec<MachineStatus>>, PluginError> {

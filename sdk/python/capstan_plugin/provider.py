@@ -1,11 +1,13 @@
 """A base for provider plugins whose configuration is a dataclass.
 
 Subclass it, set `Config`, and implement `check`, `create_instance`,
-`get_instance`, `delete_instance` (and `list`, optionally); the raw
-exports the world asks for (`validate`, `create`, `get`, `delete`,
-`list_instances`) parse `machine.provider_config` into `Config` first, so
-a bad field becomes `invalid-config` naming it before your code runs. The
-host instantiates the plugin afresh for every call: keep no state.
+`get_instance`, `delete_instance` (and `list` and `adoptable`,
+optionally: without `adoptable` a restored Machine launches a second
+instance); the raw exports the world asks for (`validate`, `create`,
+`get`, `delete`, `list_instances`, `find_instance`) parse
+`machine.provider_config` into `Config` first, so a bad field becomes
+`invalid-config` naming it before your code runs. The host instantiates
+the plugin afresh for every call: keep no state.
 
     class Provider(ConfigProvider, exports.Provider):
         Config = SimConfig
@@ -50,6 +52,14 @@ class ConfigProvider:
         """The instances this configuration can see; None when not supported."""
         return None
 
+    def adoptable(self, machine: Any, config: Any) -> Optional[Any]:
+        """The instance a machine the host has recorded none for should adopt
+        (after a restore, a re-apply or a move), as a `FoundInstance`: the one
+        `machine.provider_id` names when set, else the live instance tagged
+        for the machine's namespace/name. None: nothing (then a restored
+        Machine launches a second instance)."""
+        return None
+
     # The world's exports.
     def validate(self, config: str) -> None:
         self.check(self.parse(config))
@@ -67,3 +77,6 @@ class ConfigProvider:
 
     def list_instances(self, config: str) -> Optional[list]:
         return self.list(self.parse(config))
+
+    def find_instance(self, machine: Any) -> Optional[Any]:
+        return self.adoptable(machine, self.parse(machine.provider_config))

@@ -597,6 +597,7 @@ pub fn sim_plugin_spec(source: &str) -> PluginSpec {
         update_order: None,
         progress_deadline_seconds: None,
         settings: None,
+        adopt_untagged_in: None,
         rollout: None,
     }
 }

@@ -639,6 +639,9 @@ fn lock(state: &Shared) -> std::sync::MutexGuard<'_, Inner> {
 #[serde(rename_all = "camelCase")]
 struct ListQuery {
     client_token: Option<String>,
+    /// With `tagValue`: only instances carrying this tag.
+    tag_key: Option<String>,
+    tag_value: Option<String>,
 }
 
 /// The HTTP API:
@@ -646,7 +649,7 @@ struct ListQuery {
 /// | method and path | answer |
 /// |---|---|
 /// | `POST /v1/instances` ([`CreateInstance`]) | 201 new, 200 existing (same client token), 503 `InsufficientCapacity` |
-/// | `GET /v1/instances[?clientToken=T]` | 200 `{"instances": [...]}` |
+/// | `GET /v1/instances[?clientToken=T][&tagKey=K&tagValue=V]` | 200 `{"instances": [...]}` (with a tag: only those carrying it) |
 /// | `GET /v1/instances/{id}` | 200 [`Instance`], 404 |
 /// | `DELETE /v1/instances/{id}` | 202 terminating, 404 gone |
 /// | `POST /v1/instances/{id}/update` ([`UpdateInstance`]) | 202 updating, 404, 409 while terminating or with the `refuseUpdates` fault |
@@ -823,6 +826,13 @@ async fn list(
             .into_iter()
             .collect(),
         None => inner.records.values().map(|r| inner.view(r, now)).collect(),
+    };
+    let instances: Vec<Instance> = match (&q.tag_key, &q.tag_value) {
+        (Some(key), Some(value)) => instances
+            .into_iter()
+            .filter(|i| i.tags.get(key) == Some(value))
+            .collect(),
+        _ => instances,
     };
     Json(serde_json::json!({ "instances": instances })).into_response()
 }

@@ -444,6 +444,9 @@ fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static s
     if let Some(message) = selector_mismatch(&md.spec.selector, &md.spec.template, "deployment") {
         return Err(("InvalidSpec", message));
     }
+    if let Some(message) = crate::machine::template_provider_id(&md.spec.template.spec) {
+        return Err(("InvalidSpec", message));
+    }
     if let Some(message) = capstan_kit::registry::not_allowed(kube, plugin, &namespace) {
         return Err(("PluginNotAllowed", message));
     }

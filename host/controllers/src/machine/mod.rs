@@ -17,12 +17,14 @@
 //! these steps are in `deletion`, the Node handling in `node`),
 //! then the finalizer.
 
+mod adoption;
 mod bootstrap;
 mod deletion;
 mod node;
 mod status;
 pub(crate) mod update;
 
+pub(crate) use adoption::template_provider_id;
 pub(crate) use bootstrap::token_id;
 pub(crate) use node::own_node;
 pub(crate) use node::wanted_taints;
@@ -418,6 +420,7 @@ impl<'a> Pass<'a> {
                 self.view.bootstrap = state;
                 self.bootstrap_data = data;
             }
+            MachineStep::FindInstance => self.find_instance(plugin_name).await,
             MachineStep::Create => self.instance(Call::Create, plugin_name).await,
             MachineStep::Get => self.instance(Call::Get, plugin_name).await,
             MachineStep::AdvanceInPlace => {
@@ -478,7 +481,11 @@ impl<'a> Pass<'a> {
         let Some(provider) = self.provider() else {
             return;
         };
-        let plugin_machine = to_plugin_machine(machine);
+        let mut plugin_machine = to_plugin_machine(machine);
+        // Adopted in this pass: recorded in the draft, not yet in status.
+        if plugin_machine.provider_id.is_none() {
+            plugin_machine.provider_id = self.draft.provider_id.clone();
+        }
         let result = match call {
             Call::Create => {
                 let creating = provider.create(&plugin_machine, self.bootstrap_data.as_ref());

@@ -7,7 +7,7 @@
 use super::{CONTROLLER, Context};
 use capstan_api::{
     ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_TAINTS_FROM_MACHINE, ANNOTATION_TAINTS_INITIALIZED,
-    Machine, MachineSpec, MachineStatus, TaintPropagation,
+    AdoptedBy, Machine, MachineSpec, MachineStatus, TaintPropagation,
 };
 use capstan_kit::{Error, Kube, key_of, kube_err};
 use capstan_planner::metadata::carry_to_node;
@@ -307,10 +307,28 @@ pub(super) fn claimed_node(
         control_plane_granted,
         node_created: seconds(node.creation_timestamp()),
         machine_created: seconds(machine.creation_timestamp()),
+        adopted_node: adopted_node(machine, &node),
     };
     match node_claim::check(&claim) {
         Ok(()) => Ok(Some(node)),
         Err(refused) => Err((node.name_any(), refused.to_string())),
+    }
+}
+
+/// Whether the Machine adopted the instance behind `node` and the Node
+/// may predate it: adopted by `spec.providerID` (under the admin's
+/// grant), or by its tags with the Node's Cluster API annotations naming
+/// this Machine already (its Node before a restore or re-apply).
+fn adopted_node(machine: &Machine, node: &Node) -> bool {
+    match machine.status.as_ref().and_then(|s| s.adopted) {
+        Some(AdoptedBy::ProviderID) => true,
+        Some(AdoptedBy::Tags) => {
+            let annotations = node.annotations();
+            annotations.get("cluster.x-k8s.io/machine") == Some(&machine.name_any())
+                && annotations.get("cluster.x-k8s.io/cluster-namespace")
+                    == machine.namespace().as_ref()
+        }
+        None => false,
     }
 }
 

@@ -281,6 +281,9 @@ fn validate(set: &MachineSet, kube: &Kube) -> Option<(&'static str, String)> {
             .map(|m| ("SelectorMismatch", m))
     })
     .or_else(|| {
+        crate::machine::template_provider_id(&set.spec.template.spec).map(|m| ("InvalidSpec", m))
+    })
+    .or_else(|| {
         let plugin = &set.spec.template.spec.provider.plugin;
         capstan_kit::registry::not_allowed(kube, plugin, &namespace)
             .map(|m| ("PluginNotAllowed", m))

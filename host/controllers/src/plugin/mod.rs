@@ -42,6 +42,7 @@ use std::time::Duration;
 mod canary;
 mod fetch;
 mod grants;
+mod orphans;
 
 use fetch::{Found, fetch_verified, find};
 use grants::{
@@ -93,6 +94,11 @@ pub(crate) struct Context {
     /// revision that serves at once (the old one until the new one is
     /// registered) counts against the same allowance.
     quotas: std::sync::Mutex<std::collections::HashMap<String, capstan_runtime::Quota>>,
+    /// When each provider Plugin's last orphan scan ran and the instances
+    /// it found unowned, by Plugin name ([`orphans`]).
+    orphan_scans: std::sync::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, std::collections::BTreeSet<String>)>,
+    >,
     /// Registry access and trust for `oci://` sources.
     supply: Option<Arc<Supply>>,
     /// `file://` directories whose plugins load unsigned.
@@ -134,6 +140,7 @@ impl Context {
             loaded: std::sync::Mutex::default(),
             canaries: std::sync::Mutex::default(),
             quotas: std::sync::Mutex::default(),
+            orphan_scans: std::sync::Mutex::default(),
             supply: options.supply.clone(),
             unsigned_plugin_dirs: options.unsigned_plugin_dirs.clone(),
         }
@@ -293,6 +300,7 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
             "the revision the spec names is serving",
         );
     }
+    orphans::scan(&plugin, &ctx, &mut status).await;
     let changed = apply_status(
         &ctx.kube,
         CONTROLLER,

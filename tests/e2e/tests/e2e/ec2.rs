@@ -73,6 +73,10 @@ fn the_ec2_plugin_passes_conformance_against_moto_with_host_signed_requests() {
         "PASS  the instance got the bootstrap data create passed",
         "PASS  delete ends in done",
         "PASS  get after delete is not-found",
+        "PASS  find-instance finds the instance tagged for the machine under a new uid",
+        "PASS  find-instance by provider ID finds it, and get acts on it for the new uid",
+        "PASS  find-instance finds nothing for another machine's name",
+        "PASS  find-instance skips a deleted instance",
     ] {
         assert!(report.contains(check), "missing {check:?} in:\n{report}");
     }

@@ -23,6 +23,7 @@ mod oci_plugins;
 mod plot;
 mod polyglot;
 mod quickstart;
+mod restore;
 mod rollback;
 mod sandbox;
 mod supply_chain;
