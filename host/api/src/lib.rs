@@ -83,6 +83,10 @@ pub const ANNOTATION_REPLACE_DELETED: &str = "capstan.dev/replace-deleted";
 /// first, even while updating in place (Cluster API's key, so runbooks and
 /// tools that use it work unchanged).
 pub const ANNOTATION_DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
+/// The same under Capstan's API group: what the cluster-autoscaler's
+/// clusterapi provider writes when it runs with `CAPI_GROUP=capstan.dev`
+/// (it names every key after the group).
+pub const ANNOTATION_DELETE_MACHINE_CAPSTAN: &str = "capstan.dev/delete-machine";
 /// Annotation on a Machine, MachineSet, MachineDeployment or
 /// MachineHealthCheck (any value): its controller leaves it alone until the
 /// annotation goes (a paused Machine is neither provisioned, checked nor

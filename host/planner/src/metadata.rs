@@ -310,8 +310,11 @@ mod tests {
 /// from the Node to its Machine: `cluster.x-k8s.io/machine`,
 /// `…/owner-kind` and `…/owner-name` (the Machine's controller, usually its
 /// MachineSet), `…/cluster-namespace`, and `…/cluster-name` where the
-/// machine has a cluster. Returns the ones the Node lacks or has
-/// otherwise, or `None` when it carries them all.
+/// machine has a cluster. `capstan.dev/machine`, `…/cluster-namespace` and
+/// `…/cluster-name` too: the cluster-autoscaler's clusterapi provider,
+/// pointed at Capstan (`CAPI_GROUP=capstan.dev`), reads the keys under that
+/// group. Returns the ones the Node lacks or has otherwise, or `None` when
+/// it carries them all.
 pub fn node_annotations(
     machine: &str,
     namespace: &str,
@@ -319,15 +322,13 @@ pub fn node_annotations(
     owner: Option<(&str, &str)>,
     current: &Map,
 ) -> Option<Map> {
-    let mut wanted = Map::from([
-        ("cluster.x-k8s.io/machine".to_string(), machine.to_string()),
-        (
-            "cluster.x-k8s.io/cluster-namespace".to_string(),
-            namespace.to_string(),
-        ),
-    ]);
-    if let Some(cluster) = cluster {
-        wanted.insert("cluster.x-k8s.io/cluster-name".into(), cluster.into());
+    let mut wanted = Map::new();
+    for group in ["cluster.x-k8s.io", "capstan.dev"] {
+        wanted.insert(format!("{group}/machine"), machine.to_string());
+        wanted.insert(format!("{group}/cluster-namespace"), namespace.to_string());
+        if let Some(cluster) = cluster {
+            wanted.insert(format!("{group}/cluster-name"), cluster.into());
+        }
     }
     if let Some((kind, name)) = owner {
         wanted.insert("cluster.x-k8s.io/owner-kind".into(), kind.into());
@@ -359,6 +360,10 @@ mod node_annotation_tests {
         assert_eq!(wanted["cluster.x-k8s.io/cluster-name"], "prod");
         assert_eq!(wanted["cluster.x-k8s.io/owner-kind"], "MachineSet");
         assert_eq!(wanted["cluster.x-k8s.io/owner-name"], "pool-5d8");
+        // The autoscaler with CAPI_GROUP=capstan.dev reads these.
+        assert_eq!(wanted["capstan.dev/machine"], "pool-abc");
+        assert_eq!(wanted["capstan.dev/cluster-namespace"], "default");
+        assert_eq!(wanted["capstan.dev/cluster-name"], "prod");
         // Already there: nothing to write.
         assert_eq!(
             node_annotations(
@@ -372,6 +377,6 @@ mod node_annotation_tests {
         );
         // No cluster, no owner: only what applies.
         let bare = node_annotations("m", "ns", None, None, &Map::new()).unwrap();
-        assert_eq!(bare.len(), 2);
+        assert_eq!(bare.len(), 4);
     }
 }

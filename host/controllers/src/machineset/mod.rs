@@ -379,9 +379,12 @@ fn machine_views(
                 deleting: m.metadata.deletion_timestamp.is_some()
                     || deleted.contains(&m.name_any()),
                 updating: crate::inplace::updating_in_place(m),
-                delete_first: m
-                    .annotations()
-                    .contains_key(capstan_api::ANNOTATION_DELETE_MACHINE),
+                delete_first: [
+                    capstan_api::ANNOTATION_DELETE_MACHINE,
+                    capstan_api::ANNOTATION_DELETE_MACHINE_CAPSTAN,
+                ]
+                .iter()
+                .any(|key| m.annotations().contains_key(*key)),
                 unhealthy: unhealthy(m),
             }
         })

@@ -7,6 +7,7 @@
 mod addon_fit;
 mod addon_order;
 mod addons;
+mod autoscaler;
 mod bootstrap;
 mod canary;
 mod controllers;
