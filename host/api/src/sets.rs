@@ -360,9 +360,13 @@ pub struct MachineDeploymentStatus {
     /// Machines across all its MachineSets.
     #[serde(default)]
     pub replicas: i32,
-    /// Machines made from the current template.
+    /// Machines made from the current template (v1beta1's name; v1beta2
+    /// counts `upToDateReplicas`).
     #[serde(default)]
     pub updated_replicas: i32,
+    /// Machines whose `UpToDate` condition is `True` (Cluster API v1beta2).
+    #[serde(default)]
+    pub up_to_date_replicas: i32,
     /// Machines whose Node is Ready.
     #[serde(default)]
     pub ready_replicas: i32,

@@ -35,6 +35,7 @@ mod nodedrain;
 pub mod plugin;
 pub mod rbac;
 pub mod serve;
+mod set_conditions;
 
 // The shared plumbing lives in `capstan-kit` (the addon engine in
 // `capstan-addons`); these names stay reachable here for the binaries and

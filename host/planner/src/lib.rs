@@ -32,6 +32,7 @@ pub mod metadata;
 pub mod node_claim;
 pub mod rollback;
 pub mod rollout;
+pub mod set_conditions;
 pub mod taints;
 
 /// A rollout bound as written in a spec: a machine count or a percentage of

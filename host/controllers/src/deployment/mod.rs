@@ -187,6 +187,27 @@ fn revision_of(set: &MachineSet) -> i64 {
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let sets = || ctx.kube.stores.machine_sets.state();
     let finalizer = MACHINEDEPLOYMENT_FINALIZER;
+    let (paused, deleting) = (
+        capstan_kit::paused(md.as_ref()),
+        md.metadata.deletion_timestamp.is_some(),
+    );
+    if paused || deleting {
+        let mut held = md.status.clone().unwrap_or_default();
+        let t = now();
+        crate::set_conditions::held(
+            &mut Conditions::new(&mut held.conditions, md.metadata.generation, &t),
+            paused,
+            deleting,
+        );
+        apply_status(
+            &ctx.kube,
+            CONTROLLER,
+            md.as_ref(),
+            md.status.as_ref(),
+            &held,
+        )
+        .await?;
+    }
     if let Some(action) = start_pass(
         &ctx.kube,
         CONTROLLER,
@@ -551,7 +572,9 @@ fn set_view(
         .filter(|m| controlled_by(m.as_ref(), &set_uid))
     {
         v.machines += 1;
-        if m.metadata.deletion_timestamp.is_some() {
+        let deleting = m.metadata.deletion_timestamp.is_some();
+        totals.machines.add(m, deleting);
+        if deleting {
             v.deleting += 1;
             continue;
         }
@@ -613,6 +636,8 @@ fn plan_rollout(
 
 #[derive(Debug, Default)]
 struct Totals {
+    /// Its machines, for the v1beta2 conditions.
+    machines: crate::set_conditions::Tally,
     replicas: i32,
     updated: i32,
     ready: i32,

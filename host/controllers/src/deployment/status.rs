@@ -48,6 +48,7 @@ pub(super) fn derive_status(
     };
     status.replicas = totals.replicas;
     status.updated_replicas = totals.updated;
+    status.up_to_date_replicas = totals.machines.up_to_date();
     status.ready_replicas = totals.ready;
     status.available_replicas = totals.available;
     status.unavailable_replicas = (replicas - totals.available).max(0);
@@ -83,21 +84,18 @@ pub(super) fn derive_status(
         status.conditions.retain(|c| c.type_ != IN_PLACE_UPDATABLE);
     }
     let mut conditions = Conditions::new(&mut status.conditions, md.metadata.generation, t);
+    // Cluster API v1beta2's reasons.
     if totals.available >= replicas - max_unavailable {
-        conditions.set(AVAILABLE, cond::TRUE, "MinimumMachinesAvailable", "");
+        conditions.set(AVAILABLE, cond::TRUE, "Available", "");
     } else {
         let message = format!(
             "{} of at least {} machines available",
             totals.available,
             replicas - max_unavailable
         );
-        conditions.set(
-            AVAILABLE,
-            cond::FALSE,
-            "MinimumMachinesUnavailable",
-            message,
-        );
+        conditions.set(AVAILABLE, cond::FALSE, "NotAvailable", message);
     }
+    totals.machines.apply(&mut conditions, replicas, true);
     if let Some(d) = decision {
         let (state, reason, message) = match &d.kind {
             Kind::InPlace => (cond::TRUE, "InPlace", d.summary.clone()),

@@ -153,6 +153,27 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     let machines = || ctx.kube.stores.machines.state();
     let finalizer = MACHINESET_FINALIZER;
     let expectations = &ctx.expectations;
+    let (paused, deleting) = (
+        capstan_kit::paused(set.as_ref()),
+        set.metadata.deletion_timestamp.is_some(),
+    );
+    if paused || deleting {
+        let mut held = set.status.clone().unwrap_or_default();
+        let t = now();
+        crate::set_conditions::held(
+            &mut Conditions::new(&mut held.conditions, set.metadata.generation, &t),
+            paused,
+            deleting,
+        );
+        apply_status(
+            &ctx.kube,
+            CONTROLLER,
+            set.as_ref(),
+            set.status.as_ref(),
+            &held,
+        )
+        .await?;
+    }
     if let Some(action) = start_pass(
         &ctx.kube,
         CONTROLLER,
@@ -244,9 +265,14 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     let created = scaled.created;
     if !created.is_empty() || !deleted.is_empty() {
         tracing::info!(set = %key_of(set.as_ref()), created = created.len(), deleted = deleted.len(), "scaled");
-        ctx.expectations.expect(&uid, created, deleted);
+        ctx.expectations.expect(&uid, created, deleted.clone());
     }
-    derive_status(&mut status, &set, &views, &t);
+    let mut tally = crate::set_conditions::Tally::default();
+    for m in &mine {
+        let deleting = m.metadata.deletion_timestamp.is_some() || deleted.contains(&m.name_any());
+        tally.add(m, deleting);
+    }
+    derive_status(&mut status, &set, &views, tally, &t);
     // Written before a scaling error is returned, so the remediations this
     // pass made are counted.
     apply_status(
@@ -516,6 +542,7 @@ fn derive_status(
     status: &mut MachineSetStatus,
     set: &MachineSet,
     views: &[MachineView],
+    tally: crate::set_conditions::Tally,
     t: &capstan_api::Time,
 ) {
     let counts = plan::counts(views);
@@ -525,15 +552,17 @@ fn derive_status(
     status.failed_replicas = counts.failed;
     status.up_to_date_replicas = counts.up_to_date;
     let mut conditions = Conditions::new(&mut status.conditions, set.metadata.generation, t);
+    // Cluster API v1beta2's reasons.
     if counts.available >= set.spec.replicas {
-        conditions.set(AVAILABLE, cond::TRUE, "AllAvailable", "");
+        conditions.set(AVAILABLE, cond::TRUE, "Available", "");
     } else {
         let message = format!(
             "{} of {} machines available",
             counts.available, set.spec.replicas
         );
-        conditions.set(AVAILABLE, cond::FALSE, "WaitingForMachines", message);
+        conditions.set(AVAILABLE, cond::FALSE, "NotAvailable", message);
     }
+    tally.apply(&mut conditions, set.spec.replicas, false);
 }
 
 /// Machines that sibling sets are handing over to `set` and have not yet.

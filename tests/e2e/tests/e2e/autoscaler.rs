@@ -35,7 +35,9 @@ use capstan_controllers::{Options, Providers};
 use capstan_e2e::env::{Env, SIM_PLUGIN, eventually, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::{Client, ResourceExt};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -60,12 +62,20 @@ struct Autoscaler {
 }
 
 fn annotation<'a>(o: &'a DynamicObject, key: &str) -> Option<&'a str> {
-    o.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    o.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 /// `normalizedProviderString`: everything after the last `/`.
 fn normalized(provider_id: &str) -> String {
-    provider_id.rsplit('/').next().unwrap_or_default().to_string()
+    provider_id
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// `getOwnerForKind`.
@@ -116,7 +126,11 @@ impl Autoscaler {
     /// Step 2.
     async fn node_groups(&self) -> Vec<NodeGroup> {
         let mut found = vec![];
-        let sets = self.api_of("MachineSet").list(&Default::default()).await.unwrap();
+        let sets = self
+            .api_of("MachineSet")
+            .list(&Default::default())
+            .await
+            .unwrap();
         let deployments = self
             .api_of("MachineDeployment")
             .list(&Default::default())
@@ -127,7 +141,12 @@ impl Autoscaler {
             .into_iter()
             .filter(|s| owner(s, "MachineDeployment").is_none())
             .map(|s| ("MachineSet", s))
-            .chain(deployments.items.into_iter().map(|d| ("MachineDeployment", d)));
+            .chain(
+                deployments
+                    .items
+                    .into_iter()
+                    .map(|d| ("MachineDeployment", d)),
+            );
         for (kind, r) in scalable {
             let bound = |which: &str| {
                 annotation(
@@ -214,7 +233,10 @@ impl Autoscaler {
                 ids.push(format!("failed-machine-{ns}_{name}"));
                 continue;
             }
-            if let Some(id) = m.data["spec"]["providerID"].as_str().filter(|s| !s.is_empty()) {
+            if let Some(id) = m.data["spec"]["providerID"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+            {
                 ids.push(id.to_string());
                 continue;
             }
@@ -237,7 +259,11 @@ impl Autoscaler {
     /// Step 5: `findMachineByProviderID`.
     async fn machine_for_node(&self, node: &Node) -> Option<DynamicObject> {
         let id = normalized(node.spec.as_ref()?.provider_id.as_deref()?);
-        let machines = self.api_of("Machine").list(&Default::default()).await.unwrap();
+        let machines = self
+            .api_of("Machine")
+            .list(&Default::default())
+            .await
+            .unwrap();
         let by_spec: Vec<&DynamicObject> = machines
             .items
             .iter()
@@ -264,7 +290,11 @@ impl Autoscaler {
     async fn node_group_for_node(&self, node: &Node) -> Option<String> {
         let machine = self.machine_for_node(node).await?;
         let set_name = owner(&machine, "MachineSet")?;
-        let set = self.api_of("MachineSet").get_opt(&set_name).await.unwrap()?;
+        let set = self
+            .api_of("MachineSet")
+            .get_opt(&set_name)
+            .await
+            .unwrap()?;
         Some(match owner(&set, "MachineDeployment") {
             Some(md) => format!("MachineDeployment/{md}"),
             None => format!("MachineSet/{set_name}"),
@@ -306,7 +336,10 @@ async fn ready_machines(env: &Env, pool: &str) -> Vec<String> {
         .await
         .iter()
         .filter(|m| {
-            m.labels().get("capstan.dev/deployment-name").map(String::as_str) == Some(pool)
+            m.labels()
+                .get("capstan.dev/deployment-name")
+                .map(String::as_str)
+                == Some(pool)
                 && m.metadata.deletion_timestamp.is_none()
                 && m.status
                     .as_ref()
@@ -332,12 +365,24 @@ async fn the_cluster_autoscalers_clusterapi_provider_scales_capstan_deployments(
     let bounded = |name: &str, replicas: i32, min: &str, max: &str, capacity: bool| {
         let mut md = sample_deployment(name, SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
         let mut annotations = BTreeMap::from([
-            (format!("{GROUP}/cluster-api-autoscaler-node-group-min-size"), min.to_string()),
-            (format!("{GROUP}/cluster-api-autoscaler-node-group-max-size"), max.to_string()),
+            (
+                format!("{GROUP}/cluster-api-autoscaler-node-group-min-size"),
+                min.to_string(),
+            ),
+            (
+                format!("{GROUP}/cluster-api-autoscaler-node-group-max-size"),
+                max.to_string(),
+            ),
         ]);
         if capacity {
-            annotations.insert("capacity.cluster-autoscaler.kubernetes.io/cpu".into(), "2".into());
-            annotations.insert("capacity.cluster-autoscaler.kubernetes.io/memory".into(), "4Gi".into());
+            annotations.insert(
+                "capacity.cluster-autoscaler.kubernetes.io/cpu".into(),
+                "2".into(),
+            );
+            annotations.insert(
+                "capacity.cluster-autoscaler.kubernetes.io/memory".into(),
+                "4Gi".into(),
+            );
         }
         md.metadata.annotations = Some(annotations);
         md
@@ -347,7 +392,10 @@ async fn the_cluster_autoscalers_clusterapi_provider_scales_capstan_deployments(
         bounded("from-zero", 0, "0", "2", true),
         bounded("zero-bare", 0, "0", "2", false),
     ] {
-        deployments.create(&PostParams::default(), &md).await.unwrap();
+        deployments
+            .create(&PostParams::default(), &md)
+            .await
+            .unwrap();
     }
     env.wait_rolled_out(NS, "asg", LONG).await;
 
@@ -361,7 +409,10 @@ async fn the_cluster_autoscalers_clusterapi_provider_scales_capstan_deployments(
         "the sets a deployment owns, and a group at zero without capacity, are no node groups"
     );
     let asg = groups[0].clone();
-    assert_eq!((asg.kind.as_str(), asg.min, asg.max), ("MachineDeployment", 1, 3));
+    assert_eq!(
+        (asg.kind.as_str(), asg.min, asg.max),
+        ("MachineDeployment", 1, 3)
+    );
     assert_eq!(autoscaler.target_size(&asg).await, 1);
 
     // Scale up 1 → 3 through the scale subresource; the maximum holds.
@@ -370,7 +421,13 @@ async fn the_cluster_autoscalers_clusterapi_provider_scales_capstan_deployments(
         (ready_machines(&env, "asg").await.len() == 3).then_some(())
     })
     .await;
-    assert!(autoscaler.set_size(&asg, 4).await.unwrap_err().contains("max:3"));
+    assert!(
+        autoscaler
+            .set_size(&asg, 4)
+            .await
+            .unwrap_err()
+            .contains("max:3")
+    );
     let ids = eventually("3 cloud provider IDs", LONG, async || {
         let ids = autoscaler.provider_ids(&asg).await;
         (ids.len() == 3 && ids.iter().all(|i| i.starts_with("sim://"))).then_some(ids)
@@ -401,17 +458,26 @@ async fn the_cluster_autoscalers_clusterapi_provider_scales_capstan_deployments(
         .unwrap()
         .name_any();
     autoscaler.delete_node(&asg, victim).await.unwrap();
-    let left = eventually("2 asg Machines Ready, without the marked one", LONG, async || {
-        let ready = ready_machines(&env, "asg").await;
-        let all: Vec<String> = env
-            .machines(NS)
-            .await
-            .iter()
-            .filter(|m| m.labels().get("capstan.dev/deployment-name").map(String::as_str) == Some("asg"))
-            .map(|m| m.name_any())
-            .collect();
-        (ready.len() == 2 && all.len() == 2 && !all.contains(&doomed)).then_some(all)
-    })
+    let left = eventually(
+        "2 asg Machines Ready, without the marked one",
+        LONG,
+        async || {
+            let ready = ready_machines(&env, "asg").await;
+            let all: Vec<String> = env
+                .machines(NS)
+                .await
+                .iter()
+                .filter(|m| {
+                    m.labels()
+                        .get("capstan.dev/deployment-name")
+                        .map(String::as_str)
+                        == Some("asg")
+                })
+                .map(|m| m.name_any())
+                .collect();
+            (ready.len() == 2 && all.len() == 2 && !all.contains(&doomed)).then_some(all)
+        },
+    )
     .await;
     assert_eq!(autoscaler.target_size(&asg).await, 2);
     // The minimum holds.

@@ -32,6 +32,7 @@ mod tape;
 mod tenancy;
 mod trust;
 mod updater;
+mod v1beta2;
 mod workloads;
 
 /// Show the in-process controllers' logs (warnings by default, `RUST_LOG`

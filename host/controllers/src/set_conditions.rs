@@ -1,0 +1,85 @@
+//! Cluster API v1beta2 conditions on MachineSets and MachineDeployments
+//! (`MachinesReady`, `MachinesUpToDate`, `RollingOut`, `ScalingUp`,
+//! `ScalingDown`, `Remediating`, `Deleting`, `Paused`): the Machines are
+//! tallied here, the conditions decided by
+//! `capstan_planner::set_conditions`. A paused or deleting object's pass
+//! stops early, so [`held`] marks those two before it does.
+
+use capstan_api::Machine;
+use capstan_api::machine_conditions::{OWNER_REMEDIATED, READY, UP_TO_DATE};
+use capstan_kit::Conditions;
+use capstan_planner::set_conditions::{Summary, conditions};
+use kube::ResourceExt;
+
+/// The Machines of a set or deployment, as the conditions need them.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    current: i32,
+    not_ready: Vec<String>,
+    not_up_to_date: Vec<String>,
+    remediating: Vec<String>,
+}
+
+impl Tally {
+    /// Count a Machine. One being deleted counts only while a health
+    /// check's remediation of it is under way (as in Cluster API, until
+    /// it is gone).
+    pub(crate) fn add(&mut self, m: &Machine, deleting: bool) {
+        let conds = m
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let name = m.name_any();
+        if capstan_api::condition(conds, OWNER_REMEDIATED).is_some_and(|c| c.status == "False") {
+            self.remediating.push(name.clone());
+        }
+        if deleting {
+            return;
+        }
+        self.current += 1;
+        if !capstan_api::is_true(conds, READY) {
+            self.not_ready.push(name.clone());
+        }
+        if !capstan_api::is_true(conds, UP_TO_DATE) {
+            self.not_up_to_date.push(name);
+        }
+    }
+
+    /// Machines counted whose `UpToDate` is `True`.
+    pub(crate) fn up_to_date(&self) -> i32 {
+        self.current - self.not_up_to_date.len() as i32
+    }
+
+    /// Set the conditions for an object that wants `desired` replicas (and
+    /// is neither paused nor deleting: its pass ran).
+    pub(crate) fn apply(&self, list: &mut Conditions<'_>, desired: i32, deployment: bool) {
+        let summary = Summary {
+            desired,
+            current: self.current,
+            not_ready: self.not_ready.clone(),
+            not_up_to_date: self.not_up_to_date.clone(),
+            remediating: self.remediating.clone(),
+            deleting: false,
+            paused: false,
+            deployment,
+        };
+        for c in conditions(&summary) {
+            list.set(c.type_, c.status, c.reason, c.message);
+        }
+    }
+}
+
+/// `Paused` and `Deleting` for an object whose pass stops early (paused,
+/// or deleting): only those two change.
+pub(crate) fn held(list: &mut Conditions<'_>, paused: bool, deleting: bool) {
+    for c in conditions(&Summary {
+        paused,
+        deleting,
+        ..Summary::default()
+    }) {
+        if matches!(c.type_, "Paused" | "Deleting") {
+            list.set(c.type_, c.status, c.reason, c.message);
+        }
+    }
+}
