@@ -133,6 +133,11 @@ pub struct Args {
     /// its Machine within this bound; no API write unless something changed.
     #[arg(long, env = "CAPSTAN_INSTANCE_CHECK_INTERVAL", default_value = "1m", value_parser = crate::options::parse_duration)]
     pub instance_check_interval: Duration,
+    /// How often each provider Plugin lists its instances (`list-instances`)
+    /// for the orphan report (`capstan machines orphans`); an instance is an
+    /// orphan when two scans in a row find no Machine for it.
+    #[arg(long, env = "CAPSTAN_ORPHAN_SCAN_INTERVAL", default_value = "10m", value_parser = crate::options::parse_duration)]
+    pub orphan_scan_interval: Duration,
     /// Client-side limit on the controllers' Kubernetes API requests per
     /// second, as controller-runtime's `--kube-api-qps` (0: unlimited; the
     /// API server's priority and fairness still applies). Leader election's
@@ -292,6 +297,7 @@ impl Args {
             resync: self.resync,
             poll: self.poll_interval,
             instance_check: self.instance_check_interval,
+            orphan_scan: self.orphan_scan_interval,
             supply: Some(std::sync::Arc::new(supply)),
             secrets_namespace: Some(namespace.to_string()),
             image_rewrites: self.image_rewrites.clone(),

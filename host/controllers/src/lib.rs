@@ -67,6 +67,9 @@ pub struct Options {
     /// provider's `get` (jittered by a tenth), so an instance that vanished
     /// out of band is noticed within this bound without a Node event.
     pub instance_check: Duration,
+    /// How often each provider Plugin lists its instances for the orphan
+    /// report (`list-instances`; a failed scan waits as long).
+    pub orphan_scan: Duration,
     /// Registry access and trust for `oci://` plugin sources (`None`: such
     /// sources are refused with a condition saying so).
     pub supply: Option<Arc<plugin::Supply>>,
@@ -142,6 +145,7 @@ impl Default for Options {
             resync: Duration::from_secs(600),
             poll: Duration::from_secs(1),
             instance_check: Duration::from_secs(60),
+            orphan_scan: Duration::from_secs(600),
             supply: None,
             secrets_namespace: None,
             image_rewrites: Vec::new(),
@@ -265,6 +269,7 @@ pub async fn run(
             poll: options.poll,
             instance_check: options.instance_check,
             unseen_writes: Default::default(),
+            nothing_to_adopt: Default::default(),
         }),
         concurrency.machines,
         shutdown.clone(),

@@ -114,6 +114,9 @@ pub enum Adoption {
     NotAsked,
     /// Nothing to adopt: the instance is created.
     NothingFound,
+    /// The instance found was adopted in this pass (its provider ID is not
+    /// in the status yet: the pass must write it).
+    Adopted,
     /// What was found may not be adopted (or `spec.providerID` names none):
     /// the condition reason and why. Nothing is created.
     Refused {
@@ -429,7 +432,8 @@ pub fn next_step(view: &MachineView) -> MachineStep {
         }
     }
     if let Some((call, error)) = &view.call_error {
-        return call_failed(*call, error, view.provider_id.as_deref());
+        let adopted_now = view.adoption == Adoption::Adopted;
+        return call_failed(*call, error, view.provider_id.as_deref(), adopted_now);
     }
     if !view.validated {
         return MachineStep::Validate;
@@ -442,7 +446,7 @@ pub fn next_step(view: &MachineView) -> MachineStep {
         // re-applied or moved) is adopted, not launched twice.
         match &view.adoption {
             Adoption::NotAsked => return MachineStep::FindInstance,
-            Adoption::NothingFound => {}
+            Adoption::NothingFound | Adoption::Adopted => {}
             Adoption::Refused { reason, message } => {
                 let failed = Outcome::Failed {
                     reason: reason.clone(),
@@ -519,7 +523,12 @@ pub fn next_step(view: &MachineView) -> MachineStep {
 
 /// A failed provider call ends the pass: terminal errors fail the machine,
 /// the rest are retried.
-fn call_failed(call: Call, error: &CallError, provider_id: Option<&str>) -> MachineStep {
+fn call_failed(
+    call: Call,
+    error: &CallError,
+    provider_id: Option<&str>,
+    adopted_now: bool,
+) -> MachineStep {
     let failed = |reason: &str, message: String| {
         let outcome = Outcome::Failed {
             reason: reason.into(),
@@ -541,6 +550,17 @@ fn call_failed(call: Call, error: &CallError, provider_id: Option<&str>) -> Mach
             ),
         ),
         (Call::Get, CallError::Terminal(m)) => failed("InstanceError", m.clone()),
+        // The host's quota held an observation back: it says nothing new
+        // about the instance, and writing it would wake the Machine at once
+        // for another try (a loop that spends the quota it waits for).
+        (
+            Call::Get,
+            CallError::Retry {
+                reason, after_ms, ..
+            },
+        ) if reason == "PluginQuotaExceeded" && !adopted_now => {
+            end(Outcome::Unchanged, Requeue::After(*after_ms))
+        }
         (
             _,
             CallError::Retry {
@@ -785,6 +805,48 @@ mod tests {
         };
         let (steps, _) = pass(view, healthy);
         assert_eq!(steps, [MachineStep::Get]);
+    }
+
+    #[test]
+    fn an_observation_the_quota_held_back_writes_nothing_unless_just_adopted() {
+        let held = CallError::Retry {
+            reason: "PluginQuotaExceeded".into(),
+            message: "held".into(),
+            after_ms: 180,
+        };
+        let view = MachineView {
+            validated: true,
+            provider_id: Some("sim://i-1".into()),
+            call_error: Some((Call::Get, held.clone())),
+            ..alive()
+        };
+        let MachineStep::End(end) = next_step(&view) else {
+            panic!("ends")
+        };
+        assert_eq!(
+            (end.outcome, end.requeue),
+            (Outcome::Unchanged, Requeue::After(180))
+        );
+        // Adopted in this pass: its provider ID must still be written.
+        let adopted = MachineView {
+            adoption: Adoption::Adopted,
+            ..view
+        };
+        let MachineStep::End(end) = next_step(&adopted) else {
+            panic!("ends")
+        };
+        assert!(matches!(end.outcome, Outcome::Retrying { .. }), "{end:?}");
+        // A creation held back says so (nothing else would).
+        let creating = MachineView {
+            validated: true,
+            adoption: Adoption::NothingFound,
+            call_error: Some((Call::Create, held)),
+            ..alive()
+        };
+        let MachineStep::End(end) = next_step(&creating) else {
+            panic!("ends")
+        };
+        assert!(matches!(end.outcome, Outcome::Retrying { .. }), "{end:?}");
     }
 
     #[test]

@@ -84,6 +84,10 @@ impl Pass<'_> {
         let (kind, reason, note) = match decide(&asking, claim.as_ref()) {
             Decision::Create => {
                 self.view.adoption = Adoption::NothingFound;
+                ctx.nothing_to_adopt
+                    .lock()
+                    .expect("adoption lock")
+                    .insert(machine.uid().unwrap_or_default());
                 return;
             }
             Decision::Adopt => {
@@ -98,6 +102,7 @@ impl Pass<'_> {
                     None => AdoptedBy::Tags,
                 });
                 self.view.provider_id = Some(id.clone());
+                self.view.adoption = Adoption::Adopted;
                 let tagged = match (&found.machine, &found.cluster) {
                     (Some(m), Some(c)) => format!("tagged for {m} in cluster {c}"),
                     (Some(m), None) => format!("tagged for {m}"),

@@ -50,7 +50,7 @@ use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_final
 use capstan_kit::{Error, Kube, key_of, kube_err, now};
 use capstan_planner::deletion::DeletionView;
 use capstan_planner::machine::{
-    Bootstrap, Call, CallError, End, HookPrefixes, InPlace, Instance,
+    Adoption, Bootstrap, Call, CallError, End, HookPrefixes, InPlace, Instance,
     InstanceState as PlannedState, MachineStep, MachineView, NodeSeen, Outcome, PluginState,
     Requeue, next_step,
 };
@@ -90,6 +90,11 @@ pub(crate) struct Context {
     pub(crate) instance_check: Duration,
     /// Machines whose status a pass wrote and the cache has not shown yet.
     pub(crate) unseen_writes: capstan_kit::unseen::UnseenWrites,
+    /// Machines (by uid) whose provider found no instance to adopt: their
+    /// next passes go straight to `create` (idempotent by the uid), so a
+    /// create the quota held back does not need the lookup again. In
+    /// memory only: after a restart, each looks once more.
+    pub(crate) nothing_to_adopt: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl AsRef<Kube> for Context {
@@ -356,6 +361,16 @@ impl<'a> Pass<'a> {
             } else {
                 Bootstrap::Ready
             },
+            adoption: if ctx
+                .nothing_to_adopt
+                .lock()
+                .expect("adoption lock")
+                .contains(machine.uid().as_deref().unwrap_or_default())
+            {
+                Adoption::NothingFound
+            } else {
+                Adoption::NotAsked
+            },
             ..Default::default()
         };
         Pass {
@@ -468,6 +483,10 @@ impl<'a> Pass<'a> {
                     .map_err(kube_err("deleting the machine's bootstrap token"))?;
                 remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
                 ctx.unseen_writes.forget(machine);
+                ctx.nothing_to_adopt
+                    .lock()
+                    .expect("adoption lock")
+                    .remove(machine.uid().as_deref().unwrap_or_default());
                 self.view.has_finalizer = false;
             }
             MachineStep::End(_) => {}
@@ -505,6 +524,10 @@ impl<'a> Pass<'a> {
         match result {
             Ok(observed) => {
                 if call == Call::Create {
+                    ctx.nothing_to_adopt
+                        .lock()
+                        .expect("adoption lock")
+                        .remove(machine.uid().as_deref().unwrap_or_default());
                     // Recorded now so this pass's status write (the
                     // next API call) persists it.
                     self.draft.provider_id = Some(observed.provider_id.clone());

@@ -99,6 +99,8 @@ pub(crate) struct Context {
     orphan_scans: std::sync::Mutex<
         std::collections::HashMap<String, (std::time::Instant, std::collections::BTreeSet<String>)>,
     >,
+    /// How often a provider Plugin is scanned for orphans.
+    orphan_scan: Duration,
     /// Registry access and trust for `oci://` sources.
     supply: Option<Arc<Supply>>,
     /// `file://` directories whose plugins load unsigned.
@@ -141,6 +143,7 @@ impl Context {
             canaries: std::sync::Mutex::default(),
             quotas: std::sync::Mutex::default(),
             orphan_scans: std::sync::Mutex::default(),
+            orphan_scan: options.orphan_scan,
             supply: options.supply.clone(),
             unsigned_plugin_dirs: options.unsigned_plugin_dirs.clone(),
         }

@@ -1,7 +1,7 @@
 //! The orphan report of a provider Plugin: instances its plugin lists
 //! (`list-instances`, with each distinct config its Machines use, at most
 //! [`MAX_CONFIGS`]) that no Machine records. A scan runs at most once per
-//! resync; an instance is reported only when two scans in a row find it
+//! `--orphan-scan-interval` (a failed one waits as long); an instance is reported only when two scans in a row find it
 //! orphaned, so one launched a moment before its Machine's status records
 //! it is not. The report goes to `status.orphans` when what it says
 //! changes, with an Event naming new orphans; `capstan machines orphans`
@@ -20,7 +20,7 @@ const MAX_CONFIGS: usize = 5;
 /// Orphans named in the status, at most.
 const MAX_SHOWN: usize = 50;
 
-/// Scan again if the last scan is a resync old, and record what two scans
+/// Scan again if the last scan is an interval old, and record what two scans
 /// in a row found (the status only when that changed).
 pub(super) async fn scan(plugin: &Plugin, ctx: &Context, status: &mut PluginStatus) {
     let name = plugin.name_any();
@@ -32,7 +32,7 @@ pub(super) async fn scan(plugin: &Plugin, ctx: &Context, status: &mut PluginStat
         .lock()
         .expect("orphans lock")
         .get(&name)
-        .is_none_or(|(at, _)| at.elapsed() >= ctx.kube.resync);
+        .is_none_or(|(at, _)| at.elapsed() >= ctx.orphan_scan);
     if !due {
         return;
     }

@@ -1148,17 +1148,14 @@ async fn an_updater_canary_shadows_can_update_and_never_updates_until_promoted()
         )
         .await
         .unwrap();
-    // The serving revision updates both Machines in place while the canary
-    // is only asked `can-update`.
-    eventually("2 Machines at v1.31.0", LONG, async || {
-        let ms = machines(&env).await;
-        (ms.len() == 2
-            && ms.iter().all(|m| {
-                m.spec.version.as_deref() == Some("v1.31.0")
-                    && m.status
-                        .as_ref()
-                        .is_some_and(|s| capstan_api::is_true(&s.conditions, "Ready"))
-            }))
+    // The serving revision updates both instances in place while the
+    // canary is only asked `can-update`.
+    eventually("both instances at v1.31.0", LONG, async || {
+        let instances = env.cloud.instances();
+        (instances.len() == 2
+            && instances
+                .iter()
+                .all(|i| i.version.as_deref() == Some("v1.31.0") && i.update.is_none()))
         .then_some(())
     })
     .await;

@@ -1606,7 +1606,7 @@ async fn a_plugins_request_quota_bounds_what_reaches_the_cloud() {
     let mut held_back = false;
     let mut peak_over = f64::MIN;
     let mut first_minute = 0.0;
-    eventually("the metered deployment rolls out", LONG, async || {
+    let rolled = capstan_e2e::env::poll_until(LONG, async || {
         let sent = (env.cloud.stats().requests - before) as f64;
         let elapsed = started.elapsed().as_secs_f64();
         let allowed = burst + per_minute * elapsed / 60.0;
@@ -1625,6 +1625,12 @@ async fn a_plugins_request_quota_bounds_what_reaches_the_cloud() {
         (md.status.map(|s| s.ready_replicas) == Some(replicas)).then_some(())
     })
     .await;
+    if rolled.is_none() {
+        panic!(
+            "the metered deployment did not roll out in {LONG:?}\n{}",
+            env.describe(NS).await
+        );
+    }
     eprintln!(
         "requestsPerMinute {per_minute}: {replicas} machines ready in {:.1} s; the cloud got \
          {first_minute} requests in the first minute (at most {}), {} in all",

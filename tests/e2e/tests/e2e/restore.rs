@@ -226,6 +226,7 @@ async fn a_machine_naming_an_instance_adopts_it_only_where_allowed_and_never_ano
         Providers::default(),
         Options {
             resync: Duration::from_secs(1),
+            orphan_scan: Duration::from_secs(1),
             ..Options::default()
         },
     )
