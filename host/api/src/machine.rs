@@ -371,9 +371,11 @@ pub struct MachineStatus {
     /// it, whatever `spec.provider.plugin` says later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_plugin: Option<String>,
-    /// Set when the instance was adopted instead of created, and how: by
-    /// its tags naming this Machine (`Tags`: a restore, a re-apply, a
-    /// move) or by `spec.providerID` (`ProviderID`: lift and shift).
+    /// Set when the instance was adopted instead of created, and how: its
+    /// tags name this Machine (`Tags`: a restore, a re-apply, a move, or a
+    /// `spec.providerID` naming such an instance), or it is untagged and
+    /// `spec.providerID` named it where the Plugin allows (`ProviderID`:
+    /// lift and shift).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted: Option<AdoptedBy>,
     /// Digest (`sha256:…`) of the plugin that last acted on this machine.
@@ -422,7 +424,8 @@ pub struct MachineStatus {
 pub enum AdoptedBy {
     /// Its tags named this Machine's namespace and name.
     Tags,
-    /// `spec.providerID` named it.
+    /// Untagged, named by `spec.providerID` under the Plugin's
+    /// `spec.adoptUntaggedIn`.
     ProviderID,
 }
 

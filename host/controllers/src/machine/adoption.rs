@@ -97,9 +97,12 @@ impl Pass<'_> {
                 // planner observes it with `get` next.
                 self.draft.provider_id = Some(id.clone());
                 self.draft.provider_plugin = Some(plugin_name.to_string());
-                self.draft.adopted = Some(match machine.spec.provider_id {
-                    Some(_) => AdoptedBy::ProviderID,
-                    None => AdoptedBy::Tags,
+                // Its tags name this Machine (whether or not spec.providerID
+                // named it too): its Node must already be this Machine's to
+                // be taken. Untagged, it was adopted under the admin's grant.
+                self.draft.adopted = Some(match found.machine {
+                    Some(_) => AdoptedBy::Tags,
+                    None => AdoptedBy::ProviderID,
                 });
                 self.view.provider_id = Some(id.clone());
                 self.view.adoption = Adoption::Adopted;
