@@ -8,7 +8,7 @@
 use capstan_api::Machine;
 use capstan_api::machine_conditions::{OWNER_REMEDIATED, READY, UP_TO_DATE};
 use capstan_kit::Conditions;
-use capstan_planner::set_conditions::{Summary, conditions};
+use capstan_planner::set_conditions::{Summary, conditions as conditions_of};
 use kube::ResourceExt;
 
 /// The Machines of a set or deployment, as the conditions need them.
@@ -64,16 +64,37 @@ impl Tally {
             paused: false,
             deployment,
         };
-        for c in conditions(&summary) {
+        for c in conditions_of(&summary) {
             list.set(c.type_, c.status, c.reason, c.message);
         }
     }
 }
 
-/// `Paused` and `Deleting` for an object whose pass stops early (paused,
-/// or deleting): only those two change.
-pub(crate) fn held(list: &mut Conditions<'_>, paused: bool, deleting: bool) {
-    for c in conditions(&Summary {
+/// For a set or deployment whose pass stops early (paused, or deleting):
+/// write its `Paused` and `Deleting` conditions (only those two change;
+/// `conditions` picks the list out of its status). Nothing otherwise.
+pub(crate) async fn write_held<K, S>(
+    kube: &capstan_kit::Kube,
+    controller: &'static str,
+    obj: &K,
+    current: Option<&S>,
+    conditions: impl FnOnce(&mut S) -> &mut Vec<capstan_api::Condition>,
+) -> Result<(), capstan_kit::Error>
+where
+    K: capstan_kit::Kind,
+    S: Clone + Default + serde::Serialize + PartialEq,
+{
+    let (paused, deleting) = (
+        capstan_kit::paused(obj),
+        obj.meta().deletion_timestamp.is_some(),
+    );
+    if !(paused || deleting) {
+        return Ok(());
+    }
+    let mut held = current.cloned().unwrap_or_default();
+    let t = capstan_kit::now();
+    let mut list = Conditions::new(conditions(&mut held), obj.meta().generation, &t);
+    for c in conditions_of(&Summary {
         paused,
         deleting,
         ..Summary::default()
@@ -82,4 +103,6 @@ pub(crate) fn held(list: &mut Conditions<'_>, paused: bool, deleting: bool) {
             list.set(c.type_, c.status, c.reason, c.message);
         }
     }
+    capstan_kit::write::apply_status(kube, controller, obj, current, &held).await?;
+    Ok(())
 }

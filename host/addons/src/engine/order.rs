@@ -212,42 +212,26 @@ pub(super) async fn render_gated(
 ) -> Result<(Rendered, Option<Change>), Failure> {
     let generation = addon.metadata.generation.unwrap_or(0);
     let tenant = super::is_tenant(ctx, addon);
-    let render_spec = async |addon: &Addon| {
+    // What `revision` renders for `addon`, measured by `meter`.
+    let render_by = async |revision: &RegisteredAddon, meter: super::Meter<'_>, addon: &Addon| {
         render(
-            &registered.plugin,
+            &revision.plugin,
             addon,
-            &registered.grants,
+            &revision.grants,
             tenant,
             &ctx.image_rewrites,
-            Some(registered.meter(&ctx.kube.metrics)),
+            Some(meter),
             Some(cluster),
         )
         .await
-        .map_err(render_failure)
     };
+    let metrics = &ctx.kube.metrics;
     // A shadowing canary renders the same at once; compared, never used.
     let rendered = super::shadow::mirrored(
         registered,
-        render(
-            &registered.plugin,
-            addon,
-            &registered.grants,
-            tenant,
-            &ctx.image_rewrites,
-            Some(registered.meter(&ctx.kube.metrics)),
-            Some(cluster),
-        ),
+        render_by(registered, registered.meter(metrics), addon),
         async |canary: &RegisteredAddon| {
-            render(
-                &canary.plugin,
-                addon,
-                &canary.grants,
-                tenant,
-                &ctx.image_rewrites,
-                Some(canary.mirror_meter(&ctx.kube.metrics)),
-                Some(cluster),
-            )
-            .await
+            render_by(canary, canary.mirror_meter(metrics), addon).await
         },
         super::shadow::same_render,
     )
@@ -275,7 +259,10 @@ pub(super) async fn render_gated(
         Gate::Held { spec, change } => {
             let mut held = addon.clone();
             held.spec = *spec;
-            Ok((render_spec(&held).await?, Some(change)))
+            let rendered = render_by(registered, registered.meter(metrics), &held)
+                .await
+                .map_err(render_failure)?;
+            Ok((rendered, Some(change)))
         }
         Gate::Wait(change) => Err(Failure {
             waiting: true,

@@ -187,27 +187,14 @@ fn revision_of(set: &MachineSet) -> i64 {
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let sets = || ctx.kube.stores.machine_sets.state();
     let finalizer = MACHINEDEPLOYMENT_FINALIZER;
-    let (paused, deleting) = (
-        capstan_kit::paused(md.as_ref()),
-        md.metadata.deletion_timestamp.is_some(),
-    );
-    if paused || deleting {
-        let mut held = md.status.clone().unwrap_or_default();
-        let t = now();
-        crate::set_conditions::held(
-            &mut Conditions::new(&mut held.conditions, md.metadata.generation, &t),
-            paused,
-            deleting,
-        );
-        apply_status(
-            &ctx.kube,
-            CONTROLLER,
-            md.as_ref(),
-            md.status.as_ref(),
-            &held,
-        )
-        .await?;
-    }
+    crate::set_conditions::write_held(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        md.status.as_ref(),
+        |s: &mut capstan_api::MachineDeploymentStatus| &mut s.conditions,
+    )
+    .await?;
     if let Some(action) = start_pass(
         &ctx.kube,
         CONTROLLER,

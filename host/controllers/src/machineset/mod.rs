@@ -153,27 +153,14 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     let machines = || ctx.kube.stores.machines.state();
     let finalizer = MACHINESET_FINALIZER;
     let expectations = &ctx.expectations;
-    let (paused, deleting) = (
-        capstan_kit::paused(set.as_ref()),
-        set.metadata.deletion_timestamp.is_some(),
-    );
-    if paused || deleting {
-        let mut held = set.status.clone().unwrap_or_default();
-        let t = now();
-        crate::set_conditions::held(
-            &mut Conditions::new(&mut held.conditions, set.metadata.generation, &t),
-            paused,
-            deleting,
-        );
-        apply_status(
-            &ctx.kube,
-            CONTROLLER,
-            set.as_ref(),
-            set.status.as_ref(),
-            &held,
-        )
-        .await?;
-    }
+    crate::set_conditions::write_held(
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        set.status.as_ref(),
+        |s: &mut capstan_api::MachineSetStatus| &mut s.conditions,
+    )
+    .await?;
     if let Some(action) = start_pass(
         &ctx.kube,
         CONTROLLER,

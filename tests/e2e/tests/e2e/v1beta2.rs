@@ -158,15 +158,7 @@ async fn a_deployment_reports_every_v1beta2_condition_through_its_lifecycle() {
             .unwrap();
     };
     set_hook(&silent.name_any(), Some("test")).await;
-    let node = silent
-        .status
-        .as_ref()
-        .unwrap()
-        .node_ref
-        .as_ref()
-        .unwrap()
-        .name
-        .clone();
+    let node = capstan_e2e::env::node_of(&silent);
     let (code, body) = env
         .cloud_call(
             "PUT",
