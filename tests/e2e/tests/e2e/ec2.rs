@@ -716,6 +716,19 @@ async fn wrong_keys_are_unauthorized_on_the_machine_retried_slowly_and_a_fixed_s
         "{message}"
     );
     assert!(!message.contains(&moto.credentials.secret_access_key));
+    // The Plugin's first orphan scan (`list-instances`) is refused too; it
+    // is retried only after `--orphan-scan-interval`. Wait for it, so the
+    // window below measures only the Machine's back-off.
+    let plugins: Api<Plugin> = Api::all(env.client.clone());
+    let scan = env
+        .eventually(
+            "the orphan scan says it failed",
+            Duration::from_secs(60),
+            async || plugins.get("ec2").await.ok()?.status?.orphans?.message,
+        )
+        .await;
+    assert!(scan.contains("list-instances failed"), "{scan}");
+    assert!(!scan.contains(&moto.credentials.secret_access_key));
     // Backed off, not a crash loop: no more requests for a while.
     let denied = || {
         std::fs::read_to_string(&moto.log)
