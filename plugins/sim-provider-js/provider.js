@@ -130,6 +130,21 @@ export const provider = {
       cluster: instance.tags?.['capstan.dev/cluster'],
     };
   },
+  async capacity(text) {
+    const config = parse(text);
+    const answer = await send('GET', url(config, `/v1/instance-types/${config.instanceType ?? 'small'}`));
+    if (answer.status === 404) return undefined;
+    if (answer.status !== 200) throw apiError(answer, 'describing the instance type');
+    const t = json(answer);
+    return {
+      cpuMillis: t.cpus * 1000,
+      memoryMib: BigInt(t.memoryMiB),
+      ephemeralDiskMib: t.ephemeralDiskMiB === undefined ? undefined : BigInt(t.ephemeralDiskMiB),
+      maxPods: t.maxPods,
+      gpuCount: undefined,
+      gpuType: undefined,
+    };
+  },
   async listInstances(config) {
     const answer = await send('GET', url(parse(config), '/v1/instances'));
     if (answer.status === 200) return (json(answer).instances ?? []).map(status);

@@ -184,6 +184,18 @@ class Provider(ConfigProvider, exports.Provider):
         tags = instance.get("tags", {})
         return provider.FoundInstance(status(instance), tags.get(MACHINE_TAG), tags.get(CLUSTER_TAG))
 
+    def instance_capacity(self, config: SimConfig):
+        name = config.instance_type or "small"
+        resp = call(Request.get(self.url(config, f"/v1/instance-types/{name}")))
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise api_error(resp, "describing the instance type")
+        t = body(resp)
+        return provider.InstanceCapacity(
+            int(t["cpus"]) * 1000, int(t["memoryMiB"]), t.get("ephemeralDiskMiB"), t.get("maxPods"), None, None
+        )
+
     def list(self, config: SimConfig):
         resp = call(Request.get(self.url(config, "/v1/instances")))
         if resp.status == 200:

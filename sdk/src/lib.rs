@@ -147,7 +147,9 @@ pub use bindings::provider::capstan::plugin0_1_0::types::{
 pub use bindings::provider::capstan::plugin0_2_0::bootstrap_types::{
     BootstrapData, BootstrapFormat, JoinInfo, Taint,
 };
-pub use bindings::provider::exports::capstan::plugin0_2_0::provider::{Deletion, FoundInstance};
+pub use bindings::provider::exports::capstan::plugin0_2_0::provider::{
+    Deletion, FoundInstance, InstanceCapacity,
+};
 
 /// The raw `updater` guest trait and its types; implement
 /// [`updater::Guest`] and call [`export_updater!`].
@@ -336,6 +338,15 @@ pub trait Provider: Default {
         let _ = (machine, config);
         Ok(None)
     }
+
+    /// What one instance of `config` offers (CPU, memory, and what else you
+    /// know), without launching one: the host writes it for the
+    /// cluster-autoscaler, so a group at zero machines can scale up. The
+    /// default says nothing (then a user sets the capacity annotations).
+    fn capacity(&self, config: &Self::Config) -> Result<Option<InstanceCapacity>, PluginError> {
+        let _ = config;
+        Ok(None)
+    }
 }
 
 /// Glue between the generated guest trait and [`Provider`]; used by
@@ -375,6 +386,12 @@ pub mod provider_glue {
     pub fn find<P: Provider>(machine: &Machine) -> Result<Option<FoundInstance>, PluginError> {
         let p = P::default();
         p.find(machine, &config::<P>(&machine.provider_config)?)
+    }
+    pub fn capacity<P: Provider>(json: &str) -> Result<Option<InstanceCapacity>, PluginError> {
+        let p = P::default();
+        let c = config::<P>(json)?;
+        p.validate(&c)?;
+        p.capacity(&c)
     }
 }
 
@@ -436,6 +453,11 @@ macro_rules! export_provider {
                     machine: $crate::Machine,
                 ) -> Result<Option<$crate::FoundInstance>, $crate::PluginError> {
                     $crate::provider_glue::find::<$ty>(&machine)
+                }
+                fn capacity(
+                    config: String,
+                ) -> Result<Option<$crate::InstanceCapacity>, $crate::PluginError> {
+                    $crate::provider_glue::capacity::<$ty>(&config)
                 }
             }
             $crate::bindings::provider::__export_provider_world!(__CapstanProvider);

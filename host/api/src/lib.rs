@@ -386,9 +386,21 @@ mod tests {
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        for column in ["Replicas", "Ready", "Version", "Phase", "Age"] {
-            assert!(columns.contains(&column), "{column} not in {columns:?}");
-        }
+        // Cluster API v1beta2's columns, in its order.
+        let cluster_api = [
+            "Cluster",
+            "Available",
+            "Desired",
+            "Current",
+            "Ready",
+            "Available",
+            "Up-to-date",
+            "Paused",
+            "Phase",
+            "Age",
+            "Version",
+        ];
+        assert_eq!(columns, cluster_api);
         assert_eq!(md.spec.names.short_names, Some(vec!["md".to_string()]));
         assert_eq!(
             MachineSet::crd().spec.names.short_names,
@@ -408,16 +420,84 @@ mod tests {
             spec["properties"]["replicas"]["minimum"].as_f64(),
             Some(0.0)
         );
-        let strategy = &spec["properties"]["strategy"]["properties"];
+        let old = &spec["properties"]["strategy"]["properties"];
+        let strategy = &spec["properties"]["rollout"]["properties"]["strategy"]["properties"];
+        assert_eq!(old, strategy, "the deprecated name takes the same shape");
         assert_eq!(
             strategy["type"]["enum"],
             serde_json::json!(["RollingUpdate", "OnDelete"])
+        );
+        let order = &spec["properties"]["deletion"]["properties"]["order"];
+        assert_eq!(
+            order["enum"],
+            serde_json::json!(["Random", "Newest", "Oldest"])
         );
         let surge = &strategy["rollingUpdate"]["properties"]["maxSurge"];
         assert_eq!(surge["x-kubernetes-int-or-string"], true);
         let config = &spec["properties"]["template"]["properties"]["spec"]["properties"]["provider"]
             ["properties"]["config"];
         assert_eq!(config["x-kubernetes-preserve-unknown-fields"], true);
+    }
+
+    #[test]
+    fn v1beta1_names_are_read_reported_and_refused_when_they_disagree() {
+        let parse = |spec: serde_json::Value| -> MachineDeploymentSpec {
+            let mut spec = spec;
+            spec["selector"] = serde_json::json!({});
+            spec["template"] = serde_json::json!({"spec": {"provider": {"plugin": "p"}}});
+            serde_json::from_value(spec).unwrap()
+        };
+        let new = parse(serde_json::json!({"rollout": {"strategy": {"type": "OnDelete"}}}));
+        assert_eq!(new.rollout_strategy().type_, StrategyType::OnDelete);
+        assert_eq!(new.renamed_fields(), Ok(vec![]));
+        let old = parse(serde_json::json!({"strategy": {"type": "OnDelete"}}));
+        assert_eq!(old.rollout_strategy().type_, StrategyType::OnDelete);
+        let renamed = old.renamed_fields().unwrap();
+        assert_eq!(renamed[0].new, "spec.rollout.strategy");
+        assert!(Renamed::message(&renamed).contains("spec.strategy is deprecated"));
+        let same = parse(serde_json::json!({"strategy": {"type": "OnDelete"},
+            "rollout": {"strategy": {"type": "OnDelete"}}}));
+        assert_eq!(same.renamed_fields().unwrap().len(), 1);
+        let differ = parse(serde_json::json!({"strategy": {"type": "OnDelete"},
+            "rollout": {"after": "2026-01-01T00:00:00Z", "strategy": {"type": "RollingUpdate"}}}));
+        let error = differ.renamed_fields().unwrap_err();
+        assert!(
+            error.contains("spec.strategy and spec.rollout.strategy"),
+            "{error}"
+        );
+        let neither = parse(serde_json::json!({}));
+        assert_eq!(
+            neither.rollout_strategy().type_,
+            StrategyType::RollingUpdate
+        );
+        // Editing moves the old value to the new place.
+        let mut moved = old.clone();
+        moved.rollout_strategy_mut().rolling_update = None;
+        assert_eq!(moved.strategy, None);
+        assert_eq!(moved.rollout_strategy().type_, StrategyType::OnDelete);
+        assert_eq!(moved.renamed_fields(), Ok(vec![]));
+
+        let set = |v: serde_json::Value| -> MachineSetSpec {
+            let mut v = v;
+            v["selector"] = serde_json::json!({});
+            v["template"] = serde_json::json!({"spec": {"provider": {"plugin": "p"}}});
+            serde_json::from_value(v).unwrap()
+        };
+        assert_eq!(
+            set(serde_json::json!({"deletePolicy": "Oldest"})).deletion_order(),
+            DeletePolicy::Oldest
+        );
+        assert_eq!(
+            set(serde_json::json!({"deletion": {"order": "Newest"}})).deletion_order(),
+            DeletePolicy::Newest
+        );
+        let both =
+            set(serde_json::json!({"deletePolicy": "Oldest", "deletion": {"order": "Newest"}}));
+        assert!(
+            both.renamed_fields()
+                .unwrap_err()
+                .contains("spec.deletion.order")
+        );
     }
 
     #[test]

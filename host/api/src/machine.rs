@@ -18,25 +18,75 @@ use std::collections::BTreeMap;
     derive = "PartialEq",
     derive = "Default",
     doc = "One machine (a cloud instance that becomes a Node), provided by a plugin.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterName"),
     printcolumn(
-        name = "ProviderID",
+        name = "Node Name",
         type_ = "string",
-        json_path = ".status.providerID"
+        json_path = ".status.nodeRef.name"
     ),
-    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeRef.name"),
-    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Provider ID",
+        type_ = "string",
+        json_path = ".spec.providerID",
+        priority = 10
+    ),
+    printcolumn(
+        name = "Failure domain",
+        type_ = "string",
+        json_path = ".spec.failureDomain"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Available\")].status"
+    ),
+    printcolumn(
+        name = "Up-to-date",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"UpToDate\")].status"
+    ),
+    printcolumn(
+        name = "Internal-IP",
+        type_ = "string",
+        json_path = ".status.addresses[?(@.type==\"InternalIP\")].address",
+        priority = 10
+    ),
+    printcolumn(
+        name = "External-IP",
+        type_ = "string",
+        json_path = ".status.addresses[?(@.type==\"ExternalIP\")].address",
+        priority = 10
+    ),
+    printcolumn(
+        name = "OS-Image",
+        type_ = "string",
+        json_path = ".status.nodeInfo.osImage",
+        priority = 10
+    ),
+    printcolumn(
+        name = "Paused",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Paused\")].status",
+        priority = 10
+    ),
     printcolumn(
         name = "Signer",
         type_ = "string",
         json_path = ".status.pluginSigner",
-        priority = 1
+        priority = 10
     ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineSpec {
@@ -307,7 +357,8 @@ pub enum MachinePhase {
     Running,
     /// Being deleted at the provider.
     Deleting,
-    /// A terminal failure; see `failureReason` / `failureMessage`.
+    /// Deprecated, as in Cluster API v1beta2: never set any more (a failure
+    /// is `Ready=False` with `failureReason`); kept so old objects parse.
     Failed,
     /// Being changed in place by updater plugins (see `Updating`).
     Updating,

@@ -7,7 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Which machines a MachineSet removes first when scaling down (after
-/// failed and not-ready machines, which always go first).
+/// failed and not-ready machines, which always go first): Cluster API
+/// v1beta2's `spec.deletion.order`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum DeletePolicy {
     /// Any machine (stable per machine, so repeated reconciles agree).
@@ -17,6 +18,16 @@ pub enum DeletePolicy {
     Newest,
     /// The oldest machines.
     Oldest,
+}
+
+/// How a set or deployment scales down (Cluster API v1beta2's
+/// `spec.deletion`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletionOrder {
+    /// Which machines go first: `Random` (default), `Newest` or `Oldest`.
+    #[serde(default)]
+    pub order: DeletePolicy,
 }
 
 /// The desired state of a MachineSet.
@@ -36,7 +47,12 @@ pub enum DeletePolicy {
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".spec.template.spec.clusterName"
+    ),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Current", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(
@@ -45,14 +61,25 @@ pub enum DeletePolicy {
         json_path = ".status.availableReplicas"
     ),
     printcolumn(
-        name = "Version",
+        name = "Up-to-date",
+        type_ = "integer",
+        json_path = ".status.upToDateReplicas"
+    ),
+    printcolumn(
+        name = "Paused",
         type_ = "string",
-        json_path = ".spec.template.spec.version"
+        json_path = ".status.conditions[?(@.type==\"Paused\")].status",
+        priority = 10
     ),
     printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.template.spec.version"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -65,15 +92,19 @@ pub struct MachineSetSpec {
     pub selector: LabelSelector,
     /// What each machine looks like.
     pub template: MachineTemplateSpec,
-    /// Which machines go first when scaling down.
-    #[serde(default)]
-    pub delete_policy: DeletePolicy,
+    /// Which machines go first when scaling down (`spec.deletion.order`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<DeletionOrder>,
+    /// Deprecated: v1beta1's name of `spec.deletion.order`, accepted for
+    /// one release (`ValidSpec` says `DeprecatedFields`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_policy: Option<DeletePolicy>,
     /// Seconds a machine must have been Ready to count as available.
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub min_ready_seconds: i32,
     /// The in-place policy of the deployment that made this set (copied
-    /// from its `spec.strategy.inPlace`): which updaters may change the
+    /// from its `spec.rollout.strategy.inPlace`): which updaters may change the
     /// machines handed over to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place: Option<InPlaceStrategy>,
@@ -81,6 +112,72 @@ pub struct MachineSetSpec {
 
 fn one() -> i32 {
     1
+}
+
+impl MachineSetSpec {
+    /// Which machines go first: `spec.deletion.order`, else the deprecated
+    /// `spec.deletePolicy`, else `Random`.
+    pub fn deletion_order(&self) -> DeletePolicy {
+        self.deletion
+            .as_ref()
+            .map(|d| d.order)
+            .or(self.delete_policy)
+            .unwrap_or_default()
+    }
+
+    /// The v1beta1 names this spec still uses, or which old and new name
+    /// disagree.
+    pub fn renamed_fields(&self) -> Result<Vec<Renamed>, String> {
+        let mut renamed = Vec::new();
+        let new = self.deletion.as_ref().map(|d| d.order);
+        renamed.extend(Renamed::check(DELETE_POLICY, self.delete_policy, new)?);
+        Ok(renamed)
+    }
+}
+
+/// A v1beta1 field name still in use, and its v1beta2 name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renamed {
+    /// The v1beta1 path, e.g. `spec.strategy`.
+    pub old: &'static str,
+    /// Its v1beta2 path, e.g. `spec.rollout.strategy`.
+    pub new: &'static str,
+}
+
+const DELETE_POLICY: Renamed = Renamed {
+    old: "spec.deletePolicy",
+    new: "spec.deletion.order",
+};
+const STRATEGY: Renamed = Renamed {
+    old: "spec.strategy",
+    new: "spec.rollout.strategy",
+};
+
+impl Renamed {
+    /// `Some(self)` when the old name is used; an error when both are set
+    /// and differ (which one is meant cannot be known).
+    fn check<T: PartialEq>(self, old: Option<T>, new: Option<T>) -> Result<Option<Self>, String> {
+        match (old, new) {
+            (None, _) => Ok(None),
+            (Some(o), Some(n)) if o != n => Err(format!(
+                "{} and {} are both set and differ; keep only {} ({} is its deprecated v1beta1 name)",
+                self.old, self.new, self.new, self.old
+            )),
+            (Some(_), _) => Ok(Some(self)),
+        }
+    }
+
+    /// What `ValidSpec` and the Warning Event say about the names in use.
+    pub fn message(renamed: &[Renamed]) -> String {
+        let moves: Vec<String> = renamed
+            .iter()
+            .map(|r| format!("{} is deprecated: move it to {}", r.old, r.new))
+            .collect();
+        format!(
+            "{} (the v1beta1 names are accepted until the API leaves v1alpha1; see the README's conversion table)",
+            moves.join("; ")
+        )
+    }
 }
 
 /// Counts a MachineSet observed.
@@ -208,28 +305,45 @@ pub enum InPlaceFallback {
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
-    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(
-        name = "Updated",
-        type_ = "integer",
-        json_path = ".status.updatedReplicas"
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".spec.template.spec.clusterName"
     ),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Available\")].status"
+    ),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Current", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(
         name = "Available",
         type_ = "integer",
         json_path = ".status.availableReplicas"
     ),
     printcolumn(
-        name = "Version",
+        name = "Up-to-date",
+        type_ = "integer",
+        json_path = ".status.upToDateReplicas"
+    ),
+    printcolumn(
+        name = "Paused",
         type_ = "string",
-        json_path = ".spec.template.spec.version"
+        json_path = ".status.conditions[?(@.type==\"Paused\")].status",
+        priority = 10
     ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.template.spec.version"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -242,9 +356,13 @@ pub struct MachineDeploymentSpec {
     pub selector: LabelSelector,
     /// What each machine looks like; changing it starts a rollout.
     pub template: MachineTemplateSpec,
-    /// How machines are replaced.
-    #[serde(default)]
-    pub strategy: Strategy,
+    /// Deprecated: v1beta1's name of `spec.rollout.strategy`, accepted for
+    /// one release (`ValidSpec` says `DeprecatedFields`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+    /// Which machines go first when scaling down; copied to its sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<DeletionOrder>,
     /// Seconds a machine must have been Ready to count as available.
     #[serde(default)]
     #[schemars(range(min = 0))]
@@ -259,7 +377,8 @@ pub struct MachineDeploymentSpec {
     /// How the machines a MachineHealthCheck hands over are replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation: Option<DeploymentRemediation>,
-    /// Rollout triggers other than a template change.
+    /// How machines are replaced (`strategy`), and rollout triggers other
+    /// than a template change (`after`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<DeploymentRollout>,
     /// Roll a failing rollout back by itself (beyond Cluster API). Unset:
@@ -319,6 +438,53 @@ pub struct DeploymentRollout {
     /// `2026-12-01T09:00:00Z`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<crate::Time>,
+    /// How machines are replaced: `RollingUpdate` (default) or `OnDelete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+}
+
+/// `RollingUpdate` with Cluster API's default bounds.
+const DEFAULT_STRATEGY: Strategy = Strategy {
+    type_: StrategyType::RollingUpdate,
+    rolling_update: None,
+    in_place: None,
+};
+
+impl MachineDeploymentSpec {
+    /// How machines are replaced: `spec.rollout.strategy`, else the
+    /// deprecated `spec.strategy`, else a rolling update.
+    pub fn rollout_strategy(&self) -> &Strategy {
+        self.rollout
+            .as_ref()
+            .and_then(|r| r.strategy.as_ref())
+            .or(self.strategy.as_ref())
+            .unwrap_or(&DEFAULT_STRATEGY)
+    }
+
+    /// The strategy to edit, at its v1beta2 place (moved there from the
+    /// deprecated `spec.strategy` when only that is set).
+    pub fn rollout_strategy_mut(&mut self) -> &mut Strategy {
+        let old = self.strategy.take();
+        let rollout = self.rollout.get_or_insert_with(Default::default);
+        rollout
+            .strategy
+            .get_or_insert_with(|| old.unwrap_or_default())
+    }
+
+    /// Which machines go first when scaling down (default `Random`).
+    pub fn deletion_order(&self) -> DeletePolicy {
+        self.deletion.as_ref().map(|d| d.order).unwrap_or_default()
+    }
+
+    /// The v1beta1 names this spec still uses, or which old and new name
+    /// disagree.
+    pub fn renamed_fields(&self) -> Result<Vec<Renamed>, String> {
+        let new = self.rollout.as_ref().and_then(|r| r.strategy.as_ref());
+        Ok(STRATEGY
+            .check(self.strategy.as_ref(), new)?
+            .into_iter()
+            .collect())
+    }
 }
 
 /// How a deployment's unhealthy machines are replaced (Cluster API's
@@ -388,7 +554,7 @@ pub struct MachineDeploymentStatus {
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// With `spec.strategy.inPlace`: what the rollout does with each
+    /// With `spec.rollout.strategy.inPlace`: what the rollout does with each
     /// machine not yet on the current template (`capstan rollout plan`
     /// prints it). Computed also while paused, so a plan can be read
     /// before anything happens.
@@ -478,7 +644,7 @@ pub mod set_conditions {
     pub const PROGRESSING: &str = "Progressing";
     /// The spec passes the checks the schema cannot express.
     pub const VALID_SPEC: &str = "ValidSpec";
-    /// With `spec.strategy.inPlace`: whether the rollout can go on in
+    /// With `spec.rollout.strategy.inPlace`: whether the rollout can go on in
     /// place (`False` names the unclaimed fields or the failed update).
     pub const IN_PLACE_UPDATABLE: &str = "InPlaceUpdatable";
     /// The deployment runs a template it returned to automatically

@@ -158,9 +158,9 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     };
-    if md.spec.strategy.in_place.is_none() {
+    if md.spec.rollout_strategy().in_place.is_none() {
         bail!(
-            "machinedeployment/{name} has no spec.strategy.inPlace: its rollouts replace machines; set spec.strategy.inPlace to update them in place"
+            "machinedeployment/{name} has no spec.rollout.strategy.inPlace: its rollouts replace machines; set spec.rollout.strategy.inPlace to update them in place"
         );
     }
     let status = md.status.clone().unwrap_or_default();

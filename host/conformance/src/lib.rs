@@ -418,6 +418,27 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
         outcome,
     );
 
+    // What the cluster-autoscaler is told of a group at zero.
+    let capacity = run
+        .retrying("capacity", || provider.capacity(&options.config))
+        .await;
+    let outcome = match capacity {
+        _ if !provider.takes_bootstrap_data() => {
+            Outcome::Skip("contract 0.1.0 has no capacity".into())
+        }
+        Ok(None) => Outcome::Skip("the plugin does not say (users set the annotations)".into()),
+        Ok(Some(c)) if c.cpu_millis == 0 || c.memory_mib == 0 => Outcome::Fail(format!(
+            "capacity says {} millicores and {} MiB: an instance with none cannot run a pod",
+            c.cpu_millis, c.memory_mib
+        )),
+        Ok(Some(_)) => Outcome::Pass,
+        Err(e) => Outcome::Fail(brief(&e)),
+    };
+    run.record(
+        "capacity of the config is some CPU and memory, or none",
+        outcome,
+    );
+
     // Clean up anything a failing plugin left behind (e.g. a duplicate).
     for id in created.iter().filter(|id| **id != first_id) {
         let mut extra = machine.clone();

@@ -81,11 +81,25 @@ pub(crate) fn eligible(
     found
 }
 
-/// The changed fields between two machine specs.
+/// The changed fields between two machine specs. `providerID` is the
+/// Machine's own (written by its controller, never in a template), so it
+/// is no change.
 pub fn changed_fields(current: &MachineSpec, desired: &MachineSpec) -> Vec<String> {
-    let a = serde_json::to_value(current).unwrap_or_default();
-    let b = serde_json::to_value(desired).unwrap_or_default();
-    inplace::changed_fields(&a, &b)
+    let value = |spec: &MachineSpec| {
+        let mut spec = spec.clone();
+        spec.provider_id = None;
+        serde_json::to_value(spec).unwrap_or_default()
+    };
+    inplace::changed_fields(&value(current), &value(desired))
+}
+
+/// `template` as `machine`'s spec: the template's fields, with the
+/// Machine's own `providerID` kept.
+pub fn spec_from_template(machine: &MachineSpec, template: &MachineSpec) -> MachineSpec {
+    MachineSpec {
+        provider_id: machine.provider_id.clone(),
+        ..template.clone()
+    }
 }
 
 /// Ask the eligible updaters, in order, which of the changed fields they
@@ -301,6 +315,14 @@ mod tests {
             changed_fields(&a, &b),
             ["failureDomain", "provider.config.tags.team", "version"]
         );
+        // The Machine's own providerID is no change, and a template made
+        // into its spec keeps it.
+        let mut machine = a.clone();
+        machine.provider_id = Some("sim://i-1".into());
+        assert!(changed_fields(&machine, &a).is_empty());
+        let desired = spec_from_template(&machine, &b);
+        assert_eq!(desired.provider_id.as_deref(), Some("sim://i-1"));
+        assert_eq!(desired.version, b.version);
     }
 
     #[test]

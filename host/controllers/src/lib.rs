@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+mod capacity;
 mod csr;
 pub mod deployment;
 mod der;
@@ -261,7 +262,7 @@ pub async fn run(
         watches.deployments.subscribe(),
         Arc::new(machine::Context {
             kube: kube.clone(),
-            providers,
+            providers: providers.clone(),
             updaters: updaters.clone(),
             bootstraps,
             bootstrap_token: options.bootstrap_token.clone(),
@@ -282,6 +283,7 @@ pub async fn run(
             kube: kube.clone(),
             expectations: capstan_kit::Expectations::default(),
             remediated: Default::default(),
+            capacities: capacity::Capacities::new(providers.clone()),
         }),
         concurrency.machine_sets,
         shutdown.clone(),
@@ -295,6 +297,7 @@ pub async fn run(
             updaters,
             plans: Default::default(),
             expectations: capstan_kit::Expectations::default(),
+            capacities: capacity::Capacities::new(providers),
         }),
         concurrency.deployments,
         shutdown.clone(),

@@ -106,3 +106,36 @@ where
     capstan_kit::write::apply_status(kube, controller, obj, current, &held).await?;
     Ok(())
 }
+
+/// A Warning Event `DeprecatedFields` when this pass's `ValidSpec` newly
+/// names v1beta1 fields (once per change of the message, not per pass).
+pub(crate) async fn warn_renamed<K>(
+    kube: &capstan_kit::Kube,
+    controller: &'static str,
+    object: &K,
+    before: &[capstan_api::Condition],
+    after: &[capstan_api::Condition],
+) where
+    K: kube::Resource<DynamicType = ()>,
+{
+    use capstan_api::set_conditions::VALID_SPEC;
+    use capstan_kit::conditions::DEPRECATED_FIELDS;
+    let Some(now) =
+        capstan_api::condition(after, VALID_SPEC).filter(|c| c.reason == DEPRECATED_FIELDS)
+    else {
+        return;
+    };
+    let was = capstan_api::condition(before, VALID_SPEC);
+    if was.is_some_and(|c| c.reason == now.reason && c.message == now.message) {
+        return;
+    }
+    capstan_kit::write::record_event(
+        kube,
+        controller,
+        &object.object_ref(&()),
+        kube::runtime::events::EventType::Warning,
+        DEPRECATED_FIELDS,
+        now.message.clone(),
+    )
+    .await;
+}

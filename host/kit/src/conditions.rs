@@ -62,7 +62,24 @@ impl<'a> Conditions<'a> {
             message,
         )
     }
+
+    /// Set `ValidSpec` of a spec that can be acted on: `True`, with reason
+    /// `DeprecatedFields` naming the moves when it still uses v1beta1 names.
+    pub fn valid_spec_renamed(&mut self, renamed: &[capstan_api::Renamed]) -> &mut Self {
+        if renamed.is_empty() {
+            return self.valid_spec(None);
+        }
+        self.set(
+            capstan_api::set_conditions::VALID_SPEC,
+            status::TRUE,
+            DEPRECATED_FIELDS,
+            capstan_api::Renamed::message(renamed),
+        )
+    }
 }
+
+/// `ValidSpec`'s reason for a spec that still uses v1beta1 names.
+pub const DEPRECATED_FIELDS: &str = "DeprecatedFields";
 
 #[cfg(test)]
 mod tests {

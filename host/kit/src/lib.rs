@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod canary;
+pub mod capacity;
 pub mod cascade;
 pub mod claims;
 pub mod conditions;

@@ -8,7 +8,8 @@
 use crate::canary::{CallCounts, Canary};
 use crate::metrics::Metrics;
 use capstan_runtime::types::{
-    BootstrapData, Deletion, FoundInstance, Machine as PluginMachine, MachineStatus, PluginError,
+    BootstrapData, Deletion, FoundInstance, InstanceCapacity, Machine as PluginMachine,
+    MachineStatus, PluginError,
 };
 use capstan_runtime::{Error as RuntimeError, ProviderPlugin};
 use futures::future::BoxFuture;
@@ -188,6 +189,15 @@ pub trait MachineProvider: Send + Sync + std::fmt::Debug {
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<Option<FoundInstance>, ProviderError>> {
         let _ = machine;
+        Box::pin(async { Ok(None) })
+    }
+    /// What an instance of `config` offers (a claim the host bounds before
+    /// writing it for the cluster-autoscaler). The default does not say.
+    fn capacity<'a>(
+        &'a self,
+        config: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InstanceCapacity>, ProviderError>> {
+        let _ = config;
         Box::pin(async { Ok(None) })
     }
 }
@@ -373,6 +383,15 @@ impl MachineProvider for WasmProvider {
             Ok(self.plugin.list(&config).await?)
         })
     }
+    fn capacity<'a>(
+        &'a self,
+        config: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InstanceCapacity>, ProviderError>> {
+        Box::pin(async move {
+            let config = self.configured(config, MachineSets::Refused)?;
+            Ok(self.plugin.capacity(&config).await?)
+        })
+    }
     fn find_instance<'a>(
         &'a self,
         machine: &'a PluginMachine,
@@ -476,6 +495,12 @@ impl MachineProvider for Shadowed {
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<Option<FoundInstance>, ProviderError>> {
         self.stable.find_instance(machine)
+    }
+    fn capacity<'a>(
+        &'a self,
+        config: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InstanceCapacity>, ProviderError>> {
+        self.stable.capacity(config)
     }
 }
 
@@ -637,6 +662,16 @@ impl MachineProvider for Counted {
         Box::pin(async move {
             let result = self.provider.find_instance(machine).await;
             self.counts.record("find-instance", &result);
+            result
+        })
+    }
+    fn capacity<'a>(
+        &'a self,
+        config: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InstanceCapacity>, ProviderError>> {
+        Box::pin(async move {
+            let result = self.provider.capacity(config).await;
+            self.counts.record("capacity", &result);
             result
         })
     }

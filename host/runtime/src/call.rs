@@ -238,6 +238,11 @@ impl ReturnSize for types::FoundInstance {
         self.status.return_size() + self.machine.return_size() + self.cluster.return_size()
     }
 }
+impl ReturnSize for types::InstanceCapacity {
+    fn return_size(&self) -> usize {
+        48 + self.gpu_type.return_size()
+    }
+}
 impl ReturnSize for UpdateProgress {
     fn return_size(&self) -> usize {
         match self {

@@ -190,7 +190,9 @@ pub mod types {
     pub use crate::bindings::provider_v2::capstan::plugin0_2_0::bootstrap_types::{
         BootstrapData, BootstrapFormat, JoinInfo, Taint,
     };
-    pub use crate::bindings::provider_v2::exports::capstan::plugin0_2_0::provider::FoundInstance;
+    pub use crate::bindings::provider_v2::exports::capstan::plugin0_2_0::provider::{
+        FoundInstance, InstanceCapacity,
+    };
     pub use crate::bindings::updater::exports::capstan::plugin0_1_0::updater::{
         UpdateInProgress, UpdateProgress,
     };
@@ -198,8 +200,8 @@ pub mod types {
 
 use bindings::provider::capstan::plugin0_1_0::log as wit_log;
 use types::{
-    AddonSpec, BootstrapData, Deletion, FoundInstance, Health, JoinInfo, Machine, MachineStatus,
-    PluginError, UpdateProgress, VersionInfo,
+    AddonSpec, BootstrapData, Deletion, FoundInstance, Health, InstanceCapacity, JoinInfo, Machine,
+    MachineStatus, PluginError, UpdateProgress, VersionInfo,
 };
 
 pub use limits::MAX_RESOURCES_PER_CALL;

@@ -476,6 +476,24 @@ impl ProviderPlugin {
         )
     }
 
+    /// `capacity(config)`: what an instance of `config` offers. A 0.1.0
+    /// provider cannot say: `None`, without a call.
+    pub async fn capacity(&self, config: &str) -> Result<Option<InstanceCapacity>, Error> {
+        if !self.is_v2() {
+            return Ok(None);
+        }
+        on_versioned_call!(
+            self,
+            "capacity",
+            [config],
+            async |s, p| {
+                let _ = (s, p);
+                Ok(Ok(None))
+            },
+            p.call_capacity(s, &config).await
+        )
+    }
+
     /// Instantiate in a fresh store and call nothing: measures the per-call
     /// setup cost (benchmarks).
     pub async fn instantiate_only(&self) -> Result<(), Error> {

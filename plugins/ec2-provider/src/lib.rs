@@ -34,13 +34,16 @@
 //!   machine's when its uid tag or its machine tag says so, or when it
 //!   carries neither (launched outside Capstan, adopted where an admin
 //!   allows); one tagged for another machine is refused.
+//! - `capacity`: `DescribeInstanceTypes` for the config's instance type:
+//!   its default vCPUs, memory and GPUs (for the cluster-autoscaler's
+//!   scale from zero).
 //!
 //! The logic is generic over [`HttpClient`], so it is unit-tested natively.
 
 use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
 use capstan_sdk::{
-    AddressKind, BootstrapData, Deletion, FoundInstance, InstanceState, Machine, MachineAddress,
-    MachineStatus, PluginError, Provider,
+    AddressKind, BootstrapData, Deletion, FoundInstance, InstanceCapacity, InstanceState, Machine,
+    MachineAddress, MachineStatus, PluginError, Provider,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -434,6 +437,12 @@ impl<C: HttpClient + Default> Provider for Ec2Provider<C> {
         }))
     }
 
+    fn capacity(&self, config: &Ec2Config) -> Result<Option<InstanceCapacity>, PluginError> {
+        let params = [("InstanceType.1".to_string(), config.instance_type.clone())];
+        let xml = self.call(config, "DescribeInstanceTypes", &params)?;
+        parse_instance_type(&xml, &config.instance_type)
+    }
+
     fn list(&self, config: &Ec2Config) -> Result<Option<Vec<MachineStatus>>, PluginError> {
         let instances = self.describe(
             config,
@@ -711,6 +720,55 @@ pub fn parse_instances(xml: &str) -> Result<(Vec<Instance>, Option<String>), Plu
         .filter(|i| !i.id.is_empty())
         .collect();
     Ok((instances, text(root, &["nextToken"])))
+}
+
+/// The capacity of `instance_type` in a `DescribeInstanceTypesResponse`;
+/// `None` when EC2 does not describe it. GPUs count toward the type the
+/// device plugin of their maker advertises (`nvidia.com/gpu`,
+/// `amd.com/gpu`); another maker's are left out.
+pub fn parse_instance_type(
+    xml: &str,
+    instance_type: &str,
+) -> Result<Option<InstanceCapacity>, PluginError> {
+    let doc = roxmltree::Document::parse(xml).map_err(|e| {
+        PluginError::transient(format!("EC2 answered with malformed XML: {e}"), 2_000)
+    })?;
+    let Some(item) = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("item"))
+        .find(|n| text(*n, &["instanceType"]).as_deref() == Some(instance_type))
+    else {
+        return Ok(None);
+    };
+    let number = |path: &[&str]| text(item, path).and_then(|t| t.trim().parse::<u64>().ok());
+    let (Some(cpus), Some(memory_mib)) = (
+        number(&["vCpuInfo", "defaultVCpus"]),
+        number(&["memoryInfo", "sizeInMiB"]),
+    ) else {
+        return Ok(None);
+    };
+    let mut gpu_count = 0u32;
+    let mut gpu_type = None;
+    if let Some(gpus) = child(item, "gpuInfo").and_then(|g| child(g, "gpus")) {
+        for gpu in gpus.children().filter(|c| c.has_tag_name("item")) {
+            let kind = match text(gpu, &["manufacturer"]).as_deref() {
+                Some("NVIDIA") => "nvidia.com/gpu",
+                Some("AMD") => "amd.com/gpu",
+                _ => continue,
+            };
+            let count = text(gpu, &["count"]).and_then(|c| c.parse::<u32>().ok());
+            gpu_count = gpu_count.saturating_add(count.unwrap_or(0));
+            gpu_type = Some(kind.to_string());
+        }
+    }
+    Ok(Some(InstanceCapacity {
+        cpu_millis: u32::try_from(cpus.saturating_mul(1000)).unwrap_or(u32::MAX),
+        memory_mib,
+        ephemeral_disk_mib: None,
+        max_pods: None,
+        gpu_count: (gpu_count > 0).then_some(gpu_count),
+        gpu_type: gpu_type.filter(|_| gpu_count > 0),
+    }))
 }
 
 /// Map an EC2 error answer (`<Response><Errors><Error><Code>…`) to the

@@ -559,3 +559,28 @@ fn an_idempotency_mismatch_finds_the_running_instance_instead_of_failing() {
         .unwrap_err();
     assert!(matches!(err, PluginError::Transient(_)), "{err}");
 }
+
+#[test]
+fn capacity_is_read_from_describe_instance_types() {
+    let answer = r#"<DescribeInstanceTypesResponse><instanceTypeSet>
+        <item><instanceType>g4dn.xlarge</instanceType>
+          <vCpuInfo><defaultVCpus>4</defaultVCpus></vCpuInfo>
+          <memoryInfo><sizeInMiB>16384</sizeInMiB></memoryInfo>
+          <gpuInfo><gpus><item><name>T4</name><manufacturer>NVIDIA</manufacturer><count>1</count></item></gpus></gpuInfo>
+        </item></instanceTypeSet></DescribeInstanceTypesResponse>"#;
+    let script = scripted(vec![response(200, answer)]);
+    let provider = Ec2Provider::with_client(script.clone());
+    let mut c = config();
+    c.instance_type = "g4dn.xlarge".into();
+    let capacity = provider.capacity(&c).unwrap().unwrap();
+    assert_eq!((capacity.cpu_millis, capacity.memory_mib), (4000, 16384));
+    assert_eq!(capacity.gpu_count, Some(1));
+    assert_eq!(capacity.gpu_type.as_deref(), Some("nvidia.com/gpu"));
+    // A type EC2 does not describe: nothing to say.
+    let script = scripted(vec![response(
+        200,
+        "<DescribeInstanceTypesResponse><instanceTypeSet/></DescribeInstanceTypesResponse>",
+    )]);
+    let provider = Ec2Provider::with_client(script);
+    assert!(provider.capacity(&c).unwrap().is_none());
+}

@@ -25,13 +25,16 @@
 //! | `probe-credentials` | reports its environment and what `target` (an echo) received, then GETs `endpoint` | no secret in what it saw; `endpoint` never contacted |
 //! | `trace` | sends a TRACE request to `target` (granted, with a credential) to have its Authorization header echoed back | capability denied: credentials never go with TRACE |
 //! | `claim-node` | reports `target` as its instance's provider ID (create and get) | the Node with that ID is never linked, tainted, drained or deleted |
-//! | `none` | behaves (validate/get/delete always work) | nothing |
+//! | `absurd-capacity` | says an instance has 4 million cores and a GPU type with a line break | nothing it says reaches the autoscaler's annotations |
+//! | `none` | behaves (validate/get/delete always work; a modest capacity) | nothing |
 
 // The plugin is only exported (and so only used) in its wasm build.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
 use capstan_sdk::http::{HttpClient, Method, Request, WasiHttp};
-use capstan_sdk::{Deletion, InstanceState, Machine, MachineStatus, PluginError, Provider};
+use capstan_sdk::{
+    Deletion, InstanceCapacity, InstanceState, Machine, MachineStatus, PluginError, Provider,
+};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -237,6 +240,18 @@ impl Provider for Hostile {
             format!("hostile://{}", machine.uid),
             InstanceState::Running,
         ))
+    }
+
+    fn capacity(&self, config: &Config) -> Result<Option<InstanceCapacity>, PluginError> {
+        let absurd = config.attack == "absurd-capacity";
+        Ok(Some(InstanceCapacity {
+            cpu_millis: if absurd { u32::MAX } else { 1000 },
+            memory_mib: 512,
+            ephemeral_disk_mib: None,
+            max_pods: None,
+            gpu_count: absurd.then_some(1),
+            gpu_type: absurd.then(|| "nvidia.com/gpu\ninjected: true".to_string()),
+        }))
     }
 
     fn get(&self, machine: &Machine, config: &Config) -> Result<MachineStatus, PluginError> {

@@ -39,3 +39,18 @@ test('provider IDs round-trip and foreign ones are refused', () => {
   }
   assert.equal(status({ id: 'i-8', state: 'weird' }).state, 'unknown');
 });
+
+test('capacity asks the cloud for the instance type and maps its numbers', async () => {
+  const sent = [];
+  globalThis.fetch = async (url) => {
+    sent.push(url);
+    if (url.endsWith('/huge')) return new Response('{}', { status: 404 });
+    return new Response(JSON.stringify({ name: 'medium', cpus: 4, memoryMiB: 16384, maxPods: 110, ephemeralDiskMiB: 102400 }), { status: 200 });
+  };
+  const c = await provider.capacity('{"endpoint":"http://cloud:1","instanceType":"medium"}');
+  assert.equal(sent[0], 'http://cloud:1/v1/instance-types/medium');
+  assert.deepEqual(c, { cpuMillis: 4000, memoryMib: 16384n, ephemeralDiskMib: 102400n, maxPods: 110, gpuCount: undefined, gpuType: undefined });
+  const small = await provider.capacity('{"endpoint":"http://cloud:1"}');
+  assert.equal(sent[1], 'http://cloud:1/v1/instance-types/small');
+  assert.equal(small.cpuMillis, 4000);
+});

@@ -16,8 +16,8 @@
 
 use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
 use capstan_sdk::{
-    AddressKind, BootstrapData, BootstrapFormat, Deletion, FoundInstance, InstanceState, Machine,
-    MachineAddress, MachineStatus, PluginError, Provider,
+    AddressKind, BootstrapData, BootstrapFormat, Deletion, FoundInstance, InstanceCapacity,
+    InstanceState, Machine, MachineAddress, MachineStatus, PluginError, Provider,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -282,6 +282,38 @@ impl<C: HttpClient + Default> Provider for SimProvider<C> {
             cluster: i.tags.remove(CLUSTER_TAG),
             status: status(i),
         }))
+    }
+
+    fn capacity(&self, config: &SimConfig) -> Result<Option<InstanceCapacity>, PluginError> {
+        /// What the simulated cloud says of one instance type.
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct InstanceType {
+            cpus: u32,
+            #[serde(rename = "memoryMiB")]
+            memory_mib: u64,
+            max_pods: Option<u32>,
+            #[serde(rename = "ephemeralDiskMiB")]
+            ephemeral_disk_mib: Option<u64>,
+        }
+        let name = config.instance_type.as_deref().unwrap_or("small");
+        let path = format!("/v1/instance-types/{name}");
+        let resp = self.send(Request::get(Self::url(config, &path)))?;
+        match resp.status {
+            200 => {
+                let t: InstanceType = json(&resp)?;
+                Ok(Some(InstanceCapacity {
+                    cpu_millis: t.cpus.saturating_mul(1000),
+                    memory_mib: t.memory_mib,
+                    ephemeral_disk_mib: t.ephemeral_disk_mib,
+                    max_pods: t.max_pods,
+                    gpu_count: None,
+                    gpu_type: None,
+                }))
+            }
+            404 => Ok(None),
+            _ => Err(api_error(&resp, "describing the instance type")),
+        }
     }
 
     fn list(&self, config: &SimConfig) -> Result<Option<Vec<MachineStatus>>, PluginError> {

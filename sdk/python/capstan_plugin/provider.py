@@ -1,10 +1,12 @@
 """A base for provider plugins whose configuration is a dataclass.
 
 Subclass it, set `Config`, and implement `check`, `create_instance`,
-`get_instance`, `delete_instance` (and `list` and `adoptable`,
-optionally: without `adoptable` a restored Machine launches a second
-instance); the raw exports the world asks for (`validate`, `create`,
-`get`, `delete`, `list_instances`, `find_instance`) parse
+`get_instance`, `delete_instance` (and `list`, `adoptable` and
+`instance_capacity`, optionally: without `adoptable` a restored Machine
+launches a second instance; without `instance_capacity` a user writes the
+autoscaler's capacity annotations); the raw exports the world asks for
+(`validate`, `create`, `get`, `delete`, `list_instances`,
+`find_instance`, `capacity`) parse
 `machine.provider_config` into `Config` first, so a bad field becomes
 `invalid-config` naming it before your code runs. The host instantiates
 the plugin afresh for every call: keep no state.
@@ -60,6 +62,12 @@ class ConfigProvider:
         Machine launches a second instance)."""
         return None
 
+    def instance_capacity(self, config: Any) -> Optional[Any]:
+        """What one instance of `config` offers, as an `InstanceCapacity`
+        (cpu_millis, memory_mib, and the optional disk, pods and GPUs), for
+        the cluster-autoscaler's scale from zero. None: not known."""
+        return None
+
     # The world's exports.
     def validate(self, config: str) -> None:
         self.check(self.parse(config))
@@ -80,3 +88,8 @@ class ConfigProvider:
 
     def find_instance(self, machine: Any) -> Optional[Any]:
         return self.adoptable(machine, self.parse(machine.provider_config))
+
+    def capacity(self, config: str) -> Optional[Any]:
+        parsed = self.parse(config)
+        self.check(parsed)
+        return self.instance_capacity(parsed)

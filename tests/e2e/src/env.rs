@@ -12,9 +12,9 @@
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::sim_cloud::{Faults, KubeletConfig, SimCloud, SimCloudConfig};
 use capstan_api::{
-    IntOrString, LabelSelector, Machine, MachineDeployment, MachineDeploymentSpec, MachineSpec,
-    MachineTemplateSpec, Plugin, PluginGrants, PluginSpec, ProviderRef, RollingUpdate, Strategy,
-    TemplateMeta,
+    DeploymentRollout, IntOrString, LabelSelector, Machine, MachineDeployment,
+    MachineDeploymentSpec, MachineSpec, MachineTemplateSpec, Plugin, PluginGrants, PluginSpec,
+    ProviderRef, RollingUpdate, Strategy, TemplateMeta,
 };
 use capstan_controllers::{Metrics, Options, Providers};
 use k8s_openapi::api::core::v1::Secret;
@@ -666,14 +666,17 @@ pub fn sample_deployment(
                     ..Default::default()
                 },
             },
-            strategy: Strategy {
-                type_: Default::default(),
-                rolling_update: Some(RollingUpdate {
-                    max_surge: Some(IntOrString::Int(1)),
-                    max_unavailable: Some(IntOrString::Int(0)),
+            rollout: Some(DeploymentRollout {
+                after: None,
+                strategy: Some(Strategy {
+                    type_: Default::default(),
+                    rolling_update: Some(RollingUpdate {
+                        max_surge: Some(IntOrString::Int(1)),
+                        max_unavailable: Some(IntOrString::Int(0)),
+                    }),
+                    in_place: None,
                 }),
-                in_place: None,
-            },
+            }),
             ..Default::default()
         },
     );

@@ -682,6 +682,7 @@ fn router(state: Shared) -> Router {
         .route("/v1/instances/{id}", get(describe).delete(delete))
         .route("/v1/instances/{id}/update", post(update))
         .route("/v1/instances/{id}/tags", axum::routing::patch(patch_tags))
+        .route("/v1/instance-types/{name}", get(describe_instance_type))
         .route("/admin/stats", get(stats))
         .route("/admin/faults", put(set_faults))
         .route("/admin/instances/{id}/ready", put(set_node_ready))
@@ -850,6 +851,36 @@ async fn describe(
         Some(r) => Json(inner.view(r, now)).into_response(),
         None => not_found(&id),
     }
+}
+
+/// The simulated instance types: each boots the same Node (the
+/// kubelet's `CAPACITY_*`), so this is what any of them offers.
+const INSTANCE_TYPES: [&str; 3] = ["small", "medium", "large"];
+
+async fn describe_instance_type(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    if let Err(resp) = begin(&state, &headers, About::Nothing) {
+        return resp;
+    }
+    if !INSTANCE_TYPES.contains(&name.as_str()) {
+        return api_error(
+            StatusCode::NOT_FOUND,
+            "InstanceTypeNotFound",
+            &format!("instance type {name} does not exist"),
+        );
+    }
+    let quantity = |q: &str| q.trim_end_matches("Gi").parse::<u64>().unwrap_or(0) * 1024;
+    Json(serde_json::json!({
+        "name": name,
+        "cpus": kubelet::node::CAPACITY_CPU.parse::<u32>().unwrap_or(0),
+        "memoryMiB": quantity(kubelet::node::CAPACITY_MEMORY),
+        "maxPods": kubelet::node::CAPACITY_PODS.parse::<u32>().unwrap_or(0),
+        "ephemeralDiskMiB": quantity(kubelet::node::CAPACITY_EPHEMERAL_STORAGE),
+    }))
+    .into_response()
 }
 
 fn not_found(id: &str) -> Response {

@@ -252,7 +252,7 @@ pub(super) async fn decide(
         Kind::Blocked {
             reason: "UnclaimedChanges",
             message: format!(
-                "no active updater claims {} (machines {}); nothing changes: change the spec, activate an updater that claims them, or set spec.strategy.inPlace.fallback: Replace",
+                "no active updater claims {} (machines {}); nothing changes: change the spec, activate an updater that claims them, or set spec.rollout.strategy.inPlace.fallback: Replace",
                 unclaimed.join(", "),
                 few(&unclaimed_machines)
             ),

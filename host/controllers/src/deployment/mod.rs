@@ -56,6 +56,8 @@ pub(crate) struct Context {
     pub(crate) plans: in_place::PlanCache,
     /// Sets a deleting deployment deleted that the cache has not shown yet.
     pub(crate) expectations: capstan_kit::Expectations,
+    /// The scale-from-zero capacity its Plugin says (the autoscaler's).
+    pub(crate) capacities: crate::capacity::Capacities,
 }
 
 impl AsRef<Kube> for Context {
@@ -144,15 +146,25 @@ pub fn template_hash(template: &MachineTemplateSpec) -> String {
 
 /// Resolve the spec's strategy into the planner's, or say which field is wrong.
 pub fn strategy_of(md: &MachineDeployment) -> Result<Strategy, String> {
-    let spec = &md.spec.strategy;
+    let spec = md.spec.rollout_strategy();
+    let at = if md.spec.strategy.is_some()
+        && md
+            .spec
+            .rollout
+            .as_ref()
+            .is_none_or(|r| r.strategy.is_none())
+    {
+        "spec.strategy"
+    } else {
+        "spec.rollout.strategy"
+    };
     match spec.type_ {
         StrategyType::OnDelete => Ok(Strategy::OnDelete),
         StrategyType::RollingUpdate => {
             let ru = spec.rolling_update.as_ref();
             let bound = |field: &str, value: Option<&IntOrString>, default: Bound| {
                 value.map_or(Ok(default), |v| {
-                    int_or_percent(v)
-                        .map_err(|e| format!("spec.strategy.rollingUpdate.{field}: {e}"))
+                    int_or_percent(v).map_err(|e| format!("{at}.rollingUpdate.{field}: {e}"))
                 })
             };
             let surge = bound(
@@ -232,7 +244,21 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
             return Ok(Action::await_change());
         }
     };
-    Conditions::new(&mut status.conditions, generation, &t).valid_spec(None);
+    let renamed = md.spec.renamed_fields().unwrap_or_default();
+    Conditions::new(&mut status.conditions, generation, &t).valid_spec_renamed(&renamed);
+    let before = current.as_ref().map(|s| s.conditions.as_slice());
+    crate::set_conditions::warn_renamed(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        before.unwrap_or_default(),
+        &status.conditions,
+    )
+    .await;
+    let capacity_pending = ctx
+        .capacities
+        .annotate(&ctx.kube, CONTROLLER, md.as_ref(), &md.spec.template.spec)
+        .await?;
 
     let sets_api: Api<MachineSet> = Api::namespaced(ctx.kube.client.clone(), &namespace);
     // As a Deployment adopts ReplicaSets: sets orphaned by
@@ -341,6 +367,11 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     } else {
         // Set and machine changes trigger us; this only covers minReadySeconds.
         Duration::from_secs(5)
+    };
+    let next = if capacity_pending {
+        next.min(crate::capacity::RETRY_NOT_LOADED)
+    } else {
+        next
     };
     // A progress deadline still running is looked at when it passes.
     let next = match rollback.as_ref().and_then(|r| r.until_deadline()) {
@@ -469,6 +500,7 @@ fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static s
         int_or_percent(value)
             .map_err(|e| ("InvalidSpec", format!("spec.remediation.maxInFlight: {e}")))?;
     }
+    md.spec.renamed_fields().map_err(|m| ("InvalidSpec", m))?;
     strategy_of(md).map_err(|m| ("InvalidSpec", m))
 }
 
@@ -593,7 +625,7 @@ fn set_view(
 /// (OnDelete never does).
 fn in_place_policy(md: &MachineDeployment, strategy: Strategy) -> Option<&InPlaceStrategy> {
     match strategy {
-        Strategy::RollingUpdate(_) => md.spec.strategy.in_place.as_ref(),
+        Strategy::RollingUpdate(_) => md.spec.rollout_strategy().in_place.as_ref(),
         Strategy::OnDelete => None,
     }
 }
@@ -678,7 +710,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        md.spec.strategy.rolling_update = Some(RollingUpdate {
+        md.spec.rollout_strategy_mut().rolling_update = Some(RollingUpdate {
             max_surge: surge,
             max_unavailable: None,
         });
@@ -704,7 +736,8 @@ mod tests {
                     replicas: 1,
                     selector: Default::default(),
                     template,
-                    delete_policy: Default::default(),
+                    deletion: None,
+                    delete_policy: None,
                     min_ready_seconds: 0,
                     in_place: None,
                 },
@@ -821,6 +854,14 @@ mod tests {
     fn strategy_errors_name_the_field() {
         let bad = md(Some(IntOrString::String("lots".into())));
         let error = strategy_of(&bad).unwrap_err();
+        assert!(
+            error.starts_with("spec.rollout.strategy.rollingUpdate.maxSurge:"),
+            "{error}"
+        );
+        // The deprecated v1beta1 place is read, and named, as written.
+        let mut old = bad.clone();
+        old.spec.strategy = old.spec.rollout.take().and_then(|r| r.strategy);
+        let error = strategy_of(&old).unwrap_err();
         assert!(
             error.starts_with("spec.strategy.rollingUpdate.maxSurge:"),
             "{error}"

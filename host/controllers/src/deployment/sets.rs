@@ -81,6 +81,7 @@ pub(super) async fn write_sets(
             min_ready,
             &in_place_fields,
             None,
+            md.spec.deletion.clone(),
             None,
             &annotations,
         )
@@ -110,7 +111,7 @@ pub(super) async fn write_sets(
                 (ANNOTATION_REPLACE_DELETED, None),
                 (ANNOTATION_IN_PLACE_TO, None),
             ];
-            let in_place = Some(md.spec.strategy.in_place.as_ref());
+            let in_place = Some(md.spec.rollout_strategy().in_place.as_ref());
             let min_ready = md.spec.min_ready_seconds;
             let metadata = template_metadata(md, set);
             let result = sync_set(
@@ -121,6 +122,7 @@ pub(super) async fn write_sets(
                 min_ready,
                 &in_place_fields,
                 in_place,
+                md.spec.deletion.clone(),
                 Some(&metadata),
                 &annotations,
             )
@@ -183,6 +185,7 @@ pub(super) async fn sync_set(
     min_ready_seconds: i32,
     fields: &crate::machineset::CarriedInPlace,
     in_place: Option<Option<&InPlaceStrategy>>,
+    deletion: Option<capstan_api::DeletionOrder>,
     template_metadata: Option<&capstan_api::TemplateMeta>,
     annotations: &[(&str, Option<&str>)],
 ) -> Result<Written, Error> {
@@ -231,6 +234,20 @@ pub(super) async fn sync_set(
     }
     if set.spec.replicas != replicas {
         ops.push(json!({"op": "replace", "path": "/spec/replicas", "value": replicas}));
+    }
+    // The deployment's deletion order is every set's, at its v1beta2 place
+    // (a set made before it moved loses v1beta1's `deletePolicy`).
+    if set.spec.deletion != deletion {
+        let want = deletion.map(|d| json!(d));
+        put(
+            &mut ops,
+            "/spec/deletion",
+            set.spec.deletion.is_some(),
+            want,
+        );
+    }
+    if set.spec.delete_policy.is_some() {
+        ops.push(json!({"op": "remove", "path": "/spec/deletePolicy"}));
     }
     if set.spec.min_ready_seconds != min_ready_seconds {
         ops.push(json!({"op": "add", "path": "/spec/minReadySeconds", "value": min_ready_seconds}));
@@ -332,9 +349,10 @@ pub(super) async fn create_set(
             replicas,
             selector,
             template,
-            delete_policy: Default::default(),
+            deletion: md.spec.deletion.clone(),
+            delete_policy: None,
             min_ready_seconds: md.spec.min_ready_seconds,
-            in_place: md.spec.strategy.in_place.clone(),
+            in_place: md.spec.rollout_strategy().in_place.clone(),
         },
         status: None,
     };

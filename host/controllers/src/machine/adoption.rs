@@ -136,6 +136,66 @@ impl Pass<'_> {
     }
 }
 
+/// Keep `spec.providerID` naming the recorded instance, as Cluster API's
+/// Machine controller sets it (the autoscaler and other tools read it
+/// there). Unset: written. Another value (written after the instance was
+/// recorded) is a claim the recorded instance outranks: set back, with a
+/// Warning Event. Returns the patched Machine, `None` when nothing changed.
+pub(super) async fn write_provider_id(
+    ctx: &super::Context,
+    machine: &capstan_api::Machine,
+    id: &str,
+) -> Result<Option<capstan_api::Machine>, capstan_kit::Error> {
+    let written = machine.spec.provider_id.as_deref();
+    if written == Some(id) {
+        return Ok(None);
+    }
+    let api: kube::Api<capstan_api::Machine> = kube::Api::namespaced(
+        ctx.kube.client.clone(),
+        &machine.namespace().unwrap_or_default(),
+    );
+    // The resourceVersion makes a stale view fail rather than overwrite a
+    // newer spec; the next pass looks again.
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": machine.resource_version()},
+        "spec": {"providerID": id},
+    });
+    let params = kube::api::PatchParams::default();
+    let patched = match api
+        .patch(
+            &machine.name_any(),
+            &params,
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(patched) => patched,
+        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(None),
+        Err(e) => {
+            return Err(capstan_kit::kube_err(format!(
+                "cannot record spec.providerID of Machine {}",
+                machine.name_any()
+            ))(e));
+        }
+    };
+    ctx.kube.metrics.wrote(CONTROLLER, "patch");
+    if let Some(claimed) = written {
+        let note = format!(
+            "spec.providerID {claimed} is not the instance this Machine recorded; set back to {id} (a Machine's instance does not change: delete the Machine to release it)"
+        );
+        record_event(
+            &ctx.kube,
+            CONTROLLER,
+            &machine.object_ref(&()),
+            EventType::Warning,
+            "ProviderIDRestored",
+            note,
+        )
+        .await;
+    }
+    Ok(Some(patched))
+}
+
 /// Why a MachineSet's or MachineDeployment's template may not set
 /// `spec.providerID` (every Machine would name the same instance).
 pub(crate) fn template_provider_id(spec: &MachineSpec) -> Option<String> {

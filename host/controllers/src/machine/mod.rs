@@ -644,6 +644,19 @@ impl<'a> Pass<'a> {
             self.report_skipped_drain(drain_skipped.as_ref()).await;
         }
         let owners = self.owners();
+        // Cluster API's `spec.providerID`, written before the status that
+        // records the instance, so that status observes the new generation.
+        let recorded = self.draft.provider_id.as_deref();
+        let patched = match recorded {
+            Some(id)
+                if machine.metadata.deletion_timestamp.is_none()
+                    && end.outcome != Outcome::Paused =>
+            {
+                adoption::write_provider_id(ctx, machine, id).await?
+            }
+            _ => None,
+        };
+        let machine = patched.as_ref().unwrap_or(machine);
         let status = settle(
             machine,
             self.draft,

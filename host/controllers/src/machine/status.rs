@@ -108,7 +108,14 @@ pub(super) fn settle(
         Outcome::Failed { reason, message } => {
             status.failure_reason = Some(reason.clone());
             status.failure_message = Some(message.clone());
-            status.phase = Some(MachinePhase::Failed);
+            // As Cluster API v1beta2: no terminal `Failed` phase. The phase
+            // says how far the machine got; `Ready=False` (which a health
+            // check acts on) and `failureReason` say what failed.
+            status.phase = Some(if status.provider_id.is_some() || view.instance.is_some() {
+                MachinePhase::Provisioned
+            } else {
+                MachinePhase::Pending
+            });
             set(&mut status, READY, cond::FALSE, reason, message.clone());
             // A failure of the instance itself: it is no longer provisioned
             // (a config refused before any instance says so in ConfigValid).
@@ -980,7 +987,7 @@ mod tests {
             message: "the instance sim://i-1 was terminated outside Capstan".into(),
         };
         let s = settled(s, &failed);
-        assert_eq!(s.phase, Some(MachinePhase::Failed));
+        assert_eq!(s.phase, Some(MachinePhase::Provisioned));
         assert_eq!(
             condition(&s, INSTANCE_PROVISIONED),
             ("False", "InstanceTerminated")
@@ -1013,7 +1020,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.failure_reason.as_deref(), Some("InvalidConfiguration"));
-        assert_eq!(s.phase, Some(MachinePhase::Failed));
+        assert_eq!(s.phase, Some(MachinePhase::Pending));
         assert_eq!(condition(&s, CONFIG_VALID), ("False", "InvalidConfig"));
         // Generation 2 validates: the failure is gone.
         let view = MachineView {

@@ -48,6 +48,9 @@ pub(crate) struct Context {
     /// the next pass may start before the cache shows that status write,
     /// and a count taken from the cache alone would lose remediations.
     pub(crate) remediated: std::sync::Mutex<std::collections::HashMap<String, i32>>,
+    /// The scale-from-zero capacity its Plugin says, for a set no
+    /// deployment owns (the autoscaler scales those on their own).
+    pub(crate) capacities: crate::capacity::Capacities,
 }
 
 impl AsRef<Kube> for Context {
@@ -197,7 +200,26 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         .await?;
         return Ok(Action::await_change());
     }
-    Conditions::new(&mut status.conditions, generation, &t).valid_spec(None);
+    let renamed = set.spec.renamed_fields().unwrap_or_default();
+    Conditions::new(&mut status.conditions, generation, &t).valid_spec_renamed(&renamed);
+    let before = current.as_ref().map(|s| s.conditions.as_slice());
+    crate::set_conditions::warn_renamed(
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        before.unwrap_or_default(),
+        &status.conditions,
+    )
+    .await;
+    let owned_by_deployment = set
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind == "MachineDeployment");
+    let capacity_pending = !owned_by_deployment
+        && ctx
+            .capacities
+            .annotate(&ctx.kube, CONTROLLER, set.as_ref(), &set.spec.template.spec)
+            .await?;
 
     let machines_api: Api<Machine> = Api::namespaced(ctx.kube.client.clone(), &namespace);
     let all = ctx.kube.stores.machines.state();
@@ -273,10 +295,15 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     if let Some(error) = scaled.error {
         return Err(error);
     }
-    Ok(match next_available {
-        Some(wait) => Action::requeue(wait + Duration::from_millis(200)),
-        None => Action::requeue(ctx.kube.resync),
-    })
+    let next = match next_available {
+        Some(wait) => wait + Duration::from_millis(200),
+        None => ctx.kube.resync,
+    };
+    Ok(Action::requeue(if capacity_pending {
+        next.min(crate::capacity::RETRY_NOT_LOADED)
+    } else {
+        next
+    }))
 }
 
 /// Why the set's spec cannot be acted on (reason, message), if it cannot.
@@ -296,6 +323,7 @@ fn validate(set: &MachineSet, kube: &Kube) -> Option<(&'static str, String)> {
     .or_else(|| {
         crate::machine::template_provider_id(&set.spec.template.spec).map(|m| ("InvalidSpec", m))
     })
+    .or_else(|| set.spec.renamed_fields().err().map(|m| ("InvalidSpec", m)))
     .or_else(|| {
         let plugin = &set.spec.template.spec.provider.plugin;
         capstan_kit::registry::not_allowed(kube, plugin, &namespace)
@@ -430,7 +458,7 @@ async fn scale(
 ) -> Result<Scaled, Error> {
     let namespace = set.namespace().unwrap_or_default();
     let replicas = usize::try_from(set.spec.replicas).unwrap_or(0);
-    let policy = match set.spec.delete_policy {
+    let policy = match set.spec.deletion_order() {
         DeletePolicy::Random => plan::DeletePolicy::Random,
         DeletePolicy::Newest => plan::DeletePolicy::Newest,
         DeletePolicy::Oldest => plan::DeletePolicy::Oldest,
@@ -611,7 +639,11 @@ async fn hand_over(
     annotations.insert(ANNOTATION_IN_PLACE_FROM.into(), previous.into());
     let spec_patch = capstan_kit::merge_patch(
         &serde_json::to_value(&machine.spec).expect("a machine spec serializes"),
-        &serde_json::to_value(&target.spec.template.spec).expect("a machine spec serializes"),
+        &serde_json::to_value(crate::inplace::spec_from_template(
+            &machine.spec,
+            &target.spec.template.spec,
+        ))
+        .expect("a machine spec serializes"),
     );
     let patch = serde_json::json!({
         "metadata": {

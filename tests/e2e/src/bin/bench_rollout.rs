@@ -122,12 +122,12 @@ async fn run_variant(
         args.machines,
         "v1.30.0",
     );
-    md.spec.strategy.rolling_update = Some(RollingUpdate {
+    md.spec.rollout_strategy_mut().rolling_update = Some(RollingUpdate {
         max_surge: Some(IntOrString::Int(0)),
         max_unavailable: Some(IntOrString::String(format!("{}%", args.max_unavailable))),
     });
     if in_place {
-        md.spec.strategy.in_place = Some(InPlaceStrategy {
+        md.spec.rollout_strategy_mut().in_place = Some(InPlaceStrategy {
             updaters: None,
             fallback: InPlaceFallback::None,
         });

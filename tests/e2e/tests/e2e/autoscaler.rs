@@ -14,7 +14,8 @@
 //!    and `…-max-size` (`parseScalingBounds`); a group at 0 replicas only if
 //!    it can scale from zero (`CanScaleFromZero`: the
 //!    `capacity.cluster-autoscaler.kubernetes.io/cpu` and `…/memory`
-//!    annotations); none with max 0.
+//!    annotations, which the host writes from the provider Plugin's
+//!    `capacity` where the user did not); none with max 0.
 //! 3. `Replicas` / `SetSize`: GET and merge-PATCH of the `scale`
 //!    subresource, refusing sizes outside the bounds.
 //! 4. `findScalableResourceProviderIDs`: the Machines `spec.selector`
@@ -401,12 +402,56 @@ async fn the_cluster_autoscalers_clusterapi_provider_scales_capstan_deployments(
 
     let autoscaler = Autoscaler::discover(env.client.clone()).await;
     assert_eq!(autoscaler.version, "v1alpha1");
-    let groups = autoscaler.node_groups().await;
+    // `zero-bare` has no capacity annotations of its user's: the host
+    // writes what the sim provider says of its instance type, which makes
+    // it a node group at zero too.
+    let groups = eventually("3 node groups", LONG, async || {
+        let groups = autoscaler.node_groups().await;
+        (groups.len() == 3).then_some(groups)
+    })
+    .await;
     let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(
         names,
-        ["asg", "from-zero"],
-        "the sets a deployment owns, and a group at zero without capacity, are no node groups"
+        ["asg", "from-zero", "zero-bare"],
+        "the sets a deployment owns are no node groups"
+    );
+    let annotations_of = async |name: &str| {
+        deployments
+            .get(name)
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+    };
+    let capacity = |key: &str| format!("capacity.cluster-autoscaler.kubernetes.io/{key}");
+    let bare = annotations_of("zero-bare").await;
+    // The sim cloud's Node: 4 CPUs, 16 GiB, 110 pods, 100 GiB of disk.
+    for (key, value) in [
+        ("cpu", "4"),
+        ("memory", "16384Mi"),
+        ("maxPods", "110"),
+        ("ephemeral-disk", "102400Mi"),
+    ] {
+        assert_eq!(
+            bare.get(&capacity(key)).map(String::as_str),
+            Some(value),
+            "{bare:?}"
+        );
+    }
+    // The user's cpu and memory stay theirs; the host adds only the rest.
+    let user = annotations_of("from-zero").await;
+    assert_eq!(user[&capacity("cpu")], "2");
+    assert_eq!(user[&capacity("memory")], "4Gi");
+    assert_eq!(user[&capacity("maxPods")], "110");
+    assert_eq!(
+        user["capstan.dev/capacity-from"],
+        format!(
+            "{SIM_PLUGIN}:{},{}",
+            capacity("ephemeral-disk"),
+            capacity("maxPods")
+        )
     );
     let asg = groups[0].clone();
     assert_eq!(

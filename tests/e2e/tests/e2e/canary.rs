@@ -1002,11 +1002,11 @@ async fn an_updater_canary_the_cloud_fails_is_rolled_back_and_stable_finishes_th
         "v1.30.0",
     );
     // In place only: no surge machine.
-    md.spec.strategy.rolling_update = Some(capstan_api::RollingUpdate {
+    md.spec.rollout_strategy_mut().rolling_update = Some(capstan_api::RollingUpdate {
         max_surge: Some(capstan_api::IntOrString::Int(0)),
         max_unavailable: Some(capstan_api::IntOrString::Int(1)),
     });
-    md.spec.strategy.in_place = Some(capstan_api::InPlaceStrategy {
+    md.spec.rollout_strategy_mut().in_place = Some(capstan_api::InPlaceStrategy {
         updaters: Some(vec![name.to_string()]),
         fallback: capstan_api::InPlaceFallback::None,
     });
@@ -1122,11 +1122,11 @@ async fn an_updater_canary_shadows_can_update_and_never_updates_until_promoted()
         2,
         "v1.30.0",
     );
-    md.spec.strategy.rolling_update = Some(capstan_api::RollingUpdate {
+    md.spec.rollout_strategy_mut().rolling_update = Some(capstan_api::RollingUpdate {
         max_surge: Some(capstan_api::IntOrString::Int(0)),
         max_unavailable: Some(capstan_api::IntOrString::Int(1)),
     });
-    md.spec.strategy.in_place = Some(capstan_api::InPlaceStrategy {
+    md.spec.rollout_strategy_mut().in_place = Some(capstan_api::InPlaceStrategy {
         updaters: Some(vec![name.to_string()]),
         fallback: capstan_api::InPlaceFallback::None,
     });

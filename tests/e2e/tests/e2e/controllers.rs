@@ -138,7 +138,7 @@ async fn scale_roll_back_and_delete_a_deployment() {
         .kubectl(&["get", "md,ms,ma"], None)
         .unwrap();
     assert!(
-        table.contains("REPLICAS") && table.contains("PHASE"),
+        table.contains("DESIRED") && table.contains("UP-TO-DATE") && table.contains("PHASE"),
         "{table}"
     );
     assert!(table.contains("Running"), "{table}");
@@ -319,7 +319,7 @@ async fn on_delete_and_pause_only_move_when_told() {
     env.start_controllers(Providers::default(), fast_options())
         .await;
     let mut md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), 2, "v1.30.0");
-    md.spec.strategy.type_ = StrategyType::OnDelete;
+    md.spec.rollout_strategy_mut().type_ = StrategyType::OnDelete;
     apply(&env, &md).await;
     env.wait_rolled_out(NS, "pool", LONG).await;
     let before: BTreeSet<String> = env
@@ -389,7 +389,7 @@ async fn on_delete_and_pause_only_move_when_told() {
     patch_md(
         &env,
         "pool",
-        serde_json::json!({"spec": {"paused": true, "strategy": {"type": "RollingUpdate"},
+        serde_json::json!({"spec": {"paused": true, "rollout": {"strategy": {"type": "RollingUpdate"}},
             "template": {"spec": {"version": "v1.32.0"}}}}),
     )
     .await;
@@ -620,7 +620,10 @@ async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
             replicas: 2,
             selector: template.selector.clone(),
             template: template.template.clone(),
-            delete_policy: capstan_api::DeletePolicy::Oldest,
+            deletion: Some(capstan_api::DeletionOrder {
+                order: capstan_api::DeletePolicy::Oldest,
+            }),
+            delete_policy: None,
             min_ready_seconds: 0,
             in_place: None,
         },
@@ -871,14 +874,21 @@ async fn long_names_are_refused_orphaned_sets_adopted_and_a_name_clash_reported(
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn plugin_text_in_conditions_status_and_events_is_bounded() {
+/// An environment with the hostile test plugin as Plugin `hostile`, its
+/// controllers running.
+async fn hostile_env() -> Env {
     let mut env = Env::start(faults(100)).await.expect("env");
     env.create_plugin("hostile", &capstan_e2e::plugin("hostile_plugin"))
         .await
         .unwrap();
     env.start_controllers(Providers::default(), fast_options())
         .await;
+    env
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_text_in_conditions_status_and_events_is_bounded() {
+    let env = hostile_env().await;
     let machines: Api<Machine> = Api::namespaced(env.client.clone(), NS);
     for (name, attack) in [("chatty", "long-message"), ("loud", "long-error")] {
         let machine: Machine = serde_json::from_value(serde_json::json!({
@@ -937,6 +947,59 @@ async fn plugin_text_in_conditions_status_and_events_is_bounded() {
         longest > 0 && longest <= 2 * limit,
         "an Event of {longest} bytes"
     );
+}
+
+/// A plugin's capacity is a claim: the host writes the autoscaler's
+/// annotations from a modest answer, and nothing of an absurd one (4
+/// million cores, a GPU type carrying a line break).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_absurd_capacity_never_reaches_the_autoscalers_annotations() {
+    let env = hostile_env().await;
+    let sets: Api<MachineSet> = Api::namespaced(env.client.clone(), NS);
+    for (name, attack) in [("modest", "none"), ("absurd", "absurd-capacity")] {
+        let set: MachineSet = serde_json::from_value(serde_json::json!({
+            "apiVersion": "capstan.dev/v1alpha1",
+            "kind": "MachineSet",
+            "metadata": { "name": name, "namespace": NS },
+            "spec": {
+                "replicas": 0,
+                "selector": { "matchLabels": { "set": name } },
+                "template": {
+                    "metadata": { "labels": { "set": name } },
+                    "spec": { "provider": { "plugin": "hostile", "config": { "attack": attack } } },
+                },
+            },
+        }))
+        .unwrap();
+        sets.create(&PostParams::default(), &set).await.unwrap();
+    }
+    let key = |k: &str| format!("capacity.cluster-autoscaler.kubernetes.io/{k}");
+    let modest = eventually("the modest capacity written", LONG, async || {
+        let a = sets.get("modest").await.ok()?.metadata.annotations?;
+        Some((a.get(&key("cpu"))?.clone(), a.get(&key("memory"))?.clone()))
+    })
+    .await;
+    assert_eq!(modest, ("1".to_string(), "512Mi".to_string()));
+    // The plugin is loaded now: a pass of the absurd set from here on
+    // (its generation 2 observed) has asked it too.
+    let bump = serde_json::json!({"spec": {"minReadySeconds": 1}});
+    sets.patch("absurd", &PatchParams::default(), &Patch::Merge(&bump))
+        .await
+        .unwrap();
+    let absurd = eventually("the absurd set's next pass", LONG, async || {
+        let set = sets.get("absurd").await.ok()?;
+        (set.status.as_ref()?.observed_generation == Some(2)).then_some(set)
+    })
+    .await;
+    let written: Vec<&String> = absurd
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("capacity.") || k.starts_with("capstan.dev/capacity"))
+        .collect();
+    assert!(written.is_empty(), "{written:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

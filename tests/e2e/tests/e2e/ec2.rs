@@ -174,6 +174,20 @@ async fn a_machine_deployment_of_ec2_machines_reaches_ready_rolls_and_terminates
     .unwrap();
     env.wait_rolled_out("default", "ec2", Duration::from_secs(90))
         .await;
+    // Scale-from-zero capacity, from `DescribeInstanceTypes` (moto's
+    // t3.micro: 2 vCPUs, 1 GiB), written for the cluster-autoscaler.
+    let capacity = env
+        .eventually(
+            "capacity annotations",
+            Duration::from_secs(60),
+            async || {
+                let a = mds.get("ec2").await.ok()?.metadata.annotations?;
+                let key = |k: &str| format!("capacity.cluster-autoscaler.kubernetes.io/{k}");
+                Some((a.get(&key("cpu"))?.clone(), a.get(&key("memory"))?.clone()))
+            },
+        )
+        .await;
+    assert_eq!(capacity, ("2".to_string(), "1024Mi".to_string()));
 
     // A Machine that names its own endpoint (a tenant's listener, which
     // would receive SigV4-signed requests with the admin's key id) is

@@ -103,11 +103,11 @@ fn deployment(
 ) -> MachineDeployment {
     let mut md = sample_deployment(name, SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
     md.spec.template.spec.provider.config["tags"] = serde_json::json!({"team": "a"});
-    md.spec.strategy.rolling_update = Some(RollingUpdate {
+    md.spec.rollout_strategy_mut().rolling_update = Some(RollingUpdate {
         max_surge: Some(IntOrString::Int(surge)),
         max_unavailable: Some(IntOrString::Int(unavailable)),
     });
-    md.spec.strategy.in_place = Some(InPlaceStrategy {
+    md.spec.rollout_strategy_mut().in_place = Some(InPlaceStrategy {
         updaters: None,
         fallback,
     });
@@ -363,7 +363,7 @@ async fn unclaimed_changes_wait_until_the_fallback_replaces() {
     patch_md(
         &env,
         "db",
-        serde_json::json!({"spec": {"strategy": {"inPlace": {"fallback": "Replace"}}}}),
+        serde_json::json!({"spec": {"rollout": {"strategy": {"inPlace": {"fallback": "Replace"}}}}}),
     )
     .await;
     env.wait_rolled_out(NS, "db", LONG).await;

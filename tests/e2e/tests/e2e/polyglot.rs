@@ -532,6 +532,18 @@ async fn signed_python_and_javascript_plugins_from_a_registry_run_machines_and_a
         })
         .count();
     assert_eq!(ready, 3, "3 Machines running through the Python provider");
+    // Its `capacity` (the sim cloud's instance type), for the autoscaler.
+    let capacity = eventually("the Python provider's capacity", LONG, async || {
+        let md = Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
+            .get("py-pool")
+            .await
+            .ok()?;
+        let a = md.metadata.annotations?;
+        let key = |k: &str| format!("capacity.cluster-autoscaler.kubernetes.io/{k}");
+        Some((a.get(&key("cpu"))?.clone(), a.get(&key("memory"))?.clone()))
+    })
+    .await;
+    assert_eq!(capacity, ("4".to_string(), "16384Mi".to_string()));
     let status = eventually("the JavaScript addon healthy at 1.8.2", LONG, async || {
         let a = Api::<Addon>::namespaced(env.client.clone(), NS)
             .get("metrics")

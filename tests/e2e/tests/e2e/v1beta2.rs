@@ -213,3 +213,232 @@ async fn a_deployment_reports_every_v1beta2_condition_through_its_lifecycle() {
     .await;
     env.stop_controllers().await;
 }
+
+/// The ValidSpec condition of a MachineDeployment (or, with `set`, a
+/// MachineSet): (status, reason, message).
+async fn valid_spec(env: &Env, name: &str, set: bool) -> Option<(String, String, String)> {
+    let conditions = if set {
+        let api = Api::<MachineSet>::namespaced(env.client.clone(), NS);
+        api.get(name).await.ok()?.status?.conditions
+    } else {
+        let api = Api::<MachineDeployment>::namespaced(env.client.clone(), NS);
+        api.get(name).await.ok()?.status?.conditions
+    };
+    let c = capstan_api::condition(&conditions, "ValidSpec")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// A user's v1beta1-shaped YAML (`spec.strategy`, `spec.deletePolicy`)
+/// still works, with `ValidSpec` reason `DeprecatedFields` and a Warning
+/// Event naming the move; both names set and different is refused naming
+/// both; the v1beta2 names take over once the old one is removed. `kubectl
+/// get` prints Cluster API's columns, `spec.providerID` is written by the
+/// controller, and a tenant's rewrite of it is set back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn v1beta1_names_are_accepted_with_a_warning_and_tables_print_as_cluster_api() {
+    crate::logs();
+    let mut env = Env::start(Faults::default()).await.expect("env");
+    env.start_controllers(Providers::default(), Options::default())
+        .await;
+    let url = env.cloud.url();
+    // OnDelete under the old name: a template change replaces nothing, so
+    // the old field is shown to be read, not just tolerated.
+    let yaml = format!(
+        r#"apiVersion: capstan.dev/v1alpha1
+kind: MachineDeployment
+metadata: {{name: old, namespace: {NS}}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{capstan.dev/pool: old}}}}
+  strategy: {{type: OnDelete}}
+  template:
+    metadata: {{labels: {{capstan.dev/pool: old}}}}
+    spec:
+      version: v1.30.0
+      provider: {{plugin: {SIM_PLUGIN}, config: {{endpoint: "{url}", instanceType: small}}}}
+---
+apiVersion: capstan.dev/v1alpha1
+kind: MachineSet
+metadata: {{name: spare, namespace: {NS}}}
+spec:
+  replicas: 0
+  deletePolicy: Oldest
+  selector: {{matchLabels: {{capstan.dev/pool: spare}}}}
+  template:
+    metadata: {{labels: {{capstan.dev/pool: spare}}}}
+    spec:
+      provider: {{plugin: {SIM_PLUGIN}, config: {{endpoint: "{url}", instanceType: small}}}}
+"#
+    );
+    env.control_plane
+        .kubectl(&["apply", "-f", "-"], Some(&yaml))
+        .expect("kubectl apply");
+    env.wait_rolled_out(NS, "old", LONG).await;
+    let deployments = Api::<MachineDeployment>::namespaced(env.client.clone(), NS);
+    let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS);
+    let (status, reason, message) = valid_spec(&env, "old", false).await.unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "DeprecatedFields")
+    );
+    assert!(
+        message.contains("spec.strategy is deprecated: move it to spec.rollout.strategy"),
+        "{message}"
+    );
+    let spare = env
+        .eventually("the set's ValidSpec", LONG, async || {
+            valid_spec(&env, "spare", true).await
+        })
+        .await;
+    assert_eq!(spare.1, "DeprecatedFields", "{spare:?}");
+    assert!(
+        spare
+            .2
+            .contains("spec.deletePolicy is deprecated: move it to spec.deletion.order")
+    );
+    let warned = env
+        .eventually("the DeprecatedFields Event", LONG, async || {
+            let events = env.events_for(NS, "old").await;
+            events
+                .into_iter()
+                .find(|(reason, _)| reason == "DeprecatedFields")
+        })
+        .await;
+    assert!(warned.1.contains("spec.rollout.strategy"), "{warned:?}");
+
+    let version = |v: &'static str| json!({"spec": {"template": {"spec": {"version": v}}}});
+    deployments
+        .patch(
+            "old",
+            &PatchParams::default(),
+            &Patch::Merge(version("v1.31.0")),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let machines = env.machines(NS).await;
+    assert!(
+        machines
+            .iter()
+            .all(|m| m.spec.version.as_deref() == Some("v1.30.0")),
+        "OnDelete (the deprecated spec.strategy) replaced a machine"
+    );
+
+    // Both names, disagreeing: refused, naming both.
+    let both = json!({"spec": {"rollout": {"strategy": {"type": "RollingUpdate"}}}});
+    deployments
+        .patch("old", &PatchParams::default(), &Patch::Merge(both))
+        .await
+        .unwrap();
+    wait(&env, "machinedeployment/old", "ValidSpec=False").await;
+    let (_, reason, message) = valid_spec(&env, "old", false).await.unwrap();
+    assert_eq!(reason, "InvalidSpec");
+    assert!(
+        message.contains("spec.strategy and spec.rollout.strategy are both set and differ"),
+        "{message}"
+    );
+    // The old name removed: the v1beta2 one rolls the new version out, and
+    // `spec.deletion.order` reaches the sets at its v1beta2 place.
+    let moved = json!({"spec": {"strategy": null, "deletion": {"order": "Newest"}}});
+    deployments
+        .patch("old", &PatchParams::default(), &Patch::Merge(moved))
+        .await
+        .unwrap();
+    wait(&env, "machinedeployment/old", "ValidSpec").await;
+    assert_eq!(valid_spec(&env, "old", false).await.unwrap().1, "Valid");
+    env.wait_rolled_out(NS, "old", LONG).await;
+    let machines = env.machines(NS).await;
+    assert!(
+        machines
+            .iter()
+            .all(|m| m.spec.version.as_deref() == Some("v1.31.0"))
+    );
+    let set = sets.get(&current_set(&env).await).await.unwrap();
+    assert_eq!(
+        set.spec.deletion.map(|d| d.order),
+        Some(capstan_api::DeletePolicy::Newest)
+    );
+    assert_eq!(set.spec.delete_policy, None);
+
+    // spec.providerID, written by the controller as Cluster API does.
+    for m in &machines {
+        let recorded = m.status.as_ref().and_then(|s| s.provider_id.clone());
+        assert!(recorded.is_some());
+        assert_eq!(m.spec.provider_id, recorded, "{}", m.name_any());
+    }
+    // Cluster API's columns.
+    let table = env
+        .control_plane
+        .kubectl(&["get", "md", "old", "-n", NS], None)
+        .unwrap();
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "CLUSTER",
+            "AVAILABLE",
+            "DESIRED",
+            "CURRENT",
+            "READY",
+            "AVAILABLE",
+            "UP-TO-DATE",
+            "PHASE",
+            "AGE",
+            "VERSION"
+        ],
+        "{table}"
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    // No cluster name: the column is empty, so the row starts with `True`.
+    assert_eq!(&row[1..7], ["True", "2", "2", "2", "2", "2"], "{table}");
+    let wide = env
+        .control_plane
+        .kubectl(&["get", "ma", "-n", NS, "-o", "wide"], None)
+        .unwrap();
+    for heading in [
+        "NODE NAME",
+        "PROVIDER ID",
+        "READY",
+        "UP-TO-DATE",
+        "INTERNAL-IP",
+    ] {
+        assert!(wide.contains(heading), "{heading}: {wide}");
+    }
+    for m in &machines {
+        assert!(
+            wide.contains(m.spec.provider_id.as_deref().unwrap()),
+            "{wide}"
+        );
+    }
+
+    // A tenant rewrites one Machine's spec.providerID to another instance:
+    // the recorded one outranks the claim and it is set back.
+    let victim = &machines[0];
+    let other = machines[1].spec.provider_id.clone().unwrap();
+    let ma = Api::<capstan_api::Machine>::namespaced(env.client.clone(), NS);
+    let claim = json!({"spec": {"providerID": other}});
+    ma.patch(
+        &victim.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(claim),
+    )
+    .await
+    .unwrap();
+    let restored = env
+        .eventually("spec.providerID set back", LONG, async || {
+            let m = ma.get(&victim.name_any()).await.ok()?;
+            (m.spec.provider_id == victim.spec.provider_id).then_some(())
+        })
+        .await;
+    let _: () = restored;
+    let events = env.events_for(NS, &victim.name_any()).await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "ProviderIDRestored" && m.contains(&other)),
+        "{events:?}"
+    );
+    assert_eq!(env.cloud.instances().len(), 2, "no instance was touched");
+    env.stop_controllers().await;
+}

@@ -32,6 +32,8 @@ pub const CAPACITY_CPU: &str = "4";
 pub const CAPACITY_MEMORY: &str = "16Gi";
 /// Pods per Node, the kubelet's default `--max-pods`.
 pub const CAPACITY_PODS: &str = "110";
+/// Local disk of every simulated Node.
+pub const CAPACITY_EPHEMERAL_STORAGE: &str = "100Gi";
 
 /// The kubelet version reported when the machine names none.
 const DEFAULT_KUBELET_VERSION: &str = "v1.20.2";
@@ -193,7 +195,7 @@ pub fn node_object(spec: &NodeSpec, conditions: &[NodeCondition]) -> Value {
         "cpu": CAPACITY_CPU,
         "memory": CAPACITY_MEMORY,
         "pods": CAPACITY_PODS,
-        "ephemeral-storage": "100Gi",
+        "ephemeral-storage": CAPACITY_EPHEMERAL_STORAGE,
     });
     json!({
         "apiVersion": "v1",
