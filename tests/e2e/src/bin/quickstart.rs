@@ -515,7 +515,14 @@ spec:
     print!(
         "{}",
         env.control_plane
-            .kubectl(&["get", "md,ms,ma,nodes"], None)
+            .kubectl(&["get", "md,ms,nodes"], None)
+            .map_err(anyhow::Error::msg)?
+    );
+    // Wide: the PROVIDER ID column, as Cluster API prints it.
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["get", "ma", "-o", "wide"], None)
             .map_err(anyhow::Error::msg)?
     );
     step("the Nodes joined with their own certificates; kubectl get csr");

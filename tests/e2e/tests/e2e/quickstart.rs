@@ -28,7 +28,9 @@ fn quickstart_reaches_ready_and_cleans_up() {
         "==> kubectl apply -f",
         "machinehealthcheck.capstan.dev/quickstart created",
         "3 Ready",
-        "machinedeployment.capstan.dev/quickstart   3          3       3         3           v1.30.0   Running",
+        // Cluster API's columns: CLUSTER (none), AVAILABLE, DESIRED,
+        // CURRENT, READY, AVAILABLE, UP-TO-DATE, PHASE.
+        "machinedeployment.capstan.dev/quickstart             True        3         3         3       3           3            Running",
         "sim://i-",
         "==> the Nodes joined with their own certificates; kubectl get csr",
         "kubernetes.io/kube-apiserver-client-kubelet",
