@@ -412,6 +412,46 @@ mod tests {
         );
     }
 
+    /// Every default in every CRD's schema within its own bounds: the API
+    /// server refuses a CRD whose default breaks its `minimum`, `maximum`
+    /// or `enum`, and then nothing installs.
+    #[test]
+    fn every_schema_default_is_one_the_schema_accepts() {
+        fn walk(path: &str, node: &serde_json::Value, bad: &mut Vec<String>) {
+            match node {
+                serde_json::Value::Object(map) => {
+                    if let Some(default) = map.get("default") {
+                        let n = default.as_f64();
+                        let below = map.get("minimum").and_then(|m| m.as_f64());
+                        let above = map.get("maximum").and_then(|m| m.as_f64());
+                        let listed = map.get("enum").and_then(|e| e.as_array());
+                        if n.zip(below).is_some_and(|(n, min)| n < min)
+                            || n.zip(above).is_some_and(|(n, max)| n > max)
+                            || listed.is_some_and(|e| !e.contains(default))
+                        {
+                            bad.push(format!("{path}: default {default}"));
+                        }
+                    }
+                    for (key, value) in map {
+                        walk(&format!("{path}.{key}"), value, bad);
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for (i, value) in items.iter().enumerate() {
+                        walk(&format!("{path}[{i}]"), value, bad);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut bad = Vec::new();
+        for crd in crds() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            walk(&name, &serde_json::to_value(&crd).unwrap(), &mut bad);
+        }
+        assert!(bad.is_empty(), "{bad:#?}");
+    }
+
     #[test]
     fn schema_rejects_what_it_can_express() {
         let json = serde_json::to_value(MachineDeployment::crd()).unwrap();

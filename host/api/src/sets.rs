@@ -206,6 +206,15 @@ pub struct MachineSetStatus {
     /// them over, ever (a deployment's `spec.rollback` counts them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub remediated_replicas: i32,
+    /// The Kubernetes versions its Machines run, lowest first, with how
+    /// many run each (Cluster API v1beta2's `status.versions`): a
+    /// Machine's Node's kubelet version, else its `spec.version`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 100),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["version"])
+    )]
+    pub versions: Vec<StatusVersion>,
     /// The selector as a string (for the scale subresource).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
@@ -542,6 +551,15 @@ pub struct MachineDeploymentStatus {
     /// `replicas` wanted minus available (never negative).
     #[serde(default)]
     pub unavailable_replicas: i32,
+    /// The Kubernetes versions its Machines run, lowest first, with how
+    /// many run each (Cluster API v1beta2's `status.versions`): a
+    /// Machine's Node's kubelet version, else its `spec.version`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 100),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["version"])
+    )]
+    pub versions: Vec<StatusVersion>,
     /// The current template's revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<i64>,
@@ -568,6 +586,16 @@ pub struct MachineDeploymentStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// A Kubernetes version and how many Machines run it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusVersion {
+    #[schemars(length(min = 1, max = 256))]
+    pub version: String,
+    #[schemars(range(min = 1))]
+    pub replicas: i32,
 }
 
 /// Where the rollout of the current template started, for `spec.rollback`.

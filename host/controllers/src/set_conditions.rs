@@ -3,12 +3,14 @@
 //! `ScalingDown`, `Remediating`, `Deleting`, `Paused`): the Machines are
 //! tallied here, the conditions decided by
 //! `capstan_planner::set_conditions`. A paused or deleting object's pass
-//! stops early, so [`held`] marks those two before it does.
+//! stops early, so [`held`] marks those two before it does. The tally
+//! also gives `status.versions` (`capstan_planner::versions`).
 
 use capstan_api::Machine;
 use capstan_api::machine_conditions::{OWNER_REMEDIATED, READY, UP_TO_DATE};
 use capstan_kit::Conditions;
 use capstan_planner::set_conditions::{Summary, conditions as conditions_of};
+use capstan_planner::versions::{self, MachineVersion};
 use kube::ResourceExt;
 
 /// The Machines of a set or deployment, as the conditions need them.
@@ -18,6 +20,9 @@ pub(crate) struct Tally {
     not_ready: Vec<String>,
     not_up_to_date: Vec<String>,
     remediating: Vec<String>,
+    /// Every Machine's version, for `status.versions` (creation in
+    /// seconds, name, the Node's kubelet version, `spec.version`).
+    versions: Vec<(i64, String, Option<String>, Option<String>)>,
 }
 
 impl Tally {
@@ -31,6 +36,19 @@ impl Tally {
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
         let name = m.name_any();
+        // Counted also while being deleted, as Cluster API counts them.
+        self.versions.push((
+            m.metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(i64::MIN, |t| t.0.as_second()),
+            name.clone(),
+            m.status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|n| n.kubelet_version.clone()),
+            m.spec.version.clone(),
+        ));
         if capstan_api::condition(conds, OWNER_REMEDIATED).is_some_and(|c| c.status == "False") {
             self.remediating.push(name.clone());
         }
@@ -49,6 +67,27 @@ impl Tally {
     /// Machines counted whose `UpToDate` is `True`.
     pub(crate) fn up_to_date(&self) -> i32 {
         self.current - self.not_up_to_date.len() as i32
+    }
+
+    /// The versions of the Machines counted (`status.versions`).
+    pub(crate) fn versions(&self) -> Vec<capstan_api::StatusVersion> {
+        let machines = self
+            .versions
+            .iter()
+            .map(|(created, name, kubelet, spec)| MachineVersion {
+                created: *created,
+                name,
+                kubelet: kubelet.as_deref(),
+                spec: spec.as_deref(),
+            })
+            .collect();
+        versions::aggregate(machines)
+            .into_iter()
+            .map(|c| capstan_api::StatusVersion {
+                version: c.version,
+                replicas: c.replicas,
+            })
+            .collect()
     }
 
     /// Set the conditions for an object that wants `desired` replicas (and

@@ -15,8 +15,10 @@
 //! Machine's taints on its Node; [`node_claim::check`] says whether a
 //! Machine may take the Node its plugin names; [`bootstrap`] decides a
 //! machine's bootstrap data and token; [`canary`] judges a plugin
-//! canary's windows and picks the Machines it serves. The controllers (`capstan-controllers`) observe the
-//! cluster, call these, and write the result.
+//! canary's windows and picks the Machines it serves; [`versions`]
+//! counts the Kubernetes versions a set's Machines run. The controllers
+//! (`capstan-controllers`) observe the cluster, call these, and write the
+//! result.
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +36,7 @@ pub mod rollback;
 pub mod rollout;
 pub mod set_conditions;
 pub mod taints;
+pub mod versions;
 
 /// A rollout bound as written in a spec: a machine count or a percentage of
 /// the desired replicas.

@@ -25,6 +25,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Where `scripts/control-plane.sh` caches the binaries.
@@ -166,7 +167,16 @@ pub struct ControlPlane {
     /// The timings it runs with.
     pub options: ControlPlaneOptions,
     dir: PathBuf,
-    children: Vec<(&'static str, Child)>,
+    ports: Ports,
+    children: Mutex<Vec<(&'static str, Child)>>,
+}
+
+/// The loopback ports it listens on, kept across [`ControlPlane::restart_empty`].
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    etcd_client: u16,
+    etcd_peer: u16,
+    secure: u16,
 }
 
 /// A free loopback port (free now; a race with other processes is possible but rare).
@@ -297,7 +307,6 @@ impl ControlPlane {
                 ));
             }
         }
-        let apiserver = bin.join("kube-apiserver");
         let dir = std::env::temp_dir().join(format!(
             "capstan-control-plane-{}-{}",
             std::process::id(),
@@ -308,26 +317,16 @@ impl ControlPlane {
             url: String::new(),
             token: format!("capstan-test-{:x}", std::process::id()),
             ca_pem: Vec::new(),
-            options: options.clone(),
+            options,
             dir: dir.clone(),
-            children: Vec::new(),
+            ports: Ports {
+                etcd_client: free_port(),
+                etcd_peer: free_port(),
+                secure: free_port(),
+            },
+            children: Mutex::new(Vec::new()),
         };
-
-        let (client, peer, secure) = (free_port(), free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        plane.children.push(spawn(
-            "etcd",
-            Command::new("etcd")
-                .arg("--name=capstan")
-                .arg(format!("--data-dir={}", dir.join("etcd").display()))
-                .arg(format!("--listen-client-urls={etcd_url}"))
-                .arg(format!("--advertise-client-urls={etcd_url}"))
-                .arg(format!("--listen-peer-urls={peer_url}"))
-                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-                .arg(format!("--initial-cluster=capstan={peer_url}")),
-            &dir.join("etcd.log"),
-        )?);
+        plane.url = format!("https://127.0.0.1:{}", plane.ports.secure);
 
         let key = dir.join("sa.key");
         let public = dir.join("sa.pub");
@@ -343,18 +342,73 @@ impl ControlPlane {
             .arg("-out")
             .arg(&public))?;
         plane.ca_pem = cluster_ca(&dir.join("certs"))?;
-        let certs = dir.join("certs");
-        let tokens = dir.join("tokens.csv");
         std::fs::write(
-            &tokens,
+            dir.join("tokens.csv"),
             format!(
                 "{0},capstan-admin,capstan-admin,system:masters\n{0}-2,{SECOND_ADMIN},{SECOND_ADMIN},system:masters\n{0}-3,{WORKLOAD_USER},{WORKLOAD_USER},system:masters\n",
                 plane.token
             ),
         )
         .map_err(|e| e.to_string())?;
+        plane.run_processes()?;
+        Ok(plane)
+    }
 
-        plane.children.push(spawn(
+    /// A restore into a fresh API server: every process stopped, etcd's
+    /// data removed, and the control plane started again on the same
+    /// endpoint with the same CA, keys and admin tokens (as a control
+    /// plane rebuilt from its PKI backup), so kubelets' certificates and
+    /// kubeconfigs still work and only the stored objects are gone.
+    pub fn restart_empty(&self) -> Result<(), String> {
+        self.stop_processes();
+        std::fs::remove_dir_all(self.dir.join("etcd")).map_err(|e| e.to_string())?;
+        self.run_processes()
+    }
+
+    fn stop_processes(&self) {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, child) in children.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        children.clear();
+    }
+
+    /// Start etcd and the API server, wait until it is ready, publish what
+    /// joining needs, then start the controller-manager and scheduler.
+    fn run_processes(&self) -> Result<(), String> {
+        let bin = bin_dir();
+        let apiserver = bin.join("kube-apiserver");
+        let (dir, options) = (&self.dir, &self.options);
+        let push = |child| {
+            self.children
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(child)
+        };
+        let Ports {
+            etcd_client: client,
+            etcd_peer: peer,
+            secure,
+        } = self.ports;
+        let etcd_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        push(spawn(
+            "etcd",
+            Command::new("etcd")
+                .arg("--name=capstan")
+                .arg(format!("--data-dir={}", dir.join("etcd").display()))
+                .arg(format!("--listen-client-urls={etcd_url}"))
+                .arg(format!("--advertise-client-urls={etcd_url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=capstan={peer_url}")),
+            &dir.join("etcd.log"),
+        )?);
+        let (key, public) = (dir.join("sa.key"), dir.join("sa.pub"));
+        let certs = dir.join("certs");
+        let tokens = dir.join("tokens.csv");
+        push(spawn(
             "kube-apiserver",
             Command::new(&apiserver)
                 .arg(format!("--etcd-servers={etcd_url}"))
@@ -376,7 +430,7 @@ impl ControlPlane {
                 ))
                 .arg("--enable-bootstrap-token-auth=true")
                 .arg(format!("--token-auth-file={}", tokens.display()))
-                .args(audit_args(&dir, options.audit)?)
+                .args(audit_args(dir, options.audit)?)
                 .arg("--authorization-mode=Node,RBAC")
                 .arg("--enable-admission-plugins=NodeRestriction")
                 .arg("--service-cluster-ip-range=10.96.0.0/24")
@@ -397,16 +451,15 @@ impl ControlPlane {
                 .arg("--enable-priority-and-fairness=false"),
             &dir.join("kube-apiserver.log"),
         )?);
-        plane.url = format!("https://127.0.0.1:{secure}");
-        plane.wait_ready(Duration::from_secs(60))?;
-        plane.write_kubeconfig()?;
-        plane.publish_cluster_info()?;
+        self.wait_ready(Duration::from_secs(60))?;
+        self.write_kubeconfig()?;
+        self.publish_cluster_info()?;
         if options.api_only {
-            return Ok(plane);
+            return Ok(());
         }
 
-        let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
-        plane.children.push(spawn(
+        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig().display());
+        push(spawn(
             "kube-controller-manager",
             Command::new(bin.join("kube-controller-manager"))
                 .arg(&kubeconfig)
@@ -445,7 +498,7 @@ impl ControlPlane {
                 .arg("--concurrent-gc-syncs=5"),
             &dir.join("kube-controller-manager.log"),
         )?);
-        plane.children.push(spawn(
+        push(spawn(
             "kube-scheduler",
             Command::new(bin.join("kube-scheduler"))
                 .arg(&kubeconfig)
@@ -456,26 +509,31 @@ impl ControlPlane {
                 .arg("--kube-api-burst=200"),
             &dir.join("kube-scheduler.log"),
         )?);
-        Ok(plane)
+        Ok(())
     }
 
     /// The process id of one of its processes (`etcd`, `kube-apiserver`,
     /// `kube-controller-manager`, `kube-scheduler`), for CPU and memory figures.
     pub fn pid(&self, name: &str) -> Option<u32> {
         self.children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, c)| c.id())
     }
 
-    fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
+    fn wait_ready(&self, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
         loop {
-            for (name, child) in &mut self.children {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let name = *name;
-                    return Err(format!("{name} exited with {status}{}", self.log_tails()));
-                }
+            let exited = self
+                .children
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter_mut()
+                .find_map(|(name, child)| Some((*name, child.try_wait().ok()??)));
+            if let Some((name, status)) = exited {
+                return Err(format!("{name} exited with {status}{}", self.log_tails()));
             }
             if matches!(self.get("/readyz"), Ok((200, _))) {
                 return Ok(());
@@ -735,10 +793,7 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        for (_, child) in self.children.iter_mut().rev() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.stop_processes();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

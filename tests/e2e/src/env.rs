@@ -192,6 +192,30 @@ impl Env {
         Ok(env)
     }
 
+    /// A restore into a fresh API server, with the controllers stopped:
+    /// the control plane restarts on an empty etcd with its PKI kept
+    /// ([`ControlPlane::restart_empty`]), then what a cluster restore
+    /// brings back before the user's objects is put back: the CRDs and the
+    /// `sim` Plugin with its Secret.
+    pub async fn restore_into_fresh_control_plane(&self) -> Result<(), String> {
+        assert!(self.controllers.is_none(), "stop the controllers first");
+        let plane = self.control_plane.clone();
+        tokio::task::spawn_blocking(move || plane.restart_empty())
+            .await
+            .map_err(|e| e.to_string())??;
+        // The client's pooled connections died with the old API server.
+        let mut attempts = 0;
+        while let Err(e) = install_crds(&self.client).await {
+            attempts += 1;
+            if attempts == 5 {
+                return Err(format!("cannot install the CRDs after the restore: {e}"));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.create_plugin(SIM_PLUGIN, &crate::plugin("sim_provider"))
+            .await
+    }
+
     /// Create the Secret holding the cloud token and a `Plugin` for the
     /// component at `path`, granted the loopback cloud.
     pub async fn create_plugin(&self, name: &str, path: &std::path::Path) -> Result<(), String> {

@@ -662,6 +662,7 @@ struct ListQuery {
 /// | `POST /admin/instances/{id}/vanish` | 204; the instance is gone at once, as if terminated and reaped out of band, and its Node is left in place |
 /// | `GET /admin/joins` | 200 how each instance's join went ([`JoinReport`]: `joining`, `joined`, `failed` with why, `no-join-data`) |
 /// | `GET /admin/nodes` | 200 the kubelet's Nodes and their fault switches |
+/// | `POST /admin/kubelet/restart` | 200 `{"nodes": N}`; restarts the kubelet on every instance (as after a control-plane restore): new watches, and each Node registers again with its own credentials, created anew if it was lost |
 /// | `PUT /admin/nodes/{node}/heartbeats` (`{"enabled": false}`) | 204; stops (or restarts) that Node's kubelet: no Lease, no status, no pod changes |
 /// | `PUT /admin/nodes/{node}/conditions` ([`ConditionOverride`]) | 204; the Node reports that condition, for `seconds` or until cleared |
 /// | `DELETE /admin/nodes/{node}/conditions/{type}` | 204; the kubelet reports its own again |
@@ -690,6 +691,7 @@ fn router(state: Shared) -> Router {
         .route("/admin/instances/{id}/stop", post(stop_instance))
         .route("/admin/instances/{id}/vanish", post(vanish_instance))
         .route("/admin/nodes", get(list_nodes))
+        .route("/admin/kubelet/restart", post(restart_kubelet))
         .route("/admin/joins", get(list_joins))
         .route("/admin/timeline", get(timeline))
         .route("/admin/nodes/{node}/heartbeats", put(set_heartbeats))
@@ -1167,6 +1169,17 @@ async fn list_nodes(State(state): State<Shared>) -> Response {
     match kubelet_of(&state) {
         Ok(k) => Json(serde_json::json!({ "nodes": k.nodes() })).into_response(),
         Err(resp) => resp,
+    }
+}
+
+async fn restart_kubelet(State(state): State<Shared>) -> Response {
+    let kubelet = match kubelet_of(&state) {
+        Ok(k) => k,
+        Err(resp) => return resp,
+    };
+    match kubelet.restart().await {
+        Ok(nodes) => Json(serde_json::json!({ "nodes": nodes })).into_response(),
+        Err(e) => api_error(StatusCode::BAD_GATEWAY, "KubernetesError", &e),
     }
 }
 

@@ -49,6 +49,7 @@ pub(super) fn derive_status(
     status.replicas = totals.replicas;
     status.updated_replicas = totals.updated;
     status.up_to_date_replicas = totals.machines.up_to_date();
+    status.versions = totals.machines.versions();
     status.ready_replicas = totals.ready;
     status.available_replicas = totals.available;
     status.unavailable_replicas = (replicas - totals.available).max(0);

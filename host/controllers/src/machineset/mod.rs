@@ -566,6 +566,7 @@ fn derive_status(
     status.available_replicas = counts.available;
     status.failed_replicas = counts.failed;
     status.up_to_date_replicas = counts.up_to_date;
+    status.versions = tally.versions();
     let mut conditions = Conditions::new(&mut status.conditions, set.metadata.generation, t);
     // Cluster API v1beta2's reasons.
     if counts.available >= set.spec.replicas {

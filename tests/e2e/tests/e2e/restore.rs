@@ -1,7 +1,8 @@
 //! Restore- and move-safe instance identity on a real kube-apiserver and
 //! the sim cloud: a MachineDeployment whose objects were lost (finalizers
-//! removed, deleted, instances left running) and re-applied from their
-//! YAML adopts its instances instead of launching new ones; a Machine with
+//! removed, deleted, instances left running; or the API server restored
+//! empty from its PKI backup) and re-applied from their YAML adopts its
+//! instances instead of launching new ones; a Machine with
 //! `spec.providerID` adopts an instance launched outside Capstan where the
 //! Plugin allows it, and never an instance tagged for another Machine; the
 //! orphan report names an instance no Machine owns until one adopts it.
@@ -69,8 +70,32 @@ where
     let _ = api.delete(name, &DeleteParams::default()).await;
 }
 
+/// How a deployment's objects were lost while its instances ran on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// Finalizers removed and deleted (a botched migration, a namespace
+    /// wiped with its finalizers stripped).
+    Deleted,
+    /// The API server restored empty from its PKI backup (etcd lost); its
+    /// kubelets restarted after the user's objects were restored.
+    FreshApiServer,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deployment_re_applied_after_its_objects_were_lost_adopts_its_instances() {
+    lost_and_restored(Loss::Deleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deployment_restored_into_a_fresh_api_server_adopts_its_instances() {
+    lost_and_restored(Loss::FreshApiServer).await;
+}
+
+/// A deployment of 3 whose objects are lost while no controller runs and
+/// the instances run on, then restored from saved YAML (new uids, no
+/// status): zero new instances, the same provider IDs, every Machine
+/// Ready.
+async fn lost_and_restored(how: Loss) {
     crate::logs();
     let mut env = Env::start(Faults::default()).await.expect("env");
     env.start_controllers(Providers::default(), Options::default())
@@ -87,8 +112,7 @@ async fn a_deployment_re_applied_after_its_objects_were_lost_adopts_its_instance
     let launched = env.cloud.stats().instances_launched;
     assert_eq!(launched, 3);
 
-    // The objects are lost while no controller runs (a botched migration,
-    // a namespace wiped with its finalizers stripped): the instances run on.
+    // The objects are lost while no controller runs: the instances run on.
     env.stop_controllers().await;
     let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS);
     let machines = Api::<Machine>::namespaced(env.client.clone(), NS);
@@ -102,12 +126,20 @@ async fn a_deployment_re_applied_after_its_objects_were_lost_adopts_its_instance
         .map(as_saved)
         .collect();
     let saved_machines: Vec<Machine> = env.machines(NS).await.iter().map(as_saved).collect();
-    lose(&deployments, "keep").await;
-    for s in &saved_sets {
-        lose(&sets, &s.name_any()).await;
-    }
-    for m in &saved_machines {
-        lose(&machines, &m.name_any()).await;
+    match how {
+        Loss::Deleted => {
+            lose(&deployments, "keep").await;
+            for s in &saved_sets {
+                lose(&sets, &s.name_any()).await;
+            }
+            for m in &saved_machines {
+                lose(&machines, &m.name_any()).await;
+            }
+        }
+        Loss::FreshApiServer => env
+            .restore_into_fresh_control_plane()
+            .await
+            .expect("the control plane restarts empty"),
     }
     eventually("every object gone", LONG, async || {
         (env.machines(NS).await.is_empty()
@@ -138,6 +170,19 @@ async fn a_deployment_re_applied_after_its_objects_were_lost_adopts_its_instance
     for m in &saved_machines {
         machines.create(&PostParams::default(), m).await.unwrap();
     }
+    if how == Loss::FreshApiServer {
+        // Each kubelet registers its Node again with the certificate it
+        // holds (the same CA): after the Machines, as a restore runs.
+        let (code, body) = env
+            .cloud_call("POST", "/admin/kubelet/restart", None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (code, &body["nodes"]),
+            (200, &serde_json::json!(3)),
+            "{body}"
+        );
+    }
     env.start_controllers(Providers::default(), Options::default())
         .await;
     env.wait_rolled_out(NS, "keep", LONG).await;
@@ -154,6 +199,15 @@ async fn a_deployment_re_applied_after_its_objects_were_lost_adopts_its_instance
             .all(|m| m.status.as_ref().and_then(|s| s.adopted) == Some(AdoptedBy::Tags)),
         "{ms:?}"
     );
+    for m in &ms {
+        let status = m.status.as_ref().unwrap();
+        let node = status.node_ref.as_ref().map(|n| n.name.as_str());
+        assert!(
+            capstan_api::is_true(&status.conditions, "Ready") && node.is_some(),
+            "{} is Ready on its Node: {status:?}",
+            m.name_any()
+        );
+    }
     let reasons = env.event_reasons(NS);
     assert_eq!(
         reasons.matches("InstanceAdopted").count(),
@@ -161,7 +215,7 @@ async fn a_deployment_re_applied_after_its_objects_were_lost_adopts_its_instance
         "one adoption Event per Machine: {reasons}"
     );
     println!(
-        "re-applied: {} Machines Ready on the same {} instances; instances launched: {} before, {} after",
+        "{how:?}: {} Machines Ready on the same {} instances; instances launched: {} before, {} after",
         after.len(),
         env.cloud.instances().len(),
         launched,

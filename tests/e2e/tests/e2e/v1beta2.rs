@@ -5,11 +5,12 @@
 //! `ScalingDown`), a remediation (`Remediating`), a paused set (`Paused`),
 //! a rollout (`RollingOut`) and a deletion (`Deleting`). A paused set
 //! (Cluster API's annotation) and a Machine's pre-drain hook hold the
-//! moments that otherwise last a pass.
+//! moments that otherwise last a pass. `status.versions` is read as the
+//! Nodes' versions change, and under OnDelete with two side by side.
 
 use capstan_api::{MachineDeployment, MachineHealthCheck, MachineSet};
 use capstan_controllers::{Options, Providers};
-use capstan_e2e::env::{Env, SIM_PLUGIN, sample_deployment};
+use capstan_e2e::env::{Env, SIM_PLUGIN, poll_until, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -110,6 +111,9 @@ async fn a_deployment_reports_every_v1beta2_condition_through_its_lifecycle() {
     let set = current_set(&env).await;
     let set_ref = format!("machineset/{set}");
     wait(&env, &set_ref, "MachinesReady").await;
+    let two = json!([{"version": "v1.30.0", "replicas": 2}]);
+    versions(&env, &md_ref, two.clone()).await;
+    versions(&env, &set_ref, two).await;
 
     // A paused set holds the scale: the deployment scales up, then down.
     pause_set(&env, &set, true).await;
@@ -186,6 +190,39 @@ async fn a_deployment_reports_every_v1beta2_condition_through_its_lifecycle() {
     patch_md(&env, json!({"spec": {"paused": false}})).await;
     wait(&env, &md_ref, "RollingOut=False").await;
     wait(&env, &md_ref, "MachinesUpToDate").await;
+    versions(
+        &env,
+        &md_ref,
+        json!([{"version": "v1.31.0", "replicas": 2}]),
+    )
+    .await;
+
+    // OnDelete: a version change replaces only the Machine a user deletes,
+    // so two versions run side by side, lowest first.
+    patch_md(
+        &env,
+        json!({"spec": {
+            "rollout": {"strategy": {"type": "OnDelete"}},
+            "template": {"spec": {"version": "v1.32.0"}},
+        }}),
+    )
+    .await;
+    let old_set = set_of_version(&env, "v1.31.0").await;
+    let replaced = env.machines(NS).await[0].name_any();
+    machines
+        .delete(&replaced, &DeleteParams::default())
+        .await
+        .unwrap();
+    let both = json!([
+        {"version": "v1.31.0", "replicas": 1},
+        {"version": "v1.32.0", "replicas": 1},
+    ]);
+    versions(&env, &md_ref, both).await;
+    let new_set = set_of_version(&env, "v1.32.0").await;
+    let one_new = json!([{"version": "v1.32.0", "replicas": 1}]);
+    versions(&env, &format!("machineset/{new_set}"), one_new).await;
+    let one_old = json!([{"version": "v1.31.0", "replicas": 1}]);
+    versions(&env, &format!("machineset/{old_set}"), one_old).await;
 
     // Deleting, held by a Machine's pre-drain hook.
     let held = env
@@ -212,6 +249,43 @@ async fn a_deployment_reports_every_v1beta2_condition_through_its_lifecycle() {
     })
     .await;
     env.stop_controllers().await;
+}
+
+/// Wait until OBJECT's `status.versions` is `expected` (Cluster API
+/// v1beta2: each Node's kubelet version, counted, lowest first).
+async fn versions(env: &Env, object: &str, expected: serde_json::Value) {
+    let read = async || {
+        let out = env
+            .control_plane
+            .kubectl(
+                &["get", "-n", NS, object, "-o", "jsonpath={.status.versions}"],
+                None,
+            )
+            .ok()?;
+        let got: serde_json::Value = serde_json::from_str(out.trim()).ok()?;
+        (got == expected).then_some(())
+    };
+    if poll_until(LONG, read).await.is_none() {
+        panic!(
+            "{object}: status.versions never became {expected}\n{}",
+            env.describe(NS).await
+        );
+    }
+}
+
+/// The MachineSet whose template has `version`.
+async fn set_of_version(env: &Env, version: &str) -> String {
+    env.eventually("the version's MachineSet", LONG, async || {
+        let sets = Api::<MachineSet>::namespaced(env.client.clone(), NS)
+            .list(&Default::default())
+            .await
+            .ok()?;
+        sets.items
+            .iter()
+            .find(|s| s.spec.template.spec.version.as_deref() == Some(version))
+            .map(|s| s.name_any())
+    })
+    .await
 }
 
 /// The ValidSpec condition of a MachineDeployment (or, with `set`, a

@@ -58,7 +58,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// Where and how to reach the Kubernetes API.
@@ -290,12 +290,37 @@ struct Inner {
     busy: Mutex<HashSet<String>>,
     /// Pods (uid) this kubelet started: a stale cache never starts one twice.
     started: Mutex<HashSet<String>>,
-    node_cache: Store<Node>,
-    pod_cache: Store<Pod>,
+    /// What its watches see; replaced when it restarts.
+    caches: RwLock<Caches>,
     stats: Mutex<KubeletStats>,
     next_pod_ip: AtomicU32,
     /// Joins by provider ID.
     joins: Mutex<BTreeMap<String, JoinReport>>,
+}
+
+/// The kubelet's watch caches.
+#[derive(Clone)]
+struct Caches {
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+}
+
+impl Inner {
+    fn node_cache(&self) -> Store<Node> {
+        self.caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .nodes
+            .clone()
+    }
+
+    fn pod_cache(&self) -> Store<Pod> {
+        self.caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .pods
+            .clone()
+    }
 }
 
 /// Aborts the kubelet's background tasks when the last handle goes.
@@ -314,7 +339,9 @@ impl Drop for Tasks {
 #[derive(Clone)]
 pub struct Kubelet {
     inner: Arc<Inner>,
-    _tasks: Arc<Tasks>,
+    /// The Node and pod watches ([`Kubelet::restart`] replaces them).
+    watches: Arc<Mutex<Tasks>>,
+    _heartbeats: Arc<Tasks>,
 }
 
 impl std::fmt::Debug for Kubelet {
@@ -345,10 +372,10 @@ impl Kubelet {
         timeline: crate::Timeline,
     ) -> Result<Kubelet, String> {
         let client = client_for(&target)?;
-        let (node_cache, node_writer) = reflector::store();
-        let (pod_cache, pod_writer) = reflector::store();
+        let (nodes, _) = reflector::store();
+        let (pods, _) = reflector::store();
         let inner = Arc::new(Inner {
-            client: client.clone(),
+            client,
             config,
             timeline,
             nodes: Mutex::new(BTreeMap::new()),
@@ -356,54 +383,41 @@ impl Kubelet {
             unready_images: Mutex::new(BTreeSet::new()),
             busy: Mutex::new(HashSet::new()),
             started: Mutex::new(HashSet::new()),
-            node_cache,
-            pod_cache,
+            caches: RwLock::new(Caches { nodes, pods }),
             stats: Mutex::new(KubeletStats::default()),
             next_pod_ip: AtomicU32::new(1),
             joins: Mutex::new(BTreeMap::new()),
         });
-
-        let nodes = watcher(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default().labels("capstan.dev/simulated=true"),
-        )
-        .default_backoff()
-        .reflect(node_writer)
-        .for_each(|event| {
-            if let Err(e) = event {
-                tracing::debug!(error = %e, "simulated kubelet: node watch error; retrying");
-            }
-            futures::future::ready(())
-        });
-        let pod_events = inner.clone();
-        let pods = watcher(
-            Api::<Pod>::all(client),
-            watcher::Config::default().fields("spec.nodeName!="),
-        )
-        .default_backoff()
-        .reflect(pod_writer)
-        .for_each(move |event| {
-            match event {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                    pod_events.consider(&p)
-                }
-                Ok(watcher::Event::Delete(p)) => pod_events.forget(&p),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "simulated kubelet: pod watch error; retrying")
-                }
-            }
-            futures::future::ready(())
-        });
-        let tasks = vec![
-            tokio::spawn(nodes),
-            tokio::spawn(pods),
-            tokio::spawn(heartbeat_loop(inner.clone())),
-        ];
+        let watches = Tasks(watch(&inner));
+        let heartbeats = Tasks(vec![tokio::spawn(heartbeat_loop(inner.clone()))]);
         Ok(Kubelet {
             inner,
-            _tasks: Arc::new(Tasks(tasks)),
+            watches: Arc::new(Mutex::new(watches)),
+            _heartbeats: Arc::new(heartbeats),
         })
+    }
+
+    /// Restart the kubelet on every instance, as `systemctl restart
+    /// kubelet` would after the control plane was restored from a backup:
+    /// new watches (a fresh API server's resource versions start over, so
+    /// the old watches would wait for versions that never come), and each
+    /// Node registers again with the credentials it holds. A Node lost
+    /// with the API server's data is created anew; one that exists gets
+    /// fresh status. Fault switches are cleared. Returns how many Nodes
+    /// registered.
+    pub async fn restart(&self) -> Result<usize, String> {
+        let new = Tasks(watch(&self.inner));
+        // The old watches are aborted when their handles are dropped.
+        drop(std::mem::replace(&mut *lock(&self.watches), new));
+        let nodes: Vec<(NodeSpec, Option<Client>)> = lock(&self.inner.nodes)
+            .values()
+            .map(|s| (s.spec.clone(), s.client.clone()))
+            .collect();
+        let count = nodes.len();
+        for (spec, client) in nodes {
+            self.register_as(spec, client).await?;
+        }
+        Ok(count)
     }
 
     /// The configuration it runs with.
@@ -618,7 +632,7 @@ impl Kubelet {
                 unready.insert(key);
             }
         }
-        for pod in self.inner.pod_cache.state() {
+        for pod in self.inner.pod_cache().state() {
             if pod.namespace().as_deref() == Some(namespace)
                 && (name == "*" || pod.name_any() == name)
             {
@@ -639,7 +653,7 @@ impl Kubelet {
                 unready.insert(image.to_string());
             }
         }
-        for pod in self.inner.pod_cache.state() {
+        for pod in self.inner.pod_cache().state() {
             self.inner.consider(&pod);
         }
     }
@@ -681,7 +695,7 @@ impl Inner {
             let Some(state) = nodes.get(name) else {
                 return Ok(());
             };
-            let observed = self.node_cache.get(&ObjectRef::new(name));
+            let observed = self.node_cache().get(&ObjectRef::new(name));
             node::desired_conditions(
                 &state.overrides,
                 observed.as_deref(),
@@ -863,7 +877,7 @@ impl Inner {
     /// Look at every bound pod again (after a kubelet comes back, and now
     /// and then to retry failed steps).
     fn resync_pods(self: &Arc<Self>) {
-        for pod in self.pod_cache.state() {
+        for pod in self.pod_cache().state() {
             self.consider(&pod);
         }
     }
@@ -875,6 +889,48 @@ const TICK: Duration = Duration::from_millis(250);
 const POD_RESYNC: Duration = Duration::from_secs(5);
 /// Kubernetes calls in flight at once from one heartbeat round.
 const HEARTBEAT_CONCURRENCY: usize = 32;
+
+/// Start watching simulated Nodes and bound pods into fresh caches.
+fn watch(inner: &Arc<Inner>) -> Vec<tokio::task::JoinHandle<()>> {
+    let (node_cache, node_writer) = reflector::store();
+    let (pod_cache, pod_writer) = reflector::store();
+    *inner.caches.write().unwrap_or_else(|p| p.into_inner()) = Caches {
+        nodes: node_cache,
+        pods: pod_cache,
+    };
+    let client = inner.client.clone();
+    let nodes = watcher(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().labels("capstan.dev/simulated=true"),
+    )
+    .default_backoff()
+    .reflect(node_writer)
+    .for_each(|event| {
+        if let Err(e) = event {
+            tracing::debug!(error = %e, "simulated kubelet: node watch error; retrying");
+        }
+        futures::future::ready(())
+    });
+    let pod_events = inner.clone();
+    let pods = watcher(
+        Api::<Pod>::all(client),
+        watcher::Config::default().fields("spec.nodeName!="),
+    )
+    .default_backoff()
+    .reflect(pod_writer)
+    .for_each(move |event| {
+        match event {
+            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => pod_events.consider(&p),
+            Ok(watcher::Event::Delete(p)) => pod_events.forget(&p),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "simulated kubelet: pod watch error; retrying")
+            }
+        }
+        futures::future::ready(())
+    });
+    vec![tokio::spawn(nodes), tokio::spawn(pods)]
+}
 
 async fn heartbeat_loop(inner: Arc<Inner>) {
     let heartbeat = Duration::from_millis(inner.config.heartbeat_interval_ms);
@@ -901,7 +957,7 @@ async fn heartbeat_loop(inner: Arc<Inner>) {
                     s.dirty |= s.overrides.len() != before;
                     let post = s.dirty
                         || (beat && {
-                            let observed = inner.node_cache.get(&ObjectRef::new(&s.spec.name));
+                            let observed = inner.node_cache().get(&ObjectRef::new(&s.spec.name));
                             let wanted = node::desired_conditions(
                                 &s.overrides,
                                 observed.as_deref(),
