@@ -463,11 +463,22 @@ impl MachineDeploymentSpec {
     /// How machines are replaced: `spec.rollout.strategy`, else the
     /// deprecated `spec.strategy`, else a rolling update.
     pub fn rollout_strategy(&self) -> &Strategy {
-        self.rollout
-            .as_ref()
-            .and_then(|r| r.strategy.as_ref())
-            .or(self.strategy.as_ref())
-            .unwrap_or(&DEFAULT_STRATEGY)
+        self.rollout_strategy_at().0
+    }
+
+    /// The strategy in effect and the field it was read from (for errors
+    /// that name the field the user wrote): `spec.rollout.strategy`, else
+    /// the deprecated `spec.strategy`, else the default (reported at its
+    /// v1beta2 place).
+    pub fn rollout_strategy_at(&self) -> (&Strategy, &'static str) {
+        match (
+            self.rollout.as_ref().and_then(|r| r.strategy.as_ref()),
+            self.strategy.as_ref(),
+        ) {
+            (Some(strategy), _) => (strategy, "spec.rollout.strategy"),
+            (None, Some(strategy)) => (strategy, "spec.strategy"),
+            (None, None) => (&DEFAULT_STRATEGY, "spec.rollout.strategy"),
+        }
     }
 
     /// The strategy to edit, at its v1beta2 place (moved there from the

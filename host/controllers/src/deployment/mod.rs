@@ -146,18 +146,7 @@ pub fn template_hash(template: &MachineTemplateSpec) -> String {
 
 /// Resolve the spec's strategy into the planner's, or say which field is wrong.
 pub fn strategy_of(md: &MachineDeployment) -> Result<Strategy, String> {
-    let spec = md.spec.rollout_strategy();
-    let at = if md.spec.strategy.is_some()
-        && md
-            .spec
-            .rollout
-            .as_ref()
-            .is_none_or(|r| r.strategy.is_none())
-    {
-        "spec.strategy"
-    } else {
-        "spec.rollout.strategy"
-    };
+    let (spec, at) = md.spec.rollout_strategy_at();
     match spec.type_ {
         StrategyType::OnDelete => Ok(Strategy::OnDelete),
         StrategyType::RollingUpdate => {
