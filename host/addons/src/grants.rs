@@ -41,6 +41,18 @@ pub struct RbacLent {
     pub subjects: Vec<NamedRef>,
     /// Escalation routes roles may carry.
     pub powers: Vec<RbacPower>,
+    /// Escalation routes a ClusterRole that aggregates into another may
+    /// carry, by aggregating role.
+    pub aggregate_to: Vec<AggregationLent>,
+}
+
+impl RbacLent {
+    /// Whether a ClusterRole aggregating into `cluster_role` may carry `power`.
+    pub fn lends_through(&self, cluster_role: &str, power: RbacPower) -> bool {
+        self.aggregate_to
+            .iter()
+            .any(|a| a.cluster_role == cluster_role && a.powers.contains(&power))
+    }
 }
 
 /// A role or subject by kind, namespace (for namespaced kinds) and name.
@@ -88,63 +100,163 @@ impl NamedRef {
     }
 }
 
-/// An RBAC escalation route a role can carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An RBAC escalation route a role can carry: each privilege-escalation
+/// risk the Kubernetes documentation lists in "Role Based Access Control
+/// Good Practices", one rule each. Which requests make each route is in
+/// the floor ([`crate::floor`]); a role carries a route when one of its
+/// rules allows one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RbacPower {
+    /// Listing secrets: `get`, `list` or `watch` on `secrets` without
+    /// `resourceNames`.
+    Secrets,
+    /// Workload creation: `create`, `update` or `patch` on pods or any
+    /// controller that makes pods, which run as any ServiceAccount of
+    /// their namespace and mount any of its Secrets.
+    Workloads,
+    /// Persistent volume creation: a `hostPath` PersistentVolume opens the
+    /// Node's filesystem to whoever claims it.
+    PersistentVolumes,
+    /// Access to the proxy subresource of Nodes: the kubelet API, which
+    /// runs commands in any pod of a Node.
+    NodesProxy,
     /// The `escalate` verb on roles: write rules one does not hold.
     Escalate,
     /// The `bind` verb on roles: bind roles one does not hold.
     Bind,
     /// The `impersonate` verb: act as another user, group or ServiceAccount.
     Impersonate,
-    /// `nodes/proxy`: the kubelet API, which runs commands in any pod of a Node.
-    NodesProxy,
+    /// CSRs and certificate issuing: approving (`certificatesigningrequests/approval`,
+    /// `approve` on `signers`) or issuing (`certificatesigningrequests/status`,
+    /// `sign` on `signers`) client certificates, for any user or group.
+    Certificates,
+    /// Token request: `create` on `serviceaccounts/token`.
+    ServiceAccountTokens,
+    /// Control admission webhooks: write or delete admission webhook
+    /// configurations and admission policies, which see or change every
+    /// object written.
+    Admission,
+    /// Namespace modification: `update` or `patch` on Namespaces, whose
+    /// labels lift Pod Security and select network policies.
+    Namespaces,
+    /// Ephemeral containers: `update` or `patch` on
+    /// `pods/ephemeralcontainers` runs any image inside a running pod.
+    EphemeralContainers,
     /// `pods/exec` or `pods/attach`: run commands in pods.
     Exec,
-    /// `serviceaccounts/token`: mint tokens for ServiceAccounts.
-    ServiceAccountTokens,
-    /// Reading every Secret (`get`, `list` or `watch` on `secrets` without
-    /// `resourceNames`).
-    Secrets,
+    /// `pods/portforward`: reach any port of a pod, past its network policies.
+    PortForward,
 }
 
 impl RbacPower {
     /// Every route, in the order refusals list them.
-    pub const ALL: [RbacPower; 7] = [
+    pub const ALL: [RbacPower; 14] = [
+        RbacPower::Secrets,
+        RbacPower::Workloads,
+        RbacPower::PersistentVolumes,
+        RbacPower::NodesProxy,
         RbacPower::Escalate,
         RbacPower::Bind,
         RbacPower::Impersonate,
-        RbacPower::NodesProxy,
-        RbacPower::Exec,
+        RbacPower::Certificates,
         RbacPower::ServiceAccountTokens,
-        RbacPower::Secrets,
+        RbacPower::Admission,
+        RbacPower::Namespaces,
+        RbacPower::EphemeralContainers,
+        RbacPower::Exec,
+        RbacPower::PortForward,
     ];
 
     /// How `spec.grants.rbac.powers` names it.
     pub fn name(self) -> &'static str {
         match self {
+            RbacPower::Secrets => "secrets",
+            RbacPower::Workloads => "workloads",
+            RbacPower::PersistentVolumes => "persistentvolumes",
+            RbacPower::NodesProxy => "nodes/proxy",
             RbacPower::Escalate => "escalate",
             RbacPower::Bind => "bind",
             RbacPower::Impersonate => "impersonate",
-            RbacPower::NodesProxy => "nodes/proxy",
-            RbacPower::Exec => "exec",
+            RbacPower::Certificates => "certificates",
             RbacPower::ServiceAccountTokens => "serviceaccounts/token",
-            RbacPower::Secrets => "secrets",
+            RbacPower::Admission => "admission",
+            RbacPower::Namespaces => "namespaces",
+            RbacPower::EphemeralContainers => "pods/ephemeralcontainers",
+            RbacPower::Exec => "exec",
+            RbacPower::PortForward => "pods/portforward",
         }
     }
 
     /// What it lends, in words.
     pub fn meaning(self) -> &'static str {
         match self {
+            RbacPower::Secrets => "every Secret it can list",
+            RbacPower::Workloads => {
+                "pods that run as any ServiceAccount of their namespace and mount its Secrets"
+            }
+            RbacPower::PersistentVolumes => "hostPath volumes onto a Node's filesystem",
+            RbacPower::NodesProxy => "the kubelet API, commands in any pod of a Node",
             RbacPower::Escalate => "write role rules its holder does not have",
             RbacPower::Bind => "bind roles its holder does not have",
             RbacPower::Impersonate => "act as other users, groups or ServiceAccounts",
-            RbacPower::NodesProxy => "the kubelet API, commands in any pod of a Node",
-            RbacPower::Exec => "commands in running pods",
+            RbacPower::Certificates => "client certificates for any user or group",
             RbacPower::ServiceAccountTokens => "tokens of ServiceAccounts",
-            RbacPower::Secrets => "every Secret it can list",
+            RbacPower::Admission => "see, change or stop checking every object written",
+            RbacPower::Namespaces => {
+                "relabel a namespace: lift its Pod Security level, leave its network policies"
+            }
+            RbacPower::EphemeralContainers => "any image inside running pods",
+            RbacPower::Exec => "commands in running pods",
+            RbacPower::PortForward => "any port of a pod, past its network policies",
         }
     }
+
+    /// The heading of the Kubernetes documentation's "privilege
+    /// escalation risks" (or of the access it names) for this route.
+    pub fn documented_as(self) -> &'static str {
+        match self {
+            RbacPower::Secrets => "Listing secrets",
+            RbacPower::Workloads => "Workload creation",
+            RbacPower::PersistentVolumes => "Persistent volume creation",
+            RbacPower::NodesProxy => "Access to proxy subresource of Nodes",
+            RbacPower::Escalate => "Escalate verb",
+            RbacPower::Bind => "Bind verb",
+            RbacPower::Impersonate => "Impersonate verb",
+            RbacPower::Certificates => "CSRs and certificate issuing",
+            RbacPower::ServiceAccountTokens => "Token request",
+            RbacPower::Admission => "Control admission webhooks",
+            RbacPower::Namespaces => "Namespace modification",
+            RbacPower::EphemeralContainers => "Ephemeral containers",
+            RbacPower::Exec => "pods/exec and pods/attach",
+            RbacPower::PortForward => "pods/portforward",
+        }
+    }
+
+    /// The route `spec.grants` names `text`, or why it names none.
+    pub fn parse(field: &str, text: &str) -> Result<RbacPower, String> {
+        RbacPower::ALL
+            .into_iter()
+            .find(|p| p.name() == text)
+            .ok_or_else(|| {
+                let known: Vec<&str> = RbacPower::ALL.iter().map(|p| p.name()).collect();
+                format!(
+                    "{field}: {text:?} is not an escalation route; known: {}",
+                    known.join(", ")
+                )
+            })
+    }
+}
+
+/// Routes a rendered ClusterRole that aggregates into `cluster_role` may
+/// carry (`spec.grants.rbac.aggregateTo`): every holder of that role gains
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AggregationLent {
+    /// The aggregating ClusterRole (`view`, `edit`, `admin`, or one of the
+    /// cluster's own).
+    pub cluster_role: String,
+    /// The routes.
+    pub powers: Vec<RbacPower>,
 }
 
 /// Where the pod spec is in a custom workload kind (`spec.grants.podSpecPaths`).
@@ -328,17 +440,40 @@ fn rbac_lent(rbac: &capstan_api::RbacGrant) -> Result<RbacLent, String> {
         lent.subjects.push(s);
     }
     for (i, text) in rbac.powers.iter().enumerate() {
-        let power = RbacPower::ALL
-            .into_iter()
-            .find(|p| p.name() == text)
-            .ok_or_else(|| {
-                let known: Vec<&str> = RbacPower::ALL.iter().map(|p| p.name()).collect();
-                format!(
-                    "spec.grants.rbac.powers[{i}]: {text:?} is not an escalation route; known: {}",
-                    known.join(", ")
-                )
-            })?;
-        lent.powers.push(power);
+        lent.powers.push(RbacPower::parse(
+            &format!("spec.grants.rbac.powers[{i}]"),
+            text,
+        )?);
+    }
+    for (i, a) in rbac.aggregate_to.iter().enumerate() {
+        let field = format!("spec.grants.rbac.aggregateTo[{i}]");
+        if a.cluster_role.is_empty() || a.cluster_role.contains('/') {
+            return Err(format!(
+                "{field}.clusterRole: {:?} is not a ClusterRole name; write the aggregating role's name, such as view",
+                a.cluster_role
+            ));
+        }
+        if a.cluster_role == "cluster-admin" {
+            return Err(format!(
+                "{field}.clusterRole: nothing is aggregated into cluster-admin through an addon grant"
+            ));
+        }
+        let powers = a
+            .powers
+            .iter()
+            .enumerate()
+            .map(|(j, text)| RbacPower::parse(&format!("{field}.powers[{j}]"), text))
+            .collect::<Result<Vec<_>, _>>()?;
+        if powers.is_empty() {
+            return Err(format!(
+                "{field}.powers: name the routes roles aggregated into {} may carry (an entry without routes lends nothing)",
+                a.cluster_role
+            ));
+        }
+        lent.aggregate_to.push(AggregationLent {
+            cluster_role: a.cluster_role.clone(),
+            powers,
+        });
     }
     Ok(lent)
 }
@@ -404,13 +539,15 @@ impl fmt::Display for Refusal {
 /// Refuse the render unless every object is within a declared kind and a
 /// granted pattern, a tenant's (`tenant`: its namespace) within its
 /// namespace or `tenantObjects`, and nothing breaks the host's
-/// [`floor`] as far as the grants lend. All offending objects are named at
+/// [`floor`] as far as the grants lend (in a cluster whose aggregating
+/// ClusterRoles are `aggregators`). All offending objects are named at
 /// once.
 pub fn check_grants(
     objects: &[Object],
     declared: &[ObjectPattern],
     grants: &AddonGrants,
     tenant: Option<&str>,
+    aggregators: &floor::Aggregators,
 ) -> Result<(), AddonError> {
     let refusals: Vec<Refusal> = objects
         .iter()
@@ -434,7 +571,7 @@ pub fn check_grants(
     if !refusals.is_empty() {
         return Err(AddonError::Refused(refusals));
     }
-    let below = floor::violations(objects, grants);
+    let below = floor::violations(objects, grants, aggregators);
     if below.is_empty() {
         Ok(())
     } else {

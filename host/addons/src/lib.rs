@@ -47,8 +47,8 @@ pub mod target;
 pub mod updates;
 
 pub use grants::{
-    AddonGrants, NamedRef, PodSpecPath, RbacLent, RbacPower, Refusal, RefusalReason, check_grants,
-    still_granted, undeclared,
+    AddonGrants, AggregationLent, NamedRef, PodSpecPath, RbacLent, RbacPower, Refusal,
+    RefusalReason, check_grants, still_granted, undeclared,
 };
 pub use patches::{PatchRule, apply_patches, changed_paths};
 

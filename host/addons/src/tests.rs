@@ -252,14 +252,30 @@ fn objects_outside_the_declared_or_granted_kinds_refuse_the_whole_render() {
         objects: granted,
         ..Default::default()
     };
-    let e = check_grants(&o, &declared, &granted, None).unwrap_err();
+    let e = check_grants(
+        &o,
+        &declared,
+        &granted,
+        None,
+        &crate::floor::Aggregators::built_in(),
+    )
+    .unwrap_err();
     assert_eq!(
         e.to_string(),
         "refused the whole render, nothing was applied: \
          Deployment kube-system/coredns is outside spec.grants.objects (it needs a grant covering apps/Deployment@kube-system); \
          ClusterRoleBinding greedy is outside what the plugin declares (capabilities.objects has no rbac.authorization.k8s.io/ClusterRoleBinding), so it cannot be granted"
     );
-    assert!(check_grants(&o[..1], &declared, &granted, None).is_ok());
+    assert!(
+        check_grants(
+            &o[..1],
+            &declared,
+            &granted,
+            None,
+            &crate::floor::Aggregators::built_in()
+        )
+        .is_ok()
+    );
 }
 
 #[test]
@@ -276,10 +292,35 @@ fn a_tenants_render_stays_in_its_namespace_unless_tenant_objects_cover_it() {
         ..Default::default()
     };
     // The admin's Addon (not a tenant): as granted.
-    assert!(check_grants(&o, &all, &grants, None).is_ok());
+    assert!(
+        check_grants(
+            &o,
+            &all,
+            &grants,
+            None,
+            &crate::floor::Aggregators::built_in()
+        )
+        .is_ok()
+    );
     // In its own namespace, a tenant gets the same.
-    assert!(check_grants(&o[..1], &all, &grants, Some("kube-system")).is_ok());
-    let e = check_grants(&o, &all, &grants, Some("team-a")).unwrap_err();
+    assert!(
+        check_grants(
+            &o[..1],
+            &all,
+            &grants,
+            Some("kube-system"),
+            &crate::floor::Aggregators::built_in()
+        )
+        .is_ok()
+    );
+    let e = check_grants(
+        &o,
+        &all,
+        &grants,
+        Some("team-a"),
+        &crate::floor::Aggregators::built_in(),
+    )
+    .unwrap_err();
     assert_eq!(
         e.to_string(),
         "refused the whole render, nothing was applied: \
@@ -291,7 +332,14 @@ fn a_tenants_render_stays_in_its_namespace_unless_tenant_objects_cover_it() {
             .parse()
             .unwrap(),
     ];
-    let e = check_grants(&o, &all, &grants, Some("team-a")).unwrap_err();
+    let e = check_grants(
+        &o,
+        &all,
+        &grants,
+        Some("team-a"),
+        &crate::floor::Aggregators::built_in(),
+    )
+    .unwrap_err();
     assert!(!e.to_string().contains("ClusterRole"), "{e}");
 }
 
@@ -360,11 +408,27 @@ fn patches_change_only_granted_paths_and_the_grant_check_sees_the_patched_object
         objects: declared.clone(),
         ..Default::default()
     };
-    let e = check_grants(&o, &declared, &grants, None).unwrap_err();
+    let e = check_grants(
+        &o,
+        &declared,
+        &grants,
+        None,
+        &crate::floor::Aggregators::built_in(),
+    )
+    .unwrap_err();
     assert!(matches!(e, AddonError::Floor(_)), "{e}");
     assert!(e.to_string().contains("hostPID: true"), "{e}");
     grants.pod_security = PodSecurityLevel::Privileged;
-    assert!(check_grants(&o, &declared, &grants, None).is_ok());
+    assert!(
+        check_grants(
+            &o,
+            &declared,
+            &grants,
+            None,
+            &crate::floor::Aggregators::built_in()
+        )
+        .is_ok()
+    );
 }
 
 #[test]
@@ -589,6 +653,10 @@ fn what_grants_lend_is_parsed_and_mistakes_name_the_field() {
                 "ServiceAccount/monitoring/prometheus".into(),
             ],
             powers: vec!["nodes/proxy".into()],
+            aggregate_to: vec![capstan_api::AggregationGrant {
+                cluster_role: "view".into(),
+                powers: vec!["exec".into(), "workloads".into()],
+            }],
         }),
         tenant_objects: vec!["rbac.authorization.k8s.io/ClusterRole/system:coredns".into()],
         pod_spec_paths: vec!["example.com/Agent=/spec/template/spec".into()],
@@ -608,6 +676,16 @@ fn what_grants_lend_is_parsed_and_mistakes_name_the_field() {
     );
     assert_eq!(parsed.rbac.subjects[0].name, "oidc:ops");
     assert_eq!(parsed.rbac.powers, vec![crate::RbacPower::NodesProxy]);
+    assert!(
+        parsed
+            .rbac
+            .lends_through("view", crate::RbacPower::Workloads)
+    );
+    assert!(
+        !parsed
+            .rbac
+            .lends_through("edit", crate::RbacPower::Workloads)
+    );
     assert_eq!(parsed.pod_spec_paths[0].kind, "Agent");
 
     let wrong = |edit: &dyn Fn(&mut capstan_api::PluginGrants)| {
@@ -635,7 +713,20 @@ fn what_grants_lend_is_parsed_and_mistakes_name_the_field() {
     );
     let e = wrong(&|g| g.rbac.as_mut().unwrap().powers = vec!["root".into()]);
     assert!(
-        e.contains("powers[0]: \"root\" is not an escalation route; known: escalate, bind"),
+        e.contains("powers[0]: \"root\" is not an escalation route; known: secrets, workloads"),
+        "{e}"
+    );
+    let e = wrong(&|g| g.rbac.as_mut().unwrap().aggregate_to[0].powers = vec!["all".into()]);
+    assert!(
+        e.contains("spec.grants.rbac.aggregateTo[0].powers[0]: \"all\" is not an escalation route"),
+        "{e}"
+    );
+    let e = wrong(&|g| g.rbac.as_mut().unwrap().aggregate_to[0].powers = vec![]);
+    assert!(e.contains("aggregateTo[0].powers: name the routes"), "{e}");
+    let e =
+        wrong(&|g| g.rbac.as_mut().unwrap().aggregate_to[0].cluster_role = "cluster-admin".into());
+    assert!(
+        e.contains("aggregateTo[0].clusterRole: nothing is aggregated into cluster-admin"),
         "{e}"
     );
     let e = wrong(&|g| g.service_accounts = vec!["a/b/c".into()]);

@@ -383,10 +383,31 @@ pub struct RbacGrant {
     /// (`system:masters` never).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subjects: Vec<String>,
-    /// Escalation routes its roles may carry: `escalate`, `bind`,
-    /// `impersonate`, `nodes/proxy`, `exec` (`pods/exec`, `pods/attach`),
-    /// `serviceaccounts/token`, `secrets` (reading every Secret).
+    /// Escalation routes its roles may carry, as the Kubernetes
+    /// documentation's RBAC good practices list them: `secrets`,
+    /// `workloads`, `persistentvolumes`, `nodes/proxy`, `escalate`, `bind`,
+    /// `impersonate`, `certificates`, `serviceaccounts/token`, `admission`,
+    /// `namespaces`, `pods/ephemeralcontainers`, `exec` (`pods/exec`,
+    /// `pods/attach`), `pods/portforward`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub powers: Vec<String>,
+    /// Routes a rendered ClusterRole that aggregates into another
+    /// ClusterRole (by an `aggregate-to-*` label, or any label an
+    /// `aggregationRule` of the cluster selects) may carry: aggregation
+    /// gives them to every holder of that role, so `powers` alone never
+    /// lets them through.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aggregate_to: Vec<AggregationGrant>,
+}
+
+/// Routes a ClusterRole aggregated into `clusterRole` may carry.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AggregationGrant {
+    /// The aggregating ClusterRole (`view`, `edit`, `admin`, or the
+    /// cluster's own).
+    pub cluster_role: String,
+    /// The routes (names as in `powers`).
     pub powers: Vec<String>,
 }
 

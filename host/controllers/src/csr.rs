@@ -61,16 +61,29 @@ async fn answer(
     let token_machine = requester
         .strip_prefix("system:bootstrap:")
         .and_then(|id| machine_of_token(kube, id));
-    let (common_name, organizations) =
-        crate::der::request_subject(&csr.spec.request.0).unwrap_or_default();
-    let decision = node_csr(
-        &csr.spec.signer_name,
-        &requester,
-        token_machine.as_deref(),
-        common_name.as_deref(),
-        &organizations,
-        csr.spec.usages.as_deref().unwrap_or_default(),
-    );
+    let decision = match crate::x509::request_subject(&csr.spec.request.0) {
+        Ok(subject) => node_csr(
+            &csr.spec.signer_name,
+            &requester,
+            token_machine.as_deref(),
+            Some(&subject.common_name),
+            &subject.organizations,
+            csr.spec.usages.as_deref().unwrap_or_default(),
+        ),
+        // A Machine's token sent a request that cannot be read: denied,
+        // saying why; anyone else's is not Capstan's to answer.
+        Err(why) => match node_csr(
+            &csr.spec.signer_name,
+            &requester,
+            token_machine.as_deref(),
+            None,
+            &[],
+            &[],
+        ) {
+            CsrDecision::Ignore => CsrDecision::Ignore,
+            _ => CsrDecision::Deny(why),
+        },
+    };
     let (type_, reason, message) = match decision {
         CsrDecision::Ignore => return,
         CsrDecision::Approve => (

@@ -26,7 +26,6 @@
 mod capacity;
 mod csr;
 pub mod deployment;
-mod der;
 pub mod healthcheck;
 pub mod history;
 pub mod inplace;
@@ -37,6 +36,7 @@ pub mod plugin;
 pub mod rbac;
 pub mod serve;
 mod set_conditions;
+mod x509;
 
 // The shared plumbing lives in `capstan-kit` (the addon engine in
 // `capstan-addons`); these names stay reachable here for the binaries and

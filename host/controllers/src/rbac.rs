@@ -246,6 +246,14 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
     },
     Rule {
+        why: "addon: which ClusterRoles aggregate others (a rendered ClusterRole they select lends its rules to all their holders, and the floor judges it so)",
+        group: "rbac.authorization.k8s.io",
+        resources: &["clusterroles"],
+        verbs: &["list"],
+        resource_names: &[],
+        scope: Scope::Cluster,
+    },
+    Rule {
         why: "all controllers: namespace labels, for Plugins' spec.allowedNamespaces selectors",
         group: "",
         resources: &["namespaces"],

@@ -91,10 +91,10 @@ impl ProviderIds {
             .unwrap_or_default()
     }
 
-    /// Whether a machine other than `machine` reports `provider_id`.
-    pub fn claimed_by_another(&self, provider_id: &str, machine: &Machine) -> bool {
+    /// A machine other than `machine` that reports `provider_id`, if any.
+    pub fn another_claimant(&self, provider_id: &str, machine: &Machine) -> Option<MachineKey> {
         let me = key(machine);
-        self.machines(provider_id).iter().any(|m| *m != me)
+        self.machines(provider_id).into_iter().find(|m| *m != me)
     }
 }
 
@@ -119,14 +119,20 @@ mod tests {
         let a = machine("a", Some("sim://1"));
         ids.observe(&watcher::Event::Apply(a.clone()));
         assert_eq!(ids.machines("sim://1").len(), 1);
-        assert!(!ids.claimed_by_another("sim://1", &a));
+        assert_eq!(ids.another_claimant("sim://1", &a), None);
         let b = machine("b", Some("sim://1"));
         ids.observe(&watcher::Event::Apply(b.clone()));
-        assert!(ids.claimed_by_another("sim://1", &a));
-        assert!(ids.claimed_by_another("sim://1", &machine("c", None)));
+        assert_eq!(
+            ids.another_claimant("sim://1", &a),
+            Some(("default".into(), "b".into()))
+        );
+        assert!(
+            ids.another_claimant("sim://1", &machine("c", None))
+                .is_some()
+        );
         // b's ID changes: the old entry goes.
         ids.observe(&watcher::Event::Apply(machine("b", Some("sim://2"))));
-        assert!(!ids.claimed_by_another("sim://1", &a));
+        assert_eq!(ids.another_claimant("sim://1", &a), None);
         ids.observe(&watcher::Event::Delete(a.clone()));
         assert!(ids.machines("sim://1").is_empty());
         // A relist replaces everything at its end, not before.

@@ -8,10 +8,17 @@ use crate::{Error, FIELD_MANAGER, Kind, Kube, REPORTING_CONTROLLER, ScopeApi, ke
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::Serialize;
+use serde_json::Value;
 
 /// Apply `status` to an object's status subresource with server-side apply,
 /// unless it equals `current` (so idle reconciles write nothing). Returns
 /// whether it wrote.
+///
+/// When the new status drops a list or an object that `current` has (a
+/// set's `versions` at zero replicas, a deployment's `rollout` once done),
+/// the write is a JSON merge patch instead, deleting what went: Kubernetes
+/// 1.20's server-side apply leaves such a field `null`, which the schema
+/// refuses (422), so the status would never be written.
 pub async fn apply_status<K, S>(
     kube: &Kube,
     controller: &'static str,
@@ -27,24 +34,92 @@ where
         return Ok(false);
     }
     let api: Api<K> = K::Scope::api(kube.client.clone(), obj.namespace().as_deref());
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&()),
-        "kind": K::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &obj.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "cannot update the status of {} {}",
-        K::kind(&()),
-        obj.name_any()
-    )))?;
-    kube.metrics.wrote(controller, "apply_status");
+    let new = serde_json::to_value(status).unwrap_or_default();
+    let old = current.and_then(|c| serde_json::to_value(c).ok());
+    let verb = write_status(&api, &obj.name_any(), old.as_ref(), &new)
+        .await
+        .map_err(kube_err(format!(
+            "cannot update the status of {} {}",
+            K::kind(&()),
+            obj.name_any()
+        )))?;
+    kube.metrics.wrote(controller, verb);
     Ok(true)
+}
+
+/// Write status `new` of object `name` (whose status is `old`) as
+/// [`apply_status`] does; returns the verb it used (`apply_status` or
+/// `merge_status`).
+pub async fn write_status<K>(
+    api: &Api<K>,
+    name: &str,
+    old: Option<&Value>,
+    new: &Value,
+) -> Result<&'static str, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match old.and_then(|old| status_merge_patch(old, new)) {
+        None => {
+            let patch = serde_json::json!({
+                "apiVersion": K::api_version(&()),
+                "kind": K::kind(&()),
+                "status": new,
+            });
+            api.patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+            Ok("apply_status")
+        }
+        Some(merge) => {
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            };
+            api.patch_status(
+                name,
+                &params,
+                &Patch::Merge(serde_json::json!({ "status": merge })),
+            )
+            .await?;
+            Ok("merge_status")
+        }
+    }
+}
+
+/// The JSON merge patch that turns status `old` into `new` (`new` with every
+/// key it dropped set to `null`, at any depth of nested objects), when
+/// `new` drops a list or an object that server-side apply would leave
+/// `null`; `None` when server-side apply of `new` is safe.
+pub fn status_merge_patch(old: &Value, new: &Value) -> Option<Value> {
+    /// `new` with `null` for each key of `old` it lacks; whether one of
+    /// those held a list or an object.
+    fn overlay(old: &Value, new: &Value) -> (Value, bool) {
+        let (Value::Object(old), Value::Object(new)) = (old, new) else {
+            return (new.clone(), false);
+        };
+        let mut merged = new.clone();
+        let mut container_dropped = false;
+        for (key, was) in old {
+            match new.get(key) {
+                None => {
+                    container_dropped |= was.is_array() || was.is_object();
+                    merged.insert(key.clone(), Value::Null);
+                }
+                Some(now) => {
+                    let (inner, dropped) = overlay(was, now);
+                    container_dropped |= dropped;
+                    merged.insert(key.clone(), inner);
+                }
+            }
+        }
+        (Value::Object(merged), container_dropped)
+    }
+    let (patch, container_dropped) = overlay(old, new);
+    container_dropped.then_some(patch)
 }
 
 /// Add `finalizer` to `obj` unless it has it. Returns whether it wrote.
@@ -234,6 +309,41 @@ pub async fn record_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_status_dropping_a_list_or_object_is_a_merge_patch_deleting_what_went() {
+        let old = json!({
+            "replicas": 3, "selector": "a=b", "versions": [{"version": "v1", "replicas": 3}],
+            "rollout": {"template": "t", "startTime": "now"},
+            "plan": {"decision": "InPlace", "machines": [{"name": "m"}]},
+            "conditions": [{"type": "Ready"}]
+        });
+        // Scalars and lists that stay: server-side apply is safe.
+        let same_shape = json!({
+            "replicas": 0, "versions": [{"version": "v2", "replicas": 1}],
+            "rollout": {"template": "u", "startTime": "now"},
+            "plan": {"decision": "Replace", "machines": []}, "conditions": []
+        });
+        assert_eq!(status_merge_patch(&old, &same_shape), None);
+        // A dropped list, object or nested list: every dropped key is
+        // deleted (scalars too, which a merge patch would otherwise keep).
+        let dropped = json!({
+            "replicas": 0, "plan": {"decision": "Replace"}, "conditions": [{"type": "Ready"}]
+        });
+        assert_eq!(
+            status_merge_patch(&old, &dropped),
+            Some(json!({
+                "replicas": 0, "selector": null, "versions": null, "rollout": null,
+                "plan": {"decision": "Replace", "machines": null},
+                "conditions": [{"type": "Ready"}]
+            }))
+        );
+        // Applying the patch as a merge patch gives the new status exactly.
+        let mut live = old.clone();
+        json_patch::merge(&mut live, &status_merge_patch(&old, &dropped).unwrap());
+        assert_eq!(live, dropped);
+    }
 
     /// An object as the API server patches it. Without finalizers the
     /// member is missing, which the server's JSON Patch `test` treats as

@@ -7,7 +7,8 @@
 //! taints and labels, and is cordoned, drained and deleted with it. So a
 //! claim holds only when, in this order:
 //!
-//! 1. no other Machine reports the same provider ID;
+//! 1. no other Machine reports the same provider ID (unless this one took
+//!    the Node first: it keeps it);
 //! 2. the ID begins with the prefix the Plugin's signed manifest declares
 //!    (`aws:///`), when it declares one;
 //! 3. the Node has no control-plane role, unless the Plugin is granted
@@ -34,8 +35,9 @@ pub const CONTROL_PLANE_LABELS: [&str; 2] = [
 pub struct Claim<'a> {
     /// The provider ID the Machine's plugin reported (and the Node carries).
     pub provider_id: &'a str,
-    /// Whether another Machine reports the same provider ID.
-    pub shared: bool,
+    /// Another Machine (`namespace/name`) that reports the same provider
+    /// ID, unless this Machine took the Node first.
+    pub shared_with: Option<String>,
     /// The prefix the Plugin's manifest declares, if any.
     pub declared_prefix: Option<&'a str>,
     /// Whether the Node carries a control-plane role label.
@@ -54,8 +56,8 @@ pub struct Claim<'a> {
 /// Why a claim was refused (the Node is named by the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {
-    /// Another Machine reports the same provider ID.
-    Shared,
+    /// Another Machine (named) reports the same provider ID.
+    Shared(String),
     /// The ID is outside the manifest's prefix.
     OutsidePrefix(String),
     /// The Node is a control-plane Node and the Plugin is not granted those.
@@ -67,9 +69,9 @@ pub enum Refused {
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refused::Shared => write!(
+            Refused::Shared(other) => write!(
                 f,
-                "another Machine reports the same provider ID, so neither may take the Node"
+                "Machine {other} reports the same provider ID; a Node is taken only by the one Machine that reports it, or by the one that took it first, so this Machine leaves it alone (one of the two Machines' plugins reports an instance that is not its own)"
             ),
             Refused::OutsidePrefix(prefix) => write!(
                 f,
@@ -89,8 +91,8 @@ impl fmt::Display for Refused {
 
 /// Whether the claim holds; the first rule that refuses it otherwise.
 pub fn check(claim: &Claim<'_>) -> Result<(), Refused> {
-    if claim.shared {
-        return Err(Refused::Shared);
+    if let Some(other) = &claim.shared_with {
+        return Err(Refused::Shared(other.clone()));
     }
     if let Some(prefix) = claim.declared_prefix
         && !claim.provider_id.starts_with(prefix)
@@ -116,7 +118,7 @@ mod tests {
     fn fair() -> Claim<'static> {
         Claim {
             provider_id: "aws:///us-east-1a/i-0abc",
-            shared: false,
+            shared_with: None,
             declared_prefix: Some("aws:///"),
             control_plane_node: false,
             control_plane_granted: false,
@@ -132,11 +134,11 @@ mod tests {
         let cases: [(Claim<'static>, Refused, &str); 4] = [
             (
                 Claim {
-                    shared: true,
+                    shared_with: Some("default/other".into()),
                     ..fair()
                 },
-                Refused::Shared,
-                "another Machine reports the same provider ID",
+                Refused::Shared("default/other".into()),
+                "Machine default/other reports the same provider ID",
             ),
             (
                 Claim {
@@ -206,7 +208,7 @@ mod tests {
         ) {
             let claim = Claim {
                 provider_id: if in_prefix { "aws:///z/i-1" } else { "evil://i-1" },
-                shared,
+                shared_with: shared.then(|| "default/other".to_string()),
                 declared_prefix: declared.then_some("aws:///"),
                 control_plane_node,
                 control_plane_granted,

@@ -41,7 +41,7 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// The kube-controller-manager controllers the control plane runs.
-pub const CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount,serviceaccount-token,deployment,replicaset,daemonset,disruption,nodelifecycle,podgc,csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner";
+pub const CONTROLLERS: &str = "clusterrole-aggregation,garbagecollector,namespace,serviceaccount,serviceaccount-token,deployment,replicaset,daemonset,disruption,nodelifecycle,podgc,csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner";
 
 /// What `kubeadm init` sets up for joining nodes (its `bootstrap-token`
 /// phase): bootstrap tokens of kubeadm's group may create node client

@@ -10,9 +10,11 @@
 
 use super::{Context, Failure, Rendered, Target, event, fail};
 use crate::fit::{ClusterVersions, Fit};
+use crate::floor::Aggregators;
 use capstan_api::{Addon, AddonStatus, status};
 use capstan_kit::Conditions;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -32,6 +34,24 @@ const FRESH_FOR: Duration = Duration::from_secs(60);
 pub(super) struct Asked {
     servers: Mutex<HashMap<String, (Instant, String)>>,
     kubelets: Mutex<HashMap<String, (Instant, BTreeSet<String>)>>,
+}
+
+/// The aggregating ClusterRoles of `target` ([`crate::floor::Aggregators`]),
+/// read now: asked only for a render with an escalation route in a
+/// ClusterRole, whose check must hold at the moment it is applied. A list
+/// that fails is no error here: the floor then refuses the route, saying
+/// why.
+pub(super) async fn aggregators(client: &kube::Client, shown: &str) -> Aggregators {
+    match Api::<ClusterRole>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(roles) => Aggregators::from_cluster_roles(&roles.items),
+        Err(kube::Error::Api(e)) if e.code == 403 => Aggregators::Unknown(format!(
+            "Capstan may not list the ClusterRoles of {shown} (let it `list` clusterroles.rbac.authorization.k8s.io there)"
+        )),
+        Err(e) => Aggregators::Unknown(format!("cannot list the ClusterRoles of {shown}: {e}")),
+    }
 }
 
 /// The Kubernetes versions `target` runs.

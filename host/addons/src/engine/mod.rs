@@ -64,7 +64,7 @@ pub use kubernetes::COMPATIBLE;
 pub use order::{DEPENDENCIES_READY, VALID_SPEC};
 
 pub use cluster::{TENANT_BINDING, TENANT_ROLE};
-pub use render::{Meter, RenderError, Rendered, render};
+pub use render::{Aggregation, Meter, RenderError, Rendered, TargetCluster, render};
 
 use cluster::{Target, apply_if_drifted, delete_entry, kind_of, read_live, target};
 use drift::{AddonState, WatchKey, need_watches, receiver_stream, watch_kind};
@@ -480,8 +480,16 @@ async fn converge(
     // Before the render: the version must fit the cluster's Kubernetes.
     let target = target(addon, ctx, &actor).await?;
     let cluster = kubernetes::cluster_versions(ctx, &target).await?;
-    let (rendered, held) =
-        order::render_gated(ctx, addon, &registered, status, &blockers, &cluster, &t).await?;
+    let (rendered, held) = order::render_gated(
+        ctx,
+        addon,
+        &registered,
+        status,
+        &blockers,
+        (&cluster, &target),
+        &t,
+    )
+    .await?;
     kubernetes::report_fit(ctx, addon, status, &rendered, &cluster, generation, &t).await;
     let Rendered {
         resolved,

@@ -200,16 +200,22 @@ pub(super) fn live_dependents(ctx: &Context, addon: &Addon) -> Vec<AddonKey> {
 /// spec asks, or — while a dependency holds a transition back — what is
 /// applied, again (`Some(change)`: what waits), so drift is still
 /// corrected; with nothing to render again, the transition waits as a
-/// failure. Records what the channel offers on the way.
+/// failure. Records what the channel offers on the way. `cluster` is the
+/// target and its versions.
 pub(super) async fn render_gated(
     ctx: &Context,
     addon: &Addon,
     registered: &RegisteredAddon,
     status: &mut AddonStatus,
     blockers: &[(AddonKey, NotReady)],
-    cluster: &crate::fit::ClusterVersions,
+    cluster: (&crate::fit::ClusterVersions, &super::Target),
     t: &capstan_api::Time,
 ) -> Result<(Rendered, Option<Change>), Failure> {
+    let (versions, target) = cluster;
+    let aggregation = super::Aggregation::Read {
+        client: &target.client,
+        shown: &target.shown,
+    };
     let generation = addon.metadata.generation.unwrap_or(0);
     let tenant = super::is_tenant(ctx, addon);
     // What `revision` renders for `addon`, measured by `meter`.
@@ -221,7 +227,10 @@ pub(super) async fn render_gated(
             tenant,
             &ctx.image_rewrites,
             Some(meter),
-            Some(cluster),
+            super::TargetCluster {
+                versions: Some(versions),
+                aggregation,
+            },
         )
         .await
     };

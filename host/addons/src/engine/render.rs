@@ -30,6 +30,39 @@ pub struct Rendered {
     pub fit: Option<crate::fit::Fit>,
 }
 
+/// What the render knows of the cluster it is for.
+#[derive(Debug, Clone, Copy)]
+pub struct TargetCluster<'a> {
+    /// Its Kubernetes versions (`None`: not known; no range is checked).
+    pub versions: Option<&'a ClusterVersions>,
+    /// Where its aggregating ClusterRoles come from.
+    pub aggregation: Aggregation<'a>,
+}
+
+/// Where the floor learns which ClusterRoles aggregate others.
+#[derive(Clone, Copy)]
+pub enum Aggregation<'a> {
+    /// Kubernetes' built-in `admin`, `edit` and `view` only (no cluster to
+    /// read: `capstan addon render`).
+    BuiltIn,
+    /// Read from the target cluster when a render needs it.
+    Read {
+        /// Capstan's client there.
+        client: &'a kube::Client,
+        /// The cluster, for messages.
+        shown: &'a str,
+    },
+}
+
+impl std::fmt::Debug for Aggregation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Aggregation::BuiltIn => f.write_str("BuiltIn"),
+            Aggregation::Read { shown, .. } => write!(f, "Read({shown})"),
+        }
+    }
+}
+
 /// Why an Addon could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
@@ -54,7 +87,10 @@ pub enum RenderError {
 /// and the host's floor, order). With the target `cluster`'s versions, a
 /// version outside the Kubernetes range its plugin declares is not newly
 /// rendered ([`crate::fit`]), and the plugin is told the API server's
-/// version. The controller
+/// version. `cluster.aggregation` says where the target cluster's aggregating
+/// ClusterRoles come from (the floor judges a rendered ClusterRole they
+/// select as bound to all their holders); they are read only when a
+/// rendered ClusterRole carries an escalation route. The controller
 /// applies what this returns; `capstan addon render` prints it.
 pub async fn render(
     plugin: &capstan_runtime::AddonPlugin,
@@ -63,8 +99,12 @@ pub async fn render(
     tenant: bool,
     rewrites: &[ImageRewrite],
     meter: Option<Meter<'_>>,
-    cluster: Option<&ClusterVersions>,
+    cluster: TargetCluster<'_>,
 ) -> Result<Rendered, RenderError> {
+    let TargetCluster {
+        versions: cluster,
+        aggregation,
+    } = cluster;
     let offered = counted_call(meter, addon, "versions", plugin.versions())
         .await
         .map_err(|error| RenderError::Plugin {
@@ -131,7 +171,13 @@ pub async fn render(
     let declared = &plugin.plugin().manifest().capabilities.objects;
     // On the objects as they will be applied: patched and rewritten.
     let tenant_namespace = tenant.then_some(spec.namespace.as_str());
-    crate::check_grants(&objects, declared, grants, tenant_namespace)?;
+    let aggregators = match aggregation {
+        Aggregation::Read { client, shown } if crate::floor::aggregation_matters(&objects) => {
+            super::kubernetes::aggregators(client, shown).await
+        }
+        _ => crate::floor::Aggregators::built_in(),
+    };
+    crate::check_grants(&objects, declared, grants, tenant_namespace, &aggregators)?;
     crate::apply_order(&mut objects);
     let fit = fit_of(&resolved.version);
     Ok(Rendered {

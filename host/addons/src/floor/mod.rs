@@ -24,11 +24,14 @@
 //!
 //! Start at [`violations`].
 
+mod aggregation;
 mod pods;
 mod rbac;
 mod routing;
 #[cfg(test)]
 mod tests;
+
+pub use aggregation::{Aggregator, Aggregators};
 
 use crate::{AddonGrants, Object};
 use std::fmt;
@@ -48,8 +51,13 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Every floor violation in a render (empty: the render may be applied).
-pub fn violations(objects: &[Object], grants: &AddonGrants) -> Vec<Violation> {
+/// Every floor violation in a render (empty: the render may be applied),
+/// for a cluster whose aggregating ClusterRoles are `aggregators`.
+pub fn violations(
+    objects: &[Object],
+    grants: &AddonGrants,
+    aggregators: &Aggregators,
+) -> Vec<Violation> {
     let render = Render(objects);
     let mut found = Vec::new();
     for object in objects {
@@ -59,11 +67,17 @@ pub fn violations(objects: &[Object], grants: &AddonGrants) -> Vec<Violation> {
                 rule,
             })
         };
-        rbac::check(object, &render, grants, &mut refuse);
+        rbac::check(object, &render, grants, aggregators, &mut refuse);
         routing::check(object, &render, grants, &mut refuse);
         pods::check(object, &render, grants, &mut refuse);
     }
     found
+}
+
+/// Whether a render has a ClusterRole carrying an escalation route: only
+/// then does it matter which ClusterRoles aggregate it.
+pub fn aggregation_matters(objects: &[Object]) -> bool {
+    objects.iter().any(rbac::cluster_role_with_a_route)
 }
 
 /// The render being checked: what it creates itself may be referenced

@@ -5,12 +5,18 @@
 //! the grant's `rbac.subjects` names); `cluster-admin` and `system:masters`
 //! never. A role may not aggregate others (its rules would be whatever
 //! matching roles say, now or later), may not grant every verb on every
-//! resource, and carries an escalation route only where `rbac.powers`
-//! names it.
+//! resource, and carries an escalation route (each risk the Kubernetes
+//! documentation's RBAC good practices list, [`RbacPower`]) only where
+//! `rbac.powers` names it. A ClusterRole aggregated into another
+//! ([`super::aggregation`]) is a binding to that role's every holder: it
+//! carries a route only where `rbac.aggregateTo` names that role and the
+//! route.
 
 use super::Render;
+use super::aggregation::Aggregators;
 use crate::{AddonGrants, Object, RbacPower};
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
@@ -19,6 +25,7 @@ pub(super) fn check(
     object: &Object,
     render: &Render<'_>,
     grants: &AddonGrants,
+    aggregators: &Aggregators,
     refuse: &mut impl FnMut(String),
 ) {
     if object.group() != RBAC_GROUP {
@@ -26,7 +33,7 @@ pub(super) fn check(
     }
     match object.kind.as_str() {
         "ClusterRoleBinding" | "RoleBinding" => binding(object, render, grants, refuse),
-        "ClusterRole" | "Role" => role(&object.value, grants, refuse),
+        "ClusterRole" | "Role" => role(object, grants, aggregators, refuse),
         _ => {}
     }
 }
@@ -93,13 +100,38 @@ fn binding(
     }
 }
 
-fn role(role: &Value, grants: &AddonGrants, refuse: &mut impl FnMut(String)) {
+/// Whether `object` is a ClusterRole whose rules carry an escalation route.
+pub(super) fn cluster_role_with_a_route(object: &Object) -> bool {
+    object.group() == RBAC_GROUP
+        && object.kind == "ClusterRole"
+        && object.value["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|rule| RbacPower::ALL.into_iter().any(|p| Rule(rule).carries(p)))
+}
+
+fn role(
+    object: &Object,
+    grants: &AddonGrants,
+    aggregators: &Aggregators,
+    refuse: &mut impl FnMut(String),
+) {
+    let role = &object.value;
     if role.get("aggregationRule").is_some_and(|a| !a.is_null()) {
         refuse(
             "has an aggregationRule: its rules would be those of every role its selector matches, now or later, which no addon grant allows"
                 .into(),
         );
     }
+    // Only ClusterRoles are aggregated; a Role's rules stay its own.
+    let into = if object.kind == "ClusterRole" {
+        let labels: BTreeMap<String, String> =
+            serde_json::from_value(role["metadata"]["labels"].clone()).unwrap_or_default();
+        aggregators.aggregated_into(&labels)
+    } else {
+        Ok(Vec::new())
+    };
     for (i, rule) in role["rules"].as_array().into_iter().flatten().enumerate() {
         let rule = Rule(rule);
         if rule.lists("verbs", "*") && rule.lists("resources", "*") {
@@ -108,15 +140,191 @@ fn role(role: &Value, grants: &AddonGrants, refuse: &mut impl FnMut(String)) {
             ));
             continue;
         }
-        for power in RbacPower::ALL {
-            if rule.carries(power) && !grants.rbac.powers.contains(&power) {
-                refuse(format!(
-                    "rules[{i}] carries the escalation route `{}` ({}), which spec.grants.rbac.powers does not name",
-                    power.name(),
-                    power.meaning()
-                ));
+        for power in RbacPower::ALL.into_iter().filter(|p| rule.carries(*p)) {
+            let route = format!(
+                "rules[{i}] carries the escalation route `{}` ({}: {})",
+                power.name(),
+                power.documented_as(),
+                power.meaning()
+            );
+            match &into {
+                Ok(into) if into.is_empty() => {
+                    if !grants.rbac.powers.contains(&power) {
+                        refuse(format!(
+                            "{route}, which spec.grants.rbac.powers does not name"
+                        ));
+                    }
+                }
+                Ok(into) => {
+                    for aggregated in into
+                        .iter()
+                        .filter(|a| !grants.rbac.lends_through(&a.role, power))
+                    {
+                        let holders = match aggregated.through.as_slice() {
+                            [] => aggregated.role.clone(),
+                            through => format!(
+                                "{} (and, through it, of {})",
+                                aggregated.role,
+                                through.join(", ")
+                            ),
+                        };
+                        refuse(format!(
+                            "{route} and aggregates into ClusterRole {}, so every holder of {holders} would gain it; spec.grants.rbac.aggregateTo does not name ClusterRole {} with `{}`",
+                            aggregated.role,
+                            aggregated.role,
+                            power.name()
+                        ));
+                    }
+                }
+                Err(why) => {
+                    if grants.rbac.powers.contains(&power) {
+                        refuse(format!(
+                            "{route}, and whether the role aggregates into another ClusterRole (lending the route to all its holders) cannot be known: {why}"
+                        ));
+                    } else {
+                        refuse(format!(
+                            "{route}, which spec.grants.rbac.powers does not name"
+                        ));
+                    }
+                }
             }
         }
+    }
+}
+
+/// A request a route is made of: one of `verbs` on one of `resources` in
+/// API group `group`.
+struct Request {
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+}
+
+const WRITE: &[&str] = &["create", "update", "patch"];
+/// The verbs a proxied request maps to (GET, POST, PUT, PATCH, DELETE).
+const PROXY: &[&str] = &["get", "create", "update", "patch", "delete"];
+/// The verbs of a streaming subresource (a websocket GET, or a POST).
+const STREAM: &[&str] = &["get", "create"];
+
+/// The requests that make each route: a rule allowing any one of them
+/// carries the route. Several-step routes (a certificate needs a request,
+/// its approval and its signature) are refused at the step only a route
+/// needs, so no two allowed rules add up to one.
+fn requests(power: RbacPower) -> &'static [Request] {
+    match power {
+        RbacPower::Secrets => &[Request {
+            group: "",
+            resources: &["secrets"],
+            verbs: &["get", "list", "watch"],
+        }],
+        RbacPower::Workloads => &[
+            Request {
+                group: "",
+                resources: &["pods", "replicationcontrollers"],
+                verbs: WRITE,
+            },
+            Request {
+                group: "apps",
+                resources: &["deployments", "daemonsets", "statefulsets", "replicasets"],
+                verbs: WRITE,
+            },
+            Request {
+                group: "extensions",
+                resources: &["deployments", "daemonsets", "replicasets"],
+                verbs: WRITE,
+            },
+            Request {
+                group: "batch",
+                resources: &["jobs", "cronjobs"],
+                verbs: WRITE,
+            },
+        ],
+        RbacPower::PersistentVolumes => &[Request {
+            group: "",
+            resources: &["persistentvolumes"],
+            verbs: WRITE,
+        }],
+        RbacPower::NodesProxy => &[Request {
+            group: "",
+            resources: &["nodes/proxy"],
+            verbs: PROXY,
+        }],
+        RbacPower::Escalate => &[Request {
+            group: RBAC_GROUP,
+            resources: &["roles", "clusterroles"],
+            verbs: &["escalate"],
+        }],
+        RbacPower::Bind => &[Request {
+            group: RBAC_GROUP,
+            resources: &["roles", "clusterroles"],
+            verbs: &["bind"],
+        }],
+        // Impersonation resources are many (`userextras/<key>` is
+        // open-ended): any rule naming the verb carries it (see `carries`).
+        RbacPower::Impersonate => &[
+            Request {
+                group: "",
+                resources: &["users", "groups", "serviceaccounts"],
+                verbs: &["impersonate"],
+            },
+            Request {
+                group: "authentication.k8s.io",
+                resources: &["uids", "userextras/scopes"],
+                verbs: &["impersonate"],
+            },
+        ],
+        RbacPower::Certificates => &[
+            Request {
+                group: "certificates.k8s.io",
+                resources: &[
+                    "certificatesigningrequests/approval",
+                    "certificatesigningrequests/status",
+                ],
+                verbs: &["update", "patch"],
+            },
+            Request {
+                group: "certificates.k8s.io",
+                resources: &["signers"],
+                verbs: &["approve", "sign"],
+            },
+        ],
+        RbacPower::ServiceAccountTokens => &[Request {
+            group: "",
+            resources: &["serviceaccounts/token"],
+            verbs: &["create"],
+        }],
+        RbacPower::Admission => &[Request {
+            group: "admissionregistration.k8s.io",
+            resources: &[
+                "validatingwebhookconfigurations",
+                "mutatingwebhookconfigurations",
+                "validatingadmissionpolicies",
+                "validatingadmissionpolicybindings",
+                "mutatingadmissionpolicies",
+                "mutatingadmissionpolicybindings",
+            ],
+            verbs: &["create", "update", "patch", "delete", "deletecollection"],
+        }],
+        RbacPower::Namespaces => &[Request {
+            group: "",
+            resources: &["namespaces"],
+            verbs: &["update", "patch"],
+        }],
+        RbacPower::EphemeralContainers => &[Request {
+            group: "",
+            resources: &["pods/ephemeralcontainers"],
+            verbs: &["update", "patch"],
+        }],
+        RbacPower::Exec => &[Request {
+            group: "",
+            resources: &["pods/exec", "pods/attach"],
+            verbs: STREAM,
+        }],
+        RbacPower::PortForward => &[Request {
+            group: "",
+            resources: &["pods/portforward"],
+            verbs: STREAM,
+        }],
     }
 }
 
@@ -148,39 +356,20 @@ impl Rule<'_> {
             .is_none_or(|names| names.is_empty())
     }
 
+    /// Whether the rule carries `power`. Naming objects (`resourceNames`)
+    /// narrows no route but reading Secrets: an update of one named
+    /// Deployment still runs any pod as its ServiceAccount.
     fn carries(&self, power: RbacPower) -> bool {
-        const ANY: &[&str] = &[
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ];
-        let on_roles = |verb: &str| {
-            ["roles", "clusterroles"]
-                .iter()
-                .any(|r| self.allows(RBAC_GROUP, r, &[verb]))
-        };
-        match power {
-            RbacPower::Escalate => on_roles("escalate"),
-            RbacPower::Bind => on_roles("bind"),
-            // Any rule naming the verb: impersonation resources are many
-            // (`userextras/<key>` is open-ended).
-            RbacPower::Impersonate => {
-                self.lists("verbs", "impersonate")
-                    || ["users", "groups", "serviceaccounts"]
-                        .iter()
-                        .any(|r| self.allows("", r, &["impersonate"]))
-                    || ["uids", "userextras/scopes"]
-                        .iter()
-                        .any(|r| self.allows("authentication.k8s.io", r, &["impersonate"]))
-            }
-            RbacPower::NodesProxy => self.allows("", "nodes/proxy", ANY),
-            RbacPower::Exec => ["pods/exec", "pods/attach"]
-                .iter()
-                .any(|r| self.allows("", r, ANY)),
-            RbacPower::ServiceAccountTokens => {
-                self.allows("", "serviceaccounts/token", &["create"])
-            }
-            RbacPower::Secrets => {
-                self.unnamed() && self.allows("", "secrets", &["get", "list", "watch"])
-            }
+        if power == RbacPower::Secrets && !self.unnamed() {
+            return false;
         }
+        if power == RbacPower::Impersonate && self.lists("verbs", "impersonate") {
+            return true;
+        }
+        requests(power).iter().any(|r| {
+            r.resources
+                .iter()
+                .any(|resource| self.allows(r.group, resource, r.verbs))
+        })
     }
 }

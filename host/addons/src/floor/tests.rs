@@ -18,7 +18,7 @@ fn at(level: PodSecurityLevel) -> AddonGrants {
 }
 
 fn rules(objects: &[Object], grants: &AddonGrants) -> Vec<String> {
-    violations(objects, grants)
+    violations(objects, grants, &Aggregators::built_in())
         .into_iter()
         .map(|v| v.to_string())
         .collect()
@@ -135,11 +135,57 @@ fn star_verbs_on_star_resources_is_refused() {
     assert_names(&found, &["rules[1] grants every verb on every resource"]);
 }
 
-#[test]
-fn every_escalation_route_is_refused_unless_granted_by_name() {
-    for (powers, rule) in [
+/// One rule per route of the Kubernetes documentation's list, each
+/// refused alone, naming the route and the documentation's heading, and
+/// let through where `spec.grants.rbac.powers` names it.
+fn route_cases() -> Vec<(&'static [&'static str], Value)> {
+    vec![
         (
-            &["escalate"][..],
+            &["secrets"][..],
+            json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}),
+        ),
+        (
+            &["secrets"],
+            json!({"apiGroups": [""], "resources": ["*"], "verbs": ["watch"]}),
+        ),
+        (
+            &["workloads"],
+            json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}),
+        ),
+        (
+            &["workloads"],
+            json!({"apiGroups": ["apps"], "resources": ["deployments", "daemonsets"], "verbs": ["create"]}),
+        ),
+        (
+            &["workloads"],
+            json!({"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["patch"]}),
+        ),
+        (
+            &["workloads"],
+            json!({"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["create"]}),
+        ),
+        (
+            &["workloads"],
+            json!({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["update"]}),
+        ),
+        (
+            &["workloads"],
+            json!({"apiGroups": [""], "resources": ["replicationcontrollers"], "verbs": ["create"]}),
+        ),
+        (
+            &["workloads"],
+            json!({"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["*"]}),
+        ),
+        (
+            &["persistentvolumes"],
+            json!({"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["create"]}),
+        ),
+        (
+            &["nodes/proxy"],
+            json!({"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}),
+        ),
+        (
+            &["escalate"],
             json!({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["escalate"]}),
         ),
         (
@@ -151,8 +197,40 @@ fn every_escalation_route_is_refused_unless_granted_by_name() {
             json!({"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]}),
         ),
         (
-            &["nodes/proxy"],
-            json!({"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}),
+            &["impersonate"],
+            json!({"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/team"], "verbs": ["impersonate"]}),
+        ),
+        (
+            &["certificates"],
+            json!({"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"], "verbs": ["update"]}),
+        ),
+        (
+            &["certificates"],
+            json!({"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["kubernetes.io/kube-apiserver-client"], "verbs": ["approve"]}),
+        ),
+        (
+            &["certificates"],
+            json!({"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/status"], "verbs": ["patch"]}),
+        ),
+        (
+            &["serviceaccounts/token"],
+            json!({"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]}),
+        ),
+        (
+            &["admission"],
+            json!({"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"], "verbs": ["create"]}),
+        ),
+        (
+            &["admission"],
+            json!({"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"], "verbs": ["delete"]}),
+        ),
+        (
+            &["namespaces"],
+            json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["patch"]}),
+        ),
+        (
+            &["pods/ephemeralcontainers"],
+            json!({"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["update"]}),
         ),
         (
             &["exec"],
@@ -160,27 +238,42 @@ fn every_escalation_route_is_refused_unless_granted_by_name() {
         ),
         (
             &["exec"],
+            json!({"apiGroups": [""], "resources": ["pods/attach"], "verbs": ["get"]}),
+        ),
+        (
+            &["exec"],
             json!({"apiGroups": [""], "resources": ["*/exec"], "verbs": ["create"]}),
         ),
         (
-            &["serviceaccounts/token"],
-            json!({"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]}),
+            &["pods/portforward"],
+            json!({"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]}),
         ),
+        // Reading everything: GET on nodes/proxy, pods/exec and
+        // pods/portforward reaches into pods (over a websocket), and every
+        // Secret is read.
         (
-            &["secrets"],
-            json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}),
-        ),
-        // Reading everything: GET on nodes/proxy and pods/exec runs
-        // commands (over a websocket), and every Secret is read.
-        (
-            &["nodes/proxy", "exec", "secrets"],
+            &["secrets", "nodes/proxy", "exec", "pods/portforward"],
             json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["get"]}),
         ),
-    ] {
+    ]
+}
+
+#[test]
+fn every_escalation_route_is_refused_unless_granted_by_name() {
+    let mut seen = std::collections::BTreeSet::new();
+    for (powers, rule) in route_cases() {
         let found = broken(cluster_role(json!([rule])), PodSecurityLevel::Baseline);
         let expected: Vec<String> = powers
             .iter()
-            .map(|p| format!("ClusterRole r: rules[0] carries the escalation route `{p}`"))
+            .map(|p| {
+                let power = RbacPower::ALL.into_iter().find(|r| r.name() == *p).unwrap();
+                seen.insert(power);
+                format!(
+                    "ClusterRole r: rules[0] carries the escalation route `{p}` ({}: {}), which spec.grants.rbac.powers does not name",
+                    power.documented_as(),
+                    power.meaning()
+                )
+            })
             .collect();
         let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
         assert_names(&found, &expected);
@@ -193,13 +286,190 @@ fn every_escalation_route_is_refused_unless_granted_by_name() {
             rules(&[object(cluster_role(json!([rule])))], &grants).is_empty(),
             "{powers:?} granted"
         );
+        // A namespaced Role carries the same routes (in its namespace).
+        let mut role = cluster_role(json!([rule]));
+        role["kind"] = "Role".into();
+        role["metadata"]["namespace"] = "kube-system".into();
+        assert_eq!(
+            broken(role, PodSecurityLevel::Baseline).len(),
+            powers.len(),
+            "{rule}"
+        );
     }
-    // Named Secrets, and reading pods, are no route.
+    assert_eq!(
+        seen.len(),
+        RbacPower::ALL.len(),
+        "every route has a case of its own"
+    );
+    // Named Secrets, reading pods and their logs, scaling, a kubelet's own
+    // certificate request and deleting pods are no route.
     let fine = cluster_role(json!([
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}
+        {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list", "delete"]},
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get"]},
+        {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["*"], "verbs": ["get", "list"]}
     ]));
-    assert!(broken(fine, PodSecurityLevel::Baseline).is_empty());
+    assert_eq!(
+        broken(fine, PodSecurityLevel::Baseline),
+        Vec::<String>::new()
+    );
+}
+
+fn aggregated(label: &str, rule: Value) -> Value {
+    let mut role = cluster_role(json!([rule]));
+    role["metadata"]["labels"] = json!({label: "true"});
+    role
+}
+
+#[test]
+fn a_role_aggregated_into_a_built_in_role_is_a_binding_to_its_holders() {
+    let view = "rbac.authorization.k8s.io/aggregate-to-view";
+    let pods = json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]});
+    // `powers` lends a route to the render's own bindings, never to every
+    // holder of view.
+    let mut grants = AddonGrants::default();
+    grants.rbac.powers = vec![RbacPower::Workloads];
+    let found = rules(&[object(aggregated(view, pods.clone()))], &grants);
+    assert_names(
+        &found,
+        &[
+            "ClusterRole r: rules[0] carries the escalation route `workloads` (Workload creation: pods that run as any ServiceAccount of their namespace and mount its Secrets) and aggregates into ClusterRole view, so every holder of view (and, through it, of admin, edit) would gain it; spec.grants.rbac.aggregateTo does not name ClusterRole view with `workloads`",
+        ],
+    );
+    // Named for another role, or another route: still refused.
+    grants.rbac.aggregate_to = vec![crate::AggregationLent {
+        cluster_role: "edit".into(),
+        powers: vec![RbacPower::Workloads],
+    }];
+    assert_eq!(
+        rules(&[object(aggregated(view, pods.clone()))], &grants).len(),
+        1
+    );
+    grants.rbac.aggregate_to = vec![crate::AggregationLent {
+        cluster_role: "view".into(),
+        powers: vec![RbacPower::Exec],
+    }];
+    assert_eq!(
+        rules(&[object(aggregated(view, pods.clone()))], &grants).len(),
+        1
+    );
+    // The exact role and route: let through, without `powers`.
+    let grants = AddonGrants {
+        rbac: crate::RbacLent {
+            aggregate_to: vec![crate::AggregationLent {
+                cluster_role: "view".into(),
+                powers: vec![RbacPower::Workloads],
+            }],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert!(rules(&[object(aggregated(view, pods.clone()))], &grants).is_empty());
+    // Aggregated rules that carry no route need no grant.
+    let reading = json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]});
+    assert!(broken(aggregated(view, reading), PodSecurityLevel::Baseline).is_empty());
+    // A Role is never aggregated: its label lends nothing.
+    let mut role = aggregated(view, pods);
+    role["kind"] = "Role".into();
+    role["metadata"]["namespace"] = "kube-system".into();
+    let mut grants = AddonGrants::default();
+    grants.rbac.powers = vec![RbacPower::Workloads];
+    assert!(rules(&[object(role)], &grants).is_empty());
+}
+
+#[test]
+fn each_route_aggregated_into_edit_or_admin_is_refused_naming_the_role() {
+    for label in [
+        "rbac.authorization.k8s.io/aggregate-to-edit",
+        "rbac.authorization.k8s.io/aggregate-to-admin",
+    ] {
+        let role_name = label.rsplit('-').next().unwrap();
+        for (powers, rule) in route_cases() {
+            let mut grants = AddonGrants::default();
+            grants.rbac.powers = RbacPower::ALL.to_vec();
+            let found = rules(&[object(aggregated(label, rule.clone()))], &grants);
+            let expected: Vec<String> = powers
+                .iter()
+                .map(|p| format!("carries the escalation route `{p}` ("))
+                .collect();
+            let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+            assert_names(&found, &expected);
+            assert!(
+                found
+                    .iter()
+                    .all(|f| f.contains(&format!("aggregates into ClusterRole {role_name},"))),
+                "{found:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_clusters_own_aggregating_roles_are_bindings_too_and_unknown_ones_refuse_routes() {
+    let custom = Aggregators::Known(vec![Aggregator {
+        name: "monitoring-all".into(),
+        selectors: vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some(
+                    [(
+                        "example.com/aggregate-to-monitoring".to_string(),
+                        "true".to_string(),
+                    )]
+                    .into(),
+                ),
+                match_expressions: None,
+            },
+        ],
+        labels: Default::default(),
+    }]);
+    let exec = json!({"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]});
+    let role = object(aggregated(
+        "example.com/aggregate-to-monitoring",
+        exec.clone(),
+    ));
+    let mut grants = AddonGrants::default();
+    grants.rbac.powers = vec![RbacPower::Exec];
+    let found: Vec<String> = violations(std::slice::from_ref(&role), &grants, &custom)
+        .into_iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert_names(
+        &found,
+        &[
+            "aggregates into ClusterRole monitoring-all, so every holder of monitoring-all would gain it",
+        ],
+    );
+    // With the built-in roles alone the same label aggregates nowhere.
+    assert!(
+        violations(
+            std::slice::from_ref(&role),
+            &grants,
+            &Aggregators::built_in()
+        )
+        .is_empty()
+    );
+    // Unknown aggregators: a granted route in a ClusterRole is refused,
+    // saying why; a render without routes is not held back.
+    let unknown =
+        Aggregators::Unknown("Capstan may not list the ClusterRoles of in-cluster".into());
+    let plain = object(cluster_role(json!([exec])));
+    let found: Vec<String> = violations(std::slice::from_ref(&plain), &grants, &unknown)
+        .into_iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert_names(
+        &found,
+        &[
+            "whether the role aggregates into another ClusterRole (lending the route to all its holders) cannot be known: Capstan may not list the ClusterRoles of in-cluster",
+        ],
+    );
+    let reading = object(cluster_role(
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]),
+    ));
+    assert!(violations(std::slice::from_ref(&reading), &grants, &unknown).is_empty());
 }
 
 #[test]
@@ -528,7 +798,14 @@ fn custom_workloads_are_checked_where_the_grant_says() {
     let agent = object(json!({"apiVersion": "example.com/v1", "kind": "Agent",
         "metadata": {"name": "a", "namespace": "n"},
         "spec": {"template": {"spec": {"hostPID": true, "serviceAccountName": "default"}}}}));
-    assert!(violations(std::slice::from_ref(&agent), &AddonGrants::default()).is_empty());
+    assert!(
+        violations(
+            std::slice::from_ref(&agent),
+            &AddonGrants::default(),
+            &Aggregators::built_in()
+        )
+        .is_empty()
+    );
     let grants = AddonGrants {
         pod_spec_paths: vec!["example.com/Agent=/spec/template/spec".parse().unwrap()],
         ..Default::default()
@@ -537,4 +814,341 @@ fn custom_workloads_are_checked_where_the_grant_says() {
         &rules(&[agent], &grants),
         &["Agent n/a: sets hostPID: true"],
     );
+}
+
+/// RBAC as the API server evaluates it, written apart from the floor: the
+/// rules authorize `verb` on `resource` (with its subresource) in `group`,
+/// for the object `name` (`None`: a request without a name, such as create
+/// or list).
+fn authorizes(
+    rules: &[Value],
+    group: &str,
+    resource: &str,
+    verb: &str,
+    name: Option<&str>,
+) -> bool {
+    let has = |rule: &Value, field: &str, item: &str| {
+        rule[field]
+            .as_array()
+            .is_some_and(|items| items.iter().any(|i| i == item))
+    };
+    rules.iter().any(|rule| {
+        let verb_ok = has(rule, "verbs", "*") || has(rule, "verbs", verb);
+        let group_ok = has(rule, "apiGroups", "*") || has(rule, "apiGroups", group);
+        let resource_ok = has(rule, "resources", "*")
+            || has(rule, "resources", resource)
+            || resource
+                .split_once('/')
+                .is_some_and(|(_, sub)| has(rule, "resources", &format!("*/{sub}")));
+        let names = rule["resourceNames"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let name_ok = names.is_empty() || name.is_some_and(|n| names.iter().any(|i| i == n));
+        verb_ok && group_ok && resource_ok && name_ok
+    })
+}
+
+/// Whether `rules` together open any route of the documentation's list,
+/// as an attacker would use it: objects named as the attacker chooses, and
+/// several-step routes needing every step.
+fn opens_a_route(rules: &[Value]) -> Option<&'static str> {
+    let any = |requests: &[(&str, &str, &str, Option<&str>)]| {
+        requests
+            .iter()
+            .any(|(g, r, v, n)| authorizes(rules, g, r, v, *n))
+    };
+    let victim = Some("victim");
+    let workloads: Vec<(&str, &str, &str, Option<&str>)> = [
+        ("", "pods"),
+        ("", "replicationcontrollers"),
+        ("apps", "deployments"),
+        ("apps", "daemonsets"),
+        ("apps", "statefulsets"),
+        ("apps", "replicasets"),
+        ("batch", "jobs"),
+        ("batch", "cronjobs"),
+    ]
+    .into_iter()
+    .flat_map(|(g, r)| {
+        [
+            (g, r, "create", None),
+            (g, r, "patch", victim),
+            (g, r, "update", victim),
+        ]
+    })
+    .collect();
+    let routes: Vec<(&'static str, bool)> = vec![
+        (
+            "secrets",
+            any(&[
+                ("", "secrets", "list", None),
+                ("", "secrets", "watch", None),
+                ("", "secrets", "get", victim),
+            ]),
+        ),
+        ("workloads", any(&workloads)),
+        (
+            "persistentvolumes",
+            any(&[("", "persistentvolumes", "create", None)]),
+        ),
+        (
+            "nodes/proxy",
+            any(&[
+                ("", "nodes/proxy", "get", Some("node-1")),
+                ("", "nodes/proxy", "create", Some("node-1")),
+            ]),
+        ),
+        (
+            "escalate",
+            any(&[
+                (
+                    "rbac.authorization.k8s.io",
+                    "clusterroles",
+                    "escalate",
+                    victim,
+                ),
+                ("rbac.authorization.k8s.io", "roles", "escalate", victim),
+            ]),
+        ),
+        (
+            "bind",
+            any(&[
+                (
+                    "rbac.authorization.k8s.io",
+                    "clusterroles",
+                    "bind",
+                    Some("cluster-admin"),
+                ),
+                ("rbac.authorization.k8s.io", "roles", "bind", victim),
+            ]),
+        ),
+        (
+            "impersonate",
+            any(&[
+                ("", "users", "impersonate", Some("system:admin")),
+                ("", "groups", "impersonate", Some("system:masters")),
+                ("", "serviceaccounts", "impersonate", victim),
+            ]),
+        ),
+        (
+            "certificates",
+            (any(&[
+                (
+                    "certificates.k8s.io",
+                    "certificatesigningrequests/approval",
+                    "update",
+                    victim,
+                ),
+                (
+                    "certificates.k8s.io",
+                    "certificatesigningrequests/approval",
+                    "patch",
+                    victim,
+                ),
+            ]) && any(&[(
+                "certificates.k8s.io",
+                "signers",
+                "approve",
+                Some("kubernetes.io/kube-apiserver-client"),
+            )])) || (any(&[
+                (
+                    "certificates.k8s.io",
+                    "certificatesigningrequests/status",
+                    "update",
+                    victim,
+                ),
+                (
+                    "certificates.k8s.io",
+                    "certificatesigningrequests/status",
+                    "patch",
+                    victim,
+                ),
+            ]) && any(&[(
+                "certificates.k8s.io",
+                "signers",
+                "sign",
+                Some("kubernetes.io/kube-apiserver-client"),
+            )])),
+        ),
+        (
+            "serviceaccounts/token",
+            any(&[("", "serviceaccounts/token", "create", victim)]),
+        ),
+        (
+            "admission",
+            any(&[
+                (
+                    "admissionregistration.k8s.io",
+                    "mutatingwebhookconfigurations",
+                    "create",
+                    None,
+                ),
+                (
+                    "admissionregistration.k8s.io",
+                    "validatingwebhookconfigurations",
+                    "delete",
+                    victim,
+                ),
+                (
+                    "admissionregistration.k8s.io",
+                    "validatingadmissionpolicies",
+                    "patch",
+                    victim,
+                ),
+            ]),
+        ),
+        (
+            "namespaces",
+            any(&[
+                ("", "namespaces", "patch", victim),
+                ("", "namespaces", "update", victim),
+            ]),
+        ),
+        (
+            "pods/ephemeralcontainers",
+            any(&[("", "pods/ephemeralcontainers", "patch", victim)]),
+        ),
+        (
+            "exec",
+            any(&[
+                ("", "pods/exec", "create", victim),
+                ("", "pods/exec", "get", victim),
+                ("", "pods/attach", "create", victim),
+            ]),
+        ),
+        (
+            "pods/portforward",
+            any(&[
+                ("", "pods/portforward", "create", victim),
+                ("", "pods/portforward", "get", victim),
+            ]),
+        ),
+    ];
+    routes
+        .into_iter()
+        .find(|(_, open)| *open)
+        .map(|(name, _)| name)
+}
+
+mod combinations {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rule() -> impl Strategy<Value = Value> {
+        let groups = prop::sample::subsequence(
+            vec![
+                "",
+                "apps",
+                "batch",
+                "extensions",
+                "rbac.authorization.k8s.io",
+                "certificates.k8s.io",
+                "admissionregistration.k8s.io",
+                "authentication.k8s.io",
+                "example.com",
+                "*",
+            ],
+            1..3,
+        );
+        let resources = prop::sample::subsequence(
+            vec![
+                "pods",
+                "pods/exec",
+                "pods/attach",
+                "pods/portforward",
+                "pods/ephemeralcontainers",
+                "pods/log",
+                "pods/eviction",
+                "deployments",
+                "deployments/scale",
+                "daemonsets",
+                "jobs",
+                "cronjobs",
+                "secrets",
+                "configmaps",
+                "persistentvolumes",
+                "persistentvolumeclaims",
+                "nodes",
+                "nodes/proxy",
+                "nodes/status",
+                "roles",
+                "clusterroles",
+                "rolebindings",
+                "users",
+                "groups",
+                "serviceaccounts",
+                "serviceaccounts/token",
+                "certificatesigningrequests",
+                "certificatesigningrequests/approval",
+                "certificatesigningrequests/status",
+                "signers",
+                "mutatingwebhookconfigurations",
+                "validatingadmissionpolicies",
+                "namespaces",
+                "*",
+                "*/exec",
+                "*/proxy",
+                "*/approval",
+                "*/token",
+                "*/status",
+            ],
+            1..4,
+        );
+        let verbs = prop::sample::subsequence(
+            vec![
+                "get",
+                "list",
+                "watch",
+                "create",
+                "update",
+                "patch",
+                "delete",
+                "deletecollection",
+                "escalate",
+                "bind",
+                "impersonate",
+                "approve",
+                "sign",
+                "*",
+            ],
+            1..4,
+        );
+        let names = prop::sample::select(vec![
+            vec![],
+            vec!["mine"],
+            vec!["kubernetes.io/kube-apiserver-client-kubelet"],
+        ]);
+        (groups, resources, verbs, names).prop_map(|(g, r, v, n)| {
+            let mut rule = json!({"apiGroups": g, "resources": r, "verbs": v});
+            if !n.is_empty() {
+                rule["resourceNames"] = json!(n);
+            }
+            rule
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Rules the floor lets through one by one (no powers granted)
+        /// never open a route together, by RBAC's own evaluation.
+        #[test]
+        fn no_combination_of_allowed_rules_adds_up_to_a_route(candidates in prop::collection::vec(rule(), 1..8)) {
+            let allowed: Vec<Value> = candidates
+                .into_iter()
+                .filter(|r| broken(cluster_role(json!([r])), PodSecurityLevel::Baseline).is_empty())
+                .collect();
+            prop_assert_eq!(opens_a_route(&allowed), None, "{:?}", allowed);
+        }
+
+        /// The other way round: a single rule that opens a route alone is
+        /// refused (the oracle and the floor agree on every route).
+        #[test]
+        fn a_rule_that_opens_a_route_is_refused(candidate in rule()) {
+            if opens_a_route(std::slice::from_ref(&candidate)).is_some() {
+                prop_assert!(!broken(cluster_role(json!([candidate.clone()])), PodSecurityLevel::Baseline).is_empty(), "{}", candidate);
+            }
+        }
+    }
 }

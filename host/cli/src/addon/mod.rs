@@ -143,7 +143,11 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         args.tenant,
         &args.image_rewrites,
         None,
-        cluster.as_ref(),
+        capstan_addons::engine::TargetCluster {
+            versions: cluster.as_ref(),
+            // No cluster to read: Kubernetes' own aggregating roles only.
+            aggregation: capstan_addons::engine::Aggregation::BuiltIn,
+        },
     )
     .await?;
     let channel = resolved

@@ -295,11 +295,14 @@ pub(super) fn claimed_node(
         // The Machine that took the Node first keeps it: a second one
         // naming the same ID cannot take it away (nor, by a health check,
         // have the first one remediated).
-        shared: !linked
-            && kube
-                .stores
-                .machine_ids
-                .claimed_by_another(provider_id, machine),
+        shared_with: (!linked)
+            .then(|| {
+                kube.stores
+                    .machine_ids
+                    .another_claimant(provider_id, machine)
+            })
+            .flatten()
+            .map(|(namespace, name)| format!("{namespace}/{name}")),
         declared_prefix: prefix,
         control_plane_node: node_claim::CONTROL_PLANE_LABELS
             .iter()

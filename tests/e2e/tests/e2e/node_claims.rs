@@ -103,7 +103,7 @@ async fn a_provider_naming_nodes_not_its_own_touches_none_of_them() {
             "thief",
             victim_id.as_str(),
             victim_node.as_str(),
-            "another Machine reports the same provider ID",
+            "reports the same provider ID; a Node is taken only by the one Machine that reports it, or by the one that took it first, so this Machine leaves it alone",
         ),
         (
             "crown",

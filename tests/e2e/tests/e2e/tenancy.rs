@@ -31,7 +31,7 @@ const TENANT: &str = "alice";
 const DEPLOYER: &str = "deployer";
 const LONG: Duration = Duration::from_secs(90);
 
-fn options() -> Options {
+pub(crate) fn options() -> Options {
     Options {
         poll: Duration::from_millis(250),
         secrets_namespace: Some(CAPSTAN_NAMESPACE.into()),
@@ -39,7 +39,7 @@ fn options() -> Options {
     }
 }
 
-fn plugin_spec(value: Value) -> PluginSpec {
+pub(crate) fn plugin_spec(value: Value) -> PluginSpec {
     serde_json::from_value(value).expect("a PluginSpec")
 }
 
@@ -59,7 +59,7 @@ fn exporter(allowed: Option<&[&str]>) -> PluginSpec {
     plugin_spec(spec)
 }
 
-fn coredns() -> PluginSpec {
+pub(crate) fn coredns() -> PluginSpec {
     plugin_spec(json!({
         "source": format!("file://{}", capstan_e2e::plugin("coredns_addon").display()),
         "grants": {"objects": [
@@ -72,11 +72,11 @@ fn coredns() -> PluginSpec {
 
 /// The verbs docs/addons.md names for the addon kinds (never `*`: on
 /// ServiceAccounts that includes `impersonate`).
-const ADDON_VERBS: [&str; 6] = ["get", "list", "watch", "create", "patch", "delete"];
+pub(crate) const ADDON_VERBS: [&str; 6] = ["get", "list", "watch", "create", "patch", "delete"];
 
 /// What docs/addons.md asks an admin to bind for the granted addon kinds: a
 /// role over `rules`, cluster-wide (`namespace` None) or in one namespace.
-fn addon_rbac(namespace: Option<&str>, rules: Value) -> Vec<Value> {
+pub(crate) fn addon_rbac(namespace: Option<&str>, rules: Value) -> Vec<Value> {
     let (role, binding) = match namespace {
         None => ("ClusterRole", "ClusterRoleBinding"),
         Some(_) => ("Role", "RoleBinding"),
@@ -98,7 +98,7 @@ fn addon_rbac(namespace: Option<&str>, rules: Value) -> Vec<Value> {
 /// The control plane with the tenant, these Plugins, and the controllers
 /// running as the installed ServiceAccount, allowed the addon kinds
 /// cluster-wide.
-async fn installed(plugins: Vec<(&str, PluginSpec)>) -> Env {
+pub(crate) async fn installed(plugins: Vec<(&str, PluginSpec)>) -> Env {
     let cluster_wide = addon_rbac(
         None,
         json!([
@@ -110,7 +110,7 @@ async fn installed(plugins: Vec<(&str, PluginSpec)>) -> Env {
 
 /// The same with these RBAC objects for the addon kinds, and `namespaces`
 /// created first.
-async fn installed_with(
+pub(crate) async fn installed_with(
     plugins: Vec<(&str, PluginSpec)>,
     rbac: &[Value],
     namespaces: &[&str],
@@ -144,13 +144,13 @@ async fn installed_with(
     env
 }
 
-fn addon(namespace: &str, name: &str, spec: Value) -> Addon {
+pub(crate) fn addon(namespace: &str, name: &str, spec: Value) -> Addon {
     let mut a = Addon::new(name, serde_json::from_value(spec).expect("an AddonSpec"));
     a.metadata.namespace = Some(namespace.into());
     a
 }
 
-async fn create_addon(client: &Client, a: &Addon) {
+pub(crate) async fn create_addon(client: &Client, a: &Addon) {
     Api::<Addon>::namespaced(client.clone(), &a.namespace().unwrap())
         .create(&PostParams::default(), a)
         .await
@@ -174,7 +174,7 @@ async fn delete_addon(env: &Env, client: &Client, namespace: &str, name: &str) {
 }
 
 /// Wait for the Addon's `Applied` condition to have `reason`; its message.
-async fn applied_reason(env: &Env, namespace: &str, name: &str, reason: &str) -> String {
+pub(crate) async fn applied_reason(env: &Env, namespace: &str, name: &str, reason: &str) -> String {
     let api: Api<Addon> = Api::namespaced(env.client.clone(), namespace);
     let seen = std::sync::Mutex::new(String::new());
     env.eventually(

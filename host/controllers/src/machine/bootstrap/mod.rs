@@ -431,7 +431,7 @@ async fn join_info(ctx: &Context, machine: &Machine) -> Result<JoinInfo, String>
         .and_then(|d| d.get("kubeconfig"))
         .ok_or("kube-public/cluster-info has no `kubeconfig` key")?;
     let (server, ca_pem) = cluster_of(kubeconfig)?;
-    let ca_hash = crate::der::ca_pin(&ca_pem)?;
+    let ca_hash = crate::x509::ca_pin(&ca_pem)?;
     let labels = capstan_planner::metadata::node_managed_labels(
         &machine.labels().clone().into_iter().collect(),
     )
