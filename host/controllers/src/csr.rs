@@ -19,7 +19,8 @@ use capstan_planner::bootstrap::{CsrDecision, node_csr};
 use futures::StreamExt as _;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 
 /// Answer Machines' node client CSRs until `shutdown`.
@@ -58,9 +59,10 @@ async fn answer(
         return;
     }
     let requester = csr.spec.username.clone().unwrap_or_default();
-    let token_machine = requester
+    let machine = requester
         .strip_prefix("system:bootstrap:")
         .and_then(|id| machine_of_token(kube, id));
+    let token_machine = machine.as_ref().map(|m| m.name_any());
     let decision = match crate::x509::request_subject(&csr.spec.request.0) {
         Ok(subject) => node_csr(
             &csr.spec.signer_name,
@@ -83,6 +85,21 @@ async fn answer(
             CsrDecision::Ignore => CsrDecision::Ignore,
             _ => CsrDecision::Deny(why),
         },
+    };
+    // The Node name must be this Machine's alone, now: a certificate for
+    // it is the Node's identity cluster-wide.
+    let decision = match (decision, &machine) {
+        (CsrDecision::Approve, Some(machine)) => match unique_identity(kube, machine).await {
+            Ok(None) => CsrDecision::Approve,
+            Ok(Some(why)) => CsrDecision::Deny(why),
+            Err(error) => {
+                // Not answered: the kubelet's request stays pending (it
+                // asks again), nothing is decided on a guess.
+                tracing::warn!(csr = %csr.name_any(), %error, "node client CSR left pending");
+                return;
+            }
+        },
+        (decision, _) => decision,
     };
     let (type_, reason, message) = match decision {
         CsrDecision::Ignore => return,
@@ -114,16 +131,63 @@ async fn answer(
     }
 }
 
-/// The name (`namespace/name` is not needed: the Node name is the Machine's
-/// name) of the Machine whose bootstrap token has this id, if one has.
-fn machine_of_token(kube: &Kube, id: &str) -> Option<String> {
+/// The Machine whose bootstrap token has this id, if one has.
+fn machine_of_token(kube: &Kube, id: &str) -> Option<std::sync::Arc<Machine>> {
     kube.stores
         .machines
         .state()
-        .iter()
+        .into_iter()
         .filter(|m| has_bootstrap_plugin(m))
         .find(|m| crate::machine::token_id(&m.uid().unwrap_or_default()) == id)
-        .map(|m| m.name_any())
+}
+
+/// Whether `system:node:<machine's name>` is this Machine's alone, asked of
+/// the API server (every namespace, every shard): no other Machine has its
+/// name (Node names are cluster-wide; a namesake's token would become the
+/// same Node), and no Node of that name is another instance's. `Ok(Some)`
+/// says why not; `Err` when the API server could not be asked.
+async fn unique_identity(kube: &Kube, machine: &Machine) -> Result<Option<String>, String> {
+    let name = machine.name_any();
+    let namespace = machine.namespace().unwrap_or_default();
+    let mut asked = Api::<Machine>::all(kube.client.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await;
+    for _ in 0..2 {
+        if asked.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        asked = Api::<Machine>::all(kube.client.clone())
+            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+            .await;
+    }
+    let namesakes =
+        asked.map_err(|e| format!("cannot ask which Machines are named {name}: {e}"))?;
+    if let Some(other) = namesakes
+        .items
+        .iter()
+        .find(|m| m.namespace().unwrap_or_default() != namespace)
+    {
+        return Ok(Some(format!(
+            "Machines {namespace}/{name} and {}/{name} share a name, and a Node name is cluster-wide: no bootstrap token gets a certificate for system:node:{name} while both exist; rename one",
+            other.namespace().unwrap_or_default()
+        )));
+    }
+    let instance = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref());
+    if let Some(node) = kube.stores.nodes.get(&ObjectRef::new(&name)) {
+        let carried = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+        if carried.is_some() && carried != instance {
+            return Ok(Some(format!(
+                "Node {name} exists and carries provider ID {}, not this Machine's instance {}: a certificate for system:node:{name} would let this instance act as that Node; delete the stale Node if its instance is gone",
+                carried.unwrap_or_default(),
+                instance.unwrap_or("(none recorded yet)")
+            )));
+        }
+    }
+    Ok(None)
 }
 
 fn has_bootstrap_plugin(m: &Machine) -> bool {

@@ -232,6 +232,7 @@ pub async fn run(
         resync: options.resync,
         secrets_namespace: options.secrets_namespace.clone(),
         fence: options.write_fence.clone(),
+        sharded: options.watch_filter.is_some(),
     };
     // What the Plugin controller loads and the others use.
     let updaters = capstan_kit::registry::Updaters::default();

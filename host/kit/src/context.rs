@@ -35,6 +35,9 @@ pub struct Kube {
     /// Leader election's write fence (`None`: no election): clients made
     /// for workload clusters are put behind it too.
     pub fence: Option<std::sync::Arc<crate::leader::Fence>>,
+    /// The Machine caches hold this shard's Machines only (a watch
+    /// filter): what must hold across shards is asked of the API server.
+    pub sharded: bool,
 }
 
 impl std::fmt::Debug for Kube {

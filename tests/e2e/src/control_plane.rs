@@ -40,6 +40,15 @@ pub fn bin_dir() -> PathBuf {
     cache.join("capstan/kubernetes-1.20.2/bin")
 }
 
+/// Where `kubelet` and `kubeadm` are, for real nodes: `CAPSTAN_NODE_BIN`,
+/// else the cache `scripts/node-parts.sh` fills.
+pub fn node_bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CAPSTAN_NODE_BIN") {
+        return PathBuf::from(dir);
+    }
+    bin_dir().with_file_name("node-bin")
+}
+
 /// The kube-controller-manager controllers the control plane runs.
 pub const CONTROLLERS: &str = "clusterrole-aggregation,garbagecollector,namespace,serviceaccount,serviceaccount-token,deployment,replicaset,daemonset,disruption,nodelifecycle,podgc,csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner";
 
@@ -75,7 +84,119 @@ kind: RoleBinding
 metadata: {name: 'kubeadm:bootstrap-signer-clusterinfo', namespace: kube-public}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: 'kubeadm:bootstrap-signer-clusterinfo'}
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: 'system:anonymous'}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: 'kubeadm:nodes-kubeadm-config', namespace: kube-system}
+rules: [{apiGroups: [''], resources: [configmaps], resourceNames: [kubeadm-config], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: 'kubeadm:nodes-kubeadm-config', namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: 'kubeadm:nodes-kubeadm-config'}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:bootstrappers:kubeadm:default-node-token'}
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:nodes'}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: 'kubeadm:kubelet-config-1.20', namespace: kube-system}
+rules: [{apiGroups: [''], resources: [configmaps], resourceNames: [kubelet-config-1.20], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: 'kubeadm:kubelet-config-1.20', namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: 'kubeadm:kubelet-config-1.20'}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:bootstrappers:kubeadm:default-node-token'}
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:nodes'}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: 'kube-proxy', namespace: kube-system}
+rules: [{apiGroups: [''], resources: [configmaps], resourceNames: [kube-proxy], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: 'kube-proxy', namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: 'kube-proxy'}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:bootstrappers:kubeadm:default-node-token'}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: 'kubeadm:get-nodes'}
+rules: [{apiGroups: [''], resources: [nodes], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: 'kubeadm:get-nodes'}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: 'kubeadm:get-nodes'}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'system:bootstrappers:kubeadm:default-node-token'}]
 ";
+
+/// The configuration `kubeadm init` uploads for `kubeadm join` to read
+/// (kubeadm 1.20: `kubeadm-config`, `kubelet-config-1.20`, `kube-proxy` in
+/// kube-system), for a cluster whose API server is `endpoint`. The
+/// kubelet's is kubeadm's default but for heartbeats every 2 s (the test
+/// control plane's node-monitor grace period is 10 s).
+pub fn kubeadm_join_config(endpoint: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: ConfigMap
+metadata: {{name: kubeadm-config, namespace: kube-system}}
+data:
+  ClusterConfiguration: |
+    apiVersion: kubeadm.k8s.io/v1beta2
+    kind: ClusterConfiguration
+    kubernetesVersion: v1.20.2
+    clusterName: kubernetes
+    controlPlaneEndpoint: {endpoint}
+    certificatesDir: /etc/kubernetes/pki
+    imageRepository: k8s.gcr.io
+    networking: {{dnsDomain: cluster.local, serviceSubnet: 10.96.0.0/24, podSubnet: 10.244.0.0/16}}
+  ClusterStatus: |
+    apiVersion: kubeadm.k8s.io/v1beta2
+    kind: ClusterStatus
+    apiEndpoints: {{}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: kubelet-config-1.20, namespace: kube-system}}
+data:
+  kubelet: |
+    apiVersion: kubelet.config.k8s.io/v1beta1
+    kind: KubeletConfiguration
+    authentication:
+      anonymous: {{enabled: false}}
+      webhook: {{cacheTTL: 0s, enabled: true}}
+      x509: {{clientCAFile: /etc/kubernetes/pki/ca.crt}}
+    authorization:
+      mode: Webhook
+      webhook: {{cacheAuthorizedTTL: 0s, cacheUnauthorizedTTL: 0s}}
+    cgroupDriver: cgroupfs
+    clusterDNS: [10.96.0.10]
+    clusterDomain: cluster.local
+    healthzBindAddress: 127.0.0.1
+    healthzPort: 10248
+    rotateCertificates: true
+    staticPodPath: /etc/kubernetes/manifests
+    resolvConf: /etc/resolv.conf
+    nodeLeaseDurationSeconds: 8
+    nodeStatusUpdateFrequency: 2s
+    nodeStatusReportFrequency: 10s
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: kube-proxy, namespace: kube-system}}
+data:
+  config.conf: |
+    apiVersion: kubeproxy.config.k8s.io/v1alpha1
+    kind: KubeProxyConfiguration
+    clusterCIDR: 10.244.0.0/16
+    mode: iptables
+"
+    )
+}
 
 /// Timings of the node-lifecycle controller and the API server's default
 /// tolerations. Kubernetes' own defaults are 5 s / 40 s / 60 s / 300 s;
@@ -100,6 +221,10 @@ pub struct ControlPlaneOptions {
     /// Keep an audit log of every write (`audit_writes`), with who made it
     /// and when the API server received it.
     pub audit: bool,
+    /// Send the API server's traffic to kubelets as HTTP CONNECT over this
+    /// unix socket (real nodes of the simulated cloud live in network
+    /// namespaces of their own; its egress proxy reaches them).
+    pub egress_socket: Option<PathBuf>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -111,6 +236,7 @@ impl Default for ControlPlaneOptions {
             pod_toleration_seconds: 30,
             api_only: false,
             audit: false,
+            egress_socket: None,
         }
     }
 }
@@ -262,7 +388,58 @@ fn cluster_ca(certs: &Path) -> Result<Vec<u8>, String> {
         .arg(file("apiserver.ext"))
         .arg("-out")
         .arg(file("apiserver.crt")))?;
+    // The API server's client certificate for kubelets (logs, exec), as
+    // kubeadm makes it: a cluster admin's.
+    run(Command::new("openssl")
+        .arg("req")
+        .args(ec)
+        .arg("-keyout")
+        .arg(file("apiserver-kubelet-client.key"))
+        .arg("-out")
+        .arg(file("apiserver-kubelet-client.csr"))
+        .args([
+            "-subj",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        ]))?;
+    std::fs::write(
+        file("apiserver-kubelet-client.ext"),
+        "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
+    )
+    .map_err(|e| e.to_string())?;
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-in"])
+        .arg(file("apiserver-kubelet-client.csr"))
+        .arg("-CA")
+        .arg(file("ca.crt"))
+        .arg("-CAkey")
+        .arg(file("ca.key"))
+        .args(["-CAcreateserial", "-days", "365", "-extfile"])
+        .arg(file("apiserver-kubelet-client.ext"))
+        .arg("-out")
+        .arg(file("apiserver-kubelet-client.crt")))?;
     std::fs::read(file("ca.crt")).map_err(|e| format!("cannot read the cluster CA: {e}"))
+}
+
+/// The API server's egress selector: its traffic to the cluster (kubelets:
+/// logs, exec) as HTTP CONNECT over `socket`, where the simulated cloud
+/// reaches real instances inside their own network namespaces.
+fn egress_args(dir: &std::path::Path, socket: Option<&Path>) -> Result<Vec<String>, String> {
+    let Some(socket) = socket else {
+        return Ok(vec![]);
+    };
+    let config = dir.join("egress-selector.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\negressSelections:\n- name: cluster\n  connection:\n    proxyProtocol: HTTPConnect\n    transport:\n      uds:\n        udsName: {}\n",
+            socket.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(vec![format!(
+        "--egress-selector-config-file={}",
+        config.display()
+    )])
 }
 
 /// A Go duration flag value.
@@ -431,6 +608,16 @@ impl ControlPlane {
                 .arg("--enable-bootstrap-token-auth=true")
                 .arg(format!("--token-auth-file={}", tokens.display()))
                 .args(audit_args(dir, options.audit)?)
+                .args(egress_args(dir, options.egress_socket.as_deref())?)
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    certs.join("apiserver-kubelet-client.crt").display()
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    certs.join("apiserver-kubelet-client.key").display()
+                ))
+                .arg("--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname")
                 .arg("--authorization-mode=Node,RBAC")
                 .arg("--enable-admission-plugins=NodeRestriction")
                 .arg("--service-cluster-ip-range=10.96.0.0/24")
@@ -646,6 +833,8 @@ impl ControlPlane {
         });
         self.kubectl(&["apply", "-f", "-"], Some(&config_map.to_string()))?;
         self.kubectl(&["apply", "-f", "-"], Some(KUBEADM_BOOTSTRAP_RBAC))?;
+        let endpoint = self.url.trim_start_matches("https://");
+        self.kubectl(&["apply", "-f", "-"], Some(&kubeadm_join_config(endpoint)))?;
         // Discovered before any CRD exists: forget it.
         let _ = std::fs::remove_dir_all(self.dir.join("kubectl-cache"));
         Ok(())

@@ -98,6 +98,10 @@ pub struct EnvOptions {
     pub kubelet: KubeletConfig,
     /// The node-lifecycle timings.
     pub control_plane: ControlPlaneOptions,
+    /// Boot every instance as a real node (real cloud-init, `kubeadm
+    /// join` and kubelet; `capstan_sim_cloud::realnode`) instead of the
+    /// simulated kubelet's.
+    pub real_nodes: bool,
 }
 
 /// The simulated kubelet's test timings: heartbeats every 2 s (with the
@@ -124,6 +128,7 @@ impl EnvOptions {
             faults,
             kubelet: test_kubelet(),
             control_plane: ControlPlaneOptions::default(),
+            real_nodes: false,
         }
     }
 }
@@ -137,7 +142,21 @@ impl Env {
     /// Start the control plane, install the CRDs, start the cloud and its
     /// kubelet, and create the `sim` Plugin. Controllers are not started yet.
     pub async fn start_with(options: EnvOptions) -> Result<Env, String> {
-        let plane_options = options.control_plane.clone();
+        let mut plane_options = options.control_plane.clone();
+        // Real nodes: their directory, and the socket the API server's
+        // egress reaches their kubelets through.
+        let real_dir = options.real_nodes.then(|| {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            std::env::temp_dir().join(format!(
+                "capstan-realnodes-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ))
+        });
+        if let Some(dir) = &real_dir {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            plane_options.egress_socket = Some(dir.join("egress.sock"));
+        }
         let control_plane = Arc::new(
             tokio::task::spawn_blocking(move || ControlPlane::start_with(plane_options))
                 .await
@@ -145,11 +164,19 @@ impl Env {
         );
         let client = control_plane.client_without_retries().await?;
         install_crds(&client).await?;
+        let real_nodes = real_dir.map(|dir| crate::sim_cloud::realnode::RealNodeConfig {
+            egress_socket: dir.join("egress.sock"),
+            dir,
+            node_bin: crate::control_plane::node_bin_dir(),
+            api_server: control_plane.url.clone(),
+        });
         let cloud = SimCloud::start(SimCloudConfig {
             token: Some(CLOUD_TOKEN.into()),
             faults: options.faults,
-            kube: Some(control_plane.kube_target()),
+            // Real nodes have real kubelets: no simulated one.
+            kube: real_nodes.is_none().then(|| control_plane.kube_target()),
             kubelet: options.kubelet,
+            real_nodes,
             ..Default::default()
         })
         .await

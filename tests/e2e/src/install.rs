@@ -203,3 +203,27 @@ pub async fn audited_as_installed(faults: Faults) -> Env {
     .await;
     env
 }
+
+/// What an admin binds on a kubeadm cluster so that Capstan's bootstrap
+/// tokens (group [`capstan_controllers::MACHINE_BOOTSTRAPPERS`]) may run
+/// `kubeadm join`, as `kubeadm init` binds its own token group: read the
+/// cluster's kubeadm and kubelet configuration and look up Nodes
+/// (docs/machines.md). Kubernetes 1.20's role names.
+pub fn kubeadm_join_bindings() -> Vec<Value> {
+    let group = json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+        "name": capstan_controllers::MACHINE_BOOTSTRAPPERS}]);
+    let mut docs: Vec<Value> = ["kubeadm:nodes-kubeadm-config", "kubeadm:kubelet-config-1.20", "kube-proxy"]
+        .iter()
+        .map(|role| {
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": format!("capstan-machines:{role}"), "namespace": "kube-system"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                "subjects": group})
+        })
+        .collect();
+    docs.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "capstan-machines:kubeadm:get-nodes"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kubeadm:get-nodes"},
+        "subjects": group}));
+    docs
+}

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 pub mod kubelet;
+pub mod realnode;
 pub mod timeline;
 pub use kubelet::{
     ConditionOverride, JoinReport, KubeTarget, Kubelet, KubeletConfig, KubeletStats, NodeSpec,
@@ -104,6 +105,10 @@ pub struct SimCloudConfig {
     pub kube: Option<KubeTarget>,
     /// How that kubelet behaves (heartbeats, pod start delay).
     pub kubelet: KubeletConfig,
+    /// Boot every instance as a real node instead ([`realnode`]): real
+    /// cloud-init reads its user data, real `kubeadm join` and a real
+    /// kubelet join it.
+    pub real_nodes: Option<realnode::RealNodeConfig>,
 }
 
 /// An instance as the API returns it.
@@ -273,6 +278,7 @@ struct Inner {
     rng: u64,
     bucket: (f64, Instant),
     kubelet: Option<Kubelet>,
+    real: Option<realnode::RealNodes>,
     timeline: Timeline,
     echoed: Vec<Echoed>,
     slow_in_flight: u64,
@@ -480,6 +486,14 @@ impl SimCloud {
             ),
             None => None,
         };
+        let real = match config.real_nodes.clone() {
+            Some(real) => Some(
+                realnode::RealNodes::start(real)
+                    .await
+                    .map_err(std::io::Error::other)?,
+            ),
+            None => None,
+        };
         let listen = config
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -497,6 +511,7 @@ impl SimCloud {
             rng: config.seed | 1,
             bucket: (rps, Instant::now()),
             kubelet,
+            real,
             timeline,
             echoed: Vec::new(),
             slow_in_flight: 0,
@@ -538,6 +553,11 @@ impl SimCloud {
         lock(&self.state).kubelet.clone()
     }
 
+    /// The real instances, when the cloud boots real nodes.
+    pub fn real_nodes(&self) -> Option<realnode::RealNodes> {
+        lock(&self.state).real.clone()
+    }
+
     /// Every live instance.
     pub fn instances(&self) -> Vec<Instance> {
         let mut inner = lock(&self.state);
@@ -558,6 +578,10 @@ impl SimCloud {
 
     /// Stop serving and wait for the server task to end.
     pub async fn shutdown(mut self) {
+        let real = lock(&self.state).real.take();
+        if let Some(real) = real {
+            let _ = tokio::task::spawn_blocking(move || real.shutdown()).await;
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -569,6 +593,10 @@ impl SimCloud {
 
 impl Drop for SimCloud {
     fn drop(&mut self) {
+        // Real instances are processes of this machine: none outlives the cloud.
+        if let Some(real) = lock(&self.state).real.take() {
+            real.shutdown();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -660,6 +688,7 @@ struct ListQuery {
 /// | `GET /admin/instances/{id}/user-data` | 200 [`UserData`] the instance was launched with, 404 (`NoUserData` when it has none) |
 /// | `POST /admin/instances/{id}/stop` | 204; the instance is `stopped`, as if stopped from the cloud console (its Node is left alone) |
 /// | `POST /admin/instances/{id}/vanish` | 204; the instance is gone at once, as if terminated and reaped out of band, and its Node is left in place |
+/// | `POST /admin/instances/{id}/kubelet/{STOP,CONT,KILL}` | 204; a real instance's kubelet gets that signal (409 `NoRealNodes` in a cloud without real nodes) |
 /// | `GET /admin/joins` | 200 how each instance's join went ([`JoinReport`]: `joining`, `joined`, `failed` with why, `no-join-data`) |
 /// | `GET /admin/nodes` | 200 the kubelet's Nodes and their fault switches |
 /// | `POST /admin/kubelet/restart` | 200 `{"nodes": N}`; restarts the kubelet on every instance (as after a control-plane restore): new watches, and each Node registers again with its own credentials, created anew if it was lost |
@@ -690,6 +719,10 @@ fn router(state: Shared) -> Router {
         .route("/admin/instances/{id}/user-data", get(user_data))
         .route("/admin/instances/{id}/stop", post(stop_instance))
         .route("/admin/instances/{id}/vanish", post(vanish_instance))
+        .route(
+            "/admin/instances/{id}/kubelet/{signal}",
+            post(signal_kubelet),
+        )
         .route("/admin/nodes", get(list_nodes))
         .route("/admin/kubelet/restart", post(restart_kubelet))
         .route("/admin/joins", get(list_joins))
@@ -771,7 +804,30 @@ async fn create(
             .unjoined_user_agent
             .as_deref()
             .is_some_and(|unjoined| agent.contains(unjoined));
-    if let Some(kubelet) = inner.kubelet.clone().filter(|_| joins) {
+    if let Some(real) = inner.real.clone() {
+        // A real node boots from its user data (without any it boots, and
+        // joins nothing).
+        let boot = Duration::from_millis(inner.faults.boot_latency_ms);
+        let data = inner
+            .records
+            .get(&view.id)
+            .and_then(|r| r.req.user_data.clone());
+        let id = view.id.clone();
+        node_call_later(boot, async move {
+            use base64::Engine as _;
+            let bytes = match data {
+                Some(d) => base64::engine::general_purpose::STANDARD
+                    .decode(&d.value)
+                    .map_err(|e| format!("user data is not base64: {e}"))?,
+                None => Vec::new(),
+            };
+            let booted = real.boot(&id, &bytes);
+            if let Err(e) = &booted {
+                tracing::warn!(instance = %id, error = %e, "the real instance did not boot");
+            }
+            booted
+        });
+    } else if let Some(kubelet) = inner.kubelet.clone().filter(|_| joins) {
         let boot = Duration::from_millis(inner.faults.boot_latency_ms);
         let node = NodeSpec {
             name: node_name(&view.id),
@@ -914,7 +970,14 @@ async fn delete(
             .record("instance-delete-requested", &id, Some(&node_name(&id)));
     }
     inner.changing.insert(id.clone());
-    if first_delete && let Some(kubelet) = inner.kubelet.clone() {
+    if first_delete && let Some(real) = inner.real.clone() {
+        let after = Duration::from_millis(inner.faults.delete_latency_ms);
+        let id = id.clone();
+        node_call_later(after, async move {
+            let _ = tokio::task::spawn_blocking(move || real.terminate(&id)).await;
+            Ok(())
+        });
+    } else if first_delete && let Some(kubelet) = inner.kubelet.clone() {
         let after = Duration::from_millis(inner.faults.delete_latency_ms);
         let name = kubelet
             .node_of(&format!("sim://{id}"))
@@ -1104,12 +1167,45 @@ async fn user_data(State(state): State<Shared>, Path(id): Path<String>) -> Respo
 }
 
 async fn stop_instance(State(state): State<Shared>, Path(id): Path<String>) -> Response {
-    match lock(&state).records.get_mut(&id) {
-        Some(r) => {
-            r.stopped = true;
-            StatusCode::NO_CONTENT.into_response()
+    let real = {
+        let mut inner = lock(&state);
+        let real = inner.real.clone();
+        match inner.records.get_mut(&id) {
+            Some(r) => r.stopped = true,
+            None => return not_found(&id),
         }
-        None => not_found(&id),
+        real
+    };
+    // A real instance powers off: every process of it stops.
+    if let Some(real) = real {
+        let _ = tokio::task::spawn_blocking(move || real.power_off(&id)).await;
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `POST /admin/instances/{id}/kubelet/{signal}`: send a real instance's
+/// kubelet `STOP`, `CONT` or `KILL`.
+async fn signal_kubelet(
+    State(state): State<Shared>,
+    Path((id, signal)): Path<(String, String)>,
+) -> Response {
+    let Some(real) = lock(&state).real.clone() else {
+        return api_error(
+            StatusCode::CONFLICT,
+            "NoRealNodes",
+            "this cloud boots no real nodes",
+        );
+    };
+    if !["STOP", "CONT", "KILL"].contains(&signal.as_str()) {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            "signal must be STOP, CONT or KILL",
+        );
+    }
+    match real.signal_kubelet(&id, &signal) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => api_error(StatusCode::NOT_FOUND, "NoKubelet", &e),
     }
 }
 
@@ -1119,6 +1215,10 @@ async fn vanish_instance(State(state): State<Shared>, Path(id): Path<String>) ->
         Some(r) => {
             inner.by_token.remove(&r.req.client_token);
             inner.changing.remove(&id);
+            if let Some(real) = inner.real.clone() {
+                let id = id.clone();
+                tokio::task::spawn_blocking(move || real.terminate(&id));
+            }
             StatusCode::NO_CONTENT.into_response()
         }
         None => not_found(&id),

@@ -107,6 +107,7 @@ async fn main() -> anyhow::Result<()> {
             unjoined_user_agent: None,
         },
         seed: 1,
+        real_nodes: None,
         kube,
         kubelet: KubeletConfig {
             heartbeat_interval_ms: args.heartbeat_interval_ms,

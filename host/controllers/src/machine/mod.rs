@@ -439,11 +439,17 @@ impl<'a> Pass<'a> {
             MachineStep::Create => self.instance(Call::Create, plugin_name).await,
             MachineStep::Get => self.instance(Call::Get, plugin_name).await,
             MachineStep::AdvanceInPlace => {
-                let node = self.node.clone().or_else(|| {
-                    let id = self.draft.provider_id.as_deref()?;
-                    let prefix = self.provider.as_ref()?.provider_id_prefix();
-                    claimed_node(&ctx.kube, machine, prefix, id).ok().flatten()
-                });
+                let node = match (self.node.clone(), self.draft.provider_id.as_deref()) {
+                    (Some(node), _) => Some(node),
+                    (None, Some(id)) => {
+                        let prefix = self.provider.as_ref().and_then(|p| p.provider_id_prefix());
+                        claimed_node(&ctx.kube, machine, prefix, id)
+                            .await
+                            .ok()
+                            .flatten()
+                    }
+                    (None, None) => None,
+                };
                 let drain = update::Drainer {
                     kube: &ctx.kube,
                     evictions: &ctx.evictions,
@@ -537,7 +543,7 @@ impl<'a> Pass<'a> {
                 self.draft.plugin_signer = provider.signer().map(str::to_string);
                 let prefix = provider.provider_id_prefix();
                 (self.node, self.refused) =
-                    match claimed_node(&ctx.kube, machine, prefix, &observed.provider_id) {
+                    match claimed_node(&ctx.kube, machine, prefix, &observed.provider_id).await {
                         Ok(node) => (node, None),
                         Err(refused) => (None, Some(refused)),
                     };

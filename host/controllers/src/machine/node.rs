@@ -15,7 +15,7 @@ use capstan_planner::node_claim;
 use capstan_planner::taints::{self, Taint, Wanted};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use std::sync::Arc;
 
@@ -266,19 +266,47 @@ pub(crate) fn own_node(nodes: &Store<Node>, status: &MachineStatus) -> Option<Ar
     (same_uid && same_instance).then_some(node)
 }
 
-/// The Node that carries `provider_id`, if `machine` may take it as its
-/// own ([`capstan_planner::node_claim`]); `Err((node, why))` when a Node
-/// carries it and the claim is refused. `prefix` is what the Plugin's
-/// manifest declares.
-pub(super) fn claimed_node(
+/// The Node name a Machine's join identity allows: its own name, when
+/// Capstan renders its bootstrap data (`spec.bootstrap.plugin`: the host
+/// decides the Node name, mints the token, and approves a certificate for
+/// `system:node:<that name>` alone).
+pub(crate) fn join_identity(machine: &Machine) -> Option<String> {
+    machine
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.plugin.as_ref())
+        .map(|_| machine.name_any())
+}
+
+/// The Node that is `machine`'s, if it may take it as its own
+/// ([`capstan_planner::node_claim`]): a bootstrapped Machine's is the Node
+/// its join identity made (its name); any other's the Node carrying
+/// `provider_id`. `Err((node, why))` when such a Node is there and the
+/// claim is refused. `prefix` is what the Plugin's manifest declares.
+///
+/// A Machine Capstan did not bootstrap takes a Node the first time only
+/// after asking the API server, across shards, that no other Machine holds
+/// it or is the join identity behind it, and then claims it atomically
+/// ([`take`]).
+pub(super) async fn claimed_node(
     kube: &Kube,
     machine: &Machine,
     prefix: Option<&str>,
     provider_id: &str,
 ) -> Result<Option<Arc<Node>>, (String, String)> {
-    let Some(node) = find_node(&kube.stores.nodes, provider_id) else {
+    let identity = join_identity(machine);
+    let nodes = &kube.stores.nodes;
+    let node = match &identity {
+        Some(name) => nodes
+            .get(&ObjectRef::new(name))
+            .or_else(|| find_node(nodes, provider_id)),
+        None => find_node(nodes, provider_id),
+    };
+    let Some(node) = node else {
         return Ok(None);
     };
+    let refused = |why: String| (node.name_any(), why);
     let linked = machine
         .status
         .as_ref()
@@ -290,8 +318,12 @@ pub(super) fn claimed_node(
         .get(&ObjectRef::new(machine.instance_plugin()))
         .is_some_and(|p| p.spec.grants.control_plane_nodes);
     let seconds = |t: Option<capstan_api::Time>| t.map_or(0, |t| t.0.as_second());
+    let node_name = node.name_any();
     let claim = node_claim::Claim {
         provider_id,
+        node_name: &node_name,
+        node_provider_id: node.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+        join_identity: identity.as_deref(),
         // The Machine that took the Node first keeps it: a second one
         // naming the same ID cannot take it away (nor, by a health check,
         // have the first one remediated).
@@ -312,9 +344,136 @@ pub(super) fn claimed_node(
         machine_created: seconds(machine.creation_timestamp()),
         adopted_node: adopted_node(machine, &node),
     };
-    match node_claim::check(&claim) {
-        Ok(()) => Ok(Some(node)),
-        Err(refused) => Err((node.name_any(), refused.to_string())),
+    node_claim::check(&claim).map_err(|r| refused(r.to_string()))?;
+    if identity.is_none() && !linked {
+        held_elsewhere(kube, machine, &node)
+            .await
+            .map_err(refused)?;
+        take(kube, machine, &node).await.map_err(refused)?;
+    }
+    Ok(Some(node))
+}
+
+/// Why another Machine holds `node` (its Cluster API annotations name a
+/// Machine that exists), or is the join identity behind it (a bootstrapped
+/// Machine of the Node's name), if one does. Asked of the API server when
+/// this shard's cache cannot see every Machine.
+async fn held_elsewhere(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String> {
+    let me = (machine.namespace().unwrap_or_default(), machine.name_any());
+    let annotations = node.annotations();
+    if let (Some(name), Some(namespace)) = (
+        annotations.get("cluster.x-k8s.io/machine"),
+        annotations.get("cluster.x-k8s.io/cluster-namespace"),
+    ) && (namespace, name) != (&me.0, &me.1)
+        && machine_exists(kube, namespace, name).await?
+    {
+        return Err(format!(
+            "Machine {namespace}/{name} holds it (the Node's Cluster API annotations name it, and it exists)"
+        ));
+    }
+    let node_name = node.name_any();
+    let namesakes: Vec<Machine> = if kube.sharded {
+        Api::<Machine>::all(kube.client.clone())
+            .list(&ListParams::default().fields(&format!("metadata.name={node_name}")))
+            .await
+            .map_err(|e| format!("cannot ask which Machines are named {node_name}: {e}"))?
+            .items
+    } else {
+        kube.stores
+            .machines
+            .state()
+            .iter()
+            .filter(|m| m.name_any() == node_name)
+            .map(|m| m.as_ref().clone())
+            .collect()
+    };
+    if let Some(owner) = namesakes.iter().find(|m| {
+        join_identity(m).is_some() && (m.namespace().unwrap_or_default(), m.name_any()) != me
+    }) {
+        return Err(format!(
+            "it is the join identity of Machine {}/{}: only that Machine's certificate could create Node {node_name}",
+            owner.namespace().unwrap_or_default(),
+            owner.name_any()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether Machine `namespace/name` exists: this shard's cache, then (when
+/// sharded and not there) the API server.
+async fn machine_exists(kube: &Kube, namespace: &str, name: &str) -> Result<bool, String> {
+    if kube
+        .stores
+        .machines
+        .get(&ObjectRef::new(name).within(namespace))
+        .is_some()
+    {
+        return Ok(true);
+    }
+    if !kube.sharded {
+        return Ok(false);
+    }
+    Api::<Machine>::namespaced(kube.client.clone(), namespace)
+        .get_metadata_opt(name)
+        .await
+        .map(|m| m.is_some())
+        .map_err(|e| format!("cannot read Machine {namespace}/{name}: {e}"))
+}
+
+/// Claim `node` for `machine` in one atomic write: its Cluster API
+/// annotations, added only if no Machine's are there (a JSON patch that
+/// tests they are absent), so two Machines of different shards cannot
+/// both take it. Already this Machine's: nothing to write.
+async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String> {
+    let annotations = node.annotations();
+    let name = machine.name_any();
+    let namespace = machine.namespace().unwrap_or_default();
+    if annotations.get("cluster.x-k8s.io/machine") == Some(&name)
+        && annotations.get("cluster.x-k8s.io/cluster-namespace") == Some(&namespace)
+    {
+        return Ok(());
+    }
+    let pointer = |key: &str| format!("/metadata/annotations/{}", key.replace('/', "~1"));
+    let mut ops = Vec::new();
+    if node.metadata.annotations.is_none() {
+        ops.push(serde_json::json!({"op": "test", "path": "/metadata/annotations", "value": null}));
+        ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+    }
+    for (key, value) in [
+        ("cluster.x-k8s.io/machine", &name),
+        ("cluster.x-k8s.io/cluster-namespace", &namespace),
+    ] {
+        // A stale holder's (a Machine that no longer exists) is replaced;
+        // otherwise the key must still be absent.
+        match annotations.get(key) {
+            Some(old) => {
+                ops.push(serde_json::json!({"op": "test", "path": pointer(key), "value": old}));
+            }
+            None => {
+                ops.push(serde_json::json!({"op": "test", "path": pointer(key), "value": null}));
+            }
+        }
+        ops.push(serde_json::json!({"op": "add", "path": pointer(key), "value": value}));
+    }
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).map_err(|e| e.to_string())?;
+    match Api::<Node>::all(kube.client.clone())
+        .patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            kube.metrics.wrote(CONTROLLER, "node_claim");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 422 || e.code == 409 => Err(
+            "another Machine claimed it first (its annotations changed while this Machine took it); the next pass looks again"
+                .into(),
+        ),
+        Err(e) => Err(format!("cannot claim it: {e}")),
     }
 }
 

@@ -202,6 +202,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         },
         control_plane: ControlPlaneOptions::without_heartbeats(),
+        real_nodes: false,
     })
     .await
     .map_err(anyhow::Error::msg)?;

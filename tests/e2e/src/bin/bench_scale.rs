@@ -663,6 +663,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         },
         control_plane,
+        real_nodes: false,
     })
     .await
     .map_err(anyhow::Error::msg)?;

@@ -25,6 +25,7 @@ mod plot;
 mod polyglot;
 mod quickstart;
 mod rbac_floor;
+mod real_nodes;
 mod restore;
 mod rollback;
 mod sandbox;

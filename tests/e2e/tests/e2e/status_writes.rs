@@ -18,8 +18,8 @@ use capstan_controllers::{Options, Providers};
 use capstan_e2e::control_plane::ControlPlaneOptions;
 use capstan_e2e::env::{Env, EnvOptions, SIM_PLUGIN, sample_deployment};
 use capstan_e2e::sim_cloud::Faults;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Resource;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
 
@@ -320,5 +320,8 @@ async fn scaling_to_zero_and_back_and_deleting_writes_no_refused_status() {
         .count();
     assert!(written > 0, "the audit log holds the sets' status writes");
     assert!(refused.is_empty(), "status writes refused: {refused:#?}");
-    assert!(env.machines(NS).await.is_empty(), "every Machine went with the deployment");
+    assert!(
+        env.machines(NS).await.is_empty(),
+        "every Machine went with the deployment"
+    );
 }
