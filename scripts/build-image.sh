@@ -13,6 +13,9 @@
 #   --insecure    the registry speaks plain HTTP or has an untrusted
 #                 certificate (a loopback test registry)
 #
+# CAPSTAN_IMAGE_PROFILE picks the cargo profile (default `release`; the test
+# suite uses `image-test`, quicker to build cold).
+#
 # Prints the image reference pinned by digest last, e.g. for
 # `capstan install --image REF@sha256:…`.
 set -euo pipefail
@@ -42,7 +45,8 @@ while [ $# -gt 0 ]; do
 done
 
 target=x86_64-unknown-linux-musl
-binary="${CARGO_TARGET_DIR:-target}/$target/release/capstan"
+profile="${CAPSTAN_IMAGE_PROFILE:-release}"
+binary="${CARGO_TARGET_DIR:-target}/$target/$profile/capstan"
 version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)"
 source_url="$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository = "\(.*\)"/\1/p' Cargo.toml)"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
@@ -54,7 +58,7 @@ created="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 
 if [ "$build" = 1 ]; then
     "$(dirname "$0")/setup.sh" image
-    echo "==> building capstan for $target (release, statically linked; about 10 minutes cold on 2 cores)"
+    echo "==> building capstan for $target (profile $profile, statically linked; about 10 minutes cold on 2 cores as release)"
     # musl-gcc compiles the C parts (ring, zstd); debug info is stripped, the
     # symbols stay so a panic's backtrace still names functions. Paths are
     # remapped so the checkout's and cargo's own directories do not end up
@@ -62,7 +66,8 @@ if [ "$build" = 1 ]; then
     cargo_home="${CARGO_HOME:-$HOME/.cargo}"
     RUSTFLAGS="${RUSTFLAGS:-} --remap-path-prefix=$PWD=/capstan --remap-path-prefix=$cargo_home=/cargo" \
         CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=debuginfo \
-        cargo build --release --locked --target "$target" -p capstan
+        CARGO_PROFILE_IMAGE_TEST_STRIP=debuginfo \
+        cargo build --profile "$profile" --locked --target "$target" -p capstan
 fi
 if [ ! -x "$binary" ]; then
     echo "error: $binary is missing; run without --no-build" >&2

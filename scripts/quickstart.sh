@@ -6,7 +6,9 @@
 # `capstan controller`, the sandboxed sim-provider plugin and a
 # MachineDeployment of 3 machines, with live progress until every machine is
 # Ready. Ctrl-C stops everything.
-# Flags go to capstan-quickstart (--replicas N, --exit-when-ready, --oci, --help).
+# Flags go to capstan-quickstart (--replicas N, --exit-when-ready, --oci,
+# --real-nodes, --help). With --real-nodes, scripts/node-parts.sh installs
+# a real node's parts and builds kubelet and kubeadm (once, then cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parts=(build)
@@ -34,4 +36,11 @@ bin=$(tail -n 1 "$control_plane_out")
 trap - EXIT
 rm -f "$control_plane_out"
 export CAPSTAN_K8S_BIN="$bin"
+for arg in "$@"; do
+    if [ "$arg" = --real-nodes ]; then
+        echo "==> a real node's parts: Debian's containerd, runc, CNI plugins, cloud-init; kubelet and kubeadm v1.20.2 built from the control plane's source (the first time about 3 minutes, then cached)"
+        CAPSTAN_NODE_BIN="$(./scripts/node-parts.sh | tail -n 1)"
+        export CAPSTAN_NODE_BIN
+    fi
+done
 exec "${CARGO_TARGET_DIR:-target}/debug/capstan-quickstart" "$@"

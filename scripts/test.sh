@@ -11,11 +11,16 @@ cd "$(dirname "$0")/.."
 "$(dirname "$0")/build-polyglot-plugins.sh"
 "$(dirname "$0")/test-sdks.sh"
 # The image tests unpack and run it; built here, before the tests compete
-# for the cores.
+# for the cores (with the quicker `image-test` profile; the tests' own
+# build-image.sh call sees the same variable and finds it built).
+export CAPSTAN_IMAGE_PROFILE="${CAPSTAN_IMAGE_PROFILE:-image-test}"
 "$(dirname "$0")/build-image.sh"
 echo "==> local control plane (etcd + kube-apiserver, controller-manager, scheduler v1.20.2; built once, about 10 minutes with its Go toolchain, then cached)"
 CAPSTAN_K8S_BIN="$("$(dirname "$0")/control-plane.sh" | tail -n 1)"
 export CAPSTAN_K8S_BIN
+echo "==> a real node's parts (containerd, runc, CNI plugins, cloud-init from Debian; kubelet and kubeadm v1.20.2 from the control plane's source; built once, about 3 minutes, then cached)"
+CAPSTAN_NODE_BIN="$("$(dirname "$0")/node-parts.sh" | tail -n 1)"
+export CAPSTAN_NODE_BIN
 export CAPSTAN_PLUGIN_DIR="$PWD/${CARGO_TARGET_DIR:-target}/plugins/wasm32-wasip2/release"
 echo "==> running the test suite"
 cargo test --workspace --no-fail-fast

@@ -7,7 +7,10 @@
 //! the instance) and nothing the host did not give; it fits the host's
 //! 64 KiB; its format's marker is there (`#cloud-config`); the same input
 //! renders the same bytes; the machine's Node name is used; a render with
-//! an invalid config is `invalid-config`, never a trap.
+//! an invalid config is `invalid-config`, never a trap; and cloud-config
+//! passes the real cloud-init's schema validator (`cloud-init schema`,
+//! skipped where cloud-init is not installed), with a token in place of
+//! the placeholder as the host puts it.
 
 use crate::{Check, Outcome, Report, brief};
 use capstan_runtime::types::{BootstrapData, BootstrapFormat, JoinInfo, Machine};
@@ -114,6 +117,12 @@ pub async fn run_bootstrap(plugin: &BootstrapPlugin, config: &str, invalid: &[St
         "the data is marked as its format".into(),
         format_marker(&first),
     );
+    if first.format == BootstrapFormat::CloudConfig {
+        record(
+            "cloud-init's schema validator accepts the cloud-config".into(),
+            cloud_init_schema(&text.replace(PLACEHOLDER, "abcdef.0123456789abcdef")),
+        );
+    }
     record(
         "the same input renders the same bytes".into(),
         match plugin.render(&machine("m1"), config, &join("m1")).await {
@@ -142,6 +151,48 @@ pub async fn run_bootstrap(plugin: &BootstrapPlugin, config: &str, invalid: &[St
     Report::new(plugin.plugin(), String::new(), checks)
 }
 
+/// What the real cloud-init says of `cloud_config` (`cloud-init schema
+/// --config-file`): pass, fail with its words, or skip without cloud-init.
+pub fn cloud_init_schema(cloud_config: &str) -> Outcome {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let file = std::env::temp_dir().join(format!(
+        "capstan-conformance-{}-{}.yaml",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    if let Err(e) = std::fs::write(&file, cloud_config) {
+        return Outcome::Fail(format!("cannot write {}: {e}", file.display()));
+    }
+    let run = std::process::Command::new("cloud-init")
+        .args(["schema", "--config-file"])
+        .arg(&file)
+        .output();
+    let _ = std::fs::remove_file(&file);
+    let run = match run {
+        Ok(run) => run,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Outcome::Skip(
+                "cloud-init is not installed (Debian: apt install cloud-init) to check the data against its schema".into(),
+            );
+        }
+        Err(e) => return Outcome::Fail(format!("cannot run cloud-init: {e}")),
+    };
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    if run.status.success() && said.contains("Valid cloud-config") {
+        Outcome::Pass
+    } else {
+        let said = said.replace(&file.display().to_string(), "the data");
+        Outcome::Fail(format!(
+            "cloud-init refuses it (an instance would boot without joining): {}",
+            said.trim()
+        ))
+    }
+}
+
 fn format_marker(data: &BootstrapData) -> Outcome {
     let text = String::from_utf8_lossy(&data.value);
     let ok = match data.format {
@@ -157,5 +208,25 @@ fn format_marker(data: &BootstrapData) -> Outcome {
             "{:?} data must start with its marker (#cloud-config, #! or an Ignition JSON document)",
             data.format
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real cloud-init decides (installed by scripts/setup.sh).
+    #[test]
+    fn cloud_config_that_cloud_init_refuses_fails_the_check_naming_why() {
+        let good = "#cloud-config\nruncmd: [\"kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml\"]\n";
+        assert_eq!(cloud_init_schema(good), Outcome::Pass);
+        let bad = "#cloud-config\nruncmd: 5\nwrite_files: [{path: 7}]\n";
+        match cloud_init_schema(bad) {
+            Outcome::Fail(why) => assert!(
+                why.contains("cloud-init refuses it") && why.contains("runcmd"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 }

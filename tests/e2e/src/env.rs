@@ -25,6 +25,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// What a real node's `kubeadm join` cannot pass in this sandbox, skipped
+/// by the Machine's bootstrap configuration (never by the plugin): no
+/// `crictl` (Debian does not ship cri-tools), no kernel configuration to
+/// read, and bridge netfilter is the host's.
+pub const REAL_NODE_IGNORED_PREFLIGHT: [&str; 3] = [
+    "FileExisting-crictl",
+    "SystemVerification",
+    "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
+];
+
+/// The Kubernetes version real nodes run (kubelet and kubeadm are built
+/// from the control plane's source).
+pub const REAL_NODE_VERSION: &str = "v1.20.2";
+
 /// Name of the `Plugin` object for the Wasm sim-provider.
 pub const SIM_PLUGIN: &str = "sim";
 /// Token the simulated cloud requires (from the Secret, attached by the host).

@@ -30,23 +30,32 @@ pub(super) async fn annotate_node(
     machine: &Machine,
     node: &Node,
 ) -> Result<(), Error> {
-    let owner = machine
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .map(|o| (o.kind.as_str(), o.name.as_str()));
-    let Some(missing) = capstan_planner::metadata::node_annotations(
-        &machine.name_any(),
-        &machine.namespace().unwrap_or_default(),
-        machine.spec.cluster_name.as_deref(),
-        owner,
-        node.annotations(),
-    ) else {
+    let Some(missing) = wanted_annotations(machine, node) else {
         return Ok(());
     };
     let patch = serde_json::json!({ "metadata": { "annotations": missing } });
     let failing = format!("cannot annotate, for machine {},", key_of(machine));
     crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_annotations", &failing).await
+}
+
+/// Cluster API's annotations pointing from `node` to `machine` that the
+/// Node lacks, if any.
+fn wanted_annotations(
+    machine: &Machine,
+    node: &Node,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let owner = machine
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.kind.as_str(), o.name.as_str()));
+    capstan_planner::metadata::node_annotations(
+        &machine.name_any(),
+        &machine.namespace().unwrap_or_default(),
+        machine.spec.cluster_name.as_deref(),
+        owner,
+        node.annotations(),
+    )
 }
 
 pub(super) async fn carry_labels_to_node(
@@ -421,9 +430,11 @@ async fn machine_exists(kube: &Kube, namespace: &str, name: &str) -> Result<bool
 }
 
 /// Claim `node` for `machine` in one atomic write: its Cluster API
-/// annotations, added only if no Machine's are there (a JSON patch that
-/// tests they are absent), so two Machines of different shards cannot
-/// both take it. Already this Machine's: nothing to write.
+/// annotations (all of those [`annotate_node`] keeps), added only if no
+/// Machine's are there (a JSON patch that tests the claim's keys are
+/// absent, or still name the stale holder that was checked), so two
+/// Machines of different shards cannot both take it. Already this
+/// Machine's: nothing to write.
 async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String> {
     let annotations = node.annotations();
     let name = machine.name_any();
@@ -433,26 +444,24 @@ async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String>
     {
         return Ok(());
     }
+    let Some(missing) = wanted_annotations(machine, node) else {
+        return Ok(());
+    };
     let pointer = |key: &str| format!("/metadata/annotations/{}", key.replace('/', "~1"));
     let mut ops = Vec::new();
     if node.metadata.annotations.is_none() {
         ops.push(serde_json::json!({"op": "test", "path": "/metadata/annotations", "value": null}));
         ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
-    }
-    for (key, value) in [
-        ("cluster.x-k8s.io/machine", &name),
-        ("cluster.x-k8s.io/cluster-namespace", &namespace),
-    ] {
-        // A stale holder's (a Machine that no longer exists) is replaced;
-        // otherwise the key must still be absent.
-        match annotations.get(key) {
-            Some(old) => {
-                ops.push(serde_json::json!({"op": "test", "path": pointer(key), "value": old}));
-            }
-            None => {
-                ops.push(serde_json::json!({"op": "test", "path": pointer(key), "value": null}));
-            }
+    } else {
+        for key in [
+            "cluster.x-k8s.io/machine",
+            "cluster.x-k8s.io/cluster-namespace",
+        ] {
+            let seen = annotations.get(key).map_or(serde_json::Value::Null, |v| v.as_str().into());
+            ops.push(serde_json::json!({"op": "test", "path": pointer(key), "value": seen}));
         }
+    }
+    for (key, value) in &missing {
         ops.push(serde_json::json!({"op": "add", "path": pointer(key), "value": value}));
     }
     let patch: json_patch::Patch =
@@ -466,7 +475,7 @@ async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String>
         .await
     {
         Ok(_) => {
-            kube.metrics.wrote(CONTROLLER, "node_claim");
+            kube.metrics.wrote(CONTROLLER, "node_annotations");
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 422 || e.code == 409 => Err(

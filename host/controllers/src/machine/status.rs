@@ -417,8 +417,15 @@ fn settle_observed(
             uid: n.uid(),
         });
         // What the kubelet reports about the machine (Cluster API's
-        // `status.nodeInfo`).
-        if let Some(info) = n.status.as_ref().and_then(|s| s.node_info.clone()) {
+        // `status.nodeInfo`). A Node no kubelet has reported on yet shows
+        // one of empty strings (the API's default), which Kubernetes 1.20's
+        // server-side apply turns into nulls the schema refuses: none yet.
+        if let Some(info) = n
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.clone())
+            .filter(|i| !i.kubelet_version.is_empty())
+        {
             status.node_info = Some(info);
         }
     }

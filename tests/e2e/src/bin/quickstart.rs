@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 const QUICKSTART_UNHEALTHY_SECONDS: u32 = 5;
 
 const USAGE: &str =
-    "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready] [--no-addon] [--oci]
+    "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready] [--no-addon] [--oci] [--real-nodes]
 
 Runs Capstan locally: control plane, simulated cloud, controller, the sim-provider
 plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
@@ -42,7 +42,12 @@ plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
   --no-addon            skip the addon step (CoreDNS installed by the coredns addon plugin
                         onto the machines' Nodes, until healthy)
   --oci                 serve the plugin from a local OCI registry, signed, and have the
-                        controller verify it against a trust policy before loading it";
+                        controller verify it against a trust policy before loading it
+  --real-nodes          boot every instance as a real node: real cloud-init reads the
+                        machine's cloud-config, real `kubeadm join` and a real kubelet
+                        v1.20.2 join it, pods run in containerd (scripts/node-parts.sh
+                        installs and builds the parts; implies --no-addon: nothing is
+                        pulled, and the addon's image is not on the nodes)";
 
 struct Args {
     replicas: i32,
@@ -50,6 +55,7 @@ struct Args {
     exit_when_ready: bool,
     oci: bool,
     addon: bool,
+    real_nodes: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -59,6 +65,7 @@ fn parse_args() -> anyhow::Result<Args> {
         exit_when_ready: false,
         oci: false,
         addon: true,
+        real_nodes: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -78,6 +85,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--exit-when-ready" => args.exit_when_ready = true,
             "--oci" => args.oci = true,
             "--no-addon" => args.addon = false,
+            "--real-nodes" => {
+                args.real_nodes = true;
+                args.addon = false;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -336,10 +347,15 @@ async fn main() -> anyhow::Result<()> {
     });
     // Instances join as real ones do: from their user data, or not at all.
     options.kubelet.shared_identity_without_join_data = false;
+    options.real_nodes = args.real_nodes;
     let env = Env::start_with(options)
         .await
         .map_err(anyhow::Error::msg)
         .context("the local environment did not start")?;
+    if args.real_nodes {
+        // What an admin binds on a kubeadm cluster for Capstan's tokens.
+        capstan_e2e::install::kubectl_apply(&env, &capstan_e2e::install::kubeadm_join_bindings());
+    }
     let kubeconfig = env.control_plane.kubeconfig();
     let kubectl = capstan_e2e::control_plane::bin_dir().join("kubectl");
     println!(
@@ -353,10 +369,18 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "    set up as kubeadm init sets a cluster up: a cluster CA, bootstrap tokens, Node authorization, CSR approval and signing, kube-public/cluster-info"
     );
-    println!(
-        "    simulated cloud at {}; each instance boots from its user data as kubeadm join does (token discovery, a CSR for its own client certificate), then its kubelet registers the Node, renews its Lease and runs the pods bound to it",
-        env.cloud.url()
-    );
+    if args.real_nodes {
+        println!(
+            "    simulated cloud at {}; each instance is a real node in namespaces of its own: real cloud-init reads its user data, real `kubeadm join` (token discovery, a CSR for its own client certificate) starts a real kubelet {} that runs pods in containerd",
+            env.cloud.url(),
+            capstan_e2e::env::REAL_NODE_VERSION
+        );
+    } else {
+        println!(
+            "    simulated cloud at {}; each instance boots from its user data as kubeadm join does (token discovery, a CSR for its own client certificate), then its kubelet registers the Node, renews its Lease and runs the pods bound to it",
+            env.cloud.url()
+        );
+    }
     let capstan = capstan_bin().map_err(anyhow::Error::msg)?;
     let (_registry, plugin_name, extra) = if args.oci {
         let (registry, flags) = publish(&env, &capstan).await?;
@@ -412,16 +436,26 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     create_bootstrap_plugin(&env)?;
+    let version = if args.real_nodes {
+        capstan_e2e::env::REAL_NODE_VERSION
+    } else {
+        "v1.30.0"
+    };
     let mut md = sample_deployment(
         "quickstart",
         plugin_name,
         &env.cloud.url(),
         args.replicas,
-        "v1.30.0",
+        version,
     );
+    let mut bootstrap = serde_json::json!({"kubeletExtraArgs": {"max-pods": "110"}});
+    if args.real_nodes {
+        bootstrap["ignorePreflightErrors"] =
+            serde_json::json!(capstan_e2e::env::REAL_NODE_IGNORED_PREFLIGHT);
+    }
     md.spec.template.spec.bootstrap = Some(capstan_api::MachineBootstrap {
         plugin: Some(BOOTSTRAP_PLUGIN.into()),
-        config: Some(serde_json::json!({"kubeletExtraArgs": {"max-pods": "110"}})),
+        config: Some(bootstrap),
         data_secret_name: None,
     });
     let yaml = serde_yaml::to_string(&md)?;
@@ -547,7 +581,23 @@ spec:
             kubectl.display(),
             kubeconfig.display()
         );
-        println!(
+        if args.real_nodes {
+            println!(
+                "\nTry next, in another terminal (the Nodes are real kubelets):
+  {k} get nodes -o wide       # kubelet v1.20.2, containerd, each Node's address in its own namespace
+  {k} create deployment hello --image={image} -- /bin/sh -c 'echo hello from $(hostname); exec sleep 3600'
+  {k} patch deploy/hello --type json -p '[{{\"op\":\"add\",\"path\":\"/spec/template/spec/containers/0/imagePullPolicy\",\"value\":\"Never\"}}]'
+  {k} logs deploy/hello; {k} exec deploy/hello -- cat /etc/passwd
+  {k} scale md/quickstart --replicas=3
+  {k} get csr                 # each Node's client certificate, requested with its machine's token
+  {k} delete md/quickstart
+
+Press Ctrl-C to stop: the deployment is deleted (every instance released), then the
+controller, the cloud and the control plane stop and their data is removed.",
+                image = capstan_e2e::sim_cloud::realnode::BUSYBOX,
+            );
+        } else {
+            println!(
             "\nTry next, in another terminal:
   {k} scale md/quickstart --replicas=5
   {k} patch md/quickstart --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"version\":\"v1.31.0\"}}}}}}}}'
@@ -576,6 +626,7 @@ controller, the cloud and the control plane stop and their data is removed.",
             metrics = controller.metrics_url,
             cloud = env.cloud.url(),
         );
+        }
         interrupt.recv().await;
         println!();
     }

@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-const KUBEADM: &str = "kubeadm";
+pub(crate) const KUBEADM: &str = "kubeadm";
 /// Allowed only in Capstan's own namespace (no `allowedNamespaces`).
 const KUBEADM_PRIVATE: &str = "kubeadm-private";
 /// A namespace `capstan install` was not told Machines live in.
@@ -37,7 +37,7 @@ async fn joining_env() -> Env {
     .await
 }
 
-async fn joining_env_with(faults: Faults) -> Env {
+pub(crate) async fn joining_env_with(faults: Faults) -> Env {
     let mut options = EnvOptions::new(faults);
     options.control_plane.audit = true;
     options.kubelet.shared_identity_without_join_data = false;
@@ -71,7 +71,11 @@ async fn joining_env_with(faults: Faults) -> Env {
     env
 }
 
-fn with_bootstrap(mut md: MachineDeployment, plugin: &str, config: Value) -> MachineDeployment {
+pub(crate) fn with_bootstrap(
+    mut md: MachineDeployment,
+    plugin: &str,
+    config: Value,
+) -> MachineDeployment {
     md.spec.template.spec.bootstrap = Some(MachineBootstrap {
         plugin: Some(plugin.into()),
         config: Some(config),
@@ -87,7 +91,7 @@ async fn cloud_get(env: &Env, path: &str) -> Value {
     body
 }
 
-fn decode(b64: &str) -> String {
+pub(crate) fn decode(b64: &str) -> String {
     use base64::Engine;
     String::from_utf8(
         base64::engine::general_purpose::STANDARD
@@ -99,7 +103,7 @@ fn decode(b64: &str) -> String {
 
 /// The bootstrap token (`<id>.<secret>`) in rendered cloud-config, read as
 /// the instance reads it.
-fn token_in(data: &str) -> String {
+pub(crate) fn token_in(data: &str) -> String {
     capstan_e2e::sim_cloud::kubelet::join::join_configuration("cloud-config", data.as_bytes())
         .expect("a JoinConfiguration")
         .token

@@ -18,6 +18,7 @@ mod image;
 mod in_cluster;
 mod in_place;
 mod interop;
+mod join_identity;
 mod node_claims;
 mod nodes;
 mod oci_plugins;

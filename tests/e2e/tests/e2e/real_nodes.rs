@@ -8,13 +8,16 @@
 //! created each Node and CSR.
 
 use capstan_api::{MachineBootstrap, MachineDeployment, MachineHealthCheck, Plugin};
-use capstan_e2e::env::{Env, EnvOptions, SIM_PLUGIN, sample_deployment, sim_plugin_spec};
+use capstan_e2e::env::{
+    Env, EnvOptions, REAL_NODE_IGNORED_PREFLIGHT, REAL_NODE_VERSION, SIM_PLUGIN, sample_deployment,
+    sim_plugin_spec,
+};
 use capstan_e2e::install::{controller_config, kubeadm_join_bindings, kubectl_apply};
 use capstan_e2e::plugin;
 use capstan_e2e::sim_cloud::Faults;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -24,16 +27,6 @@ const KUBEADM: &str = "kubeadm";
 const NS: &str = "default";
 const CONTROLLER: &str = "system:serviceaccount:capstan-system:capstan-controller";
 const LONG: Duration = Duration::from_secs(180);
-
-/// What a sandboxed instance's `kubeadm join` cannot pass, skipped by the
-/// Machine's bootstrap configuration (never by the plugin): no `crictl`
-/// (Debian does not ship cri-tools), no kernel config to read, and
-/// bridge netfilter is the host's.
-pub(crate) const IGNORED_PREFLIGHT: [&str; 3] = [
-    "FileExisting-crictl",
-    "SystemVerification",
-    "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
-];
 
 /// An audited environment whose instances are real nodes, the kubeadm
 /// bootstrap Plugin, the token group bound to kubeadm's join roles, and
@@ -71,8 +64,14 @@ pub(crate) fn real_deployment(
     replicas: i32,
     extra: Value,
 ) -> MachineDeployment {
-    let mut md = sample_deployment(name, SIM_PLUGIN, &env.cloud.url(), replicas, "v1.20.2");
-    let mut config = json!({"ignorePreflightErrors": IGNORED_PREFLIGHT});
+    let mut md = sample_deployment(
+        name,
+        SIM_PLUGIN,
+        &env.cloud.url(),
+        replicas,
+        REAL_NODE_VERSION,
+    );
+    let mut config = json!({"ignorePreflightErrors": REAL_NODE_IGNORED_PREFLIGHT});
     if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
         config.extend(extra.clone());
     }
@@ -294,6 +293,16 @@ async fn real_machines_join_run_pods_roll_and_leave_nothing_behind() {
             })
             .unwrap_or_else(|| panic!("a CSR for {name} approved by Capstan: {csrs:?}"));
         let requester = csr.spec.username.clone().unwrap();
+        // The requester is this Machine's own token, as rendered into its
+        // user data.
+        let data = Api::<Secret>::namespaced(env.client.clone(), NS)
+            .get(&status.bootstrap_data_secret_name.clone().unwrap())
+            .await
+            .unwrap();
+        let value = data.data.unwrap()["value"].0.clone();
+        let token = crate::bootstrap::token_in(&String::from_utf8(value).unwrap());
+        let token_id = token.split('.').next().unwrap();
+        assert_eq!(requester, format!("system:bootstrap:{token_id}"), "{name}");
         // (A created object's name is not in its audit entry: the CSR's
         // name is generated.)
         assert!(
