@@ -457,7 +457,9 @@ async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String>
             "cluster.x-k8s.io/machine",
             "cluster.x-k8s.io/cluster-namespace",
         ] {
-            let seen = annotations.get(key).map_or(serde_json::Value::Null, |v| v.as_str().into());
+            let seen = annotations
+                .get(key)
+                .map_or(serde_json::Value::Null, |v| v.as_str().into());
             ops.push(serde_json::json!({"op": "test", "path": pointer(key), "value": seen}));
         }
     }

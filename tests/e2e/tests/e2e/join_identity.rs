@@ -370,7 +370,7 @@ async fn a_machine_of_another_shard_cannot_take_a_node_this_shard_holds() {
             _ => return None,
         };
         let (reason, message) = ready_reason(&env, loser).await?;
-        (reason == "NodeClaimRefused").then(|| (winner, loser, message))
+        (reason == "NodeClaimRefused").then_some((winner, loser, message))
     })
     .await;
     let Some((winner, loser, message)) = decided else {
