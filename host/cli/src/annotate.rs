@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     write_atomically(&args.out, &annotated)?;
     let report = report(&args.out, &annotated, manifest, footprint, &interfaces);
     match args.format {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        format @ (Output::Json | Output::Yaml) => format.print(&report)?,
         Output::Text => print!("{}", render(&report)),
     }
     Ok(ExitCode::SUCCESS)

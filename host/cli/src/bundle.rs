@@ -119,15 +119,12 @@ pub fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
             );
             print_reports(&reports);
         }
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "bundle": args.out,
-                "sizeBytes": size,
-                "plugins": reports.plugins,
-                "images": reports.images,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "bundle": args.out,
+            "sizeBytes": size,
+            "plugins": reports.plugins,
+            "images": reports.images,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -147,14 +144,11 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             );
             print_reports(&reports);
         }
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "verified": true,
-                "plugins": reports.plugins,
-                "images": reports.images,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "verified": true,
+            "plugins": reports.plugins,
+            "images": reports.images,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -176,10 +170,9 @@ pub fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
                 println!("{} -> {} ({})", p.source, p.destination, p.digest);
             }
         }
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({"pushed": pushed}))?
-        ),
+        format @ (Output::Json | Output::Yaml) => {
+            format.print(&serde_json::json!({"pushed": pushed}))?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

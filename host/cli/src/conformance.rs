@@ -214,7 +214,7 @@ fn run_probe(command: &str, provider_id: &str) -> Result<Vec<u8>, String> {
 
 fn print_report(report: &capstan_conformance::Report, output: Output) -> anyhow::Result<ExitCode> {
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(report)?),
+        format @ (Output::Json | Output::Yaml) => format.print(&report)?,
         Output::Text => print!("{}", report.render_text()),
     }
     Ok(if report.passed() {

@@ -124,15 +124,12 @@ pub fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
     let (digest, plugin) = artifact::push(&client, &target, &component, &Bars::default())?;
     match args.output {
         Output::Text => println!("{digest}"),
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "reference": target.to_string(),
-                "digest": digest,
-                "pinned": target.pinned(&digest).to_string(),
-                "plugin": plugin,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "reference": target.to_string(),
+            "digest": digest,
+            "pinned": target.pinned(&digest).to_string(),
+            "plugin": plugin,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -198,16 +195,13 @@ pub fn pull(args: PullArgs) -> anyhow::Result<ExitCode> {
             );
             print_signers(&signers, policy.is_some());
         }
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "reference": source.to_string(),
-                "digest": described.digest,
-                "path": args.out,
-                "verified": policy.is_some(),
-                "signers": signers,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "reference": source.to_string(),
+            "digest": described.digest,
+            "path": args.out,
+            "verified": policy.is_some(),
+            "signers": signers,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -287,16 +281,13 @@ pub fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
                 println!("attached Sigstore bundle {d}");
             }
         }
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "reference": pinned.to_string(),
-                "digest": digest,
-                "keyId": key.public().id(),
-                "added": added,
-                "bundle": bundle,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "reference": pinned.to_string(),
+            "digest": digest,
+            "keyId": key.public().id(),
+            "added": added,
+            "bundle": bundle,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -341,16 +332,13 @@ fn sign_file(args: &SignArgs, key: &PrivateKey) -> anyhow::Result<ExitCode> {
             key.public().id(),
             bundle_path.display()
         ),
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "file": path,
-                "digest": digest,
-                "keyId": key.public().id(),
-                "added": added,
-                "bundle": bundle_path,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "file": path,
+            "digest": digest,
+            "keyId": key.public().id(),
+            "added": added,
+            "bundle": bundle_path,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -409,13 +397,10 @@ pub fn attach(args: AttachArgs) -> anyhow::Result<ExitCode> {
             "attached {} to {pinned} as referrer {digest}",
             args.bundle.display()
         ),
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "reference": pinned.to_string(),
-                "referrer": digest,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "reference": pinned.to_string(),
+            "referrer": digest,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -458,15 +443,12 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             println!("{}: verified", verified.source);
             print_signers(&verified.signers, true);
         }
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "reference": verified.source.to_string(),
-                "digest": verified.digest,
-                "verified": true,
-                "signers": verified.signers,
-            }))?
-        ),
+        format @ (Output::Json | Output::Yaml) => format.print(&serde_json::json!({
+            "reference": verified.source.to_string(),
+            "digest": verified.digest,
+            "verified": true,
+            "signers": verified.signers,
+        }))?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -83,7 +83,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         manifest,
     };
     match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
+        format @ (Output::Json | Output::Yaml) => format.print(&inspection)?,
         Output::Text => print!("{}", render(&inspection)),
     }
     Ok(ExitCode::SUCCESS)
@@ -244,7 +244,7 @@ pub fn inspect_remote(
         }),
     };
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
+        format @ (Output::Json | Output::Yaml) => format.print(&inspection)?,
         Output::Text => print!("{}", render_remote(&inspection)),
     }
     Ok(ExitCode::SUCCESS)

@@ -23,6 +23,10 @@ pub struct OrphansArgs {
     /// Only this provider Plugin.
     #[arg(long)]
     pub plugin: Option<String>,
+    /// Output format (`json` and `yaml`: each provider Plugin's
+    /// `status.orphans`, by name).
+    #[arg(long, short, value_enum, default_value = "text")]
+    pub output: crate::options::Output,
     /// Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -36,6 +40,26 @@ pub async fn orphans(args: OrphansArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("cannot list plugins")?
         .items;
+    if args.output != crate::options::Output::Text {
+        let reports: std::collections::BTreeMap<String, _> = plugins
+            .iter()
+            .filter_map(|p| {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let report = p.status.as_ref()?.orphans.as_ref()?;
+                args.plugin
+                    .as_ref()
+                    .is_none_or(|want| *want == name)
+                    .then_some((name, report))
+            })
+            .collect();
+        args.output.print(&reports)?;
+        let any = reports.values().any(|r| r.count > 0);
+        return Ok(if any {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
     let mut any = false;
     let mut shown = 0;
     for plugin in &plugins {

@@ -4,8 +4,11 @@
 //! `plugin conformance` ([`conformance`]), `plugin annotate` ([`annotate`]), `plugin new` ([`scaffold`]), `plugin record|replay` ([`tape`]), `plugin test` ([`suite`]), `plugin push|pull|sign|verify`
 //! and `key generate` ([`distribute`]), `bundle` ([`bundle`]), `crds`,
 //! `controller` ([`controller`])
-//! and `rollout` ([`rollout`]), `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
-//! format) are in [`options`]; registry and trust flags in [`supply`].
+//! and `rollout` ([`rollout`]: status, pause, resume, restart, history, undo, plan), `describe`
+//! ([`describe`]), `completion`, `install` and `uninstall` ([`install`]). Shared flag types (grants, limits, output
+//! format) are in [`options`]; registry and trust flags in [`supply`]; kubectl's
+//! `--kubeconfig`/`--context`/`-n` and `KIND/NAME` references in [`connect`].
+//! The binary also runs as the kubectl plugin `kubectl-capstan`.
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +17,9 @@ mod annotate;
 mod bundle;
 mod canary;
 mod conformance;
+mod connect;
 mod controller;
+mod describe;
 mod distribute;
 mod inspect;
 mod install;
@@ -71,9 +76,16 @@ enum Command {
     /// Remove what `install` created; refuses while Machines still hold
     /// finalizers unless --force.
     Uninstall(install::UninstallArgs),
-    /// Inspect and roll back MachineDeployment rollouts.
+    /// Follow and steer MachineDeployment rollouts: status, pause, resume,
+    /// restart, history, undo, plan.
     #[command(subcommand)]
     Rollout(rollout::Command),
+    /// Show a MachineDeployment, MachineSet, Machine or Addon as a tree:
+    /// each object's Ready/Available/UpToDate, phase and what is wrong,
+    /// the Node and serving plugin of each Machine, and the last Events.
+    Describe(describe::Args),
+    /// Print a shell completion script: `source <(capstan completion bash)`.
+    Completion(CompletionArgs),
     /// Addons: `capstan addon render ADDON.yaml --plugin PATH` prints what
     /// an Addon would apply.
     #[command(subcommand)]
@@ -158,7 +170,7 @@ fn quiet_on_closed_stdout() {
 
 fn main() -> ExitCode {
     quiet_on_closed_stdout();
-    let cli = Cli::parse();
+    let cli = parse_command_line();
     options::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -217,9 +229,24 @@ fn main() -> ExitCode {
             Command::Controller(args) => controller::run(*args).await,
             Command::Install(args) => install::install(args).await,
             Command::Uninstall(args) => install::uninstall(args).await,
+            Command::Rollout(rollout::Command::Status(args)) => rollout::status::run(args).await,
+            Command::Rollout(rollout::Command::Pause(target)) => {
+                rollout::control::run(rollout::control::Verb::Pause, target).await
+            }
+            Command::Rollout(rollout::Command::Resume(target)) => {
+                rollout::control::run(rollout::control::Verb::Resume, target).await
+            }
+            Command::Rollout(rollout::Command::Restart(target)) => {
+                rollout::control::run(rollout::control::Verb::Restart, target).await
+            }
             Command::Rollout(rollout::Command::History(args)) => rollout::history(args).await,
             Command::Rollout(rollout::Command::Undo(args)) => rollout::undo(args).await,
             Command::Rollout(rollout::Command::Plan(args)) => rollout::plan(args).await,
+            Command::Describe(args) => describe::run(args).await,
+            Command::Completion(args) => {
+                completion(args.shell);
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Addon(addon::Command::Render(args)) => addon::render(args).await,
             Command::Addon(addon::Command::Updates(args)) => addon::updates(args).await,
             Command::Machines(machines::Command::Orphans(args)) => machines::orphans(args).await,
@@ -237,6 +264,41 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line, with help and errors naming the command as the user
+/// typed it: `kubectl capstan` when run as the kubectl plugin
+/// `kubectl-capstan`.
+fn parse_command_line() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let invoked = std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let mut command = Cli::command();
+    if invoked.as_deref() == Some("kubectl-capstan") {
+        command = command.bin_name("kubectl capstan");
+    }
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Flags of `completion`.
+#[derive(Debug, clap::Args)]
+struct CompletionArgs {
+    /// The shell: bash, zsh, fish, elvish or powershell.
+    shell: clap_complete::Shell,
+}
+
+/// The completion script for `shell`, for the name the binary runs under
+/// (`capstan`, or `kubectl-capstan` as a kubectl plugin).
+fn completion(shell: clap_complete::Shell) {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "capstan", &mut script);
+    // print! (not a writer of clap's) so a closed pipe ends quietly.
+    print!("{}", String::from_utf8_lossy(&script));
 }
 
 /// Registry work is blocking I/O: keep it off the async workers.

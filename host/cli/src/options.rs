@@ -40,6 +40,21 @@ pub enum Output {
     Text,
     /// For scripts (one JSON document on stdout).
     Json,
+    /// For scripts and people (one YAML document on stdout).
+    Yaml,
+}
+
+impl Output {
+    /// Print `value` as one JSON or YAML document (text output prints
+    /// nothing here: each command renders its own).
+    pub fn print(self, value: &impl serde::Serialize) -> anyhow::Result<()> {
+        match self {
+            Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+            Output::Yaml => print!("{}", serde_yaml::to_string(value)?),
+            Output::Text => {}
+        }
+        Ok(())
+    }
 }
 
 /// How diagnostics are logged on stderr.

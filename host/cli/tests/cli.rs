@@ -452,6 +452,8 @@ fn controller_explains_an_unusable_kubeconfig() {
     );
 }
 
+/// A wrong kind is a usage error (exit 2), named before any cluster is
+/// contacted, with what to write instead.
 #[test]
 fn rollout_rejects_other_kinds() {
     let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
@@ -464,9 +466,50 @@ fn rollout_rejects_other_kinds() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("write md/NAME"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(["describe", "deploy/web", "--kubeconfig", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("write md/NAME, ms/NAME, ma/NAME, addon/NAME"),
+        "{stderr}"
+    );
+}
+
+/// Completion scripts for bash and zsh know the day-two commands; run as
+/// `kubectl-capstan`, help names the command as kubectl runs it.
+#[test]
+fn completions_and_the_kubectl_plugin_name() {
+    for (shell, marker) in [
+        ("bash", "complete -F _capstan"),
+        ("zsh", "#compdef capstan"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+            .args(["completion", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        for word in ["rollout", "describe", "restart", "--show-conditions"] {
+            assert!(script.contains(word), "{shell} completes {word}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("kubectl-capstan");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_capstan"), &plugin).unwrap();
+    let out = Command::new(&plugin)
+        .args(["rollout", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Usage: kubectl capstan rollout"), "{help}");
 }
 
 /// Report lines of `capstan plugin conformance … -o json` as (name, result, detail).

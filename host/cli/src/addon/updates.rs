@@ -24,8 +24,8 @@ pub struct UpdatesArgs {
     #[arg(long)]
     pub all: bool,
     /// Output format.
-    #[arg(long, short, value_parser = ["text", "json"], default_value = "text")]
-    pub output: String,
+    #[arg(long, short, value_enum, default_value = "text")]
+    pub output: crate::options::Output,
     /// Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -136,8 +136,8 @@ pub async fn updates(args: UpdatesArgs) -> anyhow::Result<ExitCode> {
         .filter(|l| args.all || l.update_available)
         .collect();
     lines.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    if args.output == "json" {
-        println!("{}", serde_json::to_string_pretty(&lines)?);
+    if args.output != crate::options::Output::Text {
+        args.output.print(&lines)?;
     } else if lines.is_empty() {
         println!(
             "{}",

@@ -589,18 +589,24 @@ spec:
   {k} patch deploy/hello --type json -p '[{{\"op\":\"add\",\"path\":\"/spec/template/spec/containers/0/imagePullPolicy\",\"value\":\"Never\"}}]'
   {k} logs deploy/hello; {k} exec deploy/hello -- cat /etc/passwd
   {k} scale md/quickstart --replicas=3
+  {capstan} describe md/quickstart --kubeconfig {kc}   # the tree: sets, Machines, Nodes, Events
   {k} get csr                 # each Node's client certificate, requested with its machine's token
   {k} delete md/quickstart
 
 Press Ctrl-C to stop: the deployment is deleted (every instance released), then the
 controller, the cloud and the control plane stop and their data is removed.",
                 image = capstan_e2e::sim_cloud::realnode::BUSYBOX,
+                capstan = capstan.display(),
+                kc = kubeconfig.display(),
             );
         } else {
             println!(
             "\nTry next, in another terminal:
   {k} scale md/quickstart --replicas=5
   {k} patch md/quickstart --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"version\":\"v1.31.0\"}}}}}}}}'
+  {capstan} rollout status md/quickstart --kubeconfig {kc}     # waits, as kubectl rollout status
+  {capstan} describe md/quickstart --kubeconfig {kc}           # sets, Machines, Nodes, what is wrong, Events
+  {capstan} rollout pause md/quickstart --kubeconfig {kc}      # also: resume, restart (replace every machine)
   {k} get md,ms,ma -w
   {k} get csr                 # each Node's client certificate, requested with its machine's token
   {k} get secrets             # the machines' bootstrap data (cloud-config), owned by each Machine

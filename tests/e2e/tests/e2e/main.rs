@@ -11,6 +11,7 @@ mod autoscaler;
 mod bootstrap;
 mod canary;
 mod controllers;
+mod day_two;
 mod drain;
 mod ec2;
 mod healthchecks;

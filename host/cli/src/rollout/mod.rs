@@ -1,47 +1,57 @@
-//! `capstan rollout history|undo|plan md/NAME`: list a MachineDeployment's
+//! `capstan rollout …` on a MachineDeployment: `status` waits for a
+//! rollout as `kubectl rollout status` does ([`status`]); `pause`, `resume`
+//! and `restart` steer it ([`control`]); `history` and `undo` list its
 //! revisions and roll back to one (Cluster API dropped rollback; this brings
 //! it back the way `kubectl rollout undo` works for Deployments; the logic
-//! is `capstan_controllers::history`), and print what an in-place rollout
-//! does with each machine (the controller's plan, from the deployment's
-//! status).
+//! is `capstan_controllers::history`); `plan` prints what an in-place
+//! rollout does with each machine (the controller's plan, from the
+//! deployment's status).
+
+pub mod control;
+pub mod status;
 
 use anyhow::bail;
 use capstan_controllers::history;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Which deployment, and where.
 #[derive(Debug, clap::Args)]
 pub struct Target {
     /// The deployment: `md/NAME`, `machinedeployment/NAME` or `NAME`.
+    #[arg(value_parser = crate::connect::deployment_reference)]
     pub deployment: String,
-    /// Namespace.
-    #[arg(short, long, default_value = "default")]
-    pub namespace: String,
-    /// Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub connection: crate::connect::Connection,
 }
 
 impl Target {
-    fn name(&self) -> anyhow::Result<&str> {
-        let reference = self.deployment.as_str();
-        let (kind, name) = reference.split_once('/').unwrap_or(("md", reference));
-        if !["md", "machinedeployment", "machinedeployments"]
-            .contains(&kind.to_ascii_lowercase().as_str())
-        {
-            bail!("{reference:?}: rollout works on MachineDeployments; write md/NAME");
-        }
-        if name.is_empty() {
-            bail!("{reference:?}: the deployment name is missing; write md/NAME");
-        }
-        Ok(name)
+    /// The deployment's name, a client and the namespace.
+    async fn open(&self) -> anyhow::Result<(String, kube::Client, String)> {
+        use crate::connect::{Kind, parse_reference};
+        let (_, name) = parse_reference(
+            &self.deployment,
+            Some(Kind::MachineDeployment),
+            &[Kind::MachineDeployment],
+        )?;
+        let (client, namespace) = self.connection.connect().await?;
+        Ok((name, client, namespace))
     }
 }
 
 /// `rollout` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
+    /// Wait for a rollout to finish, printing its progress (exit 0 when
+    /// complete; 1 with the reason when it fails: a progress deadline, an
+    /// automatic rollback, a paused deployment, the timeout).
+    Status(status::StatusArgs),
+    /// Pause a rollout (`spec.paused: true`); scaling still applies.
+    Pause(Target),
+    /// Resume a paused rollout.
+    Resume(Target),
+    /// Replace every machine once, template unchanged (sets
+    /// `spec.rollout.after` to now, as `clusterctl alpha rollout restart`).
+    Restart(Target),
     /// List the revisions of a MachineDeployment (one per MachineSet kept).
     History(HistoryArgs),
     /// Roll a MachineDeployment back to an earlier revision's template.
@@ -58,7 +68,7 @@ pub enum Command {
 pub struct PlanArgs {
     #[command(flatten)]
     target: Target,
-    /// `text` or `json`.
+    /// Output format.
     #[arg(short, long, value_enum, default_value = "text")]
     output: crate::options::Output,
     /// How long to wait for the controller to plan the current generation.
@@ -71,7 +81,7 @@ pub struct PlanArgs {
 pub struct HistoryArgs {
     #[command(flatten)]
     target: Target,
-    /// `text` or `json`.
+    /// Output format.
     #[arg(short, long, value_enum, default_value = "text")]
     output: crate::options::Output,
 }
@@ -88,11 +98,12 @@ pub struct UndoArgs {
 
 /// `rollout history`.
 pub async fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
-    let name = args.target.name()?;
-    let client = crate::controller::client(args.target.kubeconfig.as_ref()).await?;
-    let revisions = history::history(&client, &args.target.namespace, name).await?;
+    let (name, client, namespace) = args.target.open().await?;
+    let revisions = history::history(&client, &namespace, &name).await?;
     match args.output {
-        crate::options::Output::Json => println!("{}", serde_json::to_string_pretty(&revisions)?),
+        format @ (crate::options::Output::Json | crate::options::Output::Yaml) => {
+            format.print(&revisions)?
+        }
         crate::options::Output::Text => {
             println!("machinedeployment/{name}");
             println!(
@@ -122,9 +133,8 @@ pub async fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
 
 /// `rollout undo`.
 pub async fn undo(args: UndoArgs) -> anyhow::Result<ExitCode> {
-    let name = args.target.name()?;
-    let client = crate::controller::client(args.target.kubeconfig.as_ref()).await?;
-    match history::undo(&client, &args.target.namespace, name, args.to_revision).await? {
+    let (name, client, namespace) = args.target.open().await?;
+    match history::undo(&client, &namespace, &name, args.to_revision).await? {
         Some(revision) => println!("machinedeployment/{name} rolled back to revision {revision}"),
         None => println!("machinedeployment/{name} already runs that revision; nothing to do"),
     }
@@ -134,16 +144,12 @@ pub async fn undo(args: UndoArgs) -> anyhow::Result<ExitCode> {
 /// `rollout plan`.
 pub async fn plan(args: PlanArgs) -> anyhow::Result<ExitCode> {
     use capstan_api::MachineDeployment;
-    let name = args.target.name()?;
-    let client = crate::controller::client(args.target.kubeconfig.as_ref()).await?;
-    let api: kube::Api<MachineDeployment> = kube::Api::namespaced(client, &args.target.namespace);
+    let (name, client, namespace) = args.target.open().await?;
+    let api: kube::Api<MachineDeployment> = kube::Api::namespaced(client, &namespace);
     let deadline = std::time::Instant::now() + args.timeout;
     let md = loop {
-        let md = api.get_opt(name).await?.ok_or_else(|| {
-            anyhow::anyhow!(
-                "machinedeployment/{name} not found in namespace {}",
-                args.target.namespace
-            )
+        let md = api.get_opt(&name).await?.ok_or_else(|| {
+            anyhow::anyhow!("machinedeployment/{name} not found in namespace {namespace}")
         })?;
         let seen = md.status.as_ref().and_then(|s| s.observed_generation);
         if seen == md.metadata.generation {
@@ -171,8 +177,8 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<ExitCode> {
     )
     .cloned();
     match args.output {
-        crate::options::Output::Json => {
-            println!("{}", serde_json::to_string_pretty(&plan)?);
+        format @ (crate::options::Output::Json | crate::options::Output::Yaml) => {
+            format.print(&plan)?
         }
         crate::options::Output::Text => {
             let paused = if md.spec.paused { " (paused)" } else { "" };
