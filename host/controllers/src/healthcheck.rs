@@ -149,7 +149,7 @@ fn resolve(check: &MachineHealthCheck) -> Result<(Checks, Trigger, Option<Bound>
         )?,
     };
     let bound = |value: &IntOrString, field: &str| {
-        crate::deployment::int_or_percent(value).map_err(|e| format!("{field}: {e}"))
+        crate::template::int_or_percent(value).map_err(|e| format!("{field}: {e}"))
     };
     let trigger_if = spec.remediation.trigger_if.as_ref();
     let trigger = Trigger {

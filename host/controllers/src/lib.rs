@@ -36,6 +36,7 @@ pub mod plugin;
 pub mod rbac;
 pub mod serve;
 mod set_conditions;
+mod template;
 mod x509;
 
 // The shared plumbing lives in `capstan-kit` (the addon engine in

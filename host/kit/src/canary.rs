@@ -7,7 +7,7 @@
 //! with the serving revision's ([`agrees`]). The decisions are
 //! `capstan_planner::canary`'s.
 
-use crate::provider::ProviderError;
+use crate::provider_error::ProviderError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 

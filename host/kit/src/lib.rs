@@ -40,6 +40,7 @@ pub mod metrics;
 pub mod objects;
 pub mod owners;
 pub mod provider;
+pub mod provider_error;
 pub mod ratelimit;
 pub mod registry;
 pub mod unseen;

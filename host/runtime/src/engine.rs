@@ -71,11 +71,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) observer: crate::observe::ObserverCell,
 }
 
-/// Whether plugin calls may send requests now.
-pub type OutboundGate = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// Where a runtime's [`OutboundGate`] is kept once set.
-pub(crate) type OutboundGateCell = Arc<std::sync::OnceLock<OutboundGate>>;
+pub use crate::gate::OutboundGate;
+pub(crate) use crate::gate::OutboundGateCell;
 
 /// One plugin call's inputs, as the host passes them to the plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]

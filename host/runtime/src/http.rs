@@ -23,7 +23,7 @@
 //! not pay for a TCP and TLS handshake every time. The pool is invisible to
 //! plugins: each request still carries only its own headers.
 
-use crate::engine::OutboundGateCell;
+use crate::gate::OutboundGateCell;
 use crate::grants::{Credential, Grants, HttpDecision, decide};
 use crate::limits::RequestLimit;
 use capstan_manifest::{Destination, HttpCapability};

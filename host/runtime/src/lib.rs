@@ -58,6 +58,7 @@ mod capture;
 mod credentials;
 mod engine;
 mod error;
+mod gate;
 pub mod grants;
 mod http;
 mod last_words;

@@ -56,10 +56,7 @@ struct CallThread {
 
 impl CallThreads {
     /// Start `count` call threads (none: calls run where they are awaited).
-    pub(crate) fn start(
-        count: usize,
-        gate: crate::engine::OutboundGateCell,
-    ) -> Result<Self, Error> {
+    pub(crate) fn start(count: usize, gate: crate::gate::OutboundGateCell) -> Result<Self, Error> {
         let mut threads = Vec::with_capacity(count);
         for i in 0..count {
             threads.push(CallThread::start(i, gate.clone())?);
@@ -101,7 +98,7 @@ impl CallThreads {
 }
 
 impl CallThread {
-    fn start(index: usize, gate: crate::engine::OutboundGateCell) -> Result<Self, Error> {
+    fn start(index: usize, gate: crate::gate::OutboundGateCell) -> Result<Self, Error> {
         let io = |error| Error::Io {
             what: "cannot start a plugin call thread".into(),
             error,

@@ -8,6 +8,8 @@
 //! the deployment; that set then becomes the newest revision.
 
 use crate::machineset::health;
+pub use crate::template::template_hash;
+use crate::template::{created, int_or_percent, rollout_after, salted_hash};
 use capstan_api::{
     ANNOTATION_IN_PLACE_TO, ANNOTATION_REVISION, DeploymentPhase, InPlaceStrategy, IntOrString,
     LABEL_DEPLOYMENT_NAME, LABEL_TEMPLATE_HASH, MACHINEDEPLOYMENT_FINALIZER, Machine,
@@ -26,8 +28,6 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
-use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,37 +111,6 @@ pub(crate) async fn controller(
     };
     let spec = Spec::new(CONTROLLER, deployments, store, concurrency);
     capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
-}
-
-/// A stable hash of a machine template (keys sorted, so the same template
-/// always hashes the same whatever order its JSON arrived in). The
-/// template's labels and annotations and the spec's
-/// [`CARRIED_IN_PLACE`](capstan_planner::inplace::CARRIED_IN_PLACE) fields
-/// are left out: as in Cluster API, they change in place on the existing
-/// sets and machines, without a rollout.
-pub fn template_hash(template: &MachineTemplateSpec) -> String {
-    let mut template = template.clone();
-    template.spec.deletion = None;
-    template.spec.taints = vec![];
-    template.spec.min_ready_seconds = None;
-    template.spec.readiness_gates = vec![];
-    template.metadata = Default::default();
-    fn canonical(value: serde_json::Value) -> serde_json::Value {
-        match value {
-            serde_json::Value::Object(map) => {
-                let sorted: BTreeMap<String, serde_json::Value> =
-                    map.into_iter().map(|(k, v)| (k, canonical(v))).collect();
-                serde_json::Value::Object(sorted.into_iter().collect())
-            }
-            serde_json::Value::Array(items) => {
-                serde_json::Value::Array(items.into_iter().map(canonical).collect())
-            }
-            other => other,
-        }
-    }
-    let value = canonical(serde_json::to_value(&template).expect("a template serializes"));
-    let digest = Sha256::digest(value.to_string().as_bytes());
-    hex::encode(&digest[..5])
 }
 
 /// Resolve the spec's strategy into the planner's, or say which field is wrong.
@@ -400,8 +369,7 @@ impl Target {
     /// Whether `set` is of the template now: the same template and, once
     /// `rollout.after` has passed, made at or after it.
     fn current(&self, set: &MachineSet) -> bool {
-        template_hash(&set.spec.template) == self.hash
-            && self.after_reached.is_none_or(|a| created(set) >= a)
+        crate::template::is_current(set, &self.hash, self.after_reached)
     }
 
     /// Whether machines made before `rollout.after` are left: they are
@@ -426,34 +394,6 @@ impl Target {
     }
 }
 
-/// Whether `set` is the set of `md`'s template now (its machines are up to
-/// date): the same template and, once `rollout.after` has passed, made
-/// after it.
-pub(crate) fn set_is_current(md: &MachineDeployment, set: &MachineSet, now_s: i64) -> bool {
-    Target::of(md, now_s).current(set)
-}
-
-/// `spec.rollout.after`, unix seconds.
-fn rollout_after(md: &MachineDeployment) -> Option<i64> {
-    md.spec
-        .rollout
-        .as_ref()
-        .and_then(|r| r.after.as_ref())
-        .map(|a| a.0.as_second())
-}
-
-fn created(set: &MachineSet) -> i64 {
-    set.creation_timestamp().map_or(0, |c| c.0.as_second())
-}
-
-/// A set hash of its own for the sets made after `rollout.after` (their
-/// template is the same as the older sets', their name and selector must
-/// not be).
-fn salted_hash(hash: &str, after: i64) -> String {
-    let digest = Sha256::digest(format!("{hash}/rollout.after={after}").as_bytes());
-    hex::encode(&digest[..5])
-}
-
 /// The rollout strategy, or why the spec cannot be acted on (reason,
 /// message): a name too long for its sets, a selector that does not match
 /// the template, a Plugin the namespace may not use, a bad strategy.
@@ -472,13 +412,13 @@ fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static s
     if let Some(message) = selector_mismatch(&md.spec.selector, &md.spec.template, "deployment") {
         return Err(("InvalidSpec", message));
     }
-    if let Some(message) = crate::machine::template_provider_id(&md.spec.template.spec) {
+    if let Some(message) = crate::template::template_provider_id(&md.spec.template.spec) {
         return Err(("InvalidSpec", message));
     }
     if let Some(message) = capstan_kit::registry::not_allowed(kube, plugin, &namespace) {
         return Err(("PluginNotAllowed", message));
     }
-    capstan_planner::taints::check(&crate::machine::wanted_taints(&md.spec.template.spec))
+    capstan_planner::taints::check(&crate::template::wanted_taints(&md.spec.template.spec))
         .map_err(|e| ("InvalidSpec", format!("spec.template.spec.{e}")))?;
     if let Some(value) = md
         .spec
@@ -491,15 +431,6 @@ fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static s
     }
     md.spec.renamed_fields().map_err(|m| ("InvalidSpec", m))?;
     strategy_of(md).map_err(|m| ("InvalidSpec", m))
-}
-
-/// A count or a percentage (`25%`), as Kubernetes writes bounds.
-pub(crate) fn int_or_percent(value: &IntOrString) -> Result<Bound, String> {
-    match value {
-        IntOrString::Int(n) if *n >= 0 => Ok(Bound::Count(*n)),
-        IntOrString::Int(n) => Err(format!("{n} is negative; use a count of 0 or more")),
-        IntOrString::String(s) => Bound::parse(s),
-    }
 }
 
 /// What a pass observed of the deployment's sets and their machines.
@@ -680,6 +611,7 @@ pub fn rolled_out(md: &MachineDeployment) -> bool {
 mod tests {
     use super::*;
     use capstan_api::{MachineDeploymentSpec, MachineSpec, ProviderRef, RollingUpdate};
+    use std::collections::BTreeMap;
 
     fn md(surge: Option<IntOrString>) -> MachineDeployment {
         let mut md = MachineDeployment::new(
@@ -805,7 +737,7 @@ mod tests {
         );
         // Every field carried in place is one the updaters never see, and
         // the other way round.
-        let carried: Vec<&str> = crate::machineset::carried_in_place(&b.spec.template.spec)
+        let carried: Vec<&str> = crate::template::carried_in_place(&b.spec.template.spec)
             .iter()
             .map(|(field, _)| *field)
             .collect();

@@ -41,7 +41,7 @@ pub(super) async fn write_sets(
     hash: &str,
     revision: i64,
 ) -> Result<SetsWritten, Error> {
-    let in_place_fields = crate::machineset::carried_in_place(&md.spec.template.spec);
+    let in_place_fields = crate::template::carried_in_place(&md.spec.template.spec);
     let new_name = observed
         .new_set
         .as_ref()
@@ -183,7 +183,7 @@ pub(super) async fn sync_set(
     set: &MachineSet,
     replicas: i32,
     min_ready_seconds: i32,
-    fields: &crate::machineset::CarriedInPlace,
+    fields: &crate::template::CarriedInPlace,
     in_place: Option<Option<&InPlaceStrategy>>,
     deletion: Option<capstan_api::DeletionOrder>,
     template_metadata: Option<&capstan_api::TemplateMeta>,
@@ -217,7 +217,7 @@ pub(super) async fn sync_set(
             policy.map(|p| json!(p)),
         );
     }
-    let have = crate::machineset::carried_in_place(&set.spec.template.spec);
+    let have = crate::template::carried_in_place(&set.spec.template.spec);
     for ((field, have), (_, want)) in have.iter().zip(fields) {
         // `have` is `None` only for an absent or empty field: nothing to
         // remove then.

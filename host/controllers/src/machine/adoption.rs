@@ -6,7 +6,7 @@
 //! so. Only then is an instance created.
 
 use super::{CONTROLLER, Pass};
-use capstan_api::{AdoptedBy, MachineSpec};
+use capstan_api::AdoptedBy;
 use capstan_kit::provider::{timed_as, to_plugin_machine};
 use capstan_kit::write::record_event;
 use capstan_planner::adoption::{Asking, Decision, Found, decide};
@@ -194,14 +194,4 @@ pub(super) async fn write_provider_id(
         .await;
     }
     Ok(Some(patched))
-}
-
-/// Why a MachineSet's or MachineDeployment's template may not set
-/// `spec.providerID` (every Machine would name the same instance).
-pub(crate) fn template_provider_id(spec: &MachineSpec) -> Option<String> {
-    spec.provider_id.as_ref().map(|id| {
-        format!(
-            "spec.template.spec.providerID: {id} would make every Machine of the template adopt the same instance; set providerID on a single Machine instead"
-        )
-    })
 }

@@ -24,10 +24,8 @@ mod node;
 mod status;
 pub(crate) mod update;
 
-pub(crate) use adoption::template_provider_id;
 pub(crate) use bootstrap::token_id;
 pub(crate) use node::own_node;
-pub(crate) use node::wanted_taints;
 use node::{
     annotate_node, carry_labels_to_node, carry_taints_to_node, claimed_node, node_is_ready,
 };
@@ -629,7 +627,7 @@ impl<'a> Pass<'a> {
         status::Owners {
             min_ready_seconds: set.spec.min_ready_seconds,
             up_to_date: deployment.map(|md| {
-                if crate::deployment::set_is_current(&md, &set, self.t.0.as_second()) {
+                if crate::template::set_is_current(&md, &set, self.t.0.as_second()) {
                     Ok(())
                 } else {
                     Err(format!(

@@ -7,7 +7,7 @@
 use super::{CONTROLLER, Context};
 use capstan_api::{
     ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_TAINTS_FROM_MACHINE, ANNOTATION_TAINTS_INITIALIZED,
-    AdoptedBy, Machine, MachineSpec, MachineStatus, TaintPropagation,
+    AdoptedBy, Machine, MachineStatus,
 };
 use capstan_kit::{Error, Kube, key_of, kube_err};
 use capstan_planner::metadata::carry_to_node;
@@ -90,21 +90,6 @@ pub(super) async fn carry_labels_to_node(
     crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_labels", &failing).await
 }
 
-/// The machine's `spec.taints` as the planner takes them.
-pub(crate) fn wanted_taints(spec: &MachineSpec) -> Vec<Wanted> {
-    spec.taints
-        .iter()
-        .map(|t| Wanted {
-            taint: Taint {
-                key: t.key.clone(),
-                value: t.value.clone(),
-                effect: t.effect.as_str().to_string(),
-            },
-            always: t.propagation == TaintPropagation::Always,
-        })
-        .collect()
-}
-
 /// Keep the machine's taints on its Node (`Always` ones for as long as it
 /// has them, `OnInitialization` ones once, when the Node has joined),
 /// recording the ones it owns in `cluster.x-k8s.io/taints-from-machine`
@@ -117,7 +102,7 @@ pub(super) async fn carry_taints_to_node(
     machine: &Machine,
     node: &Node,
 ) -> Result<(), Error> {
-    let wanted = wanted_taints(&machine.spec);
+    let wanted = crate::template::wanted_taints(&machine.spec);
     if let Err(why) = taints::check(&wanted) {
         // A MachineDeployment refuses these; a Machine made by hand says
         // it in the log and carries none.

@@ -321,7 +321,7 @@ fn validate(set: &MachineSet, kube: &Kube) -> Option<(&'static str, String)> {
             .map(|m| ("SelectorMismatch", m))
     })
     .or_else(|| {
-        crate::machine::template_provider_id(&set.spec.template.spec).map(|m| ("InvalidSpec", m))
+        crate::template::template_provider_id(&set.spec.template.spec).map(|m| ("InvalidSpec", m))
     })
     .or_else(|| set.spec.renamed_fields().err().map(|m| ("InvalidSpec", m)))
     .or_else(|| {
@@ -342,7 +342,7 @@ async fn carry_template(
     mine: &[Arc<Machine>],
 ) -> Result<(), Error> {
     let template = &set.spec.template;
-    let wanted = carried_in_place(&template.spec);
+    let wanted = crate::template::carried_in_place(&template.spec);
     for m in mine
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none())
@@ -360,7 +360,10 @@ async fn carry_template(
             recorded.as_ref(),
         );
         let mut spec = serde_json::Map::new();
-        for ((field, have), (_, want)) in carried_in_place(&m.spec).into_iter().zip(&wanted) {
+        for ((field, have), (_, want)) in crate::template::carried_in_place(&m.spec)
+            .into_iter()
+            .zip(&wanted)
+        {
             if have != *want {
                 // null removes the field (a merge patch).
                 spec.insert(field.into(), want.clone().unwrap_or_default());
@@ -739,36 +742,4 @@ async fn create_machines(
         ))(e));
     }
     Ok(names)
-}
-
-/// [`carried_in_place`]'s answer.
-pub(crate) type CarriedInPlace = [(&'static str, Option<serde_json::Value>); 4];
-
-/// A machine spec's [`CARRIED_IN_PLACE`](capstan_planner::inplace::CARRIED_IN_PLACE)
-/// fields by JSON name, in that order, each `None` when nothing is set (so
-/// an empty `deletion: {}` and no `deletion` compare equal).
-pub(crate) fn carried_in_place(spec: &capstan_api::MachineSpec) -> CarriedInPlace {
-    use serde_json::json;
-    [
-        ("deletion", in_place_deletion(spec).map(|d| json!(d))),
-        (
-            "taints",
-            (!spec.taints.is_empty()).then(|| json!(spec.taints)),
-        ),
-        ("minReadySeconds", spec.min_ready_seconds.map(|s| json!(s))),
-        (
-            "readinessGates",
-            (!spec.readiness_gates.is_empty()).then(|| json!(spec.readiness_gates)),
-        ),
-    ]
-}
-
-/// The deletion settings of a machine spec, with "nothing set" as `None`,
-/// so an empty `deletion: {}` and no `deletion` compare equal.
-pub(crate) fn in_place_deletion(
-    spec: &capstan_api::MachineSpec,
-) -> Option<&capstan_api::MachineDeletionSpec> {
-    spec.deletion
-        .as_ref()
-        .filter(|d| **d != capstan_api::MachineDeletionSpec::default())
 }

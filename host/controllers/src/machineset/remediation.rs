@@ -121,13 +121,13 @@ fn remediation_policy(ctx: &Context, set: &MachineSet) -> (bool, Option<usize>) 
     let Some(md) = ctx.kube.stores.deployments.get(&key) else {
         return (true, None);
     };
-    let current = crate::deployment::set_is_current(&md, set, now().0.as_second());
+    let current = crate::template::set_is_current(&md, set, now().0.as_second());
     let max_in_flight = md
         .spec
         .remediation
         .as_ref()
         .and_then(|r| r.max_in_flight.as_ref())
-        .and_then(|v| crate::deployment::int_or_percent(v).ok())
+        .and_then(|v| crate::template::int_or_percent(v).ok())
         .map(|bound| usize::try_from(bound.resolve(md.spec.replicas, true)).unwrap_or(0));
     (current, max_in_flight)
 }
