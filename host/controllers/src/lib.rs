@@ -193,6 +193,70 @@ pub(crate) enum Deleted {
     Machine(Arc<capstan_api::Machine>),
 }
 
+/// The Addon controller, woken by its Addons, their Plugins and the Nodes
+/// (for addons that fit Nodes).
+fn addon_controller<S>(
+    watches: &Watches,
+    kube: Kube,
+    addons: capstan_addons::engine::Addons,
+    options: &Options,
+    shutdown: S,
+) -> impl Future<Output = ()> + use<S>
+where
+    S: Future<Output = ()> + Send + Sync + 'static,
+{
+    capstan_addons::engine::controller(
+        watches.addons.subscribe(),
+        watches.plugins.subscribe(),
+        watches.addons.subscribe(),
+        watches.addons.deletions(),
+        watches.nodes.subscribe(),
+        watches.nodes.deletions(),
+        Arc::new(
+            capstan_addons::engine::Context::new(kube, addons, options.image_rewrites.clone())
+                .with_tenant_service_account(options.tenant_service_account.clone()),
+        ),
+        options.concurrency.deployments,
+        shutdown,
+    )
+}
+
+/// The controllers' client and the one evictions use (no retries: a
+/// PodDisruptionBudget's 429 comes back at once), both behind the leader's
+/// write fence and one client-side rate limit (the process's).
+fn clients(config: kube::Config, options: &Options) -> Result<(kube::Client, kube::Client), Error> {
+    let mut no_retries = config.clone();
+    no_retries.default_retry = false;
+    let rate = options
+        .kube_api_rate
+        .map(|(qps, burst)| ratelimit::RateLimit::new(qps, burst));
+    let eviction_client =
+        leader::fenced_client(no_retries, options.write_fence.as_ref(), rate.as_ref())?;
+    let client = leader::fenced_client(config, options.write_fence.as_ref(), rate.as_ref())?;
+    Ok((client, eviction_client))
+}
+
+/// What every controller shares: the client, the caches, the metrics, the
+/// Event recorder and the settings they all read.
+fn kube_view(client: kube::Client, stores: Stores, metrics: &Metrics, options: &Options) -> Kube {
+    Kube {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: capstan_kit::REPORTING_CONTROLLER.into(),
+                instance: std::env::var("HOSTNAME").ok(),
+            },
+        ),
+        client,
+        stores,
+        metrics: metrics.clone(),
+        resync: options.resync,
+        secrets_namespace: options.secrets_namespace.clone(),
+        fence: options.write_fence.clone(),
+        sharded: options.watch_filter.is_some(),
+    }
+}
+
 /// Run all controllers until `shutdown` resolves. Returns when every
 /// controller has finished its in-flight reconciles. `config` is how to
 /// reach the API server (two clients are made from it: one that retries
@@ -209,32 +273,9 @@ pub async fn run(
         // Per-plugin call and request metrics (a second run's are ignored).
         runtime.observe(std::sync::Arc::new(metrics.clone()));
     }
-    let mut no_retries = config.clone();
-    no_retries.default_retry = false;
-    // One bucket for both clients: the limit is the process's.
-    let rate = options
-        .kube_api_rate
-        .map(|(qps, burst)| ratelimit::RateLimit::new(qps, burst));
-    let eviction_client =
-        leader::fenced_client(no_retries, options.write_fence.as_ref(), rate.as_ref())?;
-    let client = leader::fenced_client(config, options.write_fence.as_ref(), rate.as_ref())?;
+    let (client, eviction_client) = clients(config, &options)?;
     let mut watches = Watches::new(&client, options.watch_filter.as_deref()).await?;
-    let kube = Kube {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: capstan_kit::REPORTING_CONTROLLER.into(),
-                instance: std::env::var("HOSTNAME").ok(),
-            },
-        ),
-        client,
-        stores: watches.stores(),
-        metrics: metrics.clone(),
-        resync: options.resync,
-        secrets_namespace: options.secrets_namespace.clone(),
-        fence: options.write_fence.clone(),
-        sharded: options.watch_filter.is_some(),
-    };
+    let kube = kube_view(client, watches.stores(), &metrics, &options);
     // What the Plugin controller loads and the others use.
     let updaters = capstan_kit::registry::Updaters::default();
     let bootstraps = capstan_kit::registry::Bootstraps::default();
@@ -262,18 +303,12 @@ pub async fn run(
         watches.nodes.subscribe(),
         watches.nodes.deletions(),
         watches.deployments.subscribe(),
-        Arc::new(machine::Context {
-            kube: kube.clone(),
-            providers: providers.clone(),
-            updaters: updaters.clone(),
-            bootstraps,
-            bootstrap_token: options.bootstrap_token.clone(),
-            evictions: nodedrain::Evictions::new(eviction_client),
-            poll: options.poll,
-            instance_check: options.instance_check,
-            unseen_writes: Default::default(),
-            nothing_to_adopt: Default::default(),
-        }),
+        Arc::new(machine::Context::new(
+            kube.clone(),
+            (providers.clone(), updaters.clone(), bootstraps),
+            nodedrain::Evictions::new(eviction_client),
+            &options,
+        )),
         concurrency.machines,
         shutdown.clone(),
     );
@@ -316,20 +351,7 @@ pub async fn run(
         shutdown.clone(),
     );
     let node_csr_approver = csr::approver(kube.clone(), shutdown.clone());
-    let addon_controller = capstan_addons::engine::controller(
-        watches.addons.subscribe(),
-        watches.plugins.subscribe(),
-        watches.addons.subscribe(),
-        watches.addons.deletions(),
-        watches.nodes.subscribe(),
-        watches.nodes.deletions(),
-        Arc::new(
-            capstan_addons::engine::Context::new(kube, addons, options.image_rewrites.clone())
-                .with_tenant_service_account(options.tenant_service_account.clone()),
-        ),
-        concurrency.deployments,
-        shutdown.clone(),
-    );
+    let addon_controller = addon_controller(&watches, kube, addons, &options, shutdown.clone());
 
     let reflectors = watches.start(&metrics);
     futures::future::join3(

@@ -439,68 +439,9 @@ pub fn next_step(view: &MachineView) -> MachineStep {
         return MachineStep::Validate;
     }
     let Some(instance) = &view.instance else {
-        if view.provider_id.is_some() {
-            return MachineStep::Get;
-        }
-        // An instance launched for this Machine before (it was restored,
-        // re-applied or moved) is adopted, not launched twice.
-        match &view.adoption {
-            Adoption::NotAsked => return MachineStep::FindInstance,
-            Adoption::NothingFound | Adoption::Adopted => {}
-            Adoption::Refused { reason, message } => {
-                let failed = Outcome::Failed {
-                    reason: reason.clone(),
-                    message: message.clone(),
-                };
-                return end(failed, Requeue::Resync);
-            }
-        }
-        // No instance is created without the data it must boot with.
-        return match &view.bootstrap {
-            Bootstrap::Ready => MachineStep::Create,
-            Bootstrap::Wanted => MachineStep::PrepareBootstrap,
-            Bootstrap::Retry {
-                reason,
-                message,
-                after_ms,
-            } => {
-                let waiting = Outcome::Retrying {
-                    reason: reason.clone(),
-                    message: message.clone(),
-                };
-                end(waiting, Requeue::After(*after_ms))
-            }
-            Bootstrap::Failed { reason, message } => {
-                let failed = Outcome::Failed {
-                    reason: reason.clone(),
-                    message: message.clone(),
-                };
-                end(failed, Requeue::Resync)
-            }
-        };
+        return without_instance(view);
     };
-    // An instance terminated or stopped outside Capstan will not come back
-    // by waiting: the Machine fails, so a health check replaces it. (An
-    // in-place update may stop its instance on purpose.)
-    let gone = match instance.state {
-        InstanceState::Terminated => Some(("InstanceTerminated", "terminated")),
-        InstanceState::Stopped if !view.updating_in_place => Some(("InstanceStopped", "stopped")),
-        _ => None,
-    };
-    if let Some((reason, state)) = gone {
-        let detail = instance
-            .message
-            .as_deref()
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        let message = format!(
-            "the instance {} was {state} outside Capstan{detail}; the Machine will not recover by itself (a MachineHealthCheck replaces it)",
-            instance.provider_id
-        );
-        let failed = Outcome::Failed {
-            reason: reason.into(),
-            message,
-        };
+    if let Some(failed) = gone_outside(instance, view.updating_in_place) {
         return end(failed, Requeue::Resync);
     }
     if view.updating_in_place {
@@ -519,6 +460,77 @@ pub fn next_step(view: &MachineView) -> MachineStep {
         _ => Requeue::Poll,
     };
     end(Outcome::Observed, requeue)
+}
+
+/// The next step of a live machine with no instance observed: `get` the
+/// one it records, adopt one launched for it before, or create one once its
+/// bootstrap data is ready.
+fn without_instance(view: &MachineView) -> MachineStep {
+    if view.provider_id.is_some() {
+        return MachineStep::Get;
+    }
+    // An instance launched for this Machine before (it was restored,
+    // re-applied or moved) is adopted, not launched twice.
+    match &view.adoption {
+        Adoption::NotAsked => return MachineStep::FindInstance,
+        Adoption::NothingFound | Adoption::Adopted => {}
+        Adoption::Refused { reason, message } => {
+            let failed = Outcome::Failed {
+                reason: reason.clone(),
+                message: message.clone(),
+            };
+            return end(failed, Requeue::Resync);
+        }
+    }
+    // No instance is created without the data it must boot with.
+    match &view.bootstrap {
+        Bootstrap::Ready => MachineStep::Create,
+        Bootstrap::Wanted => MachineStep::PrepareBootstrap,
+        Bootstrap::Retry {
+            reason,
+            message,
+            after_ms,
+        } => {
+            let waiting = Outcome::Retrying {
+                reason: reason.clone(),
+                message: message.clone(),
+            };
+            end(waiting, Requeue::After(*after_ms))
+        }
+        Bootstrap::Failed { reason, message } => {
+            let failed = Outcome::Failed {
+                reason: reason.clone(),
+                message: message.clone(),
+            };
+            end(failed, Requeue::Resync)
+        }
+    }
+}
+
+/// The failure of an instance terminated or stopped outside Capstan, if
+/// it was: it will not come back by waiting, so the Machine fails and a
+/// health check replaces it. (An in-place update may stop its instance on
+/// purpose.)
+fn gone_outside(instance: &Instance, updating_in_place: bool) -> Option<Outcome> {
+    let gone = match instance.state {
+        InstanceState::Terminated => Some(("InstanceTerminated", "terminated")),
+        InstanceState::Stopped if !updating_in_place => Some(("InstanceStopped", "stopped")),
+        _ => None,
+    };
+    let (reason, state) = gone?;
+    let detail = instance
+        .message
+        .as_deref()
+        .map(|m| format!(": {m}"))
+        .unwrap_or_default();
+    let message = format!(
+        "the instance {} was {state} outside Capstan{detail}; the Machine will not recover by itself (a MachineHealthCheck replaces it)",
+        instance.provider_id
+    );
+    Some(Outcome::Failed {
+        reason: reason.into(),
+        message,
+    })
 }
 
 /// A failed provider call ends the pass: terminal errors fail the machine,

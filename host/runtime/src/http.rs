@@ -317,150 +317,16 @@ impl WasiHttpHooks for HttpGate {
                 // The call's deadline bounds the whole request; per-request
                 // timeouts from the guest are not needed on top of it.
                 let _ = options;
-                let client = self.client.clone();
-                let plugin = self.plugin.clone();
-                let denial = self.denial.clone();
-                let waited = self.waited.clone();
-                let may_send = self.may_send.clone();
-                let observer = self.observer.clone();
-                let told = move |result| tell(observer.as_ref(), result);
-                Box::new(async move {
-                    let mut recording = None;
-                    if let Some((tape, (method, url, head))) = taped {
-                        let (parts, body) = request.into_parts();
-                        let bytes = taped_bytes(body).await?;
-                        let sent = crate::tape::TapedRequest {
-                            method,
-                            url,
-                            headers: head,
-                            body: crate::tape::TapedBody::of(&bytes),
-                            any_body: false,
-                        };
-                        if matches!(tape.mode(), crate::tape::TapeMode::Replay { .. }) {
-                            return match tape.take(&sent) {
-                                Ok(answer) => {
-                                    told(crate::Outbound::Ok);
-                                    Ok((
-                                        replayed_response(&answer)?,
-                                        Box::new(async { Ok(()) })
-                                            as Box<
-                                                dyn Future<Output = Result<(), HttpError>> + Send,
-                                            >,
-                                    ))
-                                }
-                                Err(miss) => {
-                                    tracing::warn!(%plugin, %miss, "request not in the cassette");
-                                    tape_miss
-                                        .lock()
-                                        .unwrap_or_else(|p| p.into_inner())
-                                        .get_or_insert(miss.to_string());
-                                    Err(HttpError::HttpRequestDenied)
-                                }
-                            };
-                        }
-                        request = http::Request::from_parts(parts, full_body(bytes));
-                        recording = Some((tape, sent));
-                    }
-                    if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
-                        request = match crate::credentials::sign_aws(
-                            request,
-                            &authority,
-                            credentials,
-                            scope,
-                        )
-                        .await
-                        {
-                            Ok(r) => r,
-                            Err(reason) => {
-                                tracing::warn!(%plugin, %reason, "outbound request not signed");
-                                told(crate::Outbound::Denied);
-                                denial
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .get_or_insert(reason);
-                                return Err(HttpError::HttpRequestDenied);
-                            }
-                        };
-                    }
-                    let sent = std::time::Instant::now();
-                    // The gate is asked again before every poll: this
-                    // future may first run long after `send_request`
-                    // returned (the process was stopped in between).
-                    let mut request = std::pin::pin!(client.request(request));
-                    let response = std::future::poll_fn(|cx| {
-                        if may_send.as_ref().is_some_and(|may_send| !may_send()) {
-                            return std::task::Poll::Ready(None);
-                        }
-                        request.as_mut().poll(cx).map(Some)
-                    })
-                    .await;
-                    let Some(response) = response else {
-                        tracing::warn!(%plugin, reason = GATE_CLOSED, "outbound request denied");
-                        told(crate::Outbound::Fenced);
-                        denial
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert(GATE_CLOSED.into());
-                        return Err(HttpError::HttpRequestDenied);
-                    };
-                    waited.fetch_add(
-                        u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX),
-                        Ordering::Relaxed,
-                    );
-                    let response = response.map_err(|e| {
-                        tracing::debug!(%plugin, error = %e, "outbound request failed");
-                        let refusal = crate::resolve::refusal(&e);
-                        told(if refusal.is_some() {
-                            crate::Outbound::Denied
-                        } else {
-                            crate::Outbound::Error
-                        });
-                        if let Some(reason) = refusal {
-                            denial
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .get_or_insert(reason);
-                            HttpError::HttpRequestDenied
-                        } else if e.is_connect() {
-                            HttpError::ConnectionRefused
-                        } else {
-                            HttpError::HttpProtocolError
-                        }
-                    })?;
-                    told(crate::Outbound::Ok);
-                    if let Some((tape, sent)) = recording {
-                        // Recording: the whole answer is read here, kept, and
-                        // handed to the plugin as it came.
-                        let (parts, body) = response.into_parts();
-                        let bytes = taped_bytes(body).await?;
-                        drop(slot);
-                        tape.push(crate::tape::Interaction {
-                            request: sent,
-                            response: crate::tape::TapedResponse {
-                                status: parts.status.as_u16(),
-                                headers: kept_headers(&parts.headers),
-                                body: crate::tape::TapedBody::of(&bytes),
-                            },
-                        });
-                        return Ok((
-                            http::Response::from_parts(parts, full_body(bytes)),
-                            Box::new(async { Ok(()) })
-                                as Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-                        ));
-                    }
-                    Ok((
-                        response.map(|body| {
-                            body.map_err(HttpError::from)
-                                .map_frame(move |frame| {
-                                    let _held = &slot;
-                                    frame
-                                })
-                                .boxed_unsync()
-                        }),
-                        Box::new(async { Ok(()) })
-                            as Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-                    ))
-                })
+                let forwarding = Forwarding {
+                    client: self.client.clone(),
+                    plugin: self.plugin.clone(),
+                    denial: self.denial.clone(),
+                    tape_miss,
+                    waited: self.waited.clone(),
+                    may_send: self.may_send.clone(),
+                    observer: self.observer.clone(),
+                };
+                Box::new(forwarding.forward(request, authority, credential, taped, slot))
             }
             (HttpDecision::Deny { reason }, _) | (_, Err(reason)) => {
                 self.deny(reason);
@@ -468,6 +334,202 @@ impl WasiHttpHooks for HttpGate {
                 Box::new(async { Err(HttpError::HttpRequestDenied) })
             }
         }
+    }
+}
+
+/// The body-end future of an answer that is complete when handed over.
+type BodyDone = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+
+/// An answer for the plugin: the response and its body-end future.
+type Answer = Result<(http::Response<WasiBody>, BodyDone), HttpError>;
+
+fn body_done() -> BodyDone {
+    Box::new(async { Ok(()) })
+}
+
+/// What a request that passed the gate, the grants, the quota and the
+/// budgets carries into its future: the pooled client, and where to record
+/// what became of it.
+struct Forwarding {
+    client: PooledClient,
+    plugin: Arc<str>,
+    denial: Arc<Mutex<Option<String>>>,
+    tape_miss: Arc<Mutex<Option<String>>>,
+    waited: Arc<std::sync::atomic::AtomicU64>,
+    may_send: Option<crate::OutboundGate>,
+    observer: Option<(Arc<dyn crate::Observer>, Arc<str>)>,
+}
+
+/// A request as the cassette left it: answered from a replay, or to be
+/// sent and its answer recorded.
+enum Taped {
+    Replayed(http::Response<WasiBody>),
+    Recording(
+        http::Request<WasiBody>,
+        (crate::tape::CallTape, crate::tape::TapedRequest),
+    ),
+}
+
+impl Forwarding {
+    fn told(&self, result: crate::Outbound) {
+        tell(self.observer.as_ref(), result);
+    }
+
+    /// Record the call's first denial; the plugin sees only "denied".
+    fn refused(&self, reason: String) -> HttpError {
+        self.denial
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(reason);
+        HttpError::HttpRequestDenied
+    }
+
+    /// Replay, sign, send and hand back: the whole life of an admitted
+    /// request. `slot` (its place in the in-flight budget) is held until
+    /// its response body is read or it fails.
+    async fn forward(
+        self,
+        mut request: http::Request<WasiBody>,
+        authority: String,
+        credential: Option<Credential>,
+        taped: Option<(
+            crate::tape::CallTape,
+            (String, String, Vec<(String, String)>),
+        )>,
+        slot: InFlight,
+    ) -> Answer {
+        let mut recording = None;
+        if let Some((tape, head)) = taped {
+            match self.replay_or_keep(tape, head, request).await? {
+                Taped::Replayed(answer) => return Ok((answer, body_done())),
+                Taped::Recording(kept, record) => {
+                    request = kept;
+                    recording = Some(record);
+                }
+            }
+        }
+        if let Some(Credential::AwsSigV4 { credentials, scope }) = &credential {
+            request = crate::credentials::sign_aws(request, &authority, credentials, scope)
+                .await
+                .map_err(|reason| {
+                    tracing::warn!(plugin = %self.plugin, %reason, "outbound request not signed");
+                    self.told(crate::Outbound::Denied);
+                    self.refused(reason)
+                })?;
+        }
+        let response = self.send_while_open(request).await?;
+        self.told(crate::Outbound::Ok);
+        let Some((tape, sent)) = recording else {
+            let streamed = response.map(|body| {
+                body.map_err(HttpError::from)
+                    .map_frame(move |frame| {
+                        let _held = &slot;
+                        frame
+                    })
+                    .boxed_unsync()
+            });
+            return Ok((streamed, body_done()));
+        };
+        // Recording: the whole answer is read here, kept, and handed to
+        // the plugin as it came.
+        let (parts, body) = response.into_parts();
+        let bytes = taped_bytes(body).await?;
+        drop(slot);
+        tape.push(crate::tape::Interaction {
+            request: sent,
+            response: crate::tape::TapedResponse {
+                status: parts.status.as_u16(),
+                headers: kept_headers(&parts.headers),
+                body: crate::tape::TapedBody::of(&bytes),
+            },
+        });
+        Ok((
+            http::Response::from_parts(parts, full_body(bytes)),
+            body_done(),
+        ))
+    }
+
+    /// With a cassette: the recorded answer (replay), or the request read
+    /// whole and kept for the recording.
+    async fn replay_or_keep(
+        &self,
+        tape: crate::tape::CallTape,
+        (method, url, head): (String, String, Vec<(String, String)>),
+        request: http::Request<WasiBody>,
+    ) -> Result<Taped, HttpError> {
+        let (parts, body) = request.into_parts();
+        let bytes = taped_bytes(body).await?;
+        let sent = crate::tape::TapedRequest {
+            method,
+            url,
+            headers: head,
+            body: crate::tape::TapedBody::of(&bytes),
+            any_body: false,
+        };
+        if !matches!(tape.mode(), crate::tape::TapeMode::Replay { .. }) {
+            let request = http::Request::from_parts(parts, full_body(bytes));
+            return Ok(Taped::Recording(request, (tape, sent)));
+        }
+        match tape.take(&sent) {
+            Ok(answer) => {
+                self.told(crate::Outbound::Ok);
+                Ok(Taped::Replayed(replayed_response(&answer)?))
+            }
+            Err(miss) => {
+                tracing::warn!(plugin = %self.plugin, %miss, "request not in the cassette");
+                self.tape_miss
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(miss.to_string());
+                Err(HttpError::HttpRequestDenied)
+            }
+        }
+    }
+
+    /// Send, asking the gate again before every poll: this future may
+    /// first run long after `send_request` returned (the process was
+    /// stopped in between). Adds the wait for the response headers to the
+    /// call's total; a failure is classified for the plugin.
+    async fn send_while_open(
+        &self,
+        request: http::Request<WasiBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, HttpError> {
+        let sent = std::time::Instant::now();
+        let mut request = std::pin::pin!(self.client.request(request));
+        let may_send = self.may_send.clone();
+        let response = std::future::poll_fn(|cx| {
+            if may_send.as_ref().is_some_and(|may_send| !may_send()) {
+                return std::task::Poll::Ready(None);
+            }
+            request.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        let Some(response) = response else {
+            tracing::warn!(plugin = %self.plugin, reason = GATE_CLOSED, "outbound request denied");
+            self.told(crate::Outbound::Fenced);
+            return Err(self.refused(GATE_CLOSED.into()));
+        };
+        self.waited.fetch_add(
+            u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        response.map_err(|e| {
+            tracing::debug!(plugin = %self.plugin, error = %e, "outbound request failed");
+            match crate::resolve::refusal(&e) {
+                Some(reason) => {
+                    self.told(crate::Outbound::Denied);
+                    self.refused(reason)
+                }
+                None => {
+                    self.told(crate::Outbound::Error);
+                    if e.is_connect() {
+                        HttpError::ConnectionRefused
+                    } else {
+                        HttpError::HttpProtocolError
+                    }
+                }
+            }
+        })
     }
 }
 

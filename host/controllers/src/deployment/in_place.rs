@@ -105,12 +105,6 @@ pub(super) async fn decide(
     new_set: Option<&MachineSet>,
 ) -> Decision {
     let new_uid = new_set.and_then(|s| s.uid());
-    let mut views = vec![];
-    let mut failed = vec![];
-    let mut unknown = vec![];
-    let mut unclaimed: Vec<String> = vec![];
-    let mut unclaimed_machines = vec![];
-    let mut pending = 0;
     let all = ctx.kube.stores.machines.state();
     // Asked once per reconcile, not per machine.
     let updaters = crate::inplace::eligible(
@@ -120,6 +114,7 @@ pub(super) async fn decide(
         &md.namespace().unwrap_or_default(),
     );
     let fingerprint = fingerprint(&updaters);
+    let mut gathered = Gathered::default();
     for set in sets {
         let uid = set.uid().unwrap_or_default();
         let is_new = new_uid.as_deref() == Some(uid.as_str());
@@ -127,44 +122,14 @@ pub(super) async fn decide(
             .iter()
             .filter(|m| controlled_by(m.as_ref(), &uid) && m.metadata.deletion_timestamp.is_none())
         {
-            let name = m.name_any();
             if crate::inplace::updating_in_place(m) {
-                let steps = m
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.in_place_update.as_ref())
-                    .map(|u| {
-                        u.steps
-                            .iter()
-                            .map(|s| PlannedStep {
-                                updater: s.updater.clone(),
-                                fields: s.fields.clone(),
-                                drain: s.drain,
-                                affects_availability: s.affects_availability,
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let action = match crate::inplace::update_failed(m) {
-                    Some(message) => {
-                        failed.push(format!("{name}: {message}"));
-                        "UpdateFailed"
-                    }
-                    None => "Updating",
-                };
-                views.push(MachinePlanView {
-                    machine: name,
-                    action: action.into(),
-                    steps,
-                    unclaimed: vec![],
-                });
+                gathered.updating(m);
                 continue;
             }
             if is_new {
                 continue;
             }
-            pending += 1;
-            match cached_plan(
+            let plan = cached_plan(
                 &ctx.kube,
                 &ctx.plans,
                 m,
@@ -173,112 +138,183 @@ pub(super) async fn decide(
                 &updaters,
                 &fingerprint,
             )
-            .await
-            {
-                Ok(plan) => {
-                    let action = if plan.in_place() {
-                        "InPlace"
-                    } else if policy.fallback == InPlaceFallback::Replace {
-                        "Replace"
-                    } else {
-                        "Blocked"
-                    };
-                    if !plan.in_place() {
-                        unclaimed_machines.push(name.clone());
-                        for f in &plan.unclaimed {
-                            if !unclaimed.contains(f) {
-                                unclaimed.push(f.clone());
-                            }
-                        }
-                    }
-                    views.push(MachinePlanView {
-                        machine: name,
-                        action: action.into(),
-                        steps: plan
-                            .steps
-                            .iter()
-                            .map(|s| {
-                                let disruption =
-                                    crate::inplace::disruption_of(&updaters, &s.updater);
-                                PlannedStep {
-                                    updater: s.updater.clone(),
-                                    fields: s.fields.clone(),
-                                    drain: disruption.drain,
-                                    affects_availability: Some(disruption.affects_availability),
-                                }
-                            })
-                            .collect(),
-                        unclaimed: plan.unclaimed,
-                    });
-                }
-                Err(message) => {
-                    unknown.push(format!("{name}: {message}"));
-                    views.push(MachinePlanView {
-                        machine: name,
-                        action: "Blocked".into(),
-                        ..Default::default()
-                    });
+            .await;
+            gathered.planned(m.name_any(), plan, policy, &updaters);
+        }
+    }
+    gathered.decision(policy, revision)
+}
+
+/// What the plans of a deployment's machines add up to.
+#[derive(Default)]
+struct Gathered {
+    views: Vec<MachinePlanView>,
+    /// Machines whose in-place update failed: "name: why".
+    failed: Vec<String>,
+    /// Machines that could not be planned: "name: why".
+    unknown: Vec<String>,
+    /// Changed fields no updater claims, and the machines with any.
+    unclaimed: Vec<String>,
+    unclaimed_machines: Vec<String>,
+    /// Machines waiting for an update.
+    pending: usize,
+}
+
+impl Gathered {
+    /// A machine being updated in place: its recorded steps.
+    fn updating(&mut self, m: &Machine) {
+        let name = m.name_any();
+        let steps = m
+            .status
+            .as_ref()
+            .and_then(|s| s.in_place_update.as_ref())
+            .map(|u| {
+                u.steps
+                    .iter()
+                    .map(|s| PlannedStep {
+                        updater: s.updater.clone(),
+                        fields: s.fields.clone(),
+                        drain: s.drain,
+                        affects_availability: s.affects_availability,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let action = match crate::inplace::update_failed(m) {
+            Some(message) => {
+                self.failed.push(format!("{name}: {message}"));
+                "UpdateFailed"
+            }
+            None => "Updating",
+        };
+        self.views.push(MachinePlanView {
+            machine: name,
+            action: action.into(),
+            steps,
+            unclaimed: vec![],
+        });
+    }
+
+    /// A machine of an old set and its plan (or why it has none).
+    fn planned(
+        &mut self,
+        name: String,
+        plan: Result<MachinePlan, String>,
+        policy: &InPlaceStrategy,
+        updaters: &[(Updater, Arc<RegisteredUpdater>)],
+    ) {
+        self.pending += 1;
+        let plan = match plan {
+            Ok(plan) => plan,
+            Err(message) => {
+                self.unknown.push(format!("{name}: {message}"));
+                self.views.push(MachinePlanView {
+                    machine: name,
+                    action: "Blocked".into(),
+                    ..Default::default()
+                });
+                return;
+            }
+        };
+        let action = if plan.in_place() {
+            "InPlace"
+        } else if policy.fallback == InPlaceFallback::Replace {
+            "Replace"
+        } else {
+            "Blocked"
+        };
+        if !plan.in_place() {
+            self.unclaimed_machines.push(name.clone());
+            for f in &plan.unclaimed {
+                if !self.unclaimed.contains(f) {
+                    self.unclaimed.push(f.clone());
                 }
             }
         }
+        let steps = plan
+            .steps
+            .iter()
+            .map(|s| {
+                let disruption = crate::inplace::disruption_of(updaters, &s.updater);
+                PlannedStep {
+                    updater: s.updater.clone(),
+                    fields: s.fields.clone(),
+                    drain: disruption.drain,
+                    affects_availability: Some(disruption.affects_availability),
+                }
+            })
+            .collect();
+        self.views.push(MachinePlanView {
+            machine: name,
+            action: action.into(),
+            steps,
+            unclaimed: plan.unclaimed,
+        });
     }
-    views.sort_by(|a, b| a.machine.cmp(&b.machine));
-    unclaimed.sort();
-    let few = |items: &[String]| {
-        let mut text = items.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
-        if items.len() > 3 {
-            text.push_str(&format!("; and {} more", items.len() - 3));
-        }
-        text
-    };
-    let kind = if !failed.is_empty() {
-        Kind::Blocked {
-            reason: "UpdateFailed",
-            message: format!(
-                "the in-place update failed on {}; the rollout stops (nothing is rolled back): delete the machine to replace it on the new template",
-                few(&failed)
+
+    /// The rollout's decision: blocked by a failed update or a machine
+    /// that cannot be planned, in place, or (changes no updater claims)
+    /// replaced or blocked as `policy.fallback` says.
+    fn decision(mut self, policy: &InPlaceStrategy, revision: i64) -> Decision {
+        self.views.sort_by(|a, b| a.machine.cmp(&b.machine));
+        self.unclaimed.sort();
+        let few = |items: &[String]| {
+            let mut text = items.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+            if items.len() > 3 {
+                text.push_str(&format!("; and {} more", items.len() - 3));
+            }
+            text
+        };
+        let kind = if !self.failed.is_empty() {
+            Kind::Blocked {
+                reason: "UpdateFailed",
+                message: format!(
+                    "the in-place update failed on {}; the rollout stops (nothing is rolled back): delete the machine to replace it on the new template",
+                    few(&self.failed)
+                ),
+            }
+        } else if !self.unknown.is_empty() {
+            Kind::Blocked {
+                reason: "PlanUnavailable",
+                message: format!("cannot plan in-place updates: {}", few(&self.unknown)),
+            }
+        } else if self.unclaimed.is_empty() {
+            Kind::InPlace
+        } else if policy.fallback == InPlaceFallback::Replace {
+            Kind::Replace
+        } else {
+            Kind::Blocked {
+                reason: "UnclaimedChanges",
+                message: format!(
+                    "no active updater claims {} (machines {}); nothing changes: change the spec, activate an updater that claims them, or set spec.rollout.strategy.inPlace.fallback: Replace",
+                    self.unclaimed.join(", "),
+                    few(&self.unclaimed_machines)
+                ),
+            }
+        };
+        let pending = self.pending;
+        let summary = match &kind {
+            Kind::InPlace if pending == 0 => "no machine waits for an update".to_string(),
+            Kind::InPlace => format!("{pending} machines are updated in place"),
+            Kind::Replace => format!(
+                "no active updater claims {}; those machines are replaced (fallback Replace)",
+                self.unclaimed.join(", ")
             ),
+            Kind::Blocked { message, .. } => message.clone(),
+        };
+        let decision = match &kind {
+            Kind::InPlace => "InPlace",
+            Kind::Replace => "Replace",
+            Kind::Blocked { .. } => "Blocked",
+        };
+        Decision {
+            kind,
+            summary,
+            plan: RolloutPlan {
+                revision,
+                decision: decision.into(),
+                machines: self.views,
+            },
         }
-    } else if !unknown.is_empty() {
-        Kind::Blocked {
-            reason: "PlanUnavailable",
-            message: format!("cannot plan in-place updates: {}", few(&unknown)),
-        }
-    } else if unclaimed.is_empty() {
-        Kind::InPlace
-    } else if policy.fallback == InPlaceFallback::Replace {
-        Kind::Replace
-    } else {
-        Kind::Blocked {
-            reason: "UnclaimedChanges",
-            message: format!(
-                "no active updater claims {} (machines {}); nothing changes: change the spec, activate an updater that claims them, or set spec.rollout.strategy.inPlace.fallback: Replace",
-                unclaimed.join(", "),
-                few(&unclaimed_machines)
-            ),
-        }
-    };
-    let summary = match &kind {
-        Kind::InPlace if pending == 0 => "no machine waits for an update".to_string(),
-        Kind::InPlace => format!("{pending} machines are updated in place"),
-        Kind::Replace => format!(
-            "no active updater claims {}; those machines are replaced (fallback Replace)",
-            unclaimed.join(", ")
-        ),
-        Kind::Blocked { message, .. } => message.clone(),
-    };
-    let decision = match &kind {
-        Kind::InPlace => "InPlace",
-        Kind::Replace => "Replace",
-        Kind::Blocked { .. } => "Blocked",
-    };
-    Decision {
-        kind,
-        summary,
-        plan: RolloutPlan {
-            revision,
-            decision: decision.into(),
-            machines: views,
-        },
     }
 }

@@ -21,6 +21,7 @@ use capstan_kit::controller::Spec;
 use capstan_kit::owners::{claim, controlled_by, controller_of};
 use capstan_kit::write::apply_status;
 use capstan_kit::{Conditions, Error, Kube, now, owner_key};
+use capstan_planner::rollback::Decision as RollbackDecision;
 use capstan_planner::rollout::{self, SetView, Strategy};
 use capstan_planner::{Bound, Bounds, Health};
 use futures::StreamExt as _;
@@ -155,89 +156,42 @@ fn revision_of(set: &MachineSet) -> i64 {
 /// gather (and adopt) its sets, observe them, decide the rollout, write
 /// the sets, prune history, then derive the status and write it once.
 async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let sets = || ctx.kube.stores.machine_sets.state();
-    let finalizer = MACHINEDEPLOYMENT_FINALIZER;
-    crate::set_conditions::write_held(
-        &ctx.kube,
-        CONTROLLER,
-        md.as_ref(),
-        md.status.as_ref(),
-        |s: &mut capstan_api::MachineDeploymentStatus| &mut s.conditions,
-    )
-    .await?;
-    if let Some(action) = start_pass(
-        &ctx.kube,
-        CONTROLLER,
-        md.as_ref(),
-        finalizer,
-        &ctx.expectations,
-        sets,
-    )
-    .await?
-    {
+    if let Some(action) = begin(&md, &ctx).await? {
         return Ok(action);
     }
-    let namespace = md.namespace().unwrap_or_default();
-    let generation = md.metadata.generation;
+    let t = now();
     let current = md.status.clone();
     let mut status = current.clone().unwrap_or_default();
-    status.observed_generation = generation;
+    status.observed_generation = md.metadata.generation;
     status.selector = Some(selector_string(&md.spec.selector));
-    let t = now();
-
-    let strategy = match validate(&md, &ctx.kube) {
+    let strategy = match check_spec(&md, &ctx, &mut status, current.as_ref(), &t).await? {
         Ok(strategy) => strategy,
-        Err((reason, message)) => {
-            Conditions::new(&mut status.conditions, generation, &t)
-                .valid_spec(Some((reason, message.as_str())));
-            status.phase = Some(DeploymentPhase::Failed);
-            apply_status(
-                &ctx.kube,
-                CONTROLLER,
-                md.as_ref(),
-                current.as_ref(),
-                &status,
-            )
-            .await?;
-            return Ok(Action::await_change());
-        }
+        Err(action) => return Ok(action),
     };
-    let renamed = md.spec.renamed_fields().unwrap_or_default();
-    Conditions::new(&mut status.conditions, generation, &t).valid_spec_renamed(&renamed);
-    let before = current.as_ref().map(|s| s.conditions.as_slice());
-    crate::set_conditions::warn_renamed(
-        &ctx.kube,
-        CONTROLLER,
-        md.as_ref(),
-        before.unwrap_or_default(),
-        &status.conditions,
-    )
-    .await;
     let capacity_pending = ctx
         .capacities
         .annotate(&ctx.kube, CONTROLLER, md.as_ref(), &md.spec.template.spec)
         .await?;
-
-    let sets_api: Api<MachineSet> = Api::namespaced(ctx.kube.client.clone(), &namespace);
+    let sets_api: Api<MachineSet> =
+        Api::namespaced(ctx.kube.client.clone(), &md.namespace().unwrap_or_default());
     // As a Deployment adopts ReplicaSets: sets orphaned by
     // `--cascade=orphan`, or made by hand.
-    let candidates = ctx.kube.stores.machine_sets.state();
-    let selector = &md.spec.selector;
     let claimed = claim(
         &sets_api,
         &ctx.kube,
         CONTROLLER,
         md.as_ref(),
-        selector,
-        candidates,
+        &md.spec.selector,
+        ctx.kube.stores.machine_sets.state(),
     );
     let Some(sets) = claimed.await? else {
         // An orphan changed while it was adopted: plan again with a fresh view.
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
+
+    // Observe.
     let now_s = t.0.as_second();
     let target = Target::of(&md, now_s);
-    let hash = &target.hash;
     let machines = ctx.kube.stores.machines.state();
     let observed = observe(&md, &target, &sets, &machines, now_s);
     let revision = rollout::next_revision(observed.new_view.as_ref(), &observed.old_views);
@@ -246,28 +200,24 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         observed.new_view.as_ref(),
         &observed.old_views,
     );
-    // Decided before the sets are written: a rollout that rolls back does
-    // not grow its failing set first.
+
+    // Decide whether to roll back: before the sets are written, so a
+    // rollout that rolls back does not grow its failing set first.
     let rollback = md.spec.rollback.is_some().then(|| {
         rollback::Rollout::observe(&ctx.kube, &md, &target, &observed, &machines, complete, &t)
     });
     let rollback_decision = rollback.as_ref().map(|r| r.decide());
-    if let (Some(r), Some(capstan_planner::rollback::Decision::RollBack { to, trigger })) =
+    if let (Some(r), Some(RollbackDecision::RollBack { to, trigger })) =
         (&rollback, &rollback_decision)
     {
         r.roll_back(&ctx, &md, to, trigger, revision).await?;
         // The template change wakes the deployment; this is the fallback.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let in_place = in_place_policy(&md, strategy).filter(|_| !target.recycling(&observed));
-    let decision = match in_place {
-        Some(policy) => {
-            let owned: Vec<&Arc<MachineSet>> = sets.iter().collect();
-            let new_set = observed.new_set.as_deref();
-            Some(decide(&ctx, &md, policy, hash, revision, &owned, new_set).await)
-        }
-        None => None,
-    };
+
+    // Act on the sets.
+    let decision =
+        in_place_decision(&ctx, &md, strategy, &target, &sets, &observed, revision).await;
     let plan = plan_rollout(&md, strategy, decision.as_ref(), &observed);
     let written = write_sets(
         &ctx,
@@ -286,8 +236,9 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     }
     prune(&ctx, &sets_api, &md, &observed.old_views).await?;
 
+    // Status.
     let rollback_held = match (&rollback, &rollback_decision) {
-        (Some(r), Some(capstan_planner::rollback::Decision::Held { trigger, held })) => {
+        (Some(r), Some(RollbackDecision::Held { trigger, held })) => {
             Some((trigger.reason(), r.held_message(trigger, *held)))
         }
         _ => None,
@@ -302,14 +253,7 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         rollback_held,
     };
     derive_status(&mut status, &md, &rollout, &t);
-    status.rollout = rollback.as_ref().map(|r| r.progress.clone());
-    if let Some(r) = &rollback {
-        r.rolled_back_condition(&mut status, generation, &t);
-    } else {
-        status
-            .conditions
-            .retain(|c| c.type_ != capstan_api::set_conditions::ROLLED_BACK);
-    }
+    rollback_status(&mut status, &md, rollback.as_ref(), &t);
     apply_status(
         &ctx.kube,
         CONTROLLER,
@@ -318,12 +262,125 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
         &status,
     )
     .await?;
-    let next = if written.conflict.is_some() {
+    let deadline = rollback.as_ref().and_then(|r| r.until_deadline());
+    let next = next_pass(
+        &ctx,
+        written.conflict.is_some(),
+        complete,
+        capacity_pending,
+        deadline,
+    );
+    Ok(Action::requeue(target.requeue(next, now_s)))
+}
+
+/// What `spec.rollback` adds to the status: the rollout's progress and
+/// `RolledBack` (dropped without `spec.rollback`).
+fn rollback_status(
+    status: &mut capstan_api::MachineDeploymentStatus,
+    md: &MachineDeployment,
+    rollback: Option<&rollback::Rollout>,
+    t: &capstan_api::Time,
+) {
+    status.rollout = rollback.map(|r| r.progress.clone());
+    match rollback {
+        Some(r) => r.rolled_back_condition(status, md.metadata.generation, t),
+        None => status
+            .conditions
+            .retain(|c| c.type_ != capstan_api::set_conditions::ROLLED_BACK),
+    }
+}
+
+/// With `spec.rollout.strategy.inPlace` (and unless machines made before
+/// `rollout.after` are being recycled): what the in-place rollout does.
+async fn in_place_decision(
+    ctx: &Context,
+    md: &MachineDeployment,
+    strategy: Strategy,
+    target: &Target,
+    sets: &[Arc<MachineSet>],
+    observed: &Observed,
+    revision: i64,
+) -> Option<Decision> {
+    let policy = in_place_policy(md, strategy).filter(|_| !target.recycling(observed))?;
+    let owned: Vec<&Arc<MachineSet>> = sets.iter().collect();
+    let new_set = observed.new_set.as_deref();
+    Some(decide(ctx, md, policy, &target.hash, revision, &owned, new_set).await)
+}
+
+/// The pass's first writes: conditions held back from the last pass, and
+/// the finalizer (or the deletion, which ends the pass).
+async fn begin(md: &Arc<MachineDeployment>, ctx: &Context) -> Result<Option<Action>, Error> {
+    crate::set_conditions::write_held(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        md.status.as_ref(),
+        |s: &mut capstan_api::MachineDeploymentStatus| &mut s.conditions,
+    )
+    .await?;
+    start_pass(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        MACHINEDEPLOYMENT_FINALIZER,
+        &ctx.expectations,
+        || ctx.kube.stores.machine_sets.state(),
+    )
+    .await
+}
+
+/// The strategy, once the spec passes the checks the schema cannot make
+/// (`ValidSpec`, with a warning Event for each v1beta1 name still used);
+/// a spec that fails them ends the pass with its status written.
+async fn check_spec(
+    md: &Arc<MachineDeployment>,
+    ctx: &Context,
+    status: &mut capstan_api::MachineDeploymentStatus,
+    current: Option<&capstan_api::MachineDeploymentStatus>,
+    t: &capstan_api::Time,
+) -> Result<Result<Strategy, Action>, Error> {
+    let generation = md.metadata.generation;
+    let strategy = match validate(md, &ctx.kube) {
+        Ok(strategy) => strategy,
+        Err((reason, message)) => {
+            Conditions::new(&mut status.conditions, generation, t)
+                .valid_spec(Some((reason, message.as_str())));
+            status.phase = Some(DeploymentPhase::Failed);
+            apply_status(&ctx.kube, CONTROLLER, md.as_ref(), current, status).await?;
+            return Ok(Err(Action::await_change()));
+        }
+    };
+    let renamed = md.spec.renamed_fields().unwrap_or_default();
+    Conditions::new(&mut status.conditions, generation, t).valid_spec_renamed(&renamed);
+    let before = current.map(|s| s.conditions.as_slice());
+    crate::set_conditions::warn_renamed(
+        &ctx.kube,
+        CONTROLLER,
+        md.as_ref(),
+        before.unwrap_or_default(),
+        &status.conditions,
+    )
+    .await;
+    Ok(Ok(strategy))
+}
+
+/// When to look again: soon while a rollout runs (for `minReadySeconds`;
+/// set and machine changes trigger passes anyway), at the resync once it
+/// is complete, later after a conflict; sooner for a capacity annotation
+/// still pending or a progress deadline still running (`deadline`
+/// seconds away).
+fn next_pass(
+    ctx: &Context,
+    conflict: bool,
+    complete: bool,
+    capacity_pending: bool,
+    deadline: Option<u64>,
+) -> Duration {
+    let next = if conflict {
         Duration::from_secs(30)
     } else if complete {
         ctx.kube.resync
     } else {
-        // Set and machine changes trigger us; this only covers minReadySeconds.
         Duration::from_secs(5)
     };
     let next = if capacity_pending {
@@ -331,12 +388,10 @@ async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Acti
     } else {
         next
     };
-    // A progress deadline still running is looked at when it passes.
-    let next = match rollback.as_ref().and_then(|r| r.until_deadline()) {
+    match deadline {
         Some(s) => next.min(Duration::from_secs(s + 1)),
         None => next,
-    };
-    Ok(Action::requeue(target.requeue(next, now_s)))
+    }
 }
 
 /// What the deployment wants its new set to be now.

@@ -69,28 +69,46 @@ pub(super) fn settle(
     if status.provider_id.is_some() && status.provider_plugin.is_none() {
         status.provider_plugin = Some(machine.spec.provider.plugin.clone());
     }
+    settle_alive(&mut status, machine, view, observed, node, outcome, t);
+    let min_ready_seconds = min_ready_seconds(machine, owners);
+    cluster_api_conditions(&mut status, min_ready_seconds, generation, t);
+    // An in-place update says for itself how up to date the machine is.
+    if !view.updating_in_place {
+        up_to_date(&mut status, owners, generation, t);
+    }
+    Some(status)
+}
+
+/// A live machine's status after the planner ended the pass with
+/// `outcome`: `ConfigValid`, then what the outcome says (held, failed,
+/// retrying, or what the provider and the Node observed).
+fn settle_alive(
+    status: &mut MachineStatus,
+    machine: &Machine,
+    view: &MachineView,
+    observed: Option<&PluginStatus>,
+    node: Option<&Node>,
+    outcome: &Outcome,
+    t: &capstan_api::Time,
+) {
+    let generation = machine.metadata.generation;
+    let set = condition_setter(generation, t);
     match &view.call_error {
         Some((Call::Validate, CallError::InvalidConfig(message))) => set(
-            &mut status,
+            status,
             CONFIG_VALID,
             cond::FALSE,
             "InvalidConfig",
             message.clone(),
         ),
-        _ if view.validated => set(
-            &mut status,
-            CONFIG_VALID,
-            cond::TRUE,
-            "Valid",
-            String::new(),
-        ),
+        _ if view.validated => set(status, CONFIG_VALID, cond::TRUE, "Valid", String::new()),
         _ => {}
     }
     match outcome {
         Outcome::Unchanged | Outcome::Deleting { .. } | Outcome::Paused => {}
         Outcome::Held { reason, message } => {
             set(
-                &mut status,
+                status,
                 INSTANCE_PROVISIONED,
                 cond::FALSE,
                 reason,
@@ -99,7 +117,7 @@ pub(super) fn settle(
             status.phase.get_or_insert(MachinePhase::Pending);
         }
         Outcome::ProviderChanged(message) => set(
-            &mut status,
+            status,
             CONFIG_VALID,
             cond::FALSE,
             "ProviderChanged",
@@ -116,12 +134,12 @@ pub(super) fn settle(
             } else {
                 MachinePhase::Pending
             });
-            set(&mut status, READY, cond::FALSE, reason, message.clone());
+            set(status, READY, cond::FALSE, reason, message.clone());
             // A failure of the instance itself: it is no longer provisioned
             // (a config refused before any instance says so in ConfigValid).
             if INSTANCE_FAILURES.contains(&reason.as_str()) {
                 set(
-                    &mut status,
+                    status,
                     INSTANCE_PROVISIONED,
                     cond::FALSE,
                     reason,
@@ -131,7 +149,7 @@ pub(super) fn settle(
         }
         Outcome::Retrying { reason, message } => {
             set(
-                &mut status,
+                status,
                 INSTANCE_PROVISIONED,
                 cond::FALSE,
                 reason,
@@ -146,28 +164,12 @@ pub(super) fn settle(
         Outcome::Observed => {
             if let (Some(observed), Some(instance)) = (observed, &view.instance) {
                 // The Node's conditions first: a readiness gate may name them.
-                node_conditions(&mut status, node, generation, t);
+                node_conditions(status, node, generation, t);
                 let gates = &machine.spec.readiness_gates;
-                settle_observed(
-                    &mut status,
-                    view,
-                    observed,
-                    instance,
-                    node,
-                    gates,
-                    generation,
-                    t,
-                );
+                settle_observed(status, view, observed, instance, node, gates, generation, t);
             }
         }
     }
-    let min_ready_seconds = min_ready_seconds(machine, owners);
-    cluster_api_conditions(&mut status, min_ready_seconds, generation, t);
-    // An in-place update says for itself how up to date the machine is.
-    if !view.updating_in_place {
-        up_to_date(&mut status, owners, generation, t);
-    }
-    Some(status)
 }
 
 /// A deleting machine's status: `Deleting` with the step's reason, what

@@ -148,69 +148,18 @@ pub fn health(machine: &Machine, min_ready_seconds: i32, now: i64) -> (Health, O
 /// pass did, delete machines handed over for remediation, scale (hand
 /// over, create, delete), then derive the status and write it once.
 async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if set.metadata.deletion_timestamp.is_some() {
-        let uid = set.uid().unwrap_or_default();
-        let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
-        counted.remove(&uid);
-    }
-    let machines = || ctx.kube.stores.machines.state();
-    let finalizer = MACHINESET_FINALIZER;
-    let expectations = &ctx.expectations;
-    crate::set_conditions::write_held(
-        &ctx.kube,
-        CONTROLLER,
-        set.as_ref(),
-        set.status.as_ref(),
-        |s: &mut capstan_api::MachineSetStatus| &mut s.conditions,
-    )
-    .await?;
-    if let Some(action) = start_pass(
-        &ctx.kube,
-        CONTROLLER,
-        set.as_ref(),
-        finalizer,
-        expectations,
-        machines,
-    )
-    .await?
-    {
+    if let Some(action) = begin(&set, &ctx).await? {
         return Ok(action);
     }
-    let namespace = set.namespace().unwrap_or_default();
     let uid = set.uid().unwrap_or_default();
-    let generation = set.metadata.generation;
     let current = set.status.clone();
     let mut status = current.clone().unwrap_or_default();
-    status.observed_generation = generation;
+    status.observed_generation = set.metadata.generation;
     status.selector = Some(selector_string(&set.spec.selector));
     let t = now();
-
-    // Refused before the first write: no machine is created for a plugin
-    // this namespace may not use.
-    if let Some((reason, message)) = validate(&set, &ctx.kube) {
-        Conditions::new(&mut status.conditions, generation, &t)
-            .valid_spec(Some((reason, message.as_str())));
-        apply_status(
-            &ctx.kube,
-            CONTROLLER,
-            set.as_ref(),
-            current.as_ref(),
-            &status,
-        )
-        .await?;
-        return Ok(Action::await_change());
+    if let Some(action) = check_spec(&set, &ctx, &mut status, current.as_ref(), &t).await? {
+        return Ok(action);
     }
-    let renamed = set.spec.renamed_fields().unwrap_or_default();
-    Conditions::new(&mut status.conditions, generation, &t).valid_spec_renamed(&renamed);
-    let before = current.as_ref().map(|s| s.conditions.as_slice());
-    crate::set_conditions::warn_renamed(
-        &ctx.kube,
-        CONTROLLER,
-        set.as_ref(),
-        before.unwrap_or_default(),
-        &status.conditions,
-    )
-    .await;
     let owned_by_deployment = set
         .owner_references()
         .iter()
@@ -221,22 +170,25 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
             .annotate(&ctx.kube, CONTROLLER, set.as_ref(), &set.spec.template.spec)
             .await?;
 
-    let machines_api: Api<Machine> = Api::namespaced(ctx.kube.client.clone(), &namespace);
+    // Observe: adopt the set's orphans, carry the template's in-place
+    // fields, and wait for the machines the last passes made or deleted.
+    let machines_api: Api<Machine> = Api::namespaced(
+        ctx.kube.client.clone(),
+        &set.namespace().unwrap_or_default(),
+    );
     let all = ctx.kube.stores.machines.state();
-    let selector = &set.spec.selector;
     let claimed = claim(
         &machines_api,
         &ctx.kube,
         CONTROLLER,
         set.as_ref(),
-        selector,
+        &set.spec.selector,
         all.clone(),
     );
     let Some(mine) = claimed.await? else {
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
     carry_template(&ctx, &machines_api, &set, &mine).await?;
-
     let seen = |name: &str| {
         Seen::of(
             mine.iter()
@@ -254,20 +206,14 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         }
     }
 
+    // Act: remediate, then scale.
     let mut deleted = remediate(&ctx, &machines_api, &set, &mine).await?;
-    // Counted for the deployment's `spec.rollback`; written with this
-    // pass's status.
-    {
-        let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
-        let before = counted.get(&uid).copied().unwrap_or(0);
-        status.remediated_replicas = status.remediated_replicas.max(before)
-            + i32::try_from(deleted.len()).unwrap_or(i32::MAX);
-        counted.insert(uid.clone(), status.remediated_replicas);
-    }
-    let (views, mut next_available) = machine_views(&set, &mine, &deleted, t.0.as_second());
+    status.remediated_replicas =
+        count_remediated(&ctx, &uid, status.remediated_replicas, deleted.len());
+    let (views, next_available) = machine_views(&set, &mine, &deleted, t.0.as_second());
     let scaled = scale(&ctx, &machines_api, &set, &mine, &all, &views).await?;
     deleted.extend(scaled.deleted);
-    next_available = match (next_available, scaled.retry) {
+    let next_available = match (next_available, scaled.retry) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
@@ -276,14 +222,15 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
         tracing::info!(set = %key_of(set.as_ref()), created = created.len(), deleted = deleted.len(), "scaled");
         ctx.expectations.expect(&uid, created, deleted.clone());
     }
+
+    // Status: written before a scaling error is returned, so the
+    // remediations this pass made are counted.
     let mut tally = crate::set_conditions::Tally::default();
     for m in &mine {
         let deleting = m.metadata.deletion_timestamp.is_some() || deleted.contains(&m.name_any());
         tally.add(m, deleting);
     }
     derive_status(&mut status, &set, &views, tally, &t);
-    // Written before a scaling error is returned, so the remediations this
-    // pass made are counted.
     apply_status(
         &ctx.kube,
         CONTROLLER,
@@ -304,6 +251,78 @@ async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Er
     } else {
         next
     }))
+}
+
+/// The pass's first writes: conditions held back from the last pass, and
+/// the finalizer (or the deletion, which ends the pass, and with it the
+/// set's remediation count).
+async fn begin(set: &Arc<MachineSet>, ctx: &Context) -> Result<Option<Action>, Error> {
+    if set.metadata.deletion_timestamp.is_some() {
+        let uid = set.uid().unwrap_or_default();
+        let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
+        counted.remove(&uid);
+    }
+    crate::set_conditions::write_held(
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        set.status.as_ref(),
+        |s: &mut capstan_api::MachineSetStatus| &mut s.conditions,
+    )
+    .await?;
+    start_pass(
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        MACHINESET_FINALIZER,
+        &ctx.expectations,
+        || ctx.kube.stores.machines.state(),
+    )
+    .await
+}
+
+/// `ValidSpec`, with a warning Event for each v1beta1 name still used. A
+/// spec that fails the checks ends the pass with its status written,
+/// before the first write of anything else: no machine is created for a
+/// plugin this namespace may not use.
+async fn check_spec(
+    set: &Arc<MachineSet>,
+    ctx: &Context,
+    status: &mut capstan_api::MachineSetStatus,
+    current: Option<&capstan_api::MachineSetStatus>,
+    t: &capstan_api::Time,
+) -> Result<Option<Action>, Error> {
+    let generation = set.metadata.generation;
+    if let Some((reason, message)) = validate(set, &ctx.kube) {
+        Conditions::new(&mut status.conditions, generation, t)
+            .valid_spec(Some((reason, message.as_str())));
+        apply_status(&ctx.kube, CONTROLLER, set.as_ref(), current, status).await?;
+        return Ok(Some(Action::await_change()));
+    }
+    let renamed = set.spec.renamed_fields().unwrap_or_default();
+    Conditions::new(&mut status.conditions, generation, t).valid_spec_renamed(&renamed);
+    let before = current.map(|s| s.conditions.as_slice());
+    crate::set_conditions::warn_renamed(
+        &ctx.kube,
+        CONTROLLER,
+        set.as_ref(),
+        before.unwrap_or_default(),
+        &status.conditions,
+    )
+    .await;
+    Ok(None)
+}
+
+/// The set's `remediatedReplicas` after this pass deleted `deleted`
+/// machines for their health checks: counted in memory too, for the
+/// deployment's `spec.rollback`, so a status write that has not landed yet
+/// loses no count.
+fn count_remediated(ctx: &Context, uid: &str, recorded: i32, deleted: usize) -> i32 {
+    let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
+    let before = counted.get(uid).copied().unwrap_or(0);
+    let now = recorded.max(before) + i32::try_from(deleted).unwrap_or(i32::MAX);
+    counted.insert(uid.to_string(), now);
+    now
 }
 
 /// Why the set's spec cannot be acted on (reason, message), if it cannot.

@@ -206,42 +206,8 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
         Err((reason, _)) if *reason == "CredentialUnavailable" => serving_fingerprint(&ctx, &name),
         Err(_) => None,
     };
-    // `restored`: the spec's revision failed with nothing serving (after a
-    // restart) and the last activated one was loaded instead.
-    // `trial`: a canary serves part of the Machines (`spec.rollout`).
-    let (outcome, mut restored, trial) = match granted {
-        Ok((g, _)) => {
-            let fingerprint = fingerprint.clone().unwrap_or_default();
-            let at = (name.as_str(), generation);
-            match canary::reconcile(
-                &plugin,
-                &ctx,
-                at,
-                g.clone(),
-                fingerprint.clone(),
-                &mut status,
-            )
-            .await
-            {
-                Ok(canary::Trial::NotNeeded) => {
-                    let (outcome, restored) =
-                        load_or_restore(&plugin, &ctx, &name, generation, g, fingerprint).await;
-                    (outcome, restored, None)
-                }
-                Ok(canary::Trial::Promoted(loaded)) => (Ok(Some(*loaded)), None, None),
-                Ok(canary::Trial::Serving {
-                    reason,
-                    message,
-                    requeue,
-                }) => (Ok(None), None, Some((reason, message, requeue))),
-                Err(f) => (Err(f), None, None),
-            }
-        }
-        Err(f) => {
-            canary::drop_canary(&ctx, &name);
-            (Err(f), None, None)
-        }
-    };
+    let (outcome, mut restored, trial) =
+        activate(&plugin, &ctx, granted, fingerprint.clone(), &mut status).await;
     if outcome.is_err() && serving_fingerprint(&ctx, &name) != fingerprint {
         revoke(&ctx, &name);
     }
@@ -321,6 +287,49 @@ async fn reconcile(plugin: Arc<Plugin>, ctx: Arc<Context>) -> Result<Action, Err
         None if settled => ctx.kube.resync,
         None => Duration::from_secs(30),
     }))
+}
+
+/// What this reconcile serves: the spec's revision loaded (or the last
+/// activated one restored when it fails with nothing serving after a
+/// restart: the second value is the spec's failure then), or a canary
+/// serving part of the objects (`spec.rollout`: the third value, its
+/// `UpToDate` reason and message and when to look again).
+async fn activate(
+    plugin: &Plugin,
+    ctx: &Context,
+    granted: Result<(Grants, String), Failure>,
+    fingerprint: Option<String>,
+    status: &mut capstan_api::PluginStatus,
+) -> (
+    Result<Option<Loaded>, Failure>,
+    Option<Failure>,
+    Option<(&'static str, String, Duration)>,
+) {
+    let name = plugin.name_any();
+    let generation = plugin.metadata.generation.unwrap_or(0);
+    let (g, _) = match granted {
+        Ok(granted) => granted,
+        Err(f) => {
+            canary::drop_canary(ctx, &name);
+            return (Err(f), None, None);
+        }
+    };
+    let fingerprint = fingerprint.unwrap_or_default();
+    let at = (name.as_str(), generation);
+    match canary::reconcile(plugin, ctx, at, g.clone(), fingerprint.clone(), status).await {
+        Ok(canary::Trial::NotNeeded) => {
+            let (outcome, restored) =
+                load_or_restore(plugin, ctx, &name, generation, g, fingerprint).await;
+            (outcome, restored, None)
+        }
+        Ok(canary::Trial::Promoted(loaded)) => (Ok(Some(*loaded)), None, None),
+        Ok(canary::Trial::Serving {
+            reason,
+            message,
+            requeue,
+        }) => (Ok(None), None, Some((reason, message, requeue))),
+        Err(f) => (Err(f), None, None),
+    }
 }
 
 /// [`load`] the spec's revision; when it fails and nothing serves (a

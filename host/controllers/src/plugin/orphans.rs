@@ -20,6 +20,43 @@ const MAX_CONFIGS: usize = 5;
 /// Orphans named in the status, at most.
 const MAX_SHOWN: usize = 50;
 
+/// Every instance the provider lists for the machines' configs, or what
+/// stopped the listing (then the set is partial and says nothing).
+async fn list_instances(
+    ctx: &Context,
+    name: &str,
+    provider: &dyn capstan_kit::MachineProvider,
+    configs: &BTreeSet<String>,
+) -> (BTreeSet<String>, Option<String>) {
+    let mut listed = BTreeSet::new();
+    let mut problem = None;
+    for config in configs {
+        let labels = (name, "stable");
+        let answer = timed_as(
+            &ctx.kube.metrics,
+            labels,
+            "list-instances",
+            provider.list_instances(config),
+        )
+        .await;
+        match answer {
+            Ok(Some(instances)) => listed.extend(instances.into_iter().map(|s| s.provider_id)),
+            Ok(None) => {
+                problem = Some(
+                    "the plugin does not list its instances (list-instances answered none)"
+                        .to_string(),
+                );
+                break;
+            }
+            Err(e) => {
+                problem = Some(format!("list-instances failed: {e}"));
+                break;
+            }
+        }
+    }
+    (listed, problem)
+}
+
 /// Scan again if the last scan is an interval old, and record what two scans
 /// in a row found (the status only when that changed).
 pub(super) async fn scan(plugin: &Plugin, ctx: &Context, status: &mut PluginStatus) {
@@ -50,32 +87,8 @@ pub(super) async fn scan(plugin: &Plugin, ctx: &Context, status: &mut PluginStat
         status.orphans = None;
         return;
     }
-    let mut listed = BTreeSet::new();
-    let mut problem = None;
-    for config in &configs {
-        let labels = (name.as_str(), "stable");
-        let answer = timed_as(
-            &ctx.kube.metrics,
-            labels,
-            "list-instances",
-            registered.provider.list_instances(config),
-        )
-        .await;
-        match answer {
-            Ok(Some(instances)) => listed.extend(instances.into_iter().map(|s| s.provider_id)),
-            Ok(None) => {
-                problem = Some(
-                    "the plugin does not list its instances (list-instances answered none)"
-                        .to_string(),
-                );
-                break;
-            }
-            Err(e) => {
-                problem = Some(format!("list-instances failed: {e}"));
-                break;
-            }
-        }
-    }
+    let (listed, problem) =
+        list_instances(ctx, &name, registered.provider.as_ref(), &configs).await;
     let unowned: BTreeSet<String> = listed
         .into_iter()
         .filter(|id| ctx.kube.stores.machine_ids.machines(id).is_empty())

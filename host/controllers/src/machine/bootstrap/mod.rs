@@ -315,30 +315,7 @@ async fn rendered_data(
     bootstrap.counts.record("render", &rendered);
     let rendered = match rendered {
         Ok(data) => data,
-        Err(ProviderError::InvalidConfig(m)) => {
-            return failed(
-                "InvalidBootstrapConfig",
-                format!("spec.bootstrap.config: {m}"),
-            );
-        }
-        Err(ProviderError::Transient {
-            message,
-            retry_after,
-        }) => {
-            return retry("BootstrapRetrying", message, retry_after.as_millis() as u64);
-        }
-        Err(ProviderError::Fault(m)) => return retry("BootstrapPluginFault", m, 30_000),
-        Err(ProviderError::Quota {
-            message,
-            retry_after,
-        }) => {
-            return retry(
-                "PluginQuotaExceeded",
-                message,
-                retry_after.as_millis() as u64,
-            );
-        }
-        Err(other) => return failed("BootstrapFailed", other.to_string()),
+        Err(e) => return render_failed(e),
     };
     if let Err(message) = check_size(rendered.value.len()) {
         return failed("BootstrapDataTooLarge", message);
@@ -355,7 +332,56 @@ async fn rendered_data(
         format: rendered.format,
         value,
     };
-    let secret = Secret {
+    let secret = data_secret(machine, name, &data);
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            ctx.kube.metrics.wrote("machine", "bootstrap_data");
+            (Bootstrap::Ready, Some(data))
+        }
+        // Another pass (or a restart) wrote it first: use what it wrote.
+        Err(kube::Error::Api(s)) if s.code == 409 => match secrets.get_opt(name).await {
+            Ok(Some(secret)) => existing(&secret, &uid, name),
+            Ok(None) => retry(
+                "BootstrapRetrying",
+                format!("Secret {name} vanished"),
+                1_000,
+            ),
+            Err(e) => secret_retry(&namespace, &format!("reading Secret {name}"), &e),
+        },
+        Err(e) => secret_retry(&namespace, &format!("creating Secret {name}"), &e),
+    }
+}
+
+/// Why a render failed, as the machine's bootstrap state: a bad config
+/// fails the machine; the plugin's transient errors, faults and the
+/// host's quota are retried.
+fn render_failed(error: ProviderError) -> (Bootstrap, Option<BootstrapData>) {
+    match error {
+        ProviderError::InvalidConfig(m) => failed(
+            "InvalidBootstrapConfig",
+            format!("spec.bootstrap.config: {m}"),
+        ),
+        ProviderError::Transient {
+            message,
+            retry_after,
+        } => retry("BootstrapRetrying", message, retry_after.as_millis() as u64),
+        ProviderError::Fault(m) => retry("BootstrapPluginFault", m, 30_000),
+        ProviderError::Quota {
+            message,
+            retry_after,
+        } => retry(
+            "PluginQuotaExceeded",
+            message,
+            retry_after.as_millis() as u64,
+        ),
+        other => failed("BootstrapFailed", other.to_string()),
+    }
+}
+
+/// The machine's data Secret `name`: owned by the Machine, labelled with
+/// its cluster, holding the data and its format.
+fn data_secret(machine: &Machine, name: &str, data: &BootstrapData) -> Secret {
+    Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.to_string()),
             namespace: machine.namespace(),
@@ -376,23 +402,6 @@ async fn rendered_data(
             ),
         ])),
         ..Default::default()
-    };
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => {
-            ctx.kube.metrics.wrote("machine", "bootstrap_data");
-            (Bootstrap::Ready, Some(data))
-        }
-        // Another pass (or a restart) wrote it first: use what it wrote.
-        Err(kube::Error::Api(s)) if s.code == 409 => match secrets.get_opt(name).await {
-            Ok(Some(secret)) => existing(&secret, &uid, name),
-            Ok(None) => retry(
-                "BootstrapRetrying",
-                format!("Secret {name} vanished"),
-                1_000,
-            ),
-            Err(e) => secret_retry(&namespace, &format!("reading Secret {name}"), &e),
-        },
-        Err(e) => secret_retry(&namespace, &format!("creating Secret {name}"), &e),
     }
 }
 
