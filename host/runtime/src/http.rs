@@ -364,11 +364,14 @@ struct Forwarding {
 /// sent and its answer recorded.
 enum Taped {
     Replayed(http::Response<WasiBody>),
-    Recording(
-        http::Request<WasiBody>,
-        (crate::tape::CallTape, crate::tape::TapedRequest),
-    ),
+    Recording(Box<(http::Request<WasiBody>, Recording)>),
 }
+
+/// The cassette a request is recorded to, and the request as kept there.
+type Recording = (crate::tape::CallTape, crate::tape::TapedRequest);
+
+/// What the plugin sent, as a cassette keeps it: method, URL, headers.
+type TapedHead = (String, String, Vec<(String, String)>);
 
 impl Forwarding {
     fn told(&self, result: crate::Outbound) {
@@ -392,17 +395,15 @@ impl Forwarding {
         mut request: http::Request<WasiBody>,
         authority: String,
         credential: Option<Credential>,
-        taped: Option<(
-            crate::tape::CallTape,
-            (String, String, Vec<(String, String)>),
-        )>,
+        taped: Option<(crate::tape::CallTape, TapedHead)>,
         slot: InFlight,
     ) -> Answer {
         let mut recording = None;
         if let Some((tape, head)) = taped {
             match self.replay_or_keep(tape, head, request).await? {
                 Taped::Replayed(answer) => return Ok((answer, body_done())),
-                Taped::Recording(kept, record) => {
+                Taped::Recording(kept) => {
+                    let (kept, record) = *kept;
                     request = kept;
                     recording = Some(record);
                 }
@@ -454,7 +455,7 @@ impl Forwarding {
     async fn replay_or_keep(
         &self,
         tape: crate::tape::CallTape,
-        (method, url, head): (String, String, Vec<(String, String)>),
+        (method, url, head): TapedHead,
         request: http::Request<WasiBody>,
     ) -> Result<Taped, HttpError> {
         let (parts, body) = request.into_parts();
@@ -468,7 +469,7 @@ impl Forwarding {
         };
         if !matches!(tape.mode(), crate::tape::TapeMode::Replay { .. }) {
             let request = http::Request::from_parts(parts, full_body(bytes));
-            return Ok(Taped::Recording(request, (tape, sent)));
+            return Ok(Taped::Recording(Box::new((request, (tape, sent)))));
         }
         match tape.take(&sent) {
             Ok(answer) => {
