@@ -342,13 +342,21 @@ fn project(
             .map(|(p, c)| (p.to_string(), c.to_string())),
     );
     let stem = name.replace('-', "_");
-    let sdk = sdk.display();
-    let wit = wit.display();
+    let (sdk, wit) = (sdk.display().to_string(), wit.display().to_string());
     match lang {
-        Lang::Rust => files.push((
-            "Cargo.toml".into(),
-            format!(
-                r#"[package]
+        Lang::Rust => files.push(rust_cargo_toml(name, &sdk)),
+        Lang::Python => files.extend(python_scripts(&stem, world, &sdk, &wit)),
+        Lang::Js => files.extend(js_build_files(sample, name, &stem, world, &sdk, &wit)),
+    }
+    files
+}
+
+/// A Rust plugin's `Cargo.toml`: a workspace of its own, the SDK by path.
+fn rust_cargo_toml(name: &str, sdk: &str) -> (String, String) {
+    (
+        "Cargo.toml".into(),
+        format!(
+            r#"[package]
 name = "{name}"
 version = "0.1.0"
 edition = "2024"
@@ -370,18 +378,23 @@ serde_json = "1"
 # A project of its own, wherever it is created.
 [workspace]
 "#
-            ),
-        )),
-        Lang::Python => {
-            let world = match world {
-                WorldArg::Provider => "provider-http-plugin",
-                WorldArg::Updater => "updater-http-plugin",
-                WorldArg::Addon => "addon-plugin",
-            };
-            files.push((
-                "build.sh".into(),
-                format!(
-                    r#"#!/usr/bin/env bash
+        ),
+    )
+}
+
+/// A Python plugin's `build.sh` (componentize-py, then `capstan plugin
+/// annotate`) and `test.sh` (its tests on CPython against the bindings).
+fn python_scripts(stem: &str, world: WorldArg, sdk: &str, wit: &str) -> Vec<(String, String)> {
+    let mut files = vec![];
+    let world = match world {
+        WorldArg::Provider => "provider-http-plugin",
+        WorldArg::Updater => "updater-http-plugin",
+        WorldArg::Addon => "addon-plugin",
+    };
+    files.push((
+            "build.sh".into(),
+            format!(
+                r#"#!/usr/bin/env bash
 # Build {stem}.wasm: componentize-py for the `{world}` world, then embed
 # capstan-plugin.json with `capstan plugin annotate`.
 # Needs componentize-py 0.25.1 (`pip install componentize-py==0.25.1`) and capstan.
@@ -392,12 +405,12 @@ WIT="${{CAPSTAN_WIT:-{wit}}}"
 "${{COMPONENTIZE_PY:-componentize-py}}" -d "$WIT" -w {world} componentize app -p . -p "$SDK/python" -o {stem}.component.wasm
 "${{CAPSTAN:-capstan}}" plugin annotate {stem}.component.wasm -m capstan-plugin.json -o {stem}.wasm
 "#
-                ),
-            ));
-            files.push((
-                "test.sh".into(),
-                format!(
-                    r#"#!/usr/bin/env bash
+            ),
+        ));
+    files.push((
+            "test.sh".into(),
+            format!(
+                r#"#!/usr/bin/env bash
 # Run test_*.py on CPython against the bindings componentize-py generates.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -408,15 +421,27 @@ trap 'rm -rf "$bindings"' EXIT
 "${{COMPONENTIZE_PY:-componentize-py}}" -d "$WIT" -w {world} bindings "$bindings" >/dev/null
 PYTHONPATH="$bindings:$SDK/python:." PYTHONDONTWRITEBYTECODE=1 "${{PYTHON:-python3}}" -m unittest discover -s .
 "#
-                ),
-            ));
-        }
-        Lang::Js => {
-            let entry = sample.files.first().map(|(p, _)| *p).unwrap_or("index.js");
-            files.push((
-                "package.json".into(),
-                format!(
-                    r#"{{
+            ),
+        ));
+    files
+}
+
+/// A JavaScript plugin's `package.json`, rolldown config and `build.sh`
+/// (bundle, componentize-js, then `capstan plugin annotate`).
+fn js_build_files(
+    sample: &Sample,
+    name: &str,
+    stem: &str,
+    world: WorldArg,
+    sdk: &str,
+    wit: &str,
+) -> Vec<(String, String)> {
+    let mut files = vec![];
+    let entry = sample.files.first().map(|(p, _)| *p).unwrap_or("index.js");
+    files.push((
+        "package.json".into(),
+        format!(
+            r#"{{
   "name": "{name}",
   "version": "0.1.0",
   "private": true,
@@ -435,12 +460,12 @@ PYTHONPATH="$bindings:$SDK/python:." PYTHONDONTWRITEBYTECODE=1 "${{PYTHON:-pytho
   }}
 }}
 "#
-                ),
-            ));
-            files.push((
-                "rolldown.config.mjs".into(),
-                format!(
-                    r#"// One module for componentize-js: the plugin and the SDK bundled, WIT
+        ),
+    ));
+    files.push((
+        "rolldown.config.mjs".into(),
+        format!(
+            r#"// One module for componentize-js: the plugin and the SDK bundled, WIT
 // imports (`capstan:plugin/log@0.1.0`) left as imports.
 export default {{
   input: '{entry}',
@@ -448,12 +473,12 @@ export default {{
   output: {{ file: 'bundle.js', format: 'esm' }},
 }};
 "#
-                ),
-            ));
-            files.push((
-                "build.sh".into(),
-                format!(
-                    r#"#!/usr/bin/env bash
+        ),
+    ));
+    files.push((
+            "build.sh".into(),
+            format!(
+                r#"#!/usr/bin/env bash
 # Build {stem}.wasm: bundle with rolldown, componentize-js for the
 # `{world}-plugin` world, then embed capstan-plugin.json with
 # `capstan plugin annotate`. Run `npm install` first.
@@ -464,11 +489,9 @@ WIT="${{CAPSTAN_WIT:-{wit}}}"
 ./node_modules/.bin/componentize-js bundle.js --wit "$WIT" --world-name {world}-plugin -o {stem}.component.wasm
 "${{CAPSTAN:-capstan}}" plugin annotate {stem}.component.wasm -m capstan-plugin.json -o {stem}.wasm
 "#,
-                    world = world_name(world)
-                ),
-            ));
-        }
-    }
+                world = world_name(world)
+            ),
+        ));
     files
 }
 

@@ -16,30 +16,64 @@ use capstan_runtime::{AddonPlugin, Error};
 
 /// Run every addon check against `addon` with `config` (JSON object text).
 pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
-    let mut checks = Vec::new();
-    let mut record = |name: String, outcome: Outcome| checks.push(Check { name, outcome });
-    let plugin = addon.plugin();
-    let declared = plugin.manifest().capabilities.objects.clone();
-    let spec = |version: &str| AddonSpec {
-        name: "conformance".into(),
-        namespace: "default".into(),
-        version: Some(version.to_string()),
-        channel: None,
-        config: config.to_string(),
-        kubernetes_version: None,
-    };
-
+    let mut checks = Checks::default();
     let versions = match addon.versions().await {
         Ok(v) => v,
         Err(e) => {
-            record("versions answers".into(), Outcome::Fail(brief(&e)));
-            return report(addon, checks);
+            checks.record("versions answers".into(), Outcome::Fail(brief(&e)));
+            return report(addon, checks.0);
         }
     };
     let known: Vec<(String, Vec<String>)> = versions
         .iter()
         .map(|v| (v.version.clone(), v.channels.clone()))
         .collect();
+    version_checks(addon, &versions, &known, &mut checks).await;
+    let mut unique: Vec<String> = known.iter().map(|(v, _)| v.clone()).collect();
+    unique.dedup();
+    let sample = render_checks(addon, config, &unique, &mut checks).await;
+    if let Some(version) = unique.first() {
+        checks.record(
+            "config text is checked, never pasted into rendered text".into(),
+            injection(addon, config, version).await,
+        );
+    }
+    channel_checks(&known, &mut checks);
+    assess_checks(addon, config, &unique, sample, &mut checks).await;
+    report(addon, checks.0)
+}
+
+/// The checks so far, in order.
+#[derive(Default)]
+struct Checks(Vec<Check>);
+
+impl Checks {
+    fn record(&mut self, name: String, outcome: Outcome) {
+        self.0.push(Check { name, outcome });
+    }
+}
+
+/// The Addon the checks render and assess, at `version`.
+fn spec(config: &str, version: &str) -> AddonSpec {
+    AddonSpec {
+        name: "conformance".into(),
+        namespace: "default".into(),
+        version: Some(version.to_string()),
+        channel: None,
+        config: config.to_string(),
+        kubernetes_version: None,
+    }
+}
+
+/// `versions`: each version once, the same answer twice, and every
+/// Kubernetes range a semantic-version requirement.
+async fn version_checks(
+    addon: &AddonPlugin,
+    versions: &[capstan_runtime::types::VersionInfo],
+    known: &[(String, Vec<String>)],
+    checks: &mut Checks,
+) {
+    let mut record = |name: String, outcome: Outcome| checks.record(name, outcome);
     let mut names: Vec<&str> = known.iter().map(|(v, _)| v.as_str()).collect();
     names.sort();
     let repeated: Vec<&str> = names
@@ -93,12 +127,21 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
             ))
         },
     );
+}
 
-    let mut unique: Vec<String> = known.iter().map(|(v, _)| v.clone()).collect();
-    unique.dedup();
+/// Each version renders valid, distinct objects within the declared
+/// kinds, the same twice; returns the first render (for `assess`).
+async fn render_checks(
+    addon: &AddonPlugin,
+    config: &str,
+    unique: &[String],
+    checks: &mut Checks,
+) -> Vec<String> {
+    let declared = addon.plugin().manifest().capabilities.objects.clone();
+    let mut record = |name: String, outcome: Outcome| checks.record(name, outcome);
     let mut sample = Vec::new();
-    for version in &unique {
-        let first = addon.render(&spec(version)).await;
+    for version in unique {
+        let first = addon.render(&spec(config, version)).await;
         let rendered = match first {
             Ok(r) => r,
             Err(e) => {
@@ -142,7 +185,7 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
         }
         record(
             format!("render {version} is deterministic"),
-            match addon.render(&spec(version)).await {
+            match addon.render(&spec(config, version)).await {
                 Ok(again) if again == rendered => Outcome::Pass,
                 Ok(again) => Outcome::Fail(first_difference(&rendered, &again)),
                 Err(e) => Outcome::Fail(format!("the second render failed: {}", brief(&e))),
@@ -153,22 +196,20 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
         }
     }
 
-    if let Some(version) = unique.first() {
-        record(
-            "config text is checked, never pasted into rendered text".into(),
-            injection(addon, config, version).await,
-        );
-    }
+    sample
+}
 
+/// Every channel resolves to a version.
+fn channel_checks(known: &[(String, Vec<String>)], checks: &mut Checks) {
     let mut channels: Vec<String> = known.iter().flat_map(|(_, c)| c.clone()).collect();
     channels.sort();
     channels.dedup();
     let unresolved: Vec<String> = channels
         .iter()
-        .filter(|c| capstan_addons::resolve_version(None, Some(c), &known).is_err())
+        .filter(|c| capstan_addons::resolve_version(None, Some(c), known).is_err())
         .cloned()
         .collect();
-    record(
+    checks.record(
         "every channel resolves to a version".into(),
         if unresolved.is_empty() {
             Outcome::Pass
@@ -176,11 +217,22 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
             Outcome::Fail(format!("unresolved: {}", unresolved.join(", ")))
         },
     );
+}
 
+/// A version it does not list is a typed error, and `assess` answers for
+/// nothing, the rendered objects and garbage.
+async fn assess_checks(
+    addon: &AddonPlugin,
+    config: &str,
+    unique: &[String],
+    sample: Vec<String>,
+    checks: &mut Checks,
+) {
+    let mut record = |name: String, outcome: Outcome| checks.record(name, outcome);
     let unknown = "0.0.0-capstan-conformance";
     record(
         "a version it does not list is a typed error".into(),
-        match addon.render(&spec(unknown)).await {
+        match addon.render(&spec(config, unknown)).await {
             Err(Error::Plugin { .. }) => Outcome::Pass,
             Ok(objects) => Outcome::Fail(format!(
                 "rendered {} objects for version {unknown}, which it does not list",
@@ -202,13 +254,12 @@ pub async fn run_addon(addon: &AddonPlugin, config: &str) -> Report {
     ] {
         record(
             format!("assess answers for {what}"),
-            match addon.assess(&spec(&version), &observed).await {
+            match addon.assess(&spec(config, &version), &observed).await {
                 Ok(_) | Err(Error::Plugin { .. }) => Outcome::Pass,
                 Err(e) => Outcome::Fail(brief(&e)),
             },
         );
     }
-    report(addon, checks)
 }
 
 /// A config value with newlines, braces and quotes: a plugin that pastes

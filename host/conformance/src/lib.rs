@@ -285,28 +285,8 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
     let bootstrap = provider
         .takes_bootstrap_data()
         .then(|| conformance_bootstrap_data(&machine));
-    let first = run
-        .retrying("create", || provider.create(&machine, bootstrap.as_ref()))
-        .await;
-    let first_id = match first {
-        Ok(status) if !status.provider_id.is_empty() => {
-            run.record("create returns a provider ID", Outcome::Pass);
-            created.push(status.provider_id.clone());
-            Some(status.provider_id)
-        }
-        Ok(_) => {
-            run.record(
-                "create returns a provider ID",
-                Outcome::Fail("the provider ID is empty".into()),
-            );
-            None
-        }
-        Err(e) => {
-            run.record("create returns a provider ID", Outcome::Fail(brief(&e)));
-            None
-        }
-    };
-    let Some(first_id) = first_id else {
+    let Some(first_id) = create_checks(&mut run, &machine, bootstrap.as_ref(), &mut created).await
+    else {
         return finish(
             run,
             plugin,
@@ -314,24 +294,6 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
             "create failed, so the remaining checks cannot run",
         );
     };
-
-    let second = run
-        .retrying("create (repeat)", || {
-            provider.create(&machine, bootstrap.as_ref())
-        })
-        .await;
-    let outcome = match &second {
-        Ok(s) if s.provider_id == first_id => Outcome::Pass,
-        Ok(s) => {
-            created.push(s.provider_id.clone());
-            Outcome::Fail(format!(
-                "create is not idempotent: the second create for machine uid {} returned provider ID {}, the first returned {} (two instances now exist for one machine)",
-                machine.uid, s.provider_id, first_id
-            ))
-        }
-        Err(e) => Outcome::Fail(format!("the repeated create failed: {}", brief(e))),
-    };
-    run.record("create is idempotent for the same machine uid", outcome);
 
     // get, by provider ID, until running.
     machine.provider_id = Some(first_id.clone());
@@ -365,8 +327,75 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
         Err(e) => Outcome::Fail(brief(&e)),
     };
     run.record("delete is idempotent", outcome);
+    gone_checks(&mut run, &machine, &first_id, options).await;
+    capacity_check(&mut run, options).await;
+
+    // Clean up anything a failing plugin left behind (e.g. a duplicate).
+    for id in created.iter().filter(|id| **id != first_id) {
+        let mut extra = machine.clone();
+        extra.provider_id = Some(id.clone());
+        let _ = delete_until_done(&mut run, &extra).await;
+    }
+    finish(run, plugin, &machine, "")
+}
+
+/// `create` returns a provider ID, and the same one for the same machine
+/// uid again (a second instance is recorded in `created`, to be cleaned
+/// up). `None` when the first create failed.
+async fn create_checks(
+    run: &mut Run<'_>,
+    machine: &Machine,
+    bootstrap: Option<&BootstrapData>,
+    created: &mut Vec<String>,
+) -> Option<String> {
+    let provider = run.provider;
+    let first = run
+        .retrying("create", || provider.create(machine, bootstrap))
+        .await;
+    let first_id = match first {
+        Ok(status) if !status.provider_id.is_empty() => {
+            run.record("create returns a provider ID", Outcome::Pass);
+            created.push(status.provider_id.clone());
+            Some(status.provider_id)
+        }
+        Ok(_) => {
+            run.record(
+                "create returns a provider ID",
+                Outcome::Fail("the provider ID is empty".into()),
+            );
+            None
+        }
+        Err(e) => {
+            run.record("create returns a provider ID", Outcome::Fail(brief(&e)));
+            None
+        }
+    };
+    let first_id = first_id?;
+
+    let second = run
+        .retrying("create (repeat)", || provider.create(machine, bootstrap))
+        .await;
+    let outcome = match &second {
+        Ok(s) if s.provider_id == first_id => Outcome::Pass,
+        Ok(s) => {
+            created.push(s.provider_id.clone());
+            Outcome::Fail(format!(
+                "create is not idempotent: the second create for machine uid {} returned provider ID {}, the first returned {} (two instances now exist for one machine)",
+                machine.uid, s.provider_id, first_id
+            ))
+        }
+        Err(e) => Outcome::Fail(format!("the repeated create failed: {}", brief(e))),
+    };
+    run.record("create is idempotent for the same machine uid", outcome);
+    Some(first_id)
+}
+
+/// After `delete`: `get` is not-found, `find-instance` skips the instance
+/// and `list-instances` no longer shows it.
+async fn gone_checks(run: &mut Run<'_>, machine: &Machine, first_id: &str, options: &Options) {
+    let provider = run.provider;
     let after = run
-        .retrying("get after delete", || provider.get(&machine))
+        .retrying("get after delete", || provider.get(machine))
         .await;
     let outcome = match after {
         Err(Error::Plugin {
@@ -417,8 +446,12 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
         "list-instances no longer shows the deleted instance",
         outcome,
     );
+}
 
-    // What the cluster-autoscaler is told of a group at zero.
+/// What the cluster-autoscaler is told of a group at zero: some CPU and
+/// memory, or nothing.
+async fn capacity_check(run: &mut Run<'_>, options: &Options) {
+    let provider = run.provider;
     let capacity = run
         .retrying("capacity", || provider.capacity(&options.config))
         .await;
@@ -438,14 +471,6 @@ pub async fn run_provider(provider: &ProviderPlugin, options: &Options) -> Repor
         "capacity of the config is some CPU and memory, or none",
         outcome,
     );
-
-    // Clean up anything a failing plugin left behind (e.g. a duplicate).
-    for id in created.iter().filter(|id| **id != first_id) {
-        let mut extra = machine.clone();
-        extra.provider_id = Some(id.clone());
-        let _ = delete_until_done(&mut run, &extra).await;
-    }
-    finish(run, plugin, &machine, "")
 }
 
 /// The lookup a restored Machine relies on (`find-instance`, contract

@@ -111,24 +111,19 @@ pub async fn run_updater(
     )
 }
 
-async fn updater_checks(
+/// `can-update`: it claims only changed fields it declares, the same
+/// twice, and nothing when nothing changed. Returns what it claimed.
+async fn can_update_checks(
     run: &mut Run<'_>,
     updater: &UpdaterPlugin,
     current: &Machine,
-    options: &UpdaterOptions,
-) {
+    desired: &Machine,
+    changed: &[String],
+) -> Vec<String> {
     let declared: Vec<FieldPattern> = updater.plugin().manifest().update_fields.clone();
-    let mut desired = current.clone();
-    desired.version = Some(options.desired_version.clone());
-    if let Some(config) = &options.desired_config {
-        desired.provider_config = config.clone();
-    }
-    let changed = changed(current, &desired);
-
-    // can-update: only changed fields it declared, the same twice.
     let first = run
         .retrying("can-update", || {
-            updater.can_update(current, &desired, &changed)
+            updater.can_update(current, desired, changed)
         })
         .await;
     let claimed = match &first {
@@ -158,7 +153,7 @@ async fn updater_checks(
     };
     let second = run
         .retrying("can-update (repeat)", || {
-            updater.can_update(current, &desired, &changed)
+            updater.can_update(current, desired, changed)
         })
         .await;
     let outcome = match (&first, &second) {
@@ -179,6 +174,57 @@ async fn updater_checks(
         Err(e) => Outcome::Fail(brief(&e)),
     };
     run.record("can-update claims nothing when nothing changed", outcome);
+    claimed
+}
+
+/// After `done`, `update` answers `done` again, twice (re-entrant and
+/// idempotent).
+async fn done_stays_done(
+    run: &mut Run<'_>,
+    updater: &UpdaterPlugin,
+    current: &Machine,
+    desired: &Machine,
+    claimed: &[String],
+) -> Outcome {
+    let mut outcome = Outcome::Pass;
+    for i in 0..2 {
+        match run
+            .retrying("update (after done)", || {
+                updater.update(current, desired, claimed)
+            })
+            .await
+        {
+            Ok(UpdateProgress::Done) => {}
+            Ok(other) => {
+                outcome = Outcome::Fail(format!(
+                    "call {} after done returned {other:?}: done must stay done (re-entrant, idempotent)",
+                    i + 1
+                ));
+                break;
+            }
+            Err(e) => {
+                outcome = Outcome::Fail(brief(&e));
+                break;
+            }
+        }
+    }
+    outcome
+}
+
+async fn updater_checks(
+    run: &mut Run<'_>,
+    updater: &UpdaterPlugin,
+    current: &Machine,
+    options: &UpdaterOptions,
+) {
+    let mut desired = current.clone();
+    desired.version = Some(options.desired_version.clone());
+    if let Some(config) = &options.desired_config {
+        desired.provider_config = config.clone();
+    }
+    let changed = changed(current, &desired);
+
+    let claimed = can_update_checks(run, updater, current, &desired, &changed).await;
 
     // update with nothing claimed changes nothing.
     let outcome = match run
@@ -204,28 +250,7 @@ async fn updater_checks(
         let (outcome, done) = update_until_done(run, updater, current, &desired, &claimed).await;
         run.record("update reaches done with monotonic progress", outcome);
         if done {
-            let mut outcome = Outcome::Pass;
-            for i in 0..2 {
-                match run
-                    .retrying("update (after done)", || {
-                        updater.update(current, &desired, &claimed)
-                    })
-                    .await
-                {
-                    Ok(UpdateProgress::Done) => {}
-                    Ok(other) => {
-                        outcome = Outcome::Fail(format!(
-                            "call {} after done returned {other:?}: done must stay done (re-entrant, idempotent)",
-                            i + 1
-                        ));
-                        break;
-                    }
-                    Err(e) => {
-                        outcome = Outcome::Fail(brief(&e));
-                        break;
-                    }
-                }
-            }
+            let outcome = done_stays_done(run, updater, current, &desired, &claimed).await;
             run.record("done is stable when called again", outcome);
         }
     }
