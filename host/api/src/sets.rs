@@ -174,7 +174,7 @@ impl Renamed {
             .map(|r| format!("{} is deprecated: move it to {}", r.old, r.new))
             .collect();
         format!(
-            "{} (the v1beta1 names are accepted until the API leaves v1alpha1; see the README's conversion table)",
+            "{} (the v1beta1 names are accepted until the API leaves v1alpha1; see \"Coming from Cluster API\" in docs/concepts.md)",
             moves.join("; ")
         )
     }
