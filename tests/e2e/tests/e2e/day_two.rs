@@ -6,46 +6,19 @@
 //! shows a rollout's tree with its one unhealthy Machine, and the real
 //! `kubectl` finds and runs `kubectl capstan`.
 
-use crate::logs;
-use capstan_api::{MachineDeployment, MachineSet};
-use capstan_controllers::{Options, Providers};
+use crate::rollback::{faults, set_version, start};
+use capstan_api::MachineSet;
 use capstan_e2e::cli::capstan;
-use capstan_e2e::env::{Env, SIM_PLUGIN, sample_deployment};
-use capstan_e2e::install::controller_config;
+use capstan_e2e::env::Env;
 use capstan_e2e::sim_cloud::Faults;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use serde_json::{Value, json};
 use std::process::Output;
 use std::time::Duration;
 
 const NS: &str = "default";
 const LONG: Duration = Duration::from_secs(90);
-
-fn faults() -> Faults {
-    Faults {
-        boot_latency_ms: 200,
-        ..Default::default()
-    }
-}
-
-/// A rolled-out `md/pool` of `replicas` v1.30.0 machines (with this
-/// `spec.rollback`), the controllers running as the generated account.
-async fn start(replicas: i32, rollback: Option<Value>) -> Env {
-    logs();
-    let mut env = Env::start(faults()).await.expect("environment starts");
-    let config = controller_config(&env).await;
-    env.start_controllers_as(config, Providers::default(), Options::default())
-        .await;
-    let mut md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
-    md.spec.rollback = rollback.map(|r| serde_json::from_value(r).expect("a valid spec.rollback"));
-    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
-        .create(&PostParams::default(), &md)
-        .await
-        .expect("create md/pool");
-    env.wait_rolled_out(NS, "pool", LONG).await;
-    env
-}
 
 /// `capstan ARGS --kubeconfig …` against the env's control plane.
 fn run(env: &Env, args: &[&str]) -> Output {
@@ -74,17 +47,6 @@ fn succeeds(out: Output) -> String {
 fn fails(out: Output) -> String {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-async fn set_version(env: &Env, version: &str) {
-    Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
-        .patch(
-            "pool",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "spec": { "template": { "spec": { "version": version } } } })),
-        )
-        .await
-        .expect("patch md/pool");
 }
 
 /// Live machines: (name, version), sorted by name.

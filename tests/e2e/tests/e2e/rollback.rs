@@ -23,7 +23,7 @@ use std::time::Duration;
 const NS: &str = "default";
 const LONG: Duration = Duration::from_secs(90);
 
-fn faults() -> Faults {
+pub(crate) fn faults() -> Faults {
     Faults {
         boot_latency_ms: 200,
         ..Default::default()
@@ -33,14 +33,14 @@ fn faults() -> Faults {
 /// A rolled-out pool of `replicas` v1.30.0 machines with this
 /// `spec.rollback`, the controllers running as the generated
 /// ServiceAccount.
-async fn start(replicas: i32, rollback: Value) -> Env {
+pub(crate) async fn start(replicas: i32, rollback: Option<Value>) -> Env {
     logs();
     let mut env = Env::start(faults()).await.expect("environment starts");
     let config = controller_config(&env).await;
     env.start_controllers_as(config, Providers::default(), Options::default())
         .await;
     let mut md = sample_deployment("pool", SIM_PLUGIN, &env.cloud.url(), replicas, "v1.30.0");
-    md.spec.rollback = Some(serde_json::from_value(rollback).expect("a valid spec.rollback"));
+    md.spec.rollback = rollback.map(|r| serde_json::from_value(r).expect("a valid spec.rollback"));
     Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
         .create(&PostParams::default(), &md)
         .await
@@ -49,7 +49,7 @@ async fn start(replicas: i32, rollback: Value) -> Env {
     env
 }
 
-async fn set_version(env: &Env, version: &str) {
+pub(crate) async fn set_version(env: &Env, version: &str) {
     Api::<MachineDeployment>::namespaced(env.client.clone(), NS)
         .patch(
             "pool",
@@ -108,7 +108,7 @@ async fn remediated(env: &Env, version: &str) -> i32 {
 /// says why in `Progressing`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rollout_whose_new_machines_keep_failing_health_checks_rolls_back_once() {
-    let env = start(2, json!({ "remediatedMachines": 2 })).await;
+    let env = start(2, Some(json!({ "remediatedMachines": 2 }))).await;
     let before: Vec<String> = env
         .machines(NS)
         .await
@@ -212,7 +212,7 @@ async fn a_rollout_whose_new_machines_keep_failing_health_checks_rolls_back_once
 /// machine goes with its set, and the pool is whole on v1.30.0 again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rollout_without_progress_rolls_back_after_its_deadline() {
-    let env = start(1, json!({ "progressDeadlineSeconds": 6 })).await;
+    let env = start(1, Some(json!({ "progressDeadlineSeconds": 6 }))).await;
     env.cloud.set_faults(Faults {
         register_nodes: false,
         ..faults()
@@ -254,7 +254,7 @@ async fn a_rollout_without_progress_rolls_back_after_its_deadline() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_revision_whose_plugin_was_taken_off_the_namespace_is_not_restored() {
     use capstan_api::Plugin;
-    let env = start(1, json!({ "progressDeadlineSeconds": 4 })).await;
+    let env = start(1, Some(json!({ "progressDeadlineSeconds": 4 }))).await;
     env.create_plugin("sim-b", &capstan_e2e::plugin("sim_provider"))
         .await
         .expect("a second provider Plugin");
