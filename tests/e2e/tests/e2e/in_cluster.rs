@@ -341,10 +341,15 @@ fn compiles(c: &ControllerProcess, result: &str) -> f64 {
         .sum()
 }
 
+// Short enough for a quick takeover, long enough that a leader on a
+// loaded 2-core machine (the whole suite runs beside it) does not miss its
+// renewals: with a 4 s renew deadline a first leader once lost its Lease
+// before the test had started the standby.
+const LEASE_SECONDS: u64 = 8;
 const ELECTION: &[&str] = &[
     "--leader-elect",
-    "--leader-elect-lease-duration=6s",
-    "--leader-elect-renew-deadline=4s",
+    "--leader-elect-lease-duration=8s",
+    "--leader-elect-renew-deadline=6s",
     "--leader-elect-retry-period=1s",
     "--poll-interval=250ms",
 ];
@@ -407,12 +412,12 @@ async fn one_replica_leads_and_a_standby_takes_over() {
     assert!(ready.ready_replicas < 4, "killed mid-rollout");
     first.kill();
     let takeover = wait_leads(&mut second, LONG);
-    eprintln!("takeover after SIGKILL: {takeover:?} (lease duration 6 s)");
+    eprintln!("takeover after SIGKILL: {takeover:?} (lease duration {LEASE_SECONDS} s)");
     // Within the lease duration, give or take a retry period (1 s) and
     // the API round trips of a loaded machine.
     assert!(
-        takeover < Duration::from_secs(6 + 3),
-        "took {takeover:?}, lease duration 6 s"
+        takeover < Duration::from_secs(LEASE_SECONDS + 3),
+        "took {takeover:?}, lease duration {LEASE_SECONDS} s"
     );
     env.wait_rolled_out(NS, "pool", LONG).await;
     assert_eq!(
