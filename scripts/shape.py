@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The house's shape, as issue 65 measures it, over the product code
-(host/ and registry/; test modules, tests.rs files and tests/ folders
+(host/, registry/ and sdk/; test modules, tests.rs files and tests/ folders
 left out):
   - circles: two top-level modules of one crate that name each other
     (`crate::a` in b and `crate::b` in a, directly or around a loop);
@@ -16,7 +16,7 @@ FUNCTION_LIMIT, FILE_LIMIT = 120, 800
 if len(sys.argv) == 4 and sys.argv[1] == "--limits":
     FUNCTION_LIMIT, FILE_LIMIT = int(sys.argv[2]), int(sys.argv[3])
 os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ROOTS = ["host", "registry"]
+ROOTS = ["host", "registry", "sdk"]
 
 
 def product_files():
@@ -101,33 +101,75 @@ def circles():
     return found
 
 
+def depths(lines):
+    """The brace depth at the start and at the end of each line, read by a
+    small Rust lexer: comments, strings (raw ones and ones across lines
+    too) and char literals hold no braces."""
+    text = "\n".join(lines) + "\n"
+    starts, ends = [], []
+    depth, i, n = 0, 0, len(text)
+    line_start = 0
+
+    def skip_to(k):
+        nonlocal line_start
+        for _ in range(text.count("\n", i, k)):
+            starts.append(line_start)
+            ends.append(depth)
+            line_start = depth
+        return k
+
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            i = skip_to(i + 1)
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = skip_to(n if end < 0 else end + 2)
+        elif (m := re.match(r'b?r(#*)"', text[i:i + 40])) and (
+                i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            close = '"' + m.group(1)
+            end = text.find(close, i + m.end())
+            i = skip_to(n if end < 0 else end + len(close))
+        elif c == '"':
+            k = i + 1
+            while k < n and text[k] != '"':
+                k += 2 if text[k] == "\\" else 1
+            i = skip_to(k + 1)
+        elif c == "'" and (m := re.match(r"'(\\[^']*|[^'\\])'", text[i:i + 12])):
+            i += m.end()
+        else:
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+            i += 1
+    return starts, ends
+
+
 def long_functions():
     found = []
     start = re.compile(r"\s*(pub(\([^)]*\))?\s+)?(async\s+)?(const\s+)?(unsafe\s+)?fn\s+(\w+)")
     for path in product_files():
         lines = without_tests(open(path).read())
+        begin, end = depths(lines)
         i = 0
         while i < len(lines):
             m = start.match(lines[i])
             if not m:
                 i += 1
                 continue
-            depth, opened, j = 0, False, i
-            while j < len(lines):
-                code = re.sub(r"//.*", "", lines[j])
-                code = re.sub(r'"(\\.|[^"\\])*"', '""', code)
-                code = re.sub(r"'(\\.|[^'\\])'", "''", code)
-                for ch in code:
-                    if ch == "{":
-                        depth, opened = depth + 1, True
-                    elif ch == "}":
-                        depth -= 1
-                if (opened and depth == 0) or (not opened and code.rstrip().endswith(";")):
-                    break
+            j = i
+            while j < len(lines) and end[j] <= begin[i] and not lines[j].rstrip().endswith(";"):
                 j += 1
-            if opened and j - i + 1 > FUNCTION_LIMIT:
-                found.append(f"{path}:{i + 1}: fn {m.group(6)}: {j - i + 1} lines")
-            i = j + 1 if opened else i + 1
+            if j < len(lines) and end[j] > begin[i]:
+                while j < len(lines) and end[j] > begin[i]:
+                    j += 1
+                if j - i + 1 > FUNCTION_LIMIT:
+                    found.append(f"{path}:{i + 1}: fn {m.group(6)}: {j - i + 1} lines")
+            i = j + 1
     return found
 
 

@@ -238,11 +238,60 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 #[cfg(target_arch = "wasm32")]
 fn wasi_send(request: &Request) -> Result<Response, HttpError> {
-    use std::io::Write as _;
     use wasip2::http::outgoing_handler;
-    use wasip2::http::types::{
-        ErrorCode, Fields, IncomingBody, Method as WMethod, OutgoingBody, OutgoingRequest, Scheme,
+    use wasip2::http::types::{ErrorCode, OutgoingBody};
+
+    let out = outgoing_request(request)?;
+    let body = out
+        .body()
+        .map_err(|_| HttpError::Transport("request body already taken".into()))?;
+    let denied_or = |e: ErrorCode| match e {
+        ErrorCode::HttpRequestDenied => HttpError::Denied(format!(
+            "{} is not a destination this plugin may reach",
+            request.url
+        )),
+        other => HttpError::Transport(format!("{other:?}")),
     };
+    let future = outgoing_handler::handle(out, None).map_err(denied_or)?;
+    // A bodiless request (GET, DELETE) may already be on its way once
+    // `handle` returns; touching its body stream could then see `closed`.
+    if !request.body.is_empty() {
+        write_body(&body, &request.body)?;
+    }
+    OutgoingBody::finish(body, None)
+        .map_err(|e| HttpError::Transport(format!("finishing request body: {e:?}")))?;
+
+    // The response is hardly ever there yet: wait first, then take it (one
+    // host call fewer than asking first).
+    let response = loop {
+        future.subscribe().block();
+        match future.get() {
+            Some(Ok(Ok(r))) => break r,
+            Some(Ok(Err(e))) => return Err(denied_or(e)),
+            Some(Err(())) => return Err(HttpError::Transport("response already taken".into())),
+            None => {}
+        }
+    };
+    let status = response.status();
+    let headers = response
+        .headers()
+        .entries()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect();
+    let body = read_body(response)?;
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// The request as wasi:http takes it: headers (with the body framed by an
+/// exact `content-length`), method, scheme, authority and path.
+#[cfg(target_arch = "wasm32")]
+fn outgoing_request(request: &Request) -> Result<wasip2::http::types::OutgoingRequest, HttpError> {
+    use wasip2::http::types::{Fields, Method as WMethod, OutgoingRequest, Scheme};
 
     let parts = split_url(&request.url)?;
     let mut headers: Vec<(String, Vec<u8>)> = request
@@ -279,66 +328,44 @@ fn wasi_send(request: &Request) -> Result<Response, HttpError> {
         .map_err(|_| bad("authority"))?;
     out.set_path_with_query(Some(&parts.path_and_query))
         .map_err(|_| bad("path"))?;
+    Ok(out)
+}
 
-    let body = out
-        .body()
-        .map_err(|_| HttpError::Transport("request body already taken".into()))?;
-    let denied_or = |e: ErrorCode| match e {
-        ErrorCode::HttpRequestDenied => HttpError::Denied(format!(
-            "{} is not a destination this plugin may reach",
-            request.url
-        )),
-        other => HttpError::Transport(format!("{other:?}")),
+/// Write the whole request body. Once the host has read `content-length`
+/// bytes it may close the stream: `closed` on the final flush means
+/// everything was delivered.
+#[cfg(target_arch = "wasm32")]
+fn write_body(body: &wasip2::http::types::OutgoingBody, bytes: &[u8]) -> Result<(), HttpError> {
+    use std::io::Write as _;
+    use wasip2::io::streams::StreamError;
+
+    let mut stream = body
+        .write()
+        .map_err(|_| HttpError::Transport("request body stream unavailable".into()))?;
+    let flushed = if bytes.len() <= MAX_WRITE_AND_FLUSH_BYTES {
+        // One host call instead of check-write, write and flush.
+        stream.blocking_write_and_flush(bytes)
+    } else {
+        stream
+            .write_all(bytes)
+            .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
+        stream.blocking_flush()
     };
-    let future = outgoing_handler::handle(out, None).map_err(denied_or)?;
-    // A bodiless request (GET, DELETE) may already be on its way once
-    // `handle` returns; touching its body stream could then see `closed`.
-    if !request.body.is_empty() {
-        let mut stream = body
-            .write()
-            .map_err(|_| HttpError::Transport("request body stream unavailable".into()))?;
-        // Once the host has read `content-length` bytes it may close the
-        // stream: `closed` on the final flush means everything was delivered.
-        let flushed = if request.body.len() <= MAX_WRITE_AND_FLUSH_BYTES {
-            // One host call instead of check-write, write and flush.
-            stream.blocking_write_and_flush(&request.body)
-        } else {
-            stream
-                .write_all(&request.body)
-                .map_err(|e| HttpError::Transport(format!("writing request body: {e}")))?;
-            stream.blocking_flush()
-        };
-        match flushed {
-            Ok(()) | Err(wasip2::io::streams::StreamError::Closed) => {}
-            Err(wasip2::io::streams::StreamError::LastOperationFailed(e)) => {
-                return Err(HttpError::Transport(format!(
-                    "writing request body: {}",
-                    e.to_debug_string()
-                )));
-            }
-        }
+    match flushed {
+        Ok(()) | Err(StreamError::Closed) => Ok(()),
+        Err(StreamError::LastOperationFailed(e)) => Err(HttpError::Transport(format!(
+            "writing request body: {}",
+            e.to_debug_string()
+        ))),
     }
-    OutgoingBody::finish(body, None)
-        .map_err(|e| HttpError::Transport(format!("finishing request body: {e:?}")))?;
+}
 
-    // The response is hardly ever there yet: wait first, then take it (one
-    // host call fewer than asking first).
-    let response = loop {
-        future.subscribe().block();
-        match future.get() {
-            Some(Ok(Ok(r))) => break r,
-            Some(Ok(Err(e))) => return Err(denied_or(e)),
-            Some(Err(())) => return Err(HttpError::Transport("response already taken".into())),
-            None => {}
-        }
-    };
-    let status = response.status();
-    let headers = response
-        .headers()
-        .entries()
-        .into_iter()
-        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
-        .collect();
+/// The response body, at most [`MAX_RESPONSE_BYTES`].
+#[cfg(target_arch = "wasm32")]
+fn read_body(response: wasip2::http::types::IncomingResponse) -> Result<Vec<u8>, HttpError> {
+    use wasip2::http::types::IncomingBody;
+    use wasip2::io::streams::StreamError;
+
     let incoming = response
         .consume()
         .map_err(|_| HttpError::Transport("response body already taken".into()))?;
@@ -353,8 +380,8 @@ fn wasi_send(request: &Request) -> Result<Response, HttpError> {
             let room = (MAX_RESPONSE_BYTES + 1 - body.len()).min(READ_CHUNK_BYTES);
             match stream.blocking_read(room as u64) {
                 Ok(chunk) => body.extend_from_slice(&chunk),
-                Err(wasip2::io::streams::StreamError::Closed) => break,
-                Err(wasip2::io::streams::StreamError::LastOperationFailed(e)) => {
+                Err(StreamError::Closed) => break,
+                Err(StreamError::LastOperationFailed(e)) => {
                     return Err(HttpError::Transport(format!(
                         "reading response body: {}",
                         e.to_debug_string()
@@ -372,11 +399,7 @@ fn wasi_send(request: &Request) -> Result<Response, HttpError> {
             "response body exceeds {MAX_RESPONSE_BYTES} bytes"
         )));
     }
-    Ok(Response {
-        status,
-        headers,
-        body,
-    })
+    Ok(body)
 }
 
 #[cfg(test)]

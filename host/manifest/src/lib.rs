@@ -282,10 +282,14 @@ impl PluginManifest {
 
     /// Check field contents beyond what the JSON shape says.
     pub fn validate(&self) -> Result<(), ManifestError> {
-        let invalid = |field: &str, reason: String| ManifestError::Invalid {
-            field: field.to_string(),
-            reason,
-        };
+        self.check_identity()?;
+        self.check_world_fields()?;
+        self.check_world_declarations()?;
+        self.check_http()
+    }
+
+    /// The name, the versions, and the contract this host implements.
+    fn check_identity(&self) -> Result<(), ManifestError> {
         if self.name.is_empty()
             || self.name.len() > 63
             || !self
@@ -333,6 +337,12 @@ impl PluginManifest {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The fields only one world declares: an updater's fields and
+    /// progress deadline, a provider's ID prefix.
+    fn check_world_fields(&self) -> Result<(), ManifestError> {
         match (self.world, self.update_fields.is_empty()) {
             (World::Updater, true) => {
                 return Err(invalid(
@@ -390,6 +400,11 @@ impl PluginManifest {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// A provider's settings, an updater's disruption, an addon's kinds.
+    fn check_world_declarations(&self) -> Result<(), ManifestError> {
         if !self.settings.is_empty() && self.world != World::Provider {
             return Err(invalid(
                 "settings",
@@ -451,6 +466,12 @@ impl PluginManifest {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// The HTTP declarations: credential slot names, and no two
+    /// overlapping destinations with different slots.
+    fn check_http(&self) -> Result<(), ManifestError> {
         for (i, cap) in self.capabilities.http.iter().enumerate() {
             if let Some(slot) = &cap.credential
                 && (slot.is_empty()
@@ -490,6 +511,14 @@ impl PluginManifest {
             .http
             .iter()
             .filter_map(|c| c.credential.as_deref())
+    }
+}
+
+/// A field of the manifest that is wrong, and why.
+fn invalid(field: &str, reason: String) -> ManifestError {
+    ManifestError::Invalid {
+        field: field.to_string(),
+        reason,
     }
 }
 
