@@ -57,19 +57,9 @@ pub enum Color {
 
 /// `describe`.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (kind, name) = parse_reference(
-        &args.object,
-        None,
-        &[
-            Kind::MachineDeployment,
-            Kind::MachineSet,
-            Kind::Machine,
-            Kind::Addon,
-        ],
-    )?;
+    let (kind, name) = parse_reference(&args.object, None, &crate::connect::DESCRIBABLE)?;
     let (client, namespace) = args.connection.connect().await?;
     let now = Timestamp::now();
-    let missing = || anyhow!("{}/{name} not found in namespace {namespace}", kind.noun());
     let machines = || async {
         anyhow::Ok(
             Api::<Machine>::namespaced(client.clone(), &namespace)
@@ -80,10 +70,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let (tree, uids) = match kind {
         Kind::MachineDeployment => {
-            let md = Api::<MachineDeployment>::namespaced(client.clone(), &namespace)
-                .get_opt(&name)
-                .await?
-                .ok_or_else(missing)?;
+            let md: MachineDeployment = named(&client, &namespace, &name, kind).await?;
             let sets = Api::<MachineSet>::namespaced(client.clone(), &namespace)
                 .list(&ListParams::default())
                 .await?
@@ -101,10 +88,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             )
         }
         Kind::MachineSet => {
-            let ms = Api::<MachineSet>::namespaced(client.clone(), &namespace)
-                .get_opt(&name)
-                .await?
-                .ok_or_else(missing)?;
+            let ms: MachineSet = named(&client, &namespace, &name, kind).await?;
             let machines = machines().await?;
             let row = tree::set_row(&ms, &machines, args.grouping, now);
             (
@@ -117,17 +101,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             )
         }
         Kind::Machine => {
-            let m = Api::<Machine>::namespaced(client.clone(), &namespace)
-                .get_opt(&name)
-                .await?
-                .ok_or_else(missing)?;
+            let m: Machine = named(&client, &namespace, &name, kind).await?;
             (tree::machine_row(&m, now), uids([&m.metadata]))
         }
         Kind::Addon => {
-            let addon = Api::<Addon>::namespaced(client.clone(), &namespace)
-                .get_opt(&name)
-                .await?
-                .ok_or_else(missing)?;
+            let addon: Addon = named(&client, &namespace, &name, kind).await?;
             (tree::addon_row(&addon, now), uids([&addon.metadata]))
         }
     };
@@ -156,6 +134,25 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         format => format.print(&description)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The object `name` of `namespace`, or an error naming what is missing.
+async fn named<K>(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    kind: Kind,
+) -> anyhow::Result<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    Api::<K>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| anyhow!("{}/{name} not found in namespace {namespace}", kind.noun()))
 }
 
 fn uids<'a>(metas: impl IntoIterator<Item = &'a kube::api::ObjectMeta>) -> HashSet<String> {

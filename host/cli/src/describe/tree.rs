@@ -390,8 +390,73 @@ fn paint(text: &str, cell: &str, color: bool) -> String {
     }
 }
 
+/// `text` with every control character shown escaped (`\u{1b}`).
+pub(crate) fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn printable_row(r: &Row) -> Row {
+    let all = |items: &[String]| items.iter().map(|t| printable(t)).collect();
+    Row {
+        name: printable(&r.name),
+        ready: printable(&r.ready),
+        available: printable(&r.available),
+        up_to_date: printable(&r.up_to_date),
+        phase: printable(&r.phase),
+        age_seconds: r.age_seconds,
+        reason: printable(&r.reason),
+        message: printable(&r.message),
+        details: all(&r.details),
+        conditions: r
+            .conditions
+            .iter()
+            .map(|c| Condition {
+                type_: printable(&c.type_),
+                status: printable(&c.status),
+                reason: printable(&c.reason),
+                message: printable(&c.message),
+                ..c.clone()
+            })
+            .collect(),
+        members: all(&r.members),
+        children: r.children.iter().map(printable_row).collect(),
+    }
+}
+
+fn printable_description(d: &Description) -> Description {
+    Description {
+        tree: printable_row(&d.tree),
+        events: d
+            .events
+            .iter()
+            .map(|e| EventLine {
+                age_seconds: e.age_seconds,
+                type_: printable(&e.type_),
+                reason: printable(&e.reason),
+                object: printable(&e.object),
+                message: printable(&e.message),
+            })
+            .collect(),
+    }
+}
+
 /// The tree and the Events as text.
 pub fn render(d: &Description, style: &Style) -> String {
+    // Names, reasons, messages and Events are written by plugins, tenants
+    // and kubelets: their control characters (a terminal's escape
+    // sequences, newlines that would break the tree) are shown, not sent.
+    let d = &printable_description(d);
     let mut lines: Vec<[String; 7]> = vec![];
     let mut extra: Vec<(usize, Vec<String>)> = vec![];
     walk(&d.tree, "", "", style, &mut lines, &mut extra);
@@ -692,6 +757,37 @@ mod tests {
         );
         assert!(colored.contains("\x1b[31mFalse\x1b[0m"), "{colored}");
         assert!(colored.contains("· UpToDate"), "{colored}");
+    }
+
+    #[test]
+    fn control_characters_from_the_cluster_reach_no_terminal() {
+        let now = Timestamp::UNIX_EPOCH;
+        let mut m = machine("a", "False", Some("a"));
+        m.status.as_mut().unwrap().conditions[0].message =
+            "\x1b]0;owned\x07\x1b[2J\nfake row".into();
+        let d = Description {
+            tree: machine_row(&m, now),
+            events: vec![EventLine {
+                age_seconds: 1,
+                type_: "Warning".into(),
+                reason: "X\x1b[31m".into(),
+                object: "Machine/a".into(),
+                message: "\r\u{9b}".into(),
+            }],
+        };
+        let text = render(
+            &d,
+            &Style {
+                show_conditions: vec!["all".into()],
+                color: false,
+            },
+        );
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("\\u{1b}[2J\\u{a}fake row"), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("fake row")), "{text}");
     }
 
     #[test]

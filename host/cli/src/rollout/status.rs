@@ -156,7 +156,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 println!("{line}");
                 Ok(ExitCode::SUCCESS)
             }
-            Verdict::Failed { reason, message } => bail!("{reason}: {message}"),
+            Verdict::Failed { reason, message } => bail!(
+                "{}: {}",
+                crate::describe::tree::printable(&reason),
+                crate::describe::tree::printable(&message)
+            ),
         };
     }
     let deadline = (!args.timeout.is_zero()).then(|| tokio::time::Instant::now() + args.timeout);
@@ -174,7 +178,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 println!("{line}");
                 return Ok(ExitCode::SUCCESS);
             }
-            Verdict::Failed { reason, message } => bail!("{reason}: {message}"),
+            Verdict::Failed { reason, message } => bail!(
+                "{}: {}",
+                crate::describe::tree::printable(&reason),
+                crate::describe::tree::printable(&message)
+            ),
             Verdict::Waiting(line) => {
                 if line != last {
                     println!("{line}");
