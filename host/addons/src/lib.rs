@@ -43,7 +43,9 @@ mod grants;
 pub mod identity;
 pub mod ownership;
 mod patches;
-pub mod target;
+/// Workload-cluster kubeconfigs (inline credentials only); shared with the
+/// Machine controller's workload clusters, so it lives in the kit.
+pub use capstan_kit::kubeconfig as target;
 pub mod updates;
 
 pub use grants::{

@@ -4,7 +4,9 @@
 //! [`MachineDeployment`], which owns [`MachineSet`]s, which own
 //! [`Machine`]s; every machine names a [`Plugin`] (cluster-scoped) that
 //! provides its instances. A [`MachineHealthCheck`] marks unhealthy
-//! machines for their MachineSet to replace. [`crds`] returns the CustomResourceDefinitions
+//! machines for their MachineSet to replace. A [`Cluster`] is a workload
+//! cluster that objects name with `spec.clusterName`: their Nodes live
+//! there. [`crds`] returns the CustomResourceDefinitions
 //! (what `capstan crds` prints).
 //!
 //! The OpenAPI schema validates what it can express (Kubernetes 1.20 has no
@@ -16,6 +18,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 mod addon;
+mod cluster;
 mod drainrule;
 mod healthcheck;
 mod machine;
@@ -24,6 +27,7 @@ mod rollout;
 mod sets;
 
 pub use addon::*;
+pub use cluster::*;
 pub use drainrule::*;
 pub use healthcheck::*;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
@@ -170,6 +174,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         MachineHealthCheck::crd(),
         MachineDrainRule::crd(),
         Addon::crd(),
+        Cluster::crd(),
     ]
 }
 

@@ -74,6 +74,8 @@ pub struct Stores {
     pub health_checks: Store<MachineHealthCheck>,
     /// Addons.
     pub addons: Store<Addon>,
+    /// Clusters (workload clusters).
+    pub clusters: Store<capstan_api::Cluster>,
     /// Namespaces (their labels decide Plugins' `allowedNamespaces`).
     pub namespaces: Store<Namespace>,
     /// Pods scheduled to a Node (the drain's view of a Node).

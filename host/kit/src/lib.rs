@@ -35,6 +35,7 @@ pub mod controller;
 pub mod expectations;
 pub mod fair;
 pub mod impersonate;
+pub mod kubeconfig;
 pub mod leader;
 pub mod metrics;
 pub mod objects;
@@ -45,6 +46,7 @@ pub mod ratelimit;
 pub mod registry;
 pub mod unseen;
 pub mod watch;
+pub mod workload;
 pub mod write;
 
 pub use conditions::Conditions;

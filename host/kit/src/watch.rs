@@ -8,7 +8,9 @@
 //! shard's, so a drain reads a Node's pods from the cache.
 
 use crate::{Error, Kind, Metrics, Stores};
-use capstan_api::{Addon, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin};
+use capstan_api::{
+    Addon, Cluster, Machine, MachineDeployment, MachineHealthCheck, MachineSet, Plugin,
+};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -75,11 +77,11 @@ impl<K> Shared<K>
 where
     K: Kind,
 {
-    fn new(api: Api<K>, selector: Option<String>) -> Self {
+    pub(crate) fn new(api: Api<K>, selector: Option<String>) -> Self {
         Self::with_fields(api, selector, None)
     }
 
-    fn with_fields(api: Api<K>, selector: Option<String>, fields: Option<&'static str>) -> Self {
+    pub(crate) fn with_fields(api: Api<K>, selector: Option<String>, fields: Option<&'static str>) -> Self {
         let (store, writer) = reflector::store_shared(1024);
         let (deleted, _) = tokio::sync::broadcast::channel(1024);
         Shared {
@@ -130,7 +132,7 @@ where
 
     /// The reflector task's stream; must be polled for subscribers to see
     /// events. `listed` counts watches that completed their first list.
-    fn start(
+    pub(crate) fn start(
         &mut self,
         name: &'static str,
         listed: Arc<Listed>,
@@ -201,22 +203,37 @@ where
     }
 }
 
-/// Counts watches that completed their first list and marks the
-/// controllers ready when all have.
-struct Listed {
+/// Counts watches that completed their first list and, when all have,
+/// marks the controllers ready (`metrics`) or raises `synced` (a workload
+/// cluster's watches).
+pub(crate) struct Listed {
     remaining: std::sync::atomic::AtomicUsize,
-    metrics: Metrics,
+    metrics: Option<Metrics>,
+    synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Listed {
+    /// For `count` watches that raise `synced` once all have listed.
+    pub(crate) fn raising(count: usize, synced: Arc<std::sync::atomic::AtomicBool>) -> Arc<Listed> {
+        Arc::new(Listed {
+            remaining: std::sync::atomic::AtomicUsize::new(count),
+            metrics: None,
+            synced,
+        })
+    }
+
     fn one_more(&self) {
         if self
             .remaining
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
             == 1
         {
-            self.metrics.set_ready(true);
-            tracing::info!("caches synced; controllers ready");
+            self.synced
+                .store(true, std::sync::atomic::Ordering::Release);
+            if let Some(metrics) = &self.metrics {
+                metrics.set_ready(true);
+                tracing::info!("caches synced; controllers ready");
+            }
         }
     }
 }
@@ -242,6 +259,8 @@ pub struct Watches {
     pub health_checks: Shared<MachineHealthCheck>,
     /// Addons.
     pub addons: Shared<Addon>,
+    /// Clusters (workload clusters).
+    pub clusters: Shared<Cluster>,
     /// Namespaces.
     pub namespaces: Shared<Namespace>,
     /// Pods scheduled to a Node.
@@ -255,8 +274,8 @@ pub struct Watches {
 impl Watches {
     /// The watches, after checking that Capstan's CRDs can be listed (an
     /// error names the first that cannot). With `watch_filter`, the
-    /// Machines, MachineSets, MachineDeployments, MachineHealthChecks and
-    /// Addons seen are those of this shard; Plugins, Nodes and Namespaces
+    /// Machines, MachineSets, MachineDeployments, MachineHealthChecks,
+    /// Addons and Clusters seen are those of this shard; Plugins, Nodes and Namespaces
     /// are every shard's.
     pub async fn new(client: &Client, watch_filter: Option<&str>) -> Result<Self, Error> {
         let owned = || watch_filter.map(|value| format!("{LABEL_WATCH_FILTER}={value}"));
@@ -272,6 +291,7 @@ impl Watches {
             nodes: Shared::new(Api::all(client.clone()), None),
             health_checks: Shared::new(Api::all(client.clone()), owned()),
             addons: Shared::new(Api::all(client.clone()), owned()),
+            clusters: Shared::new(Api::all(client.clone()), owned()),
             namespaces: Shared::new(Api::all(client.clone()), None),
             // Pods not yet scheduled are no drain's business (the
             // scheduler's own filter for assigned pods).
@@ -294,6 +314,7 @@ impl Watches {
             .check("machinehealthchecks.capstan.dev")
             .await?;
         watches.addons.check("addons.capstan.dev").await?;
+        watches.clusters.check("clusters.capstan.dev").await?;
         Ok(watches)
     }
 
@@ -308,6 +329,7 @@ impl Watches {
             nodes: self.nodes.store(),
             health_checks: self.health_checks.store(),
             addons: self.addons.store(),
+            clusters: self.clusters.store(),
             namespaces: self.namespaces.store(),
             pods: self.pods.store(),
             daemon_sets: self.daemon_sets.store(),
@@ -320,7 +342,8 @@ impl Watches {
     pub fn start(&mut self, metrics: &Metrics) -> tokio::task::JoinHandle<()> {
         let listed = Arc::new(Listed {
             remaining: std::sync::atomic::AtomicUsize::new(0),
-            metrics: metrics.clone(),
+            metrics: Some(metrics.clone()),
+            synced: Arc::default(),
         });
         let reflectors = [
             self.plugins.start("plugins", listed.clone()).boxed(),
@@ -336,6 +359,7 @@ impl Watches {
                 .start("machinehealthchecks", listed.clone())
                 .boxed(),
             self.addons.start("addons", listed.clone()).boxed(),
+            self.clusters.start("clusters", listed.clone()).boxed(),
             self.namespaces.start("namespaces", listed.clone()).boxed(),
             self.pods.start("pods", listed.clone()).boxed(),
             self.daemon_sets.start("daemonsets", listed.clone()).boxed(),

@@ -103,6 +103,9 @@ pub enum NodeSeen {
         /// The rule that refused it.
         why: String,
     },
+    /// The Machine's workload cluster does not answer: its Node cannot be
+    /// seen (why).
+    Unreachable(String),
 }
 
 /// A machine with no recorded instance asks its provider for one to adopt
@@ -261,6 +264,10 @@ pub struct MachineView {
     pub release: Option<Release>,
     /// The Node object is deleted (or there was none to delete).
     pub node_deleted: bool,
+    /// Why the Machine's workload cluster (`spec.clusterName`) cannot be
+    /// used now, if it cannot (`None`: it can, or the Machine names none):
+    /// no instance is made for it meanwhile.
+    pub cluster_held: Option<(String, String)>,
 }
 
 /// The annotation prefixes of the deletion hooks.
@@ -481,6 +488,14 @@ fn without_instance(view: &MachineView) -> MachineStep {
             };
             return end(failed, Requeue::Resync);
         }
+    }
+    // No instance is made for a cluster it cannot join.
+    if let Some((reason, message)) = &view.cluster_held {
+        let held = Outcome::Retrying {
+            reason: reason.clone(),
+            message: message.clone(),
+        };
+        return end(held, Requeue::After(10_000));
     }
     // No instance is created without the data it must boot with.
     match &view.bootstrap {
