@@ -126,6 +126,9 @@ pub const ANNOTATION_IN_PLACE_FROM: &str = "capstan.dev/in-place-from";
 /// Finalizer the Machine controller puts on every Machine so the cloud
 /// instance is released before the object goes.
 pub const MACHINE_FINALIZER: &str = "capstan.dev/machine";
+/// The Cluster controller's finalizer: the Cluster's deployments, sets and
+/// Machines are deleted before it goes.
+pub const CLUSTER_FINALIZER: &str = "capstan.dev/cluster";
 /// Finalizer the MachineSet controller puts on every MachineSet: a deleted
 /// set deletes its Machines itself and goes when the last one is gone (as
 /// Cluster API's `cluster.x-k8s.io/machineset`).

@@ -84,6 +84,12 @@ pub struct DeletionOrder {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineSetSpec {
+    /// The workload `Cluster` (same namespace) its machines' Nodes live
+    /// in; the template's `spec.clusterName` defaults to it and may not
+    /// name another. Unset: the cluster Capstan runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub cluster_name: Option<String>,
     /// Number of machines wanted.
     #[serde(default = "one")]
     #[schemars(range(min = 0))]
@@ -357,6 +363,12 @@ pub enum InPlaceFallback {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineDeploymentSpec {
+    /// The workload `Cluster` (same namespace) its machines' Nodes live
+    /// in; the template's `spec.clusterName` defaults to it and may not
+    /// name another. Unset: the cluster Capstan runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub cluster_name: Option<String>,
     /// Number of machines wanted.
     #[serde(default = "one")]
     #[schemars(range(min = 0))]

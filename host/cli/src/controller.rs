@@ -208,6 +208,18 @@ pub struct Args {
     /// machine has not joined and deleted once its Node has.
     #[arg(long, env = "CAPSTAN_BOOTSTRAP_TOKEN_TTL", default_value = "15m", value_parser = crate::options::parse_duration)]
     pub bootstrap_token_ttl: std::time::Duration,
+    /// How often each workload Cluster's API server is probed (and its
+    /// kubeconfig Secret read again: a rotated one takes effect then).
+    #[arg(long, env = "CAPSTAN_CLUSTER_PROBE_INTERVAL", default_value = "10s", value_parser = crate::options::parse_duration)]
+    pub cluster_probe_interval: std::time::Duration,
+    /// How long a probe (and a connection) may take.
+    #[arg(long, env = "CAPSTAN_CLUSTER_PROBE_TIMEOUT", default_value = "5s", value_parser = crate::options::parse_duration)]
+    pub cluster_probe_timeout: std::time::Duration,
+    /// Failed probes in a row after which a workload cluster counts as
+    /// unreachable (`RemoteConnectionProbe=False`; its Machines'
+    /// `NodeHealthy=Unknown`; no health-check remediation in it).
+    #[arg(long, env = "CAPSTAN_CLUSTER_PROBE_FAILURES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cluster_probe_failures: u32,
     /// The groups bootstrap tokens authenticate into besides
     /// system:bootstrappers (repeatable). The default is one kubeadm does
     /// not approve: Capstan approves a machine's node certificate request
@@ -311,6 +323,12 @@ impl Args {
             bootstrap_token: capstan_controllers::BootstrapTokenOptions {
                 ttl: self.bootstrap_token_ttl,
                 extra_groups: self.bootstrap_token_groups.clone(),
+            },
+            cluster_probe: capstan_kit::workload::ProbeOptions {
+                interval: self.cluster_probe_interval,
+                timeout: self.cluster_probe_timeout,
+                failure_threshold: self.cluster_probe_failures,
+                ..Default::default()
             },
         })
     }

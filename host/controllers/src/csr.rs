@@ -15,6 +15,7 @@
 
 use capstan_api::Machine;
 use capstan_kit::Kube;
+use capstan_kit::workload::ClusterKey;
 use capstan_planner::bootstrap::{CsrDecision, node_csr};
 use futures::StreamExt as _;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -23,17 +24,47 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 
+/// Where CSRs are answered: the cluster Capstan runs in, or a workload
+/// cluster (whose CSRs only its own Machines' tokens may have approved).
+#[derive(Clone)]
+pub(crate) struct Answering {
+    /// The management cluster: Machines are read here.
+    pub(crate) management: Kube,
+    /// The workload cluster and its view (CSRs and Nodes are there).
+    pub(crate) workload: Option<(ClusterKey, Kube)>,
+}
+
+impl Answering {
+    /// The cluster CSRs and Nodes are in.
+    fn nodes(&self) -> &Kube {
+        self.workload
+            .as_ref()
+            .map_or(&self.management, |(_, kube)| kube)
+    }
+
+    /// Whether `machine`'s Node lives in this cluster.
+    fn holds(&self, machine: &Machine) -> bool {
+        match &self.workload {
+            None => machine.spec.cluster_name.is_none(),
+            Some((key, _)) => {
+                machine.spec.cluster_name.as_deref() == Some(key.name.as_str())
+                    && machine.namespace().as_deref() == Some(key.namespace.as_str())
+            }
+        }
+    }
+}
+
 /// Answer Machines' node client CSRs until `shutdown`.
-pub(crate) async fn approver(kube: Kube, shutdown: impl Future<Output = ()> + Send + 'static) {
-    let api: Api<CertificateSigningRequest> = Api::all(kube.client.clone());
+pub(crate) async fn approver(at: Answering, shutdown: impl Future<Output = ()> + Send + 'static) {
+    let api: Api<CertificateSigningRequest> = Api::all(at.nodes().client.clone());
     let stream = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .applied_objects();
     let answer = stream.for_each(|event| {
-        let (kube, api) = (kube.clone(), api.clone());
+        let (at, api) = (at.clone(), api.clone());
         async move {
             match event {
-                Ok(csr) => answer(&kube, &api, &csr).await,
+                Ok(csr) => answer(&at, &api, &csr).await,
                 Err(error) => tracing::debug!(%error, "CSR watch error; retrying"),
             }
         }
@@ -46,7 +77,7 @@ pub(crate) async fn approver(kube: Kube, shutdown: impl Future<Output = ()> + Se
 
 /// Approve or deny one CSR, if it is a pending one Capstan answers.
 async fn answer(
-    kube: &Kube,
+    at: &Answering,
     api: &Api<CertificateSigningRequest>,
     csr: &CertificateSigningRequest,
 ) {
@@ -61,7 +92,7 @@ async fn answer(
     let requester = csr.spec.username.clone().unwrap_or_default();
     let machine = requester
         .strip_prefix("system:bootstrap:")
-        .and_then(|id| machine_of_token(kube, id));
+        .and_then(|id| machine_of_token(at, id));
     let token_machine = machine.as_ref().map(|m| m.name_any());
     let decision = match crate::x509::request_subject(&csr.spec.request.0) {
         Ok(subject) => node_csr(
@@ -89,7 +120,7 @@ async fn answer(
     // The Node name must be this Machine's alone, now: a certificate for
     // it is the Node's identity cluster-wide.
     let decision = match (decision, &machine) {
-        (CsrDecision::Approve, Some(machine)) => match unique_identity(kube, machine).await {
+        (CsrDecision::Approve, Some(machine)) => match unique_identity(at, machine).await {
             Ok(None) => CsrDecision::Approve,
             Ok(Some(why)) => CsrDecision::Deny(why),
             Err(error) => {
@@ -124,7 +155,7 @@ async fn answer(
         .await
     {
         Ok(_) => {
-            kube.metrics.wrote("csr", "approval");
+            at.management.metrics.wrote("csr", "approval");
             tracing::info!(csr = %name, decision = type_, %message, "node client CSR answered");
         }
         Err(error) => tracing::warn!(csr = %name, %error, "node client CSR not answered"),
@@ -132,12 +163,13 @@ async fn answer(
 }
 
 /// The Machine whose bootstrap token has this id, if one has.
-fn machine_of_token(kube: &Kube, id: &str) -> Option<std::sync::Arc<Machine>> {
-    kube.stores
+fn machine_of_token(at: &Answering, id: &str) -> Option<std::sync::Arc<Machine>> {
+    at.management
+        .stores
         .machines
         .state()
         .into_iter()
-        .filter(|m| has_bootstrap_plugin(m))
+        .filter(|m| has_bootstrap_plugin(m) && at.holds(m))
         .find(|m| crate::machine::token_id(&m.uid().unwrap_or_default()) == id)
 }
 
@@ -146,9 +178,10 @@ fn machine_of_token(kube: &Kube, id: &str) -> Option<std::sync::Arc<Machine>> {
 /// name (Node names are cluster-wide; a namesake's token would become the
 /// same Node), and no Node of that name is another instance's. `Ok(Some)`
 /// says why not; `Err` when the API server could not be asked.
-async fn unique_identity(kube: &Kube, machine: &Machine) -> Result<Option<String>, String> {
+async fn unique_identity(at: &Answering, machine: &Machine) -> Result<Option<String>, String> {
     let name = machine.name_any();
     let namespace = machine.namespace().unwrap_or_default();
+    let kube = &at.management;
     let mut asked = Api::<Machine>::all(kube.client.clone())
         .list(&ListParams::default().fields(&format!("metadata.name={name}")))
         .await;
@@ -163,10 +196,12 @@ async fn unique_identity(kube: &Kube, machine: &Machine) -> Result<Option<String
     }
     let namesakes =
         asked.map_err(|e| format!("cannot ask which Machines are named {name}: {e}"))?;
+    // Node names are unique per cluster: only namesakes whose Nodes live
+    // in the same cluster share the identity.
     if let Some(other) = namesakes
         .items
         .iter()
-        .find(|m| m.namespace().unwrap_or_default() != namespace)
+        .find(|m| m.namespace().unwrap_or_default() != namespace && at.holds(m))
     {
         return Ok(Some(format!(
             "Machines {namespace}/{name} and {}/{name} share a name, and a Node name is cluster-wide: no bootstrap token gets a certificate for system:node:{name} while both exist; rename one",
@@ -177,7 +212,7 @@ async fn unique_identity(kube: &Kube, machine: &Machine) -> Result<Option<String
         .status
         .as_ref()
         .and_then(|s| s.provider_id.as_deref());
-    if let Some(node) = kube.stores.nodes.get(&ObjectRef::new(&name)) {
+    if let Some(node) = at.nodes().stores.nodes.get(&ObjectRef::new(&name)) {
         let carried = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
         if carried.is_some() && carried != instance {
             return Ok(Some(format!(

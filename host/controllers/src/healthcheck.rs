@@ -39,9 +39,26 @@ const CONTROLLER: &str = "machinehealthcheck";
 /// Field manager of the conditions this controller writes on Machines.
 pub const FIELD_MANAGER: &str = "capstan-healthcheck";
 
-/// The health-check controller needs nothing of its own: its context is
-/// the shared [`Kube`].
-type Context = Kube;
+/// What the health-check controller works with: the shared [`Kube`], and
+/// the workload clusters whose Nodes checks with `spec.clusterName` read.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) kube: Kube,
+    pub(crate) clusters: capstan_kit::workload::WorkloadClusters,
+}
+
+impl std::ops::Deref for Context {
+    type Target = Kube;
+    fn deref(&self) -> &Kube {
+        &self.kube
+    }
+}
+
+impl AsRef<Kube> for Context {
+    fn as_ref(&self) -> &Kube {
+        &self.kube
+    }
+}
 
 pub(crate) async fn controller(
     checks: ReflectHandle<MachineHealthCheck>,
@@ -71,6 +88,17 @@ pub(crate) async fn controller(
         };
         futures::stream::iter(refs)
     });
+    let (checks_of_cluster, machines_of_cluster) = (store.clone(), ctx.stores.machines.clone());
+    let cluster_ids = ctx.stores.machine_ids.clone();
+    let workload = ctx.clusters.events().flat_map(move |event| {
+        let refs: Vec<_> = crate::machine::machines_of_event(&machines_of_cluster, &cluster_ids, &event)
+            .iter()
+            .filter_map(|r| machines_of_cluster.get(r))
+            .flat_map(|m| checks_selecting(&checks_of_cluster, &m))
+            .collect();
+        futures::stream::iter(refs)
+    });
+    let deletions = futures::stream::select(deletions, workload);
     let watches = move |controller: Controller<MachineHealthCheck>| {
         controller
             .watches_shared_stream(machines, move |machine: Arc<Machine>| {
@@ -103,11 +131,9 @@ fn checks_selecting(
 fn selects(check: &MachineHealthCheck, machine: &Machine) -> bool {
     check.namespace() == machine.namespace()
         && selector_matches(&check.spec.selector, machine.labels())
-        && check
-            .spec
-            .cluster_name
-            .as_ref()
-            .is_none_or(|c| machine.spec.cluster_name.as_ref() == Some(c))
+        // A check judges the machines of one cluster: the Nodes it reads
+        // are that cluster's.
+        && check.spec.cluster_name == machine.spec.cluster_name
 }
 
 /// The spec resolved for the planner, or which field is wrong.
@@ -230,13 +256,37 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
     };
     Conditions::new(&mut status.conditions, generation, &t).valid_spec(None);
 
+    // The Nodes of the check's cluster; none is judged, and no machine
+    // remediated, while that cluster cannot be reached (Cluster API's
+    // checks hold the same way).
+    let placement = check.spec.cluster_name.as_deref().map(|name| {
+        crate::machine::placement_named(
+            &ctx.kube,
+            &ctx.clusters,
+            &check.namespace().unwrap_or_default(),
+            name,
+        )
+    });
+    let nodes = match &placement {
+        None => &ctx.kube,
+        Some(placement) => match placement.reach.kube(&ctx.kube) {
+            Some(nodes) => nodes,
+            None => {
+                let (reason, message) = placement.reach.down().unwrap_or_default();
+                let mut conditions = Conditions::new(&mut status.conditions, generation, &t);
+                conditions.set(REMEDIATION_ALLOWED, cond::FALSE, &reason, message);
+                apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
+                return Ok(Action::requeue(Duration::from_secs(10)));
+            }
+        },
+    };
     let now_s = t.0.as_second();
     let machines = targets(&check, &ctx);
     let live: Vec<&Arc<Machine>> = machines
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none())
         .collect();
-    let judged = judge_all(&ctx, &live, &checks, now_s);
+    let judged = judge_all(nodes, &live, &checks, now_s);
     // As in Cluster API: every selected machine is expected, deleting ones
     // included, and whatever is not healthy (being remediated, booting, a
     // timeout still running) counts against the short-circuit.

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod capacity;
+mod cluster;
 mod csr;
 pub mod deployment;
 pub mod healthcheck;
@@ -103,6 +104,9 @@ pub struct Options {
     pub watch_filter: Option<String>,
     /// How machines' bootstrap tokens are minted.
     pub bootstrap_token: BootstrapTokenOptions,
+    /// How workload clusters (`Cluster` objects) are probed and how long
+    /// a request to one may take (Cluster API's defaults).
+    pub cluster_probe: capstan_kit::workload::ProbeOptions,
 }
 
 /// The group Capstan's bootstrap tokens authenticate into by default: one
@@ -157,6 +161,7 @@ impl Default for Options {
             kube_api_rate: None,
             watch_filter: None,
             bootstrap_token: BootstrapTokenOptions::default(),
+            cluster_probe: Default::default(),
         }
     }
 }
@@ -247,6 +252,7 @@ fn kube_view(client: kube::Client, stores: Stores, metrics: &Metrics, options: &
                 instance: std::env::var("HOSTNAME").ok(),
             },
         ),
+        home: client.clone(),
         client,
         stores,
         metrics: metrics.clone(),
@@ -276,6 +282,7 @@ pub async fn run(
     let (client, eviction_client) = clients(config, &options)?;
     let mut watches = Watches::new(&client, options.watch_filter.as_deref()).await?;
     let kube = kube_view(client, watches.stores(), &metrics, &options);
+    let clusters = capstan_kit::workload::WorkloadClusters::new(kube.clone(), options.cluster_probe);
     // What the Plugin controller loads and the others use.
     let updaters = capstan_kit::registry::Updaters::default();
     let bootstraps = capstan_kit::registry::Bootstraps::default();
@@ -307,6 +314,7 @@ pub async fn run(
             kube.clone(),
             (providers.clone(), updaters.clone(), bootstraps),
             nodedrain::Evictions::new(eviction_client),
+            clusters.clone(),
             &options,
         )),
         concurrency.machines,
@@ -347,14 +355,29 @@ pub async fn run(
             watches.nodes.deletions().map(Deleted::Node),
             watches.machines.deletions().map(Deleted::Machine),
         ),
-        Arc::new(kube.clone()),
+        Arc::new(healthcheck::Context {
+            kube: kube.clone(),
+            clusters: clusters.clone(),
+        }),
         shutdown.clone(),
     );
-    let node_csr_approver = csr::approver(kube.clone(), shutdown.clone());
+    let cluster_controller = cluster::controller(
+        watches.clusters.subscribe(),
+        watches.machines.subscribe(),
+        Arc::new(cluster::Context::new(kube.clone(), clusters)),
+        shutdown.clone(),
+    );
+    let node_csr_approver = csr::approver(
+        csr::Answering {
+            management: kube.clone(),
+            workload: None,
+        },
+        shutdown.clone(),
+    );
     let addon_controller = addon_controller(&watches, kube, addons, &options, shutdown.clone());
 
     let reflectors = watches.start(&metrics);
-    futures::future::join3(
+    futures::future::join4(
         futures::future::join5(
             plugin_controller,
             machine_controller,
@@ -364,6 +387,7 @@ pub async fn run(
         ),
         addon_controller,
         node_csr_approver,
+        cluster_controller,
     )
     .await;
     reflectors.abort();

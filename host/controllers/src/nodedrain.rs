@@ -240,7 +240,9 @@ fn names(pods: &[(String, String)]) -> String {
 /// sorted by name (the first applying one decides for a pod).
 async fn drain_rules(kube: &Kube, machine: &Machine) -> Result<Vec<MachineDrainRule>, Error> {
     let namespace = machine.namespace().unwrap_or_default();
-    let api: Api<MachineDrainRule> = Api::namespaced(kube.client.clone(), &namespace);
+    // The rules are Capstan's objects: in the management cluster, also
+    // when the Node is a workload cluster's.
+    let api: Api<MachineDrainRule> = Api::namespaced(kube.home.clone(), &namespace);
     let mut rules: Vec<MachineDrainRule> = api
         .list(&ListParams::default())
         .await

@@ -65,6 +65,7 @@ pub const RULES: &[Rule] = &[
             "machinedeployments",
             "machinehealthchecks",
             "addons",
+            "clusters",
         ],
         verbs: READ,
         resource_names: &[],
@@ -80,8 +81,25 @@ pub const RULES: &[Rule] = &[
             "machinedeployments/status",
             "machinehealthchecks/status",
             "addons/status",
+            "clusters/status",
         ],
         verbs: &["patch"],
+        resource_names: &[],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "cluster: its finalizer",
+        group: "capstan.dev",
+        resources: &["clusters"],
+        verbs: &["patch"],
+        resource_names: &[],
+        scope: Scope::Cluster,
+    },
+    Rule {
+        why: "cluster: label the deployments of a Cluster with cluster.x-k8s.io/cluster-name, and delete them with it",
+        group: "capstan.dev",
+        resources: &["machinedeployments"],
+        verbs: &["delete"],
         resource_names: &[],
         scope: Scope::Cluster,
     },
@@ -278,6 +296,29 @@ pub const RULES: &[Rule] = &[
         scope: Scope::OwnNamespace,
     },
 ];
+
+/// What the user of a workload cluster's kubeconfig needs there (the
+/// Node side of the Machine controller, the health checks and the CSR
+/// approver): the same rules as in the cluster Capstan runs in, for
+/// these resources only. Events, Machines and everything else of
+/// Capstan's stay in the management cluster.
+pub fn workload_rules() -> impl Iterator<Item = &'static Rule> {
+    const WORKLOAD_RESOURCES: &[&str] = &[
+        "nodes",
+        "pods",
+        "daemonsets",
+        "volumeattachments",
+        "persistentvolumes",
+        "pods/eviction",
+        "certificatesigningrequests",
+        "certificatesigningrequests/approval",
+        "signers",
+    ];
+    RULES.iter().filter(|r| {
+        r.resources.iter().all(|res| WORKLOAD_RESOURCES.contains(res))
+            || matches!(r.scope, Scope::Namespace(_))
+    })
+}
 
 /// The rules of one scope.
 pub fn rules(scope: Scope) -> impl Iterator<Item = &'static Rule> {

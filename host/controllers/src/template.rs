@@ -145,3 +145,17 @@ pub(crate) fn in_place_deletion(
         .as_ref()
         .filter(|d| **d != capstan_api::MachineDeletionSpec::default())
 }
+
+/// The workload Cluster the machines of a set or deployment belong to
+/// (`spec.clusterName`, else the template's), or why the two disagree.
+pub(crate) fn cluster_of<'a>(
+    cluster_name: Option<&'a str>,
+    template: &'a MachineSpec,
+) -> Result<Option<&'a str>, String> {
+    match (cluster_name, template.cluster_name.as_deref()) {
+        (Some(outer), Some(inner)) if outer != inner => Err(format!(
+            "spec.template.spec.clusterName {inner:?} differs from spec.clusterName {outer:?}: a set's machines belong to its cluster; make them equal or leave the template's unset"
+        )),
+        (outer, inner) => Ok(outer.or(inner)),
+    }
+}

@@ -20,6 +20,10 @@ use std::time::Duration;
 pub struct Kube {
     /// API client (writes behind the leader fence, when there is one).
     pub client: Client,
+    /// The management cluster's client: Capstan's own objects (Machines,
+    /// MachineDrainRules, …) are there. The same as `client`, except in a
+    /// workload cluster's view ([`crate::workload`]).
+    pub home: Client,
     /// Read-only caches of every kind the controllers watch.
     pub stores: Stores,
     /// Metrics.

@@ -10,8 +10,9 @@
 //! Start at [`FairQueue`], the pure policy (property-tested below);
 //! [`FairWorkers`] is its async wrapper that [`crate::controller::run`]
 //! puts in front of every reconcile. The policy:
-//! - a reconcile belongs to a [`Flow`]: its namespace and, when it calls
-//!   one, its Plugin;
+//! - a reconcile belongs to a [`Flow`]: its namespace (with its workload
+//!   cluster, when it names one, so a stopped API server holds only its
+//!   own cluster's share) and, when it calls one, its Plugin;
 //! - while more than a reserve of the workers (an eighth) is free, any
 //!   waiter may take one: no worker idles while there is work for it;
 //! - the reserve goes only to a flow whose namespace holds less than its
@@ -39,6 +40,19 @@ pub struct Flow {
 }
 
 impl Flow {
+    /// A flow of `namespace` and the workload cluster `cluster` (if any)
+    /// that calls `plugin` (if any): each cluster of a namespace is queued
+    /// as a namespace of its own.
+    pub fn of(namespace: &str, cluster: Option<&str>, plugin: Option<&str>) -> Self {
+        Flow {
+            namespace: match cluster {
+                Some(cluster) => format!("{namespace} (cluster {cluster})"),
+                None => namespace.to_string(),
+            },
+            plugin: plugin.map(str::to_string),
+        }
+    }
+
     /// A flow of `namespace` that calls no plugin.
     pub fn namespace(namespace: impl Into<String>) -> Self {
         Flow {

@@ -90,6 +90,10 @@ pub enum Error {
     /// An identity to act as cannot be used (the text says why).
     #[error("{0}")]
     Identity(String),
+    /// A workload cluster cannot be reached now (the text says which and
+    /// why); the work is tried again.
+    #[error("{0}")]
+    Unavailable(String),
     /// A watch failed at startup.
     #[error(
         "cannot watch {0}: check the CRDs are installed (`capstan crds | kubectl apply -f -`) and RBAC allows list/watch"

@@ -31,6 +31,18 @@ pub fn paused<K: Resource>(obj: &K) -> bool {
         .is_some_and(|a| a.contains_key(capstan_api::ANNOTATION_PAUSED))
 }
 
+/// Whether the workload `Cluster` an object names (`spec.clusterName`, in
+/// its namespace) is paused (`spec.paused`): as in Cluster API, every
+/// object of a paused cluster holds still.
+pub fn cluster_paused(stores: &crate::Stores, namespace: &str, cluster_name: Option<&str>) -> bool {
+    cluster_name.is_some_and(|name| {
+        stores
+            .clusters
+            .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+            .is_some_and(|c| c.spec.paused)
+    })
+}
+
 /// The machines that report `node`'s provider ID (looked up in the index,
 /// read from the cache).
 pub fn machines_of_node(

@@ -497,6 +497,7 @@ impl WorkloadClusters {
             volume_attachments: side.volume_attachments.store(),
             ..self.management.stores.clone()
         };
+        // Capstan's own objects stay the management cluster's (`home`).
         let kube = Kube {
             client: requests,
             stores,

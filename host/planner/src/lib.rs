@@ -25,6 +25,7 @@
 pub mod adoption;
 pub mod bootstrap;
 pub mod canary;
+pub mod cluster;
 pub mod deletion;
 pub mod healthcheck;
 pub mod inplace;

@@ -260,6 +260,9 @@ pub const SECOND_ADMIN: &str = "capstan-admin-2";
 /// ([`ControlPlane::workload_kubeconfig_inline`]), so the writes a controller
 /// makes through one can be told apart in the audit log.
 pub const WORKLOAD_USER: &str = "capstan-workload";
+/// A user of no group ([`ControlPlane::minimal_kubeconfig_inline`]): what
+/// it may do is what RBAC bound to it says, nothing more.
+pub const MINIMAL_USER: &str = "capstan-minimal";
 
 /// The API server's audit flags: writes, and lists of pods and
 /// VolumeAttachments (how often a deleting machine reads its Node's), at
@@ -522,7 +525,7 @@ impl ControlPlane {
         std::fs::write(
             dir.join("tokens.csv"),
             format!(
-                "{0},capstan-admin,capstan-admin,system:masters\n{0}-2,{SECOND_ADMIN},{SECOND_ADMIN},system:masters\n{0}-3,{WORKLOAD_USER},{WORKLOAD_USER},system:masters\n",
+                "{0},capstan-admin,capstan-admin,system:masters\n{0}-2,{SECOND_ADMIN},{SECOND_ADMIN},system:masters\n{0}-3,{WORKLOAD_USER},{WORKLOAD_USER},system:masters\n{0}-4,{MINIMAL_USER},{MINIMAL_USER}\n",
                 plane.token
             ),
         )
@@ -857,6 +860,13 @@ impl ControlPlane {
     pub fn workload_kubeconfig_inline(&self) -> String {
         self.kubeconfig_inline()
             .replace(&self.token, &format!("{}-3", self.token))
+    }
+
+    /// [`Self::kubeconfig_inline`] as [`MINIMAL_USER`], a user with no
+    /// rights but those bound to it.
+    pub fn minimal_kubeconfig_inline(&self) -> String {
+        self.kubeconfig_inline()
+            .replace(&self.token, &format!("{}-4", self.token))
     }
 
     /// Where the simulated kubelet reaches this API server (as the admin).

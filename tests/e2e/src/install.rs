@@ -176,7 +176,7 @@ pub fn make_tenant(env: &Env, namespace: &str, user: &str) {
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "capstan-tenant", "namespace": namespace},
             "rules": [{"apiGroups": ["capstan.dev"],
-                "resources": ["addons", "machines", "machinesets", "machinedeployments", "machinehealthchecks"],
+                "resources": ["addons", "machines", "machinesets", "machinedeployments", "machinehealthchecks", "clusters"],
                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
                 {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "create", "delete"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",

@@ -310,6 +310,16 @@ async fn in_place_decision(
 /// The pass's first writes: conditions held back from the last pass, and
 /// the finalizer (or the deletion, which ends the pass).
 async fn begin(md: &Arc<MachineDeployment>, ctx: &Context) -> Result<Option<Action>, Error> {
+    // A paused Cluster holds its objects; its unpausing is seen within
+    // this wait.
+    let namespace = md.namespace().unwrap_or_default();
+    if capstan_kit::objects::cluster_paused(
+        &ctx.kube.stores,
+        &namespace,
+        md.spec.cluster_name.as_deref(),
+    ) {
+        return Ok(Some(Action::requeue(std::time::Duration::from_secs(5))));
+    }
     crate::set_conditions::write_held(
         &ctx.kube,
         CONTROLLER,
@@ -470,6 +480,8 @@ fn validate(md: &MachineDeployment, kube: &Kube) -> Result<Strategy, (&'static s
     if let Some(message) = crate::template::template_provider_id(&md.spec.template.spec) {
         return Err(("InvalidSpec", message));
     }
+    crate::template::cluster_of(md.spec.cluster_name.as_deref(), &md.spec.template.spec)
+        .map_err(|m| ("InvalidSpec", m))?;
     if let Some(message) = capstan_kit::registry::not_allowed(kube, plugin, &namespace) {
         return Err(("PluginNotAllowed", message));
     }

@@ -333,6 +333,13 @@ pub(super) async fn create_set(
     }
     let mut labels = template.metadata.labels.clone();
     labels.retain(|k, _| k != capstan_api::LABEL_SET_NAME);
+    let cluster_name = crate::template::cluster_of(md.spec.cluster_name.as_deref(), &template.spec)
+        .ok()
+        .flatten()
+        .map(str::to_string);
+    if let Some(cluster) = &cluster_name {
+        labels.insert(capstan_api::LABEL_CLUSTER_NAME.to_string(), cluster.clone());
+    }
     let set = MachineSet {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -346,6 +353,7 @@ pub(super) async fn create_set(
             ..Default::default()
         },
         spec: MachineSetSpec {
+            cluster_name,
             replicas,
             selector,
             template,

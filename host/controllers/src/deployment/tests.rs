@@ -50,6 +50,7 @@ fn the_new_set_is_the_one_of_the_same_template_whatever_its_labels_say() {
                 delete_policy: None,
                 min_ready_seconds: 0,
                 in_place: None,
+                cluster_name: None,
             },
         );
         s.metadata.labels = Some(BTreeMap::from([(LABEL_TEMPLATE_HASH.into(), label.into())]));

@@ -9,7 +9,7 @@
 use super::Context;
 use capstan_api::Machine;
 use capstan_kit::Kube;
-use capstan_kit::workload::{ClusterKey, Handle};
+use capstan_kit::workload::{ClusterKey, Handle, WorkloadClusters};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
@@ -37,6 +37,16 @@ impl Reach {
         }
     }
 
+    /// The Eviction API of its cluster, when it is a workload cluster's.
+    pub(crate) fn evictions(&self) -> Option<crate::nodedrain::Evictions> {
+        match self {
+            Reach::Workload(handle) => Some(crate::nodedrain::Evictions::new(
+                handle.evictions.clone(),
+            )),
+            _ => None,
+        }
+    }
+
     /// Why its Node cannot be reached now, if it cannot.
     pub(crate) fn down(&self) -> Option<(String, String)> {
         match self {
@@ -47,13 +57,36 @@ impl Reach {
     }
 }
 
+/// The Cluster a Machine names, as a pass found it.
+#[derive(Debug)]
+pub(crate) struct Placement {
+    /// Where its Node is and whether it can be reached.
+    pub(crate) reach: Reach,
+    /// The Cluster's `spec.paused`: the Machine holds still.
+    pub(crate) paused: bool,
+    /// The Cluster is gone, or is being deleted and cannot be reached: a
+    /// deleting Machine does not drain, wait for volumes or delete its
+    /// Node, as Cluster API does for a cluster being deleted.
+    pub(crate) cluster_gone: bool,
+}
+
+impl Placement {
+    fn here() -> Self {
+        Placement {
+            reach: Reach::Here,
+            paused: false,
+            cluster_gone: false,
+        }
+    }
+}
+
 /// The cluster `machine` names, as the caches and the cluster handles say
-/// now; and whether that Cluster is paused.
-pub(crate) fn reach(ctx: &Context, machine: &Machine) -> (Reach, bool) {
+/// now.
+pub(crate) fn placement(ctx: &Context, machine: &Machine) -> Placement {
     let Some(name) = machine.spec.cluster_name.as_deref() else {
-        return (Reach::Here, false);
+        return Placement::here();
     };
-    reach_named(
+    placement_named(
         &ctx.kube,
         &ctx.clusters,
         &machine.namespace().unwrap_or_default(),
@@ -62,30 +95,41 @@ pub(crate) fn reach(ctx: &Context, machine: &Machine) -> (Reach, bool) {
 }
 
 /// The cluster `name` of `namespace`: the same question for any object
-/// that names one (a health check, a CSR's Machine).
-pub(crate) fn reach_named(
+/// that names one (a health check).
+pub(crate) fn placement_named(
     kube: &Kube,
-    clusters: &capstan_kit::workload::WorkloadClusters,
+    clusters: &WorkloadClusters,
     namespace: &str,
     name: &str,
-) -> (Reach, bool) {
+) -> Placement {
     let key = ClusterKey::new(namespace, name);
     let Some(cluster) = kube
         .stores
         .clusters
         .get(&ObjectRef::new(name).within(namespace))
     else {
-        return (
-            Reach::Unusable(
+        return Placement {
+            reach: Reach::Unusable(
                 "ClusterNotFound",
                 format!(
-                    "spec.clusterName: Cluster {key} does not exist; create it (its kubeconfig in Secret {name}-kubeconfig) or name another"
+                    "spec.clusterName: Cluster {key} does not exist; create it (with its kubeconfig in Secret {name}-kubeconfig) or name another"
                 ),
             ),
-            false,
-        );
+            paused: false,
+            cluster_gone: true,
+        };
     };
     let paused = cluster.spec.paused;
+    let deleting = cluster.metadata.deletion_timestamp.is_some();
+    // A Cluster being deleted whose API server cannot be reached holds no
+    // Machine's deletion: its Nodes are not drained or deleted. One that
+    // answers has its Nodes drained (Capstan does not delete the workload
+    // cluster's control plane, so the workloads live on).
+    let placed = |reach: Reach| Placement {
+        cluster_gone: deleting && reach.down().is_some(),
+        reach,
+        paused,
+    };
     let Some(handle) = clusters.get(&key) else {
         let why = cluster
             .status
@@ -99,26 +143,20 @@ pub(crate) fn reach_named(
             .filter(|c| c.status == capstan_api::status::FALSE)
             .map(|c| format!("{} ({})", c.message, c.reason))
             .unwrap_or_else(|| "its connection is not made yet".into());
-        return (
-            Reach::Unusable(
-                "ClusterUnavailable",
-                format!("Cluster {key} cannot be reached: {why}"),
-            ),
-            paused,
-        );
+        return placed(Reach::Unusable(
+            "ClusterUnavailable",
+            format!("Cluster {key} cannot be reached: {why}"),
+        ));
     };
     handle.watching();
     if let Err(why) = handle.reachable() {
-        return (Reach::Unreachable(why), paused);
+        return placed(Reach::Unreachable(why));
     }
     if !handle.synced() {
-        return (
-            Reach::Unusable(
-                "ClusterCacheSyncing",
-                format!("Cluster {key}'s Nodes are being listed"),
-            ),
-            paused,
-        );
+        return placed(Reach::Unusable(
+            "ClusterCacheSyncing",
+            format!("Cluster {key}'s Nodes are being listed"),
+        ));
     }
-    (Reach::Workload(handle), paused)
+    placed(Reach::Workload(handle))
 }

@@ -37,6 +37,16 @@ impl Pass<'_> {
     /// One drain round on the machine's Node (cordon, evict, look).
     pub(super) async fn drain(&mut self) -> Result<(), Error> {
         let (ctx, machine) = (self.ctx, self.machine);
+        if let Some((_, why)) = self.placement.reach.down() {
+            self.view.drain = Some(Drain::Pending {
+                message: format!("cannot drain the Node: {why}"),
+                blocked: true,
+            });
+            return Ok(());
+        }
+        let Some(nodes) = self.nodes() else {
+            return Ok(());
+        };
         let Some(node) = self.node.clone() else {
             // The planner drains only the Node this pass found.
             self.view.deletion.node = None;
@@ -48,7 +58,7 @@ impl Pass<'_> {
             .node_drain_start_time
             .get_or_insert_with(|| self.t.clone());
         self.view.drain = Some(
-            match crate::nodedrain::drain_round(&ctx.kube, &ctx.evictions, machine, &node).await? {
+            match crate::nodedrain::drain_round(&nodes, self.evictions(), machine, &node).await? {
                 crate::nodedrain::Round::Complete => {
                     record_event(
                         &ctx.kube,
@@ -71,6 +81,15 @@ impl Pass<'_> {
 
     /// Look at the volumes still attached to the machine's Node.
     pub(super) async fn check_volumes(&mut self) -> Result<(), Error> {
+        if let Some((_, why)) = self.placement.reach.down() {
+            self.view.volumes = Some(Volumes::Attached(format!(
+                "cannot see the Node's volumes: {why}"
+            )));
+            return Ok(());
+        }
+        let Some(nodes) = self.nodes() else {
+            return Ok(());
+        };
         let Some(node) = self.node.clone() else {
             self.view.deletion.node = None;
             return Ok(());
@@ -83,7 +102,7 @@ impl Pass<'_> {
             .get_or_insert_with(|| self.t.clone())
             .clone();
         let attached =
-            crate::nodedrain::attached_volumes(&self.ctx.kube, self.machine, &node).await?;
+            crate::nodedrain::attached_volumes(&nodes, self.machine, &node).await?;
         self.view.volumes = Some(if attached.is_empty() {
             Volumes::Detached
         } else {
@@ -105,7 +124,15 @@ impl Pass<'_> {
     /// deletion request), with a warning Event, so the finalizer does not
     /// hold the machine forever.
     pub(super) async fn delete_node(&mut self, node: Arc<Node>) -> Result<(), Error> {
-        let Err(error) = delete_node(self.ctx, &node).await else {
+        let deleted = match (self.nodes(), self.placement.reach.down()) {
+            (Some(nodes), _) => delete_node(&nodes, &node).await,
+            (None, why) => Err(Error::Unavailable(format!(
+                "cannot delete Node {}: {}",
+                node.name_any(),
+                why.map(|(_, why)| why).unwrap_or_default()
+            ))),
+        };
+        let Err(error) = deleted else {
             return Ok(());
         };
         let machine = self.machine;

@@ -19,6 +19,7 @@
 
 mod adoption;
 mod bootstrap;
+mod cluster;
 mod deletion;
 mod node;
 mod observe;
@@ -26,6 +27,7 @@ mod status;
 pub(crate) mod update;
 
 pub(crate) use bootstrap::token_id;
+pub(crate) use cluster::placement_named;
 pub(crate) use node::own_node;
 use node::{
     annotate_node, carry_labels_to_node, carry_taints_to_node, claimed_node, node_is_ready,
@@ -95,6 +97,8 @@ pub(crate) struct Context {
     /// create the quota held back does not need the lookup again. In
     /// memory only: after a restart, each looks once more.
     pub(crate) nothing_to_adopt: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The workload clusters Machines with `spec.clusterName` live in.
+    pub(crate) clusters: capstan_kit::workload::WorkloadClusters,
 }
 
 impl Context {
@@ -108,6 +112,7 @@ impl Context {
             capstan_kit::registry::Bootstraps,
         ),
         evictions: crate::nodedrain::Evictions,
+        clusters: capstan_kit::workload::WorkloadClusters,
         options: &crate::Options,
     ) -> Self {
         Context {
@@ -121,6 +126,7 @@ impl Context {
             instance_check: options.instance_check,
             unseen_writes: Default::default(),
             nothing_to_adopt: Default::default(),
+            clusters,
         }
     }
 }
@@ -159,6 +165,14 @@ pub(crate) async fn controller(
                 .collect::<Vec<_>>(),
         )
     });
+    // A workload cluster's Node changes reach its machines, and its
+    // reachability changes reach every machine of it.
+    let by_cluster = (store.clone(), ctx.kube.stores.machine_ids.clone());
+    let workload = ctx.clusters.events().flat_map(move |event| {
+        let (machines, ids) = &by_cluster;
+        futures::stream::iter(machines_of_event(machines, ids, &event))
+    });
+    let node_deletions = futures::stream::select(node_deletions, workload);
     let watches = move |controller: Controller<Machine>| {
         controller
             .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
@@ -188,15 +202,38 @@ pub(crate) async fn controller(
             })
             .reconcile_on(node_deletions)
     };
-    // Queued per namespace and per provider Plugin: a hanging provider
-    // holds at most its share of the workers.
+    // Queued per namespace (and workload cluster) and per provider Plugin:
+    // a hanging provider or a stopped workload API server holds at most
+    // its share of the workers.
     let spec = Spec::new(CONTROLLER, machines, store, concurrency).with_flow(|m| {
-        capstan_kit::fair::Flow {
-            namespace: m.metadata.namespace.clone().unwrap_or_default(),
-            plugin: Some(m.spec.provider.plugin.clone()),
-        }
+        capstan_kit::fair::Flow::of(
+            m.metadata.namespace.as_deref().unwrap_or_default(),
+            m.spec.cluster_name.as_deref(),
+            Some(&m.spec.provider.plugin),
+        )
     });
     capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
+}
+
+/// The machines a workload cluster's event concerns.
+pub(crate) fn machines_of_event(
+    machines: &Store<Machine>,
+    ids: &capstan_kit::claims::ProviderIds,
+    event: &capstan_kit::workload::ClusterEvent,
+) -> Vec<ObjectRef<Machine>> {
+    use capstan_kit::workload::ClusterEvent;
+    let in_cluster = |key: &capstan_kit::workload::ClusterKey, m: &Machine| {
+        m.spec.cluster_name.as_deref() == Some(key.name.as_str())
+            && m.namespace().as_deref() == Some(key.namespace.as_str())
+    };
+    match event {
+        ClusterEvent::Node(key, node) => machines_of_node(machines, ids, node)
+            .iter()
+            .filter(|m| in_cluster(key, m))
+            .map(|m| ObjectRef::from_obj(m.as_ref()))
+            .collect(),
+        ClusterEvent::Reach(key) => machines_where(machines, |m| in_cluster(key, m)),
+    }
 }
 
 fn machines_where(
@@ -259,6 +296,11 @@ struct Pass<'a> {
     /// ends recorded means it was reported when they were, and once per
     /// pass).
     skip_reported: bool,
+    /// The cluster its Node lives in, and whether it can be reached.
+    placement: cluster::Placement,
+    /// The Eviction API of a workload cluster (the management cluster's
+    /// is the context's).
+    workload_evictions: Option<crate::nodedrain::Evictions>,
     t: capstan_api::Time,
 }
 
@@ -276,18 +318,29 @@ impl<'a> Pass<'a> {
         };
         let (plugin, provider) = plugin_state(ctx, machine, plugin_name, &status);
         let t = now();
-        let node = if deleting {
-            own_node(&ctx.kube.stores.nodes, &status)
-        } else {
-            None
+        let placement = cluster::placement(ctx, machine);
+        let nodes = placement.reach.kube(&ctx.kube);
+        let node = match nodes {
+            Some(nodes) if deleting && !placement.cluster_gone => {
+                own_node(&nodes.stores.nodes, &status)
+            }
+            _ => None,
         };
         let deletion = if deleting {
-            deletion_view(machine, &status, node.as_deref(), &t)
+            let mut deletion = deletion_view(machine, &status, node.as_deref(), &t);
+            // A Node in a cluster that does not answer is not known to be
+            // gone: its drain waits (until nodeDrainTimeoutSeconds) rather
+            // than being skipped.
+            if nodes.is_none() && !placement.cluster_gone {
+                deletion.node = status.node_ref.as_ref().map(|r| r.name.clone());
+            }
+            deletion
         } else {
             DeletionView::default()
         };
         let view = MachineView {
-            paused: machine.annotations().contains_key(ANNOTATION_PAUSED),
+            paused: machine.annotations().contains_key(ANNOTATION_PAUSED) || placement.paused,
+            cluster_held: placement.reach.down(),
             deleting,
             has_finalizer: machine.finalizers().iter().any(|f| f == MACHINE_FINALIZER),
             plugin,
@@ -333,8 +386,22 @@ impl<'a> Pass<'a> {
             bootstrap_data: None,
             node,
             refused: None,
+            workload_evictions: placement.reach.evictions(),
+            placement,
             t,
         }
+    }
+
+    /// The cluster of the machine's Node, when it can be reached.
+    fn nodes(&self) -> Option<Kube> {
+        self.placement.reach.kube(&self.ctx.kube).cloned()
+    }
+
+    /// The Eviction API of that cluster.
+    fn evictions(&self) -> &crate::nodedrain::Evictions {
+        self.workload_evictions
+            .as_ref()
+            .unwrap_or(&self.ctx.evictions)
     }
 
     /// The provider for a call. The planner asks for calls only when the
@@ -378,8 +445,23 @@ impl<'a> Pass<'a> {
                     .provider
                     .as_ref()
                     .is_some_and(|p| p.takes_bootstrap_data());
+                // The planner prepares only for a cluster that answers.
+                let Some(nodes) = self.nodes() else {
+                    return Ok(());
+                };
+                let cluster = machine.spec.cluster_name.as_deref().and_then(|name| {
+                    ctx.kube.stores.clusters.get(
+                        &ObjectRef::new(name).within(&machine.namespace().unwrap_or_default()),
+                    )
+                });
+                let target = bootstrap::JoinTarget {
+                    kube: &nodes,
+                    endpoint: cluster
+                        .as_ref()
+                        .and_then(|c| c.spec.control_plane_endpoint.as_ref()),
+                };
                 let (state, data) =
-                    bootstrap::prepare(ctx, machine, takes_data, &mut self.draft).await;
+                    bootstrap::prepare(ctx, &target, machine, takes_data, &mut self.draft).await;
                 self.view.bootstrap = state;
                 self.bootstrap_data = data;
             }
@@ -387,11 +469,16 @@ impl<'a> Pass<'a> {
             MachineStep::Create => self.instance(Call::Create, plugin_name).await,
             MachineStep::Get => self.instance(Call::Get, plugin_name).await,
             MachineStep::AdvanceInPlace => {
+                // An update that may drain waits for the Node's cluster.
+                let Some(nodes) = self.nodes() else {
+                    self.view.in_place = Some(InPlace::Wait(10_000));
+                    return Ok(());
+                };
                 let node = match (self.node.clone(), self.draft.provider_id.as_deref()) {
                     (Some(node), _) => Some(node),
                     (None, Some(id)) => {
                         let prefix = self.provider.as_ref().and_then(|p| p.provider_id_prefix());
-                        claimed_node(&ctx.kube, machine, prefix, id)
+                        claimed_node(&nodes, machine, prefix, id)
                             .await
                             .ok()
                             .flatten()
@@ -399,8 +486,8 @@ impl<'a> Pass<'a> {
                     (None, None) => None,
                 };
                 let drain = update::Drainer {
-                    kube: &ctx.kube,
-                    evictions: &ctx.evictions,
+                    kube: &nodes,
+                    evictions: self.workload_evictions.as_ref().unwrap_or(&ctx.evictions),
                     node,
                 };
                 let advance = update::advance(
@@ -431,10 +518,19 @@ impl<'a> Pass<'a> {
                 self.view.node_deleted = true;
             }
             MachineStep::RemoveFinalizer => {
-                // No token outlives its machine, joined or not.
-                bootstrap::release_token(ctx, machine)
-                    .await
-                    .map_err(kube_err("deleting the machine's bootstrap token"))?;
+                // No token outlives its machine, joined or not (one in a
+                // cluster being deleted goes with it).
+                match (self.nodes(), self.placement.reach.down()) {
+                    (Some(nodes), _) => bootstrap::release_token(&nodes, machine)
+                        .await
+                        .map_err(kube_err("deleting the machine's bootstrap token"))?,
+                    (None, Some((_, why))) if !self.placement.cluster_gone => {
+                        return Err(Error::Unavailable(format!(
+                            "the machine's bootstrap token cannot be deleted yet: {why}"
+                        )));
+                    }
+                    (None, _) => {}
+                }
                 remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
                 ctx.unseen_writes.forget(machine);
                 ctx.nothing_to_adopt
@@ -490,23 +586,8 @@ impl<'a> Pass<'a> {
                 self.draft.plugin_digest = Some(provider.digest().to_string());
                 self.draft.plugin_signer = provider.signer().map(str::to_string);
                 let prefix = provider.provider_id_prefix();
-                (self.node, self.refused) =
-                    match claimed_node(&ctx.kube, machine, prefix, &observed.provider_id).await {
-                        Ok(node) => (node, None),
-                        Err(refused) => (None, Some(refused)),
-                    };
-                if let Some(node) = &self.node {
-                    // The next pass tries again; the instance is what this
-                    // pass is about.
-                    if let Err(error) = annotate_node(ctx, machine, node).await {
-                        tracing::warn!(machine = %key_of(machine), %error, "node not annotated");
-                    }
-                    if let Err(error) = carry_labels_to_node(ctx, machine, node).await {
-                        tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
-                    }
-                    if let Err(error) = carry_taints_to_node(ctx, machine, node).await {
-                        tracing::warn!(machine = %key_of(machine), %error, "node taints not carried");
-                    }
+                if let Some(nodes) = self.nodes() {
+                    self.tend_node(&nodes, prefix, &observed.provider_id).await;
                 }
                 self.view.provider_id = Some(observed.provider_id.clone());
                 self.view.instance = Some(Instance {
@@ -520,9 +601,35 @@ impl<'a> Pass<'a> {
                 });
                 self.observed = Some(observed);
                 let joined = self.node.is_some();
-                bootstrap::tend_token(ctx, machine, joined, &mut self.draft).await;
+                if let Some(nodes) = self.nodes() {
+                    bootstrap::tend_token(ctx, &nodes, machine, joined, &mut self.draft).await;
+                }
             }
             Err(e) => self.view.call_error = Some((call, call_error(e))),
+        }
+    }
+
+    /// Find the machine's Node in `nodes` (if the claim holds) and keep
+    /// Cluster API's annotations, the granted labels and the taints on it.
+    async fn tend_node(&mut self, nodes: &Kube, prefix: Option<&str>, provider_id: &str) {
+        let machine = self.machine;
+        (self.node, self.refused) = match claimed_node(nodes, machine, prefix, provider_id).await
+        {
+            Ok(node) => (node, None),
+            Err(refused) => (None, Some(refused)),
+        };
+        let Some(node) = &self.node else {
+            return;
+        };
+        // The next pass tries again; the instance is what this pass is about.
+        if let Err(error) = annotate_node(nodes, machine, node).await {
+            tracing::warn!(machine = %key_of(machine), %error, "node not annotated");
+        }
+        if let Err(error) = carry_labels_to_node(nodes, machine, node).await {
+            tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
+        }
+        if let Err(error) = carry_taints_to_node(nodes, machine, node).await {
+            tracing::warn!(machine = %key_of(machine), %error, "node taints not carried");
         }
     }
 
@@ -530,6 +637,9 @@ impl<'a> Pass<'a> {
     /// when it is deleted, so a health check sees "NodeDeleted" rather than
     /// a machine still booting.
     fn node_seen(&self) -> NodeSeen {
+        if let Some((_, why)) = self.placement.reach.down() {
+            return NodeSeen::Unreachable(why);
+        }
         if let Some((node, why)) = &self.refused {
             return NodeSeen::Refused {
                 node: node.clone(),

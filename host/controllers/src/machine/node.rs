@@ -4,7 +4,7 @@
 //! the granted managed labels and its taints on it, and deleting it after
 //! the instance.
 
-use super::{CONTROLLER, Context};
+use super::CONTROLLER;
 use capstan_api::{
     ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_TAINTS_FROM_MACHINE, ANNOTATION_TAINTS_INITIALIZED,
     AdoptedBy, Machine, MachineStatus,
@@ -26,7 +26,7 @@ use std::sync::Arc;
 /// Put Cluster API's annotations that point from the Node to its Machine on
 /// the Node, when it lacks them (one patch, once).
 pub(super) async fn annotate_node(
-    ctx: &Context,
+    kube: &Kube,
     machine: &Machine,
     node: &Node,
 ) -> Result<(), Error> {
@@ -35,7 +35,7 @@ pub(super) async fn annotate_node(
     };
     let patch = serde_json::json!({ "metadata": { "annotations": missing } });
     let failing = format!("cannot annotate, for machine {},", key_of(machine));
-    crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_annotations", &failing).await
+    crate::nodedrain::patch_node(kube, node, &patch, "node_annotations", &failing).await
 }
 
 /// Cluster API's annotations pointing from `node` to `machine` that the
@@ -59,14 +59,13 @@ fn wanted_annotations(
 }
 
 pub(super) async fn carry_labels_to_node(
-    ctx: &Context,
+    kube: &Kube,
     machine: &Machine,
     node: &Node,
 ) -> Result<(), Error> {
     let recorded = node.annotations().get(ANNOTATION_LABELS_FROM_MACHINE);
     // What the admin granted the Plugin that runs the machine.
-    let granted = ctx
-        .kube
+    let granted = kube
         .stores
         .plugins
         .get(&ObjectRef::new(machine.instance_plugin()))
@@ -87,7 +86,7 @@ pub(super) async fn carry_labels_to_node(
         }
     });
     let failing = format!("cannot carry the labels of machine {} to", key_of(machine));
-    crate::nodedrain::patch_node(&ctx.kube, node, &patch, "node_labels", &failing).await
+    crate::nodedrain::patch_node(kube, node, &patch, "node_labels", &failing).await
 }
 
 /// Keep the machine's taints on its Node (`Always` ones for as long as it
@@ -98,7 +97,7 @@ pub(super) async fn carry_labels_to_node(
 /// at join time above all): the patch carries the Node's resourceVersion,
 /// and a conflict is retried on a fresh read.
 pub(super) async fn carry_taints_to_node(
-    ctx: &Context,
+    kube: &Kube,
     machine: &Machine,
     node: &Node,
 ) -> Result<(), Error> {
@@ -109,7 +108,7 @@ pub(super) async fn carry_taints_to_node(
         tracing::warn!(machine = %key_of(machine), "spec.{why}");
         return Ok(());
     }
-    let api: Api<Node> = Api::all(ctx.kube.client.clone());
+    let api: Api<Node> = Api::all(kube.client.clone());
     let mut node = node.clone();
     for attempt in 1..=3 {
         let Some(patch) = taints_patch(&node, &wanted) else {
@@ -121,7 +120,7 @@ pub(super) async fn carry_taints_to_node(
             .await
         {
             Ok(_) => {
-                ctx.kube.metrics.wrote(CONTROLLER, "node_taints");
+                kube.metrics.wrote(CONTROLLER, "node_taints");
                 return Ok(());
             }
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
@@ -225,8 +224,8 @@ fn taints_patch(node: &Node, wanted: &[Wanted]) -> Option<serde_json::Value> {
 
 /// Delete the machine's Node object once its instance is gone (a cloud's
 /// node controller may have done it already).
-pub(super) async fn delete_node(ctx: &Context, node: &Node) -> Result<(), Error> {
-    let api: Api<Node> = Api::all(ctx.kube.client.clone());
+pub(super) async fn delete_node(kube: &Kube, node: &Node) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(kube.client.clone());
     let params = kube::api::DeleteParams {
         preconditions: node.uid().map(|uid| kube::api::Preconditions {
             uid: Some(uid),
@@ -236,7 +235,7 @@ pub(super) async fn delete_node(ctx: &Context, node: &Node) -> Result<(), Error>
     };
     match api.delete(&node.name_any(), &params).await {
         Ok(_) => {
-            ctx.kube.metrics.wrote(CONTROLLER, "delete_node");
+            kube.metrics.wrote(CONTROLLER, "delete_node");
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
@@ -367,7 +366,7 @@ async fn held_elsewhere(kube: &Kube, machine: &Machine, node: &Node) -> Result<(
     }
     let node_name = node.name_any();
     let namesakes: Vec<Machine> = if kube.sharded {
-        Api::<Machine>::all(kube.client.clone())
+        Api::<Machine>::all(kube.home.clone())
             .list(&ListParams::default().fields(&format!("metadata.name={node_name}")))
             .await
             .map_err(|e| format!("cannot ask which Machines are named {node_name}: {e}"))?
@@ -407,7 +406,7 @@ async fn machine_exists(kube: &Kube, namespace: &str, name: &str) -> Result<bool
     if !kube.sharded {
         return Ok(false);
     }
-    Api::<Machine>::namespaced(kube.client.clone(), namespace)
+    Api::<Machine>::namespaced(kube.home.clone(), namespace)
         .get_metadata_opt(name)
         .await
         .map(|m| m.is_some())

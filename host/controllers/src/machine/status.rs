@@ -164,7 +164,17 @@ fn settle_alive(
         Outcome::Observed => {
             if let (Some(observed), Some(instance)) = (observed, &view.instance) {
                 // The Node's conditions first: a readiness gate may name them.
-                node_conditions(status, node, generation, t);
+                match &instance.node {
+                    // Its cluster does not answer: nothing is known of the
+                    // Node (Cluster API's `ConnectionDown`).
+                    NodeSeen::Unreachable(why) => {
+                        let set = condition_setter(generation, t);
+                        for type_ in [NODE_READY, NODE_HEALTHY] {
+                            set(status, type_, cond::UNKNOWN, "ConnectionDown", why.clone());
+                        }
+                    }
+                    _ => node_conditions(status, node, generation, t),
+                }
                 let gates = &machine.spec.readiness_gates;
                 settle_observed(status, view, observed, instance, node, gates, generation, t);
             }
@@ -475,6 +485,7 @@ fn settle_observed(
             ),
         ),
         (NodeSeen::Ready(_), true) => ("NodeReady", String::new()),
+        (NodeSeen::Unreachable(why), true) => ("ConnectionDown", why.clone()),
     };
     let (ready, reason, message) = if !(node_ready && running) {
         (cond::FALSE, reason, message)

@@ -262,6 +262,16 @@ async fn begin(set: &Arc<MachineSet>, ctx: &Context) -> Result<Option<Action>, E
         let mut counted = ctx.remediated.lock().unwrap_or_else(|p| p.into_inner());
         counted.remove(&uid);
     }
+    // A paused Cluster holds its objects; its unpausing is seen within
+    // this wait.
+    let namespace = set.namespace().unwrap_or_default();
+    if capstan_kit::objects::cluster_paused(
+        &ctx.kube.stores,
+        &namespace,
+        set.spec.cluster_name.as_deref(),
+    ) {
+        return Ok(Some(Action::requeue(std::time::Duration::from_secs(5))));
+    }
     crate::set_conditions::write_held(
         &ctx.kube,
         CONTROLLER,
@@ -341,6 +351,11 @@ fn validate(set: &MachineSet, kube: &Kube) -> Option<(&'static str, String)> {
     })
     .or_else(|| {
         crate::template::template_provider_id(&set.spec.template.spec).map(|m| ("InvalidSpec", m))
+    })
+    .or_else(|| {
+        crate::template::cluster_of(set.spec.cluster_name.as_deref(), &set.spec.template.spec)
+            .err()
+            .map(|m| ("InvalidSpec", m))
     })
     .or_else(|| set.spec.renamed_fields().err().map(|m| ("InvalidSpec", m)))
     .or_else(|| {
@@ -708,6 +723,11 @@ async fn create_machines(
     let template = &set.spec.template;
     let mut labels = template.metadata.labels.clone();
     labels.insert(LABEL_SET_NAME.to_string(), set.name_any());
+    let mut spec = template.spec.clone();
+    if let Ok(Some(cluster)) = crate::template::cluster_of(set.spec.cluster_name.as_deref(), &spec) {
+        labels.insert(capstan_api::LABEL_CLUSTER_NAME.to_string(), cluster.to_string());
+        spec.cluster_name = Some(cluster.to_string());
+    }
     let mut annotations = template.metadata.annotations.clone();
     let carried = Carried::of(&template.metadata.labels, &template.metadata.annotations);
     annotations.insert(ANNOTATION_TEMPLATE_METADATA.into(), carried.to_json());
@@ -724,7 +744,7 @@ async fn create_machines(
             finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
             ..Default::default()
         },
-        spec: template.spec.clone(),
+        spec,
         status: None,
     };
     let results: Vec<Result<String, kube::Error>> = futures::stream::iter(0..count)

@@ -38,6 +38,14 @@ async fn joining_env() -> Env {
 }
 
 pub(crate) async fn joining_env_with(faults: Faults) -> Env {
+    joining_env_tuned(faults, |_| {}).await
+}
+
+/// [`joining_env_with`], the controllers' options tuned by `tune`.
+pub(crate) async fn joining_env_tuned(
+    faults: Faults,
+    tune: impl FnOnce(&mut capstan_controllers::Options),
+) -> Env {
     let mut options = EnvOptions::new(faults);
     options.control_plane.audit = true;
     options.kubelet.shared_identity_without_join_data = false;
@@ -60,12 +68,13 @@ pub(crate) async fn joining_env_with(faults: Faults) -> Env {
             .expect("create the bootstrap Plugin");
     }
     let config = controller_config(&env).await;
-    let options = capstan_controllers::Options {
+    let mut options = capstan_controllers::Options {
         // As installed: Plugins without allowedNamespaces serve only
         // Capstan's namespace.
         secrets_namespace: Some(CAPSTAN_NAMESPACE.into()),
         ..Default::default()
     };
+    tune(&mut options);
     env.start_controllers_as(config, capstan_controllers::Providers::default(), options)
         .await;
     env

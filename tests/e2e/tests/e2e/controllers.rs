@@ -626,6 +626,7 @@ async fn bad_configs_and_unknown_plugins_surface_as_conditions() {
             delete_policy: None,
             min_ready_seconds: 0,
             in_place: None,
+            cluster_name: None,
         },
     );
     Api::<MachineSet>::namespaced(env.client.clone(), NS)

@@ -38,6 +38,7 @@ mod tenancy;
 mod trust;
 mod updater;
 mod v1beta2;
+mod workload_clusters;
 mod workloads;
 
 /// Show the in-process controllers' logs (warnings by default, `RUST_LOG`

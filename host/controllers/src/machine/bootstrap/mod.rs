@@ -28,6 +28,7 @@ pub(super) use token::{release_token, tend_token};
 
 use super::Context;
 use capstan_api::{Machine, MachineInitialization, MachineStatus};
+use capstan_kit::Kube;
 use capstan_kit::provider::{ProviderError, to_plugin_machine};
 use capstan_planner::bootstrap::{
     self as plan, Source, TOKEN_PLACEHOLDER, check_size, data_secret_name, substitute,
@@ -40,6 +41,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
+
+/// The cluster a machine joins: the one its Node lives in (its bootstrap
+/// token is minted there and its `cluster-info` read there), and the
+/// Cluster's `spec.controlPlaneEndpoint`, if it names one.
+pub(super) struct JoinTarget<'a> {
+    /// That cluster.
+    pub(super) kube: &'a Kube,
+    /// Joined instead of `cluster-info`'s server.
+    pub(super) endpoint: Option<&'a capstan_api::ApiEndpoint>,
+}
 
 /// The Secret type of bootstrap data, as in Cluster API.
 pub(crate) const DATA_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
@@ -107,6 +118,7 @@ fn secret_retry(
 /// says; records the data Secret (and the token's expiry) in `draft`.
 pub(super) async fn prepare(
     ctx: &Context,
+    target: &JoinTarget<'_>,
     machine: &Machine,
     provider_takes_data: bool,
     draft: &mut MachineStatus,
@@ -144,7 +156,8 @@ pub(super) async fn prepare(
                 .clone()
                 .unwrap_or_else(|| serde_json::json!({}))
                 .to_string();
-            let result = rendered_data(ctx, &secrets, machine, &name, plugin, &config, draft).await;
+            let rendering = (name.as_str(), plugin, config.as_str());
+            let result = rendered_data(ctx, target, machine, rendering, draft).await;
             (name, result)
         }
     };
@@ -252,17 +265,18 @@ async fn users_data(
 }
 
 /// The data a bootstrap plugin renders, with the machine's token in place.
+/// `(name, plugin, config)`: the data Secret's name, the bootstrap Plugin
+/// and its config.
 async fn rendered_data(
     ctx: &Context,
-    secrets: &Api<Secret>,
+    target: &JoinTarget<'_>,
     machine: &Machine,
-    name: &str,
-    plugin: &str,
-    config: &str,
+    (name, plugin, config): (&str, &str, &str),
     draft: &mut MachineStatus,
 ) -> (Bootstrap, Option<BootstrapData>) {
     let uid = machine.uid().unwrap_or_default();
     let namespace = machine.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), &namespace);
     // An earlier pass wrote it: the same data, the same token. Read first,
     // so a namespace Capstan may not write to mints no token.
     match secrets.get_opt(name).await {
@@ -286,7 +300,7 @@ async fn rendered_data(
             1_000,
         );
     };
-    let join = match join_info(ctx, machine).await {
+    let join = match join_info(target, machine).await {
         Ok(join) => join,
         Err(message) => return retry("JoinInfoUnavailable", message, 15_000),
     };
@@ -320,7 +334,7 @@ async fn rendered_data(
     if let Err(message) = check_size(rendered.value.len()) {
         return failed("BootstrapDataTooLarge", message);
     }
-    let token = match token::ensure_token(ctx, machine, draft).await {
+    let token = match token::ensure_token(ctx, target.kube, machine, draft).await {
         Ok(token) => token,
         Err(failure) => return failure,
     };
@@ -424,8 +438,8 @@ fn existing(secret: &Secret, uid: &str, name: &str) -> (Bootstrap, Option<Bootst
 /// What the instance needs to join: the API server and the cluster CA from
 /// `kube-public/cluster-info` (as `kubeadm init` publishes it), the Node
 /// name (the Machine's), its registration labels and taints.
-async fn join_info(ctx: &Context, machine: &Machine) -> Result<JoinInfo, String> {
-    let maps: Api<ConfigMap> = Api::namespaced(ctx.kube.client.clone(), "kube-public");
+async fn join_info(target: &JoinTarget<'_>, machine: &Machine) -> Result<JoinInfo, String> {
+    let maps: Api<ConfigMap> = Api::namespaced(target.kube.client.clone(), "kube-public");
     let info = maps
         .get_opt("cluster-info")
         .await
@@ -439,7 +453,13 @@ async fn join_info(ctx: &Context, machine: &Machine) -> Result<JoinInfo, String>
         .as_ref()
         .and_then(|d| d.get("kubeconfig"))
         .ok_or("kube-public/cluster-info has no `kubeconfig` key")?;
-    let (server, ca_pem) = cluster_of(kubeconfig)?;
+    let (published, ca_pem) = cluster_of(kubeconfig)?;
+    // The Cluster's `spec.controlPlaneEndpoint`, when it names one, is
+    // what machines join (a load balancer before the API servers).
+    let server = match target.endpoint {
+        Some(endpoint) => format!("https://{}:{}", endpoint.host, endpoint.port),
+        None => published,
+    };
     let ca_hash = crate::x509::ca_pin(&ca_pem)?;
     let labels = capstan_planner::metadata::node_managed_labels(
         &machine.labels().clone().into_iter().collect(),

@@ -5,6 +5,7 @@
 
 use super::{Bootstrap, BootstrapData, Context, failed, kube_retry, retry};
 use super::{LABEL_TOKEN_MACHINE_UID, TOKEN_NAMESPACE, TOKEN_SECRET_TYPE};
+use capstan_kit::Kube;
 use capstan_api::{Machine, MachineInitialization, MachineStatus};
 use capstan_planner::bootstrap::{self as plan, TokenAction};
 use k8s_openapi::api::core::v1::Secret;
@@ -49,12 +50,13 @@ fn expiry_in(ttl: std::time::Duration) -> String {
 /// expiry in `draft`.
 pub(super) async fn ensure_token(
     ctx: &Context,
+    nodes: &Kube,
     machine: &Machine,
     draft: &mut MachineStatus,
 ) -> Result<String, (Bootstrap, Option<BootstrapData>)> {
     let uid = machine.uid().unwrap_or_default();
     let name = token_secret_name(&uid);
-    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
+    let tokens: Api<Secret> = Api::namespaced(nodes.client.clone(), TOKEN_NAMESPACE);
     let field = |secret: &Secret, key: &str| {
         secret
             .data
@@ -132,7 +134,7 @@ pub(super) async fn ensure_token(
         ..Default::default()
     };
     match tokens.create(&PostParams::default(), &secret).await {
-        Ok(_) => ctx.kube.metrics.wrote("machine", "bootstrap_token"),
+        Ok(_) => nodes.metrics.wrote("machine", "bootstrap_token"),
         // Minted by a pass racing this one: use it on the next pass.
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Err(retry(
@@ -159,6 +161,7 @@ pub(super) async fn ensure_token(
 /// it has. Only for machines whose status says they hold one.
 pub(in crate::machine) async fn tend_token(
     ctx: &Context,
+    nodes: &Kube,
     machine: &Machine,
     joined: bool,
     draft: &mut MachineStatus,
@@ -178,7 +181,7 @@ pub(in crate::machine) async fn tend_token(
     let ttl = ctx.bootstrap_token.ttl.as_secs() as i64;
     let uid = machine.uid().unwrap_or_default();
     let name = token_secret_name(&uid);
-    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
+    let tokens: Api<Secret> = Api::namespaced(nodes.client.clone(), TOKEN_NAMESPACE);
     let init = draft
         .initialization
         .get_or_insert_with(MachineInitialization::default);
@@ -186,7 +189,7 @@ pub(in crate::machine) async fn tend_token(
         TokenAction::Keep => {}
         TokenAction::Delete => match delete_token(&tokens, &name, &uid).await {
             Ok(()) => {
-                ctx.kube.metrics.wrote("machine", "bootstrap_token_delete");
+                nodes.metrics.wrote("machine", "bootstrap_token_delete");
                 init.bootstrap_token_expires = None
             }
             Err(error) => {
@@ -201,7 +204,7 @@ pub(in crate::machine) async fn tend_token(
                 .await
             {
                 Ok(_) => {
-                    ctx.kube.metrics.wrote("machine", "bootstrap_token_renew");
+                    nodes.metrics.wrote("machine", "bootstrap_token_renew");
                     init.bootstrap_token_expires = Some(expiration)
                 }
                 // Gone (the token cleaner, or by hand): nothing to renew.
@@ -236,7 +239,7 @@ async fn delete_token(tokens: &Api<Secret>, name: &str, uid: &str) -> Result<(),
 
 /// Delete the token of a Machine that is going away, joined or not.
 pub(in crate::machine) async fn release_token(
-    ctx: &Context,
+    nodes: &Kube,
     machine: &Machine,
 ) -> Result<(), kube::Error> {
     if machine
@@ -249,7 +252,7 @@ pub(in crate::machine) async fn release_token(
         return Ok(());
     }
     let uid = machine.uid().unwrap_or_default();
-    let tokens: Api<Secret> = Api::namespaced(ctx.kube.client.clone(), TOKEN_NAMESPACE);
+    let tokens: Api<Secret> = Api::namespaced(nodes.client.clone(), TOKEN_NAMESPACE);
     delete_token(&tokens, &token_secret_name(&uid), &uid).await
 }
 
