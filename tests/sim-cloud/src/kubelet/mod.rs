@@ -976,12 +976,18 @@ async fn heartbeat_loop(inner: Arc<Inner>) {
                 let inner = inner.clone();
                 async move {
                     // Errors are counted and logged; the next beat retries.
-                    if renew {
-                        let _ = inner.renew_lease(&name).await;
-                    }
-                    if post {
-                        let _ = inner.post_status(&name).await;
-                    }
+                    // Each Node's kubelet is on its own, as on real
+                    // machines: an API server that stopped answering
+                    // (another cluster's) holds no other Node's beat.
+                    let beat = async {
+                        if renew {
+                            let _ = inner.renew_lease(&name).await;
+                        }
+                        if post {
+                            let _ = inner.post_status(&name).await;
+                        }
+                    };
+                    let _ = tokio::time::timeout(heartbeat.max(Duration::from_secs(1)), beat).await;
                 }
             })
             .await;
