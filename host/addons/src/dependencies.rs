@@ -151,8 +151,8 @@ pub fn same_cluster(a: (&str, Option<&AddonTarget>), b: (&str, Option<&AddonTarg
         (None, None) => true,
         (Some(x), Some(y)) => {
             a.0 == b.0
-                && x.kubeconfig_secret_ref.name == y.kubeconfig_secret_ref.name
-                && x.kubeconfig_secret_ref.key == y.kubeconfig_secret_ref.key
+                && x.kubeconfig_secret_ref == y.kubeconfig_secret_ref
+                && x.cluster_name == y.cluster_name
         }
         _ => false,
     }

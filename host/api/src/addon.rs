@@ -192,7 +192,40 @@ pub enum PatchType {
 pub struct AddonTarget {
     /// A Secret in the Addon's namespace holding a kubeconfig (Cluster API
     /// writes one per cluster as `<cluster>-kubeconfig`, key `value`).
-    pub kubeconfig_secret_ref: KubeconfigSecretRef,
+    /// Either this or `clusterName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_secret_ref: Option<KubeconfigSecretRef>,
+    /// A `Cluster` of the Addon's namespace: the Addon goes to that
+    /// workload cluster through the Cluster's kubeconfig Secret. Either
+    /// this or `kubeconfigSecretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub cluster_name: Option<String>,
+}
+
+impl AddonTarget {
+    /// The kubeconfig Secret reference the target names, the Cluster's
+    /// resolved by `secret_of_cluster` (its Secret's name, if the Cluster
+    /// exists); `Err` says which field is wrong.
+    pub fn secret_ref(
+        &self,
+        secret_of_cluster: impl FnOnce(&str) -> Option<String>,
+    ) -> Result<KubeconfigSecretRef, String> {
+        match (&self.kubeconfig_secret_ref, &self.cluster_name) {
+            (Some(secret), None) => Ok(secret.clone()),
+            (None, Some(cluster)) => secret_of_cluster(cluster)
+                .map(|name| KubeconfigSecretRef { name, key: None })
+                .ok_or_else(|| {
+                    format!("spec.target.clusterName: Cluster {cluster:?} does not exist in the Addon's namespace")
+                }),
+            (Some(_), Some(_)) => Err(
+                "spec.target: set one of kubeconfigSecretRef and clusterName, not both".into(),
+            ),
+            (None, None) => Err(
+                "spec.target: name the workload cluster with kubeconfigSecretRef or clusterName".into(),
+            ),
+        }
+    }
 }
 
 /// Where a kubeconfig is.

@@ -62,11 +62,12 @@ pub enum Kind {
     MachineSet,
     Machine,
     Addon,
+    Cluster,
 }
 
 impl Kind {
     /// Every spelling accepted, for error messages.
-    const SPELLINGS: [(&'static str, Kind); 11] = [
+    const SPELLINGS: [(&'static str, Kind); 14] = [
         ("md", Kind::MachineDeployment),
         ("machinedeployment", Kind::MachineDeployment),
         ("machinedeployments", Kind::MachineDeployment),
@@ -78,6 +79,9 @@ impl Kind {
         ("machines", Kind::Machine),
         ("addon", Kind::Addon),
         ("addons", Kind::Addon),
+        ("cl", Kind::Cluster),
+        ("cluster", Kind::Cluster),
+        ("clusters", Kind::Cluster),
     ];
 
     /// The lower-case singular name kubectl prints (`machinedeployment`).
@@ -87,6 +91,7 @@ impl Kind {
             Kind::MachineSet => "machineset",
             Kind::Machine => "machine",
             Kind::Addon => "addon",
+            Kind::Cluster => "cluster",
         }
     }
 }
@@ -158,11 +163,12 @@ pub fn describable_reference(reference: &str) -> Result<String, String> {
 }
 
 /// The kinds `describe` shows.
-pub const DESCRIBABLE: [Kind; 4] = [
+pub const DESCRIBABLE: [Kind; 5] = [
     Kind::MachineDeployment,
     Kind::MachineSet,
     Kind::Machine,
     Kind::Addon,
+    Kind::Cluster,
 ];
 
 #[cfg(test)]

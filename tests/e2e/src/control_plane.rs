@@ -225,6 +225,11 @@ pub struct ControlPlaneOptions {
     /// unix socket (real nodes of the simulated cloud live in network
     /// namespaces of their own; its egress proxy reaches them).
     pub egress_socket: Option<PathBuf>,
+    /// Keep objects in another control plane's etcd (its client URL, see
+    /// [`ControlPlane::etcd_url`]) under this key prefix instead of an
+    /// etcd of its own: many API servers on one etcd, as a scale run of
+    /// many workload clusters wants.
+    pub shared_etcd: Option<(String, String)>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -237,6 +242,7 @@ impl Default for ControlPlaneOptions {
             api_only: false,
             audit: false,
             egress_socket: None,
+            shared_etcd: None,
         }
     }
 }
@@ -573,6 +579,11 @@ impl ControlPlane {
         } = self.ports;
         let etcd_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        let (etcd_url, etcd_prefix) = match &options.shared_etcd {
+            Some((url, prefix)) => (url.clone(), prefix.clone()),
+            None => (etcd_url, "/registry".to_string()),
+        };
+        if options.shared_etcd.is_none() {
         push(spawn(
             "etcd",
             Command::new("etcd")
@@ -585,6 +596,7 @@ impl ControlPlane {
                 .arg(format!("--initial-cluster=capstan={peer_url}")),
             &dir.join("etcd.log"),
         )?);
+        }
         let (key, public) = (dir.join("sa.key"), dir.join("sa.pub"));
         let certs = dir.join("certs");
         let tokens = dir.join("tokens.csv");
@@ -592,6 +604,7 @@ impl ControlPlane {
             "kube-apiserver",
             Command::new(&apiserver)
                 .arg(format!("--etcd-servers={etcd_url}"))
+                .arg(format!("--etcd-prefix={etcd_prefix}"))
                 .arg("--bind-address=127.0.0.1")
                 .arg("--advertise-address=127.0.0.1")
                 .arg(format!("--secure-port={secure}"))
@@ -700,6 +713,11 @@ impl ControlPlane {
             &dir.join("kube-scheduler.log"),
         )?);
         Ok(())
+    }
+
+    /// Its etcd's client URL (for [`ControlPlaneOptions::shared_etcd`]).
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.etcd_client)
     }
 
     /// The process id of one of its processes (`etcd`, `kube-apiserver`,

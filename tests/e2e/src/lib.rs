@@ -116,6 +116,7 @@ pub fn plugin(file_stem: &str) -> PathBuf {
 
 pub use capstan_sim_cloud as sim_cloud;
 
+pub mod bench_clusters;
 pub mod blob_store;
 pub mod cli;
 pub mod control_plane;

@@ -87,10 +87,11 @@ fn a_dependency_is_ready_only_when_every_rule_holds() {
     );
     let mut v = base.clone();
     v.target = Some(AddonTarget {
-        kubeconfig_secret_ref: KubeconfigSecretRef {
+        kubeconfig_secret_ref: Some(KubeconfigSecretRef {
             name: "c1-kubeconfig".into(),
             key: None,
-        },
+        }),
+        cluster_name: None,
     });
     assert_eq!(ready(&v, &dep("a", None)), Err(NotReady::OtherCluster));
 }
@@ -109,10 +110,11 @@ fn versions_with_a_v_and_requirements_are_read_as_semver() {
 #[test]
 fn the_same_cluster_is_the_same_secret_of_the_same_namespace() {
     let t = |name: &str| AddonTarget {
-        kubeconfig_secret_ref: KubeconfigSecretRef {
+        kubeconfig_secret_ref: Some(KubeconfigSecretRef {
             name: name.into(),
             key: None,
-        },
+        }),
+        cluster_name: None,
     };
     assert!(same_cluster(("a", None), ("b", None)));
     assert!(same_cluster(("a", Some(&t("k"))), ("a", Some(&t("k")))));

@@ -59,7 +59,15 @@ pub(super) async fn target(addon: &Addon, ctx: &Context, actor: &Actor) -> Resul
         ));
     }
     let ns = addon.namespace().unwrap_or_default();
-    let secret_ref = &t.kubeconfig_secret_ref;
+    let secret_ref = &t
+        .secret_ref(|cluster| {
+            ctx.kube
+                .stores
+                .clusters
+                .get(&kube::runtime::reflector::ObjectRef::new(cluster).within(&ns))
+                .map(|c| c.kubeconfig_secret())
+        })
+        .map_err(|m| fail(APPLIED, "InvalidSpec", m))?;
     let key_name = secret_ref.key.as_deref().unwrap_or("value");
     let unavailable = |m: String| fail(APPLIED, "TargetUnavailable", m);
     if let Some(own) = &ctx.kube.secrets_namespace

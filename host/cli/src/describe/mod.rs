@@ -1,13 +1,15 @@
-//! `capstan describe md/NAME | ms/NAME | machine/NAME | addon/NAME`: the
-//! tree `clusterctl describe` prints, for Capstan's objects. This module
+//! `capstan describe md/NAME | ms/NAME | machine/NAME | addon/NAME |
+//! cluster/NAME`: the tree `clusterctl describe` prints, for Capstan's
+//! objects. This module
 //! reads the objects and their Events; [`tree`] turns them into rows and
 //! text.
 
+pub mod cluster;
 pub mod tree;
 
 use crate::connect::{Connection, Kind, parse_reference};
 use anyhow::anyhow;
-use capstan_api::{Addon, Machine, MachineDeployment, MachineSet};
+use capstan_api::{Addon, Cluster, Machine, MachineDeployment, MachineSet};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -20,8 +22,8 @@ use tree::{Description, EventLine, Style};
 /// Flags of `describe`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// What to describe: `md/NAME`, `ms/NAME`, `machine/NAME` or
-    /// `addon/NAME` (long and plural kind names work too).
+    /// What to describe: `md/NAME`, `ms/NAME`, `machine/NAME`,
+    /// `addon/NAME` or `cluster/NAME` (long and plural kind names work too).
     #[arg(value_parser = crate::connect::describable_reference)]
     pub object: String,
     #[command(flatten)]
@@ -107,6 +109,25 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Kind::Addon => {
             let addon: Addon = named(&client, &namespace, &name, kind).await?;
             (tree::addon_row(&addon, now), uids([&addon.metadata]))
+        }
+        Kind::Cluster => {
+            let c: Cluster = named(&client, &namespace, &name, kind).await?;
+            let deployments = Api::<MachineDeployment>::namespaced(client.clone(), &namespace)
+                .list(&ListParams::default())
+                .await?
+                .items;
+            let sets = Api::<MachineSet>::namespaced(client.clone(), &namespace)
+                .list(&ListParams::default())
+                .await?
+                .items;
+            let machines = machines().await?;
+            let row = cluster::cluster_row(&c, &deployments, &sets, &machines, args.grouping, now);
+            let metas = [&c.metadata]
+                .into_iter()
+                .chain(deployments.iter().map(|d| &d.metadata))
+                .chain(sets.iter().map(|s| &s.metadata))
+                .chain(machines.iter().map(|m| &m.metadata));
+            (row, uids(metas))
         }
     };
     let shown = shown_names(&tree);

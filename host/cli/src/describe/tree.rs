@@ -133,7 +133,7 @@ fn first_not_true(conditions: &[Condition]) -> (String, String) {
         .unwrap_or_default()
 }
 
-fn state(conditions: &[Condition], type_: &str) -> String {
+pub(super) fn state(conditions: &[Condition], type_: &str) -> String {
     capstan_api::condition(conditions, type_)
         .map(|c| c.status.clone())
         .unwrap_or_else(|| "-".into())
@@ -145,7 +145,7 @@ fn age(meta: &kube::api::ObjectMeta, now: Timestamp) -> i64 {
         .map_or(0, |t| (now.as_second() - t.0.as_second()).max(0))
 }
 
-fn row(
+pub(super) fn row(
     name: String,
     conditions: &[Condition],
     meta: &kube::api::ObjectMeta,
@@ -212,7 +212,7 @@ fn plugin_line(plugin: &str, digest: Option<&str>, signer: Option<&str>) -> Stri
     format!("plugin {plugin}{digest}{signer}")
 }
 
-fn count(have: i32, want: i32) -> String {
+pub(super) fn count(have: i32, want: i32) -> String {
     format!("{have}/{want}")
 }
 
@@ -316,7 +316,7 @@ fn revision(ms: &MachineSet) -> i64 {
         .unwrap_or(0)
 }
 
-fn owned_by(meta: &kube::api::ObjectMeta, owner: Option<&str>) -> bool {
+pub(super) fn owned_by(meta: &kube::api::ObjectMeta, owner: Option<&str>) -> bool {
     owner.is_some_and(|uid| meta.owner_references.iter().flatten().any(|o| o.uid == uid))
 }
 

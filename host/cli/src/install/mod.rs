@@ -15,6 +15,7 @@
 
 mod deployment;
 mod roles;
+mod workload;
 #[cfg(test)]
 mod tests;
 mod uninstall;
@@ -159,6 +160,21 @@ pub struct InstallArgs {
     /// Capstan reads no Secret in a namespace nobody bound.
     #[arg(long = "machine-namespace", value_name = "NAMESPACE")]
     pub machine_namespaces: Vec<String>,
+    /// Instead of Capstan, the objects a workload cluster needs so Capstan
+    /// can run Machines for it (see docs/workload-clusters.md): the
+    /// ClusterRole and Roles its kubeconfig's user needs there (Nodes,
+    /// drains, volumes, bootstrap tokens, cluster-info, node CSRs), bound
+    /// to --workload-user or to the ServiceAccount
+    /// kube-system/capstan-workload, and the binding that lets machines'
+    /// bootstrap tokens ask for node certificates. Use it with the
+    /// workload cluster's kubeconfig.
+    #[arg(long)]
+    pub workload_cluster: bool,
+    /// With --workload-cluster: bind the rules to this user (the one the
+    /// Cluster's kubeconfig Secret authenticates as) instead of creating
+    /// the ServiceAccount kube-system/capstan-workload.
+    #[arg(long, value_name = "USER", requires = "workload_cluster")]
+    pub workload_user: Option<String>,
     /// Apply the objects to the cluster (server-side apply) instead of
     /// printing them.
     #[arg(long)]
@@ -474,6 +490,9 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(TrustPolicy::load(path)?),
         None => None,
     };
+    if args.workload_cluster {
+        return workload::install(&args).await;
+    }
     let (image, pinned) = controller_image(&args)?;
     if !pinned {
         eprintln!(

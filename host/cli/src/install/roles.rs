@@ -5,16 +5,19 @@
 use super::*;
 
 pub fn policy_rules(scope: Scope) -> Vec<PolicyRule> {
-    rbac::rules(scope)
-        .map(|r| PolicyRule {
-            api_groups: Some(vec![r.group.to_string()]),
-            resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
-            resource_names: (!r.resource_names.is_empty())
-                .then(|| r.resource_names.iter().map(|s| s.to_string()).collect()),
-            verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        })
-        .collect()
+    rbac::rules(scope).map(policy_rule).collect()
+}
+
+/// One of Capstan's rules as RBAC writes it.
+pub fn policy_rule(r: &rbac::Rule) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![r.group.to_string()]),
+        resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
+        resource_names: (!r.resource_names.is_empty())
+            .then(|| r.resource_names.iter().map(|s| s.to_string()).collect()),
+        verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
 }
 
 /// The objects `install` creates; `image` is the controller image (after

@@ -22,6 +22,8 @@
 //! adds the Wasm run split over
 //! K watch-filtered controllers, `--kube-api-qps Q/B` the Wasm run under a
 //! client-side rate limit; `--svg` draws the figures against N.
+//! `--clusters K` instead runs N machines in one workload cluster and then
+//! over K workload clusters (`capstan_e2e::bench_clusters`).
 //!
 //! The simulated kubelet's heartbeats are off by default (Nodes stay as
 //! registered; the node-lifecycle grace period is an hour);
@@ -30,6 +32,7 @@
 //! what heartbeats of N Nodes cost the API server.
 
 use anyhow::{Context, bail};
+use capstan_e2e::bench_clusters::{cpu_seconds, peak_rss_mib};
 use capstan_api::MachineDeployment;
 use capstan_e2e::control_plane::ControlPlaneOptions;
 use capstan_e2e::env::{
@@ -58,7 +61,11 @@ const USAGE: &str =
   --svg PATH                also write time to Ready, controller CPU and writes per machine against N as an SVG chart
   --idle-seconds S          idle period after convergence in which writes and CPU are counted (default 60)
   --boot-latency-ms MS      simulated instance boot time (default 1000)
-  --heartbeat-interval-ms MS  the simulated kubelet renews each Node's Lease this often (default 0: off)";
+  --heartbeat-interval-ms MS  the simulated kubelet renews each Node's Lease this often (default 0: off)
+  --clusters K              instead: N machines in one workload cluster, then spread over K workload clusters
+                            (each a real API server on the management cluster's etcd; machines join their own),
+                            printing controller CPU and RSS per cluster, connections and watches per cluster,
+                            and time to Ready side by side";
 
 /// The Plugin of `--python` runs: the sim provider in Python.
 const PYTHON_PLUGIN: &str = "sim-py";
@@ -78,6 +85,8 @@ struct Args {
     foreground: bool,
     bootstrap: bool,
     native: bool,
+    /// `--clusters K` (0: not that benchmark).
+    clusters: usize,
     sharded_only: bool,
     python: bool,
 }
@@ -94,6 +103,7 @@ fn parse_args() -> anyhow::Result<Args> {
         foreground: false,
         bootstrap: false,
         native: true,
+        clusters: 0,
         sharded_only: false,
         python: false,
     };
@@ -147,6 +157,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 }
             }
             "--bootstrap" => args.bootstrap = true,
+            "--clusters" => args.clusters = usize::try_from(value("--clusters")?)?,
             "--no-native" => args.native = false,
             "--python" => args.python = true,
             "--sharded-only" => args.sharded_only = true,
@@ -173,31 +184,6 @@ fn parse_args() -> anyhow::Result<Args> {
         "--svg draws Wasm against native: leave out --no-native"
     );
     Ok(args)
-}
-
-/// CPU seconds (user + system) of a process, from /proc.
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start after ')'.
-    let rest = stat.rsplit_once(')').context("unexpected /proc stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    Ok(ticks / 100.0)
-}
-
-/// Peak resident set size of a process in MiB, from /proc.
-fn peak_rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .context("no VmHWM in /proc status")?;
-    let kib: f64 = line
-        .split_whitespace()
-        .nth(1)
-        .context("bad VmHWM")?
-        .parse()?;
-    Ok(kib / 1024.0)
 }
 
 struct Figures {
@@ -636,6 +622,12 @@ async fn run_variant(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    if args.clusters > 0 {
+        for &machines in &args.machines {
+            capstan_e2e::bench_clusters::bench(args.clusters, machines, args.boot_latency_ms).await?;
+        }
+        return Ok(());
+    }
     eprintln!("# starting the control plane and the simulated cloud");
     let heartbeat = Duration::from_millis(args.heartbeat_interval_ms);
     let control_plane = if heartbeat.is_zero() {

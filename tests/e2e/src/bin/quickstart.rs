@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 const QUICKSTART_UNHEALTHY_SECONDS: u32 = 5;
 
 const USAGE: &str =
-    "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready] [--no-addon] [--oci] [--real-nodes]
+    "usage: capstan-quickstart [--replicas N] [--boot-latency-ms MS] [--exit-when-ready] [--no-addon] [--oci] [--real-nodes] [--workload-cluster]
 
 Runs Capstan locally: control plane, simulated cloud, controller, the sim-provider
 plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
@@ -47,7 +47,11 @@ plugin and a MachineDeployment of N machines (default 3), until Ctrl-C.
                         machine's cloud-config, real `kubeadm join` and a real kubelet
                         v1.20.2 join it, pods run in containerd (scripts/node-parts.sh
                         installs and builds the parts; implies --no-addon: nothing is
-                        pulled, and the addon's image is not on the nodes)";
+                        pulled, and the addon's image is not on the nodes)
+  --workload-cluster    a second control plane as a workload cluster: a Cluster object
+                        names it, its kubeconfig Secret holds a user with only the rules
+                        `capstan install --workload-cluster` binds, and the machines'
+                        Nodes join it, not the management cluster (implies --no-addon)";
 
 struct Args {
     replicas: i32,
@@ -56,6 +60,7 @@ struct Args {
     oci: bool,
     addon: bool,
     real_nodes: bool,
+    workload_cluster: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -66,6 +71,7 @@ fn parse_args() -> anyhow::Result<Args> {
         oci: false,
         addon: true,
         real_nodes: false,
+        workload_cluster: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -89,6 +95,10 @@ fn parse_args() -> anyhow::Result<Args> {
                 args.real_nodes = true;
                 args.addon = false;
             }
+            "--workload-cluster" => {
+                args.workload_cluster = true;
+                args.addon = false;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -96,7 +106,86 @@ fn parse_args() -> anyhow::Result<Args> {
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
+    if args.real_nodes && args.workload_cluster {
+        bail!("--real-nodes and --workload-cluster do not go together (yet): choose one\n{USAGE}");
+    }
     Ok(args)
+}
+
+/// The workload cluster's name (its Cluster object, in namespace default).
+const WORKLOAD_CLUSTER: &str = "quickstart";
+
+/// A second control plane as a workload cluster: its admin binds what
+/// Capstan needs there with `capstan install --workload-cluster`, and the
+/// management cluster gets its kubeconfig Secret (that user only) and a
+/// Cluster object; returns once the Cluster is Available.
+async fn start_workload_cluster(
+    env: &Env,
+    capstan: &std::path::Path,
+) -> anyhow::Result<capstan_e2e::control_plane::ControlPlane> {
+    step("starting a second control plane on loopback: the workload cluster `quickstart`");
+    let plane = tokio::task::spawn_blocking(capstan_e2e::control_plane::ControlPlane::start)
+        .await?
+        .map_err(anyhow::Error::msg)
+        .context("the workload cluster's control plane did not start")?;
+    println!(
+        "    API server {} (kubeconfig {})",
+        plane.url,
+        plane.kubeconfig().display()
+    );
+    step("binding, in the workload cluster, only what Capstan needs there (Nodes, drains, tokens, CSRs)");
+    let workload_kubeconfig = plane.kubeconfig().display().to_string();
+    run(
+        capstan,
+        &[
+            "install",
+            "--workload-cluster",
+            "--workload-user",
+            capstan_e2e::control_plane::MINIMAL_USER,
+            "--apply",
+            "--kubeconfig",
+            &workload_kubeconfig,
+        ],
+        None,
+    )?;
+    let objects = format!(
+        "apiVersion: v1
+kind: Secret
+metadata: {{name: {WORKLOAD_CLUSTER}-kubeconfig, namespace: default}}
+stringData:
+  value: {kubeconfig}
+---
+apiVersion: capstan.dev/v1alpha1
+kind: Cluster
+metadata: {{name: {WORKLOAD_CLUSTER}, namespace: default}}
+spec: {{}}
+",
+        kubeconfig = serde_json::to_string(&plane.minimal_kubeconfig_inline())?,
+    );
+    step(&format!(
+        "in the management cluster: Secret {WORKLOAD_CLUSTER}-kubeconfig (as {}) and Cluster/{WORKLOAD_CLUSTER}",
+        capstan_e2e::control_plane::MINIMAL_USER
+    ));
+    print!(
+        "{}",
+        env.control_plane
+            .kubectl(&["apply", "-f", "-"], Some(&objects))
+            .map_err(anyhow::Error::msg)?
+    );
+    let clusters: Api<capstan_api::Cluster> = Api::namespaced(env.client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let cluster = clusters.get(WORKLOAD_CLUSTER).await?;
+        let conditions = cluster.status.unwrap_or_default().conditions;
+        if capstan_api::is_true(&conditions, "Available") {
+            step(&format!("Cluster/{WORKLOAD_CLUSTER} Available: its API server answers the probes"));
+            return Ok(plane);
+        }
+        if Instant::now() > deadline {
+            bail!("Cluster/{WORKLOAD_CLUSTER} not Available after 60s: {conditions:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 fn step(text: &str) {
@@ -436,6 +525,11 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     create_bootstrap_plugin(&env)?;
+    let workload = if args.workload_cluster {
+        Some(start_workload_cluster(&env, &capstan).await?)
+    } else {
+        None
+    };
     let version = if args.real_nodes {
         capstan_e2e::env::REAL_NODE_VERSION
     } else {
@@ -458,6 +552,9 @@ async fn main() -> anyhow::Result<()> {
         config: Some(bootstrap),
         data_secret_name: None,
     });
+    if workload.is_some() {
+        md.spec.cluster_name = Some(WORKLOAD_CLUSTER.into());
+    }
     let yaml = serde_yaml::to_string(&md)?;
     let manifest = kubeconfig.with_file_name("quickstart.yaml");
     std::fs::write(&manifest, &yaml)?;
@@ -559,10 +656,29 @@ spec:
             .kubectl(&["get", "ma", "-o", "wide"], None)
             .map_err(anyhow::Error::msg)?
     );
-    step("the Nodes joined with their own certificates; kubectl get csr");
+    // Where the Nodes are: the management cluster's, or the workload's.
+    let nodes_plane = workload.as_ref().unwrap_or(&env.control_plane);
+    if let Some(plane) = &workload {
+        step(&format!(
+            "the Nodes joined the workload cluster, not this one; kubectl --kubeconfig {} get nodes,csr",
+            plane.kubeconfig().display()
+        ));
+        print!(
+            "{}",
+            plane.kubectl(&["get", "nodes"], None).map_err(anyhow::Error::msg)?
+        );
+        let kc = env.control_plane.kubeconfig().display().to_string();
+        run(
+            &capstan,
+            &["describe", &format!("cluster/{WORKLOAD_CLUSTER}"), "--kubeconfig", &kc],
+            None,
+        )?;
+    } else {
+        step("the Nodes joined with their own certificates; kubectl get csr");
+    }
     print!(
         "{}",
-        env.control_plane
+        nodes_plane
             .kubectl(&["get", "csr"], None)
             .map_err(anyhow::Error::msg)?
     );
@@ -581,6 +697,21 @@ spec:
             kubectl.display(),
             kubeconfig.display()
         );
+        if let Some(plane) = &workload {
+            println!(
+                "\nThe machines' Nodes are in the workload cluster:
+  {kubectl} --kubeconfig {wl} get nodes       # Node side: claims, labels, drains happen here
+  {capstan} describe cluster/{WORKLOAD_CLUSTER} --kubeconfig {kc}   # the Cluster, its deployments, sets, Machines
+  {kubectl} --kubeconfig {kc} get clusters -o wide
+  kill -STOP {pid}            # stop the workload API server: RemoteConnectionProbe=False,
+                              # the Machines NodeHealthy=Unknown, nothing remediated; kill -CONT {pid}",
+                kubectl = kubectl.display(),
+                wl = plane.kubeconfig().display(),
+                capstan = capstan.display(),
+                kc = kubeconfig.display(),
+                pid = plane.pid("kube-apiserver").unwrap_or_default(),
+            );
+        }
         if args.real_nodes {
             println!(
                 "\nTry next, in another terminal (the Nodes are real kubelets):

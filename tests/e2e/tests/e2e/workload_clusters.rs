@@ -27,49 +27,27 @@ use std::time::{Duration, Instant};
 
 const NS: &str = "default";
 
-/// A workload cluster as its admin sets it up for Capstan: the binding
-/// that lets Capstan's bootstrap tokens ask for node certificates, and the
-/// rules a workload kubeconfig's user needs, bound to [`MINIMAL_USER`].
+/// A workload cluster as its admin sets it up for Capstan, with the real
+/// binary: `capstan install --workload-cluster` binds the rules a workload
+/// kubeconfig's user needs to [`MINIMAL_USER`] (nothing else is bound to
+/// it) and lets machines' bootstrap tokens ask for node certificates.
 fn prepare_workload(plane: &ControlPlane) {
-    let subject = json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": MINIMAL_USER}]);
-    let rules = |scope: capstan_controllers::rbac::Scope| -> Vec<Value> {
-        capstan_controllers::rbac::workload_rules()
-            .filter(|r| r.scope == scope)
-            .map(|r| {
-                let mut rule = json!({"apiGroups": [r.group], "resources": r.resources, "verbs": r.verbs});
-                if !r.resource_names.is_empty() {
-                    rule["resourceNames"] = json!(r.resource_names);
-                }
-                rule
-            })
-            .collect()
-    };
-    let mut docs = vec![
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "capstan-machine-bootstrappers"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-bootstrapper"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": capstan_controllers::MACHINE_BOOTSTRAPPERS}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": "capstan-workload"},
-            "rules": rules(capstan_controllers::rbac::Scope::Cluster)}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "capstan-workload"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "capstan-workload"},
-            "subjects": subject}),
-    ];
-    for namespace in ["kube-system", "kube-public"] {
-        docs.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "capstan-workload", "namespace": namespace},
-            "rules": rules(capstan_controllers::rbac::Scope::Namespace(namespace))}));
-        docs.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "capstan-workload", "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "capstan-workload"},
-            "subjects": subject}));
-    }
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": docs});
-    plane
-        .kubectl(&["apply", "-f", "-"], Some(&list.to_string()))
-        .expect("workload cluster RBAC");
+    let capstan = capstan_e2e::env::capstan_bin().expect("the capstan binary");
+    let kubeconfig = plane.kubeconfig().display().to_string();
+    let printed = std::process::Command::new(&capstan)
+        .args(["install", "--workload-cluster", "--workload-user", MINIMAL_USER])
+        .output()
+        .expect("capstan install --workload-cluster");
+    assert!(printed.status.success(), "{}", String::from_utf8_lossy(&printed.stderr));
+    let yaml = String::from_utf8(printed.stdout).unwrap();
+    assert!(yaml.contains("kind: ClusterRole") && yaml.contains("capstan-workload"), "{yaml}");
+    assert!(!yaml.contains("machinedeployments"), "no management rule in a workload cluster: {yaml}");
+    let applied = std::process::Command::new(&capstan)
+        .args(["install", "--workload-cluster", "--workload-user", MINIMAL_USER, "--apply"])
+        .args(["--kubeconfig", &kubeconfig])
+        .output()
+        .expect("capstan install --workload-cluster --apply");
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
 }
 
 async fn put_kubeconfig(env: &Env, namespace: &str, name: &str, kubeconfig: &str) {
@@ -413,6 +391,21 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
     env.wait_rolled_out(NS, "pool-b", Duration::from_secs(120)).await;
     let nodes_b = node_names(&nodes_in(&plane_b).await);
     assert_eq!(nodes_b, names(&machines_of(&env, "wb").await), "B's third Node joined B after SIGCONT");
+
+    // `capstan describe cluster/wb`: the Cluster, its deployment, set and
+    // Machines, as clusterctl prints them.
+    let kubeconfig = env.control_plane.kubeconfig().display().to_string();
+    let described = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
+        .args(["describe", "cluster/wb", "--kubeconfig", &kubeconfig, "-n", NS, "--grouping=false"])
+        .output()
+        .expect("capstan describe");
+    let text = String::from_utf8_lossy(&described.stdout);
+    assert!(described.status.success(), "{}", String::from_utf8_lossy(&described.stderr));
+    assert!(text.contains("Cluster/wb") && text.contains("MachineDeployment/pool-b"), "{text}");
+    for m in machines_of(&env, "wb").await {
+        assert!(text.contains(&m.name_any()), "{} missing from\n{text}", m.name_any());
+    }
+    assert!(!text.contains("pool-a"), "another cluster's objects are not in its tree:\n{text}");
 
     // The kubeconfig Secret deleted, then restored: no restart needed.
     Api::<Secret>::namespaced(env.client.clone(), NS)
