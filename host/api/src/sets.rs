@@ -50,7 +50,7 @@ pub struct DeletionOrder {
     printcolumn(
         name = "Cluster",
         type_ = "string",
-        json_path = ".spec.template.spec.clusterName"
+        json_path = ".spec.clusterName"
     ),
     printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Current", type_ = "integer", json_path = ".status.replicas"),
@@ -323,7 +323,7 @@ pub enum InPlaceFallback {
     printcolumn(
         name = "Cluster",
         type_ = "string",
-        json_path = ".spec.template.spec.clusterName"
+        json_path = ".spec.clusterName"
     ),
     printcolumn(
         name = "Available",

@@ -239,10 +239,17 @@ impl Handle {
             forward_deleted,
         ]);
         let task = tokio::spawn(reflectors.for_each(|_| async {}));
-        self.tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(task);
+        // Objects that waited for the caches are told when they are full.
+        let (synced, key, events) = (self.synced.clone(), self.key.clone(), self.events.clone());
+        let told = tokio::spawn(async move {
+            while !synced.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let _ = events.send(ClusterEvent::Reach(key));
+        });
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.push(task);
+        tasks.push(told);
     }
 
     /// One probe: the API server's version within the probe timeout.

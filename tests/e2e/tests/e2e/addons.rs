@@ -647,6 +647,36 @@ async fn a_workload_cluster_gets_the_addon_and_the_management_cluster_does_not()
     .await;
     assert!(!exists::<Deployment>(&workload_client, Some("kube-system"), "coredns").await);
     assert!(!exists::<ClusterRoleBinding>(&workload_client, None, "system:coredns").await);
+
+    // The same cluster named by a Cluster object: `target.clusterName`
+    // reaches it through the Cluster's kubeconfig Secret.
+    let cluster: capstan_api::Cluster = serde_json::from_value(json!({
+        "apiVersion": "capstan.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "wl", "namespace": NS},
+        "spec": {"kubeconfigSecretRef": {"name": "workload-kubeconfig"}}}))
+    .unwrap();
+    Api::<capstan_api::Cluster>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    create(
+        &env,
+        &addon(
+            "dns-by-cluster",
+            json!({"plugin": "coredns", "version": "1.10.1", "target": {"clusterName": "wl"}}),
+        ),
+    )
+    .await;
+    let s = wait_status(&env, "dns-by-cluster", "applied through the Cluster", |s| {
+        condition_of(s, APPLIED).0 == "True"
+    })
+    .await;
+    assert_eq!(
+        s.target.as_deref(),
+        Some("kubeconfig Secret workload-kubeconfig")
+    );
+    assert!(exists::<Deployment>(&workload_client, Some("kube-system"), "coredns").await);
+    assert!(!exists::<Deployment>(&env.client, Some("kube-system"), "coredns").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
