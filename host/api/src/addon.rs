@@ -356,3 +356,44 @@ pub struct ImageRewriteRecord {
     /// The image as applied.
     pub to: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_names_one_cluster_by_secret_or_by_cluster() {
+        let secret = KubeconfigSecretRef {
+            name: "k".into(),
+            key: Some("config".into()),
+        };
+        let by_secret = AddonTarget {
+            kubeconfig_secret_ref: Some(secret.clone()),
+            cluster_name: None,
+        };
+        assert_eq!(by_secret.secret_ref(|_| None), Ok(secret.clone()));
+        let by_cluster = AddonTarget {
+            kubeconfig_secret_ref: None,
+            cluster_name: Some("prod".into()),
+        };
+        let resolved = by_cluster.secret_ref(|c| Some(format!("{c}-kubeconfig")));
+        assert_eq!(resolved.map(|r| r.name), Ok("prod-kubeconfig".to_string()));
+        let missing = by_cluster.secret_ref(|_| None).unwrap_err();
+        assert!(
+            missing.contains("spec.target.clusterName") && missing.contains("prod"),
+            "{missing}"
+        );
+        let both = AddonTarget {
+            kubeconfig_secret_ref: Some(secret),
+            cluster_name: Some("prod".into()),
+        };
+        assert!(both.secret_ref(|_| None).unwrap_err().contains("not both"));
+        let neither = AddonTarget::default();
+        assert!(
+            neither
+                .secret_ref(|_| None)
+                .unwrap_err()
+                .contains("kubeconfigSecretRef or clusterName")
+        );
+    }
+}

@@ -47,11 +47,7 @@ pub struct DeletionOrder {
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(
-        name = "Cluster",
-        type_ = "string",
-        json_path = ".spec.clusterName"
-    ),
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterName"),
     printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Current", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
@@ -320,11 +316,7 @@ pub enum InPlaceFallback {
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(
-        name = "Cluster",
-        type_ = "string",
-        json_path = ".spec.clusterName"
-    ),
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterName"),
     printcolumn(
         name = "Available",
         type_ = "string",

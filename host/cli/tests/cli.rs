@@ -422,10 +422,11 @@ fn crds_print_every_kind_for_kubectl_apply() {
     let yaml = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
         yaml.matches("kind: CustomResourceDefinition").count(),
-        7,
+        8,
         "{yaml}"
     );
     for name in [
+        "clusters.capstan.dev",
         "addons.capstan.dev",
         "plugins.capstan.dev",
         "machines.capstan.dev",

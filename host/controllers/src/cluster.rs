@@ -1,7 +1,8 @@
 //! The Cluster controller: keeps each workload `Cluster`'s connection (a
 //! handle in [`WorkloadClusters`], made from its kubeconfig Secret, read
 //! again every probe interval so a rotated or deleted Secret takes effect
-//! without a restart), answers its Machines' node CSRs there, labels the
+//! without a restart; its watches and CSR approver run only while some
+//! object names the cluster), answers its Machines' node CSRs there, labels the
 //! objects that name it, reports its status and runs its deletion:
 //! deployments, sets and Machines go (their Nodes drained in the workload
 //! cluster) before the finalizer does. What to say and do next is
@@ -32,13 +33,16 @@ use std::time::Duration;
 
 const CONTROLLER: &str = "cluster";
 
+/// A workload cluster's CSR approver task and the handle it answers through.
+type Approver = (Weak<Handle>, tokio::task::JoinHandle<()>);
+
 /// What the Cluster controller works with.
 pub(crate) struct Context {
     pub(crate) kube: Kube,
     pub(crate) clusters: WorkloadClusters,
     /// Each workload cluster's CSR approver, with the handle it answers
     /// through (replaced when the handle is).
-    approvers: Mutex<HashMap<ClusterKey, (Weak<Handle>, tokio::task::JoinHandle<()>)>>,
+    approvers: Mutex<HashMap<ClusterKey, Approver>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -148,14 +152,26 @@ async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, E
     }
     // The Secret is read again each pass: a rotated kubeconfig makes a new
     // connection, a deleted or refused one drops the old.
-    let connection = match ctx.clusters.ensure(&cluster).await {
+    let family = Family::of(&ctx.kube, &key);
+    let mut ensured = ctx.clusters.ensure(&cluster).await;
+    // Watches and the CSR approver run while some object of the cluster
+    // needs them: a cluster with none left keeps only its probe.
+    if let Ok(handle) = &ensured
+        && family.is_empty()
+        && handle.watches_started()
+    {
+        ctx.forget(&key);
+        ensured = ctx.clusters.ensure(&cluster).await;
+    }
+    let connection = match ensured {
         Ok(handle) => {
-            ctx.answer_csrs(&handle);
+            if !family.is_empty() {
+                ctx.answer_csrs(&handle);
+            }
             connection_of(&handle)
         }
         Err(unusable) => Connection::Unusable(unusable.reason.to_string(), unusable.message),
     };
-    let family = Family::of(&ctx.kube, &key);
     let view = ClusterView {
         deleting,
         paused: cluster.spec.paused,
@@ -234,6 +250,10 @@ impl Family {
         }
     }
 
+    fn is_empty(&self) -> bool {
+        self.deployments.is_empty() && self.sets.is_empty() && self.machines.is_empty()
+    }
+
     fn descendants(&self) -> Descendants {
         Descendants {
             deployments: self.deployments.len(),
@@ -292,7 +312,11 @@ impl Family {
     /// `status.workers`: the deployments' (and unowned sets') desired
     /// replicas and the Machines' counts.
     fn workers(&self) -> WorkersStatus {
-        let desired = self.deployments.iter().map(|d| d.spec.replicas).sum::<i32>()
+        let desired = self
+            .deployments
+            .iter()
+            .map(|d| d.spec.replicas)
+            .sum::<i32>()
             + self
                 .sets
                 .iter()
@@ -334,7 +358,10 @@ fn unowned<K: Resource>(o: &K) -> bool {
         .any(|r| r.controller == Some(true))
 }
 
-async fn delete<K: Kind<Scope = kube::core::NamespaceResourceScope>>(kube: &Kube, o: &K) -> Result<(), Error> {
+async fn delete<K: Kind<Scope = kube::core::NamespaceResourceScope>>(
+    kube: &Kube,
+    o: &K,
+) -> Result<(), Error> {
     if o.meta().deletion_timestamp.is_some() {
         return Ok(());
     }
@@ -354,14 +381,22 @@ async fn delete<K: Kind<Scope = kube::core::NamespaceResourceScope>>(kube: &Kube
     }
 }
 
-async fn label<K: Kind<Scope = kube::core::NamespaceResourceScope>>(kube: &Kube, o: &K, cluster: &str) -> Result<(), Error> {
+async fn label<K: Kind<Scope = kube::core::NamespaceResourceScope>>(
+    kube: &Kube,
+    o: &K,
+    cluster: &str,
+) -> Result<(), Error> {
     if o.labels().get(LABEL_CLUSTER_NAME).map(String::as_str) == Some(cluster) {
         return Ok(());
     }
     let api: Api<K> = Api::namespaced(kube.client.clone(), &o.namespace().unwrap_or_default());
     let patch = serde_json::json!({"metadata": {"labels": {LABEL_CLUSTER_NAME: cluster}}});
     match api
-        .patch(&o.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &o.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => {
@@ -369,7 +404,11 @@ async fn label<K: Kind<Scope = kube::core::NamespaceResourceScope>>(kube: &Kube,
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(kube_err(format!("labelling {} {}", K::kind(&()), key_of(o)))(e)),
+        Err(e) => Err(kube_err(format!(
+            "labelling {} {}",
+            K::kind(&()),
+            key_of(o)
+        ))(e)),
     }
 }
 

@@ -35,6 +35,14 @@ pub(crate) struct Answering {
 }
 
 impl Answering {
+    /// The cluster Capstan runs in.
+    pub(crate) fn here(kube: &Kube) -> Self {
+        Answering {
+            management: kube.clone(),
+            workload: None,
+        }
+    }
+
     /// The cluster CSRs and Nodes are in.
     fn nodes(&self) -> &Kube {
         self.workload

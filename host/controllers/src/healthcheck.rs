@@ -47,6 +47,15 @@ pub(crate) struct Context {
     pub(crate) clusters: capstan_kit::workload::WorkloadClusters,
 }
 
+impl Context {
+    pub(crate) fn new(kube: &Kube, clusters: &capstan_kit::workload::WorkloadClusters) -> Self {
+        Context {
+            kube: kube.clone(),
+            clusters: clusters.clone(),
+        }
+    }
+}
+
 impl std::ops::Deref for Context {
     type Target = Kube;
     fn deref(&self) -> &Kube {
@@ -91,11 +100,12 @@ pub(crate) async fn controller(
     let (checks_of_cluster, machines_of_cluster) = (store.clone(), ctx.stores.machines.clone());
     let cluster_ids = ctx.stores.machine_ids.clone();
     let workload = ctx.clusters.events().flat_map(move |event| {
-        let refs: Vec<_> = crate::machine::machines_of_event(&machines_of_cluster, &cluster_ids, &event)
-            .iter()
-            .filter_map(|r| machines_of_cluster.get(r))
-            .flat_map(|m| checks_selecting(&checks_of_cluster, &m))
-            .collect();
+        let refs: Vec<_> =
+            crate::machine::machines_of_event(&machines_of_cluster, &cluster_ids, &event)
+                .iter()
+                .filter_map(|r| machines_of_cluster.get(r))
+                .flat_map(|m| checks_selecting(&checks_of_cluster, &m))
+                .collect();
         futures::stream::iter(refs)
     });
     let deletions = futures::stream::select(deletions, workload);
@@ -233,6 +243,22 @@ fn has_owner(machine: &Machine) -> bool {
     owner_reference_kind(machine) == Some("MachineSet")
 }
 
+/// The cluster whose Nodes the check reads: the one Capstan runs in, or
+/// its `clusterName`'s. None is judged, and no machine remediated, while
+/// that cluster cannot be reached (Cluster API's checks hold the same
+/// way): `Err` is the condition's reason and message then.
+fn nodes_of(check: &MachineHealthCheck, ctx: &Context) -> Result<Kube, (String, String)> {
+    let Some(name) = check.spec.cluster_name.as_deref() else {
+        return Ok(ctx.kube.clone());
+    };
+    let namespace = check.namespace().unwrap_or_default();
+    let placement = crate::machine::placement_named(&ctx.kube, &ctx.clusters, &namespace, name);
+    match placement.reach.kube(&ctx.kube) {
+        Some(nodes) => Ok(nodes.clone()),
+        None => Err(placement.reach.down().unwrap_or_default()),
+    }
+}
+
 /// One pass over a MachineHealthCheck: resolve its spec, judge the machines
 /// it targets, decide which to hand to their owners (within the
 /// short-circuit and `maxInFlight`), mark them, then write its status once.
@@ -256,29 +282,14 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
     };
     Conditions::new(&mut status.conditions, generation, &t).valid_spec(None);
 
-    // The Nodes of the check's cluster; none is judged, and no machine
-    // remediated, while that cluster cannot be reached (Cluster API's
-    // checks hold the same way).
-    let placement = check.spec.cluster_name.as_deref().map(|name| {
-        crate::machine::placement_named(
-            &ctx.kube,
-            &ctx.clusters,
-            &check.namespace().unwrap_or_default(),
-            name,
-        )
-    });
-    let nodes = match &placement {
-        None => &ctx.kube,
-        Some(placement) => match placement.reach.kube(&ctx.kube) {
-            Some(nodes) => nodes,
-            None => {
-                let (reason, message) = placement.reach.down().unwrap_or_default();
-                let mut conditions = Conditions::new(&mut status.conditions, generation, &t);
-                conditions.set(REMEDIATION_ALLOWED, cond::FALSE, &reason, message);
-                apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
-                return Ok(Action::requeue(Duration::from_secs(10)));
-            }
-        },
+    let nodes = match nodes_of(&check, &ctx) {
+        Ok(nodes) => nodes,
+        Err((reason, message)) => {
+            let mut conditions = Conditions::new(&mut status.conditions, generation, &t);
+            conditions.set(REMEDIATION_ALLOWED, cond::FALSE, &reason, message);
+            apply_status(&ctx, CONTROLLER, check.as_ref(), current.as_ref(), &status).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
     };
     let now_s = t.0.as_second();
     let machines = targets(&check, &ctx);
@@ -286,7 +297,7 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none())
         .collect();
-    let judged = judge_all(nodes, &live, &checks, now_s);
+    let judged = judge_all(&nodes, &live, &checks, now_s);
     // As in Cluster API: every selected machine is expected, deleting ones
     // included, and whatever is not healthy (being remediated, booting, a
     // timeout still running) counts against the short-circuit.

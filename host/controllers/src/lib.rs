@@ -282,7 +282,8 @@ pub async fn run(
     let (client, eviction_client) = clients(config, &options)?;
     let mut watches = Watches::new(&client, options.watch_filter.as_deref()).await?;
     let kube = kube_view(client, watches.stores(), &metrics, &options);
-    let clusters = capstan_kit::workload::WorkloadClusters::new(kube.clone(), options.cluster_probe);
+    let clusters =
+        capstan_kit::workload::WorkloadClusters::new(kube.clone(), options.cluster_probe);
     // What the Plugin controller loads and the others use.
     let updaters = capstan_kit::registry::Updaters::default();
     let bootstraps = capstan_kit::registry::Bootstraps::default();
@@ -355,10 +356,7 @@ pub async fn run(
             watches.nodes.deletions().map(Deleted::Node),
             watches.machines.deletions().map(Deleted::Machine),
         ),
-        Arc::new(healthcheck::Context {
-            kube: kube.clone(),
-            clusters: clusters.clone(),
-        }),
+        Arc::new(healthcheck::Context::new(&kube, &clusters)),
         shutdown.clone(),
     );
     let cluster_controller = cluster::controller(
@@ -367,13 +365,7 @@ pub async fn run(
         Arc::new(cluster::Context::new(kube.clone(), clusters)),
         shutdown.clone(),
     );
-    let node_csr_approver = csr::approver(
-        csr::Answering {
-            management: kube.clone(),
-            workload: None,
-        },
-        shutdown.clone(),
-    );
+    let node_csr_approver = csr::approver(csr::Answering::here(&kube), shutdown.clone());
     let addon_controller = addon_controller(&watches, kube, addons, &options, shutdown.clone());
 
     let reflectors = watches.start(&metrics);

@@ -315,7 +315,9 @@ pub fn workload_rules() -> impl Iterator<Item = &'static Rule> {
         "signers",
     ];
     RULES.iter().filter(|r| {
-        r.resources.iter().all(|res| WORKLOAD_RESOURCES.contains(res))
+        r.resources
+            .iter()
+            .all(|res| WORKLOAD_RESOURCES.contains(res))
             || matches!(r.scope, Scope::Namespace(_))
     })
 }
@@ -341,6 +343,54 @@ pub fn fixed_namespaces() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workload_cluster_gets_the_node_side_rules_and_nothing_of_capstans_own() {
+        let rules: Vec<&Rule> = workload_rules().collect();
+        let resources: Vec<&str> = rules
+            .iter()
+            .flat_map(|r| r.resources.iter().copied())
+            .collect();
+        for needed in [
+            "nodes",
+            "pods",
+            "pods/eviction",
+            "daemonsets",
+            "volumeattachments",
+        ] {
+            assert!(
+                resources.contains(&needed),
+                "{needed} missing: {resources:?}"
+            );
+        }
+        for rule in &rules {
+            assert_ne!(rule.group, "capstan.dev", "{rule:?}");
+            assert!(
+                !matches!(
+                    rule.scope,
+                    Scope::OwnNamespace | Scope::MachineNamespaces | Scope::TenantNamespaces
+                ),
+                "{rule:?}"
+            );
+            assert!(!rule.verbs.contains(&"impersonate"), "{rule:?}");
+        }
+        // Bootstrap tokens and cluster-info, in their namespaces only.
+        assert!(
+            rules
+                .iter()
+                .any(|r| r.scope == Scope::Namespace("kube-system") && r.resources == ["secrets"])
+        );
+        assert!(
+            rules.iter().any(
+                |r| r.scope == Scope::Namespace("kube-public") && r.resources == ["configmaps"]
+            )
+        );
+        assert!(
+            !rules
+                .iter()
+                .any(|r| r.scope == Scope::Cluster && r.resources.contains(&"secrets"))
+        );
+    }
 
     #[test]
     fn no_rule_grants_wildcards_or_escalation() {

@@ -159,3 +159,23 @@ pub(crate) fn cluster_of<'a>(
         (outer, inner) => Ok(outer.or(inner)),
     }
 }
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    #[test]
+    fn a_sets_cluster_is_its_own_or_its_templates_never_two() {
+        let mut template = MachineSpec::default();
+        assert_eq!(cluster_of(None, &template), Ok(None));
+        assert_eq!(cluster_of(Some("a"), &template), Ok(Some("a")));
+        template.cluster_name = Some("a".into());
+        assert_eq!(cluster_of(None, &template), Ok(Some("a")));
+        assert_eq!(cluster_of(Some("a"), &template), Ok(Some("a")));
+        let why = cluster_of(Some("b"), &template).unwrap_err();
+        assert!(
+            why.contains("spec.template.spec.clusterName") && why.contains("\"b\""),
+            "{why}"
+        );
+    }
+}

@@ -10,9 +10,9 @@
 //! Start at [`FairQueue`], the pure policy (property-tested below);
 //! [`FairWorkers`] is its async wrapper that [`crate::controller::run`]
 //! puts in front of every reconcile. The policy:
-//! - a reconcile belongs to a [`Flow`]: its namespace (with its workload
-//!   cluster, when it names one, so a stopped API server holds only its
-//!   own cluster's share) and, when it calls one, its Plugin;
+//! - a reconcile belongs to a [`Flow`]: its namespace and, when it calls
+//!   one, its Plugin (each with its workload cluster, when it names one,
+//!   so a stopped API server holds only its own cluster's share);
 //! - while more than a reserve of the workers (an eighth) is free, any
 //!   waiter may take one: no worker idles while there is work for it;
 //! - the reserve goes only to a flow whose namespace holds less than its
@@ -42,14 +42,17 @@ pub struct Flow {
 impl Flow {
     /// A flow of `namespace` and the workload cluster `cluster` (if any)
     /// that calls `plugin` (if any): each cluster of a namespace is queued
-    /// as a namespace of its own.
+    /// as a namespace of its own, and a Plugin's calls for it as a Plugin
+    /// of its own, so a cluster whose API server stopped answering holds
+    /// neither its namespace's nor its provider's share for the others.
     pub fn of(namespace: &str, cluster: Option<&str>, plugin: Option<&str>) -> Self {
+        let of_cluster = |key: &str| match cluster {
+            Some(cluster) => format!("{key} (cluster {cluster})"),
+            None => key.to_string(),
+        };
         Flow {
-            namespace: match cluster {
-                Some(cluster) => format!("{namespace} (cluster {cluster})"),
-                None => namespace.to_string(),
-            },
-            plugin: plugin.map(str::to_string),
+            namespace: of_cluster(namespace),
+            plugin: plugin.map(of_cluster),
         }
     }
 
@@ -429,6 +432,26 @@ impl FairWorkers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_workload_cluster_of_a_namespace_is_a_flow_of_its_own() {
+        let a = Flow::of("team", Some("a"), Some("sim"));
+        let b = Flow::of("team", Some("b"), Some("sim"));
+        let here = Flow::of("team", None, Some("sim"));
+        assert_ne!(a.namespace, b.namespace);
+        assert_ne!(a.namespace, here.namespace);
+        assert_eq!(here, flow("team", Some("sim")));
+        // Cluster a's API server stopped: its reconciles hang. Cluster b
+        // of the same namespace still finds a worker at once.
+        let mut q = FairQueue::new(32);
+        for t in 0..100 {
+            q.push(t, a.clone());
+        }
+        assert_eq!(q.grants().len(), 28, "32 workers less a reserve of 4");
+        q.push(100, b.clone());
+        assert_eq!(q.grants(), vec![(100, b)]);
+    }
+
     use proptest::prelude::*;
 
     fn flow(ns: &str, plugin: Option<&str>) -> Flow {

@@ -81,7 +81,11 @@ where
         Self::with_fields(api, selector, None)
     }
 
-    pub(crate) fn with_fields(api: Api<K>, selector: Option<String>, fields: Option<&'static str>) -> Self {
+    pub(crate) fn with_fields(
+        api: Api<K>,
+        selector: Option<String>,
+        fields: Option<&'static str>,
+    ) -> Self {
         let (store, writer) = reflector::store_shared(1024);
         let (deleted, _) = tokio::sync::broadcast::channel(1024);
         Shared {

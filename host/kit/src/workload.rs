@@ -20,7 +20,9 @@
 //! changed) and drops handles ([`WorkloadClusters::ensure`],
 //! [`WorkloadClusters::forget`]); the other controllers only look them up
 //! ([`WorkloadClusters::get`]). A handle's watches start when the first
-//! object asks for them ([`Handle::watching`]) and stop with the handle.
+//! object asks for them ([`Handle::watching`]) and stop with the handle
+//! (the Cluster controller drops a handle whose cluster has no object
+//! left, and makes a fresh one that only probes).
 //! Node changes and reachability changes of every workload cluster reach
 //! controllers through [`WorkloadClusters::events`].
 
@@ -155,7 +157,12 @@ impl std::fmt::Debug for Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
             task.abort();
         }
     }
@@ -172,7 +179,10 @@ struct NodeSide {
 impl Handle {
     /// The connection's health now.
     pub fn health(&self) -> Health {
-        self.health.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// `Ok` while the cluster answers; why not, once
@@ -199,6 +209,14 @@ impl Handle {
     /// trusted to say a Node or pod is not there).
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
+    }
+
+    /// Whether the Node-side watches were started.
+    pub fn watches_started(&self) -> bool {
+        self.watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
     }
 
     /// Start the Node-side watches, if not started yet (the first object
@@ -254,11 +272,8 @@ impl Handle {
 
     /// One probe: the API server's version within the probe timeout.
     async fn probe(&self) {
-        let answered = tokio::time::timeout(
-            self.options.timeout,
-            self.watch_client.apiserver_version(),
-        )
-        .await;
+        let answered =
+            tokio::time::timeout(self.options.timeout, self.watch_client.apiserver_version()).await;
         let result = match answered {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
@@ -470,7 +485,8 @@ impl WorkloadClusters {
             message: format!("the kubeconfig of Cluster {key} is not usable: {e}"),
         };
         crate::kubeconfig::check_kubeconfig(text).map_err(refused)?;
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(text).map_err(|e| refused(e.to_string()))?;
+        let kubeconfig =
+            kube::config::Kubeconfig::from_yaml(text).map_err(|e| refused(e.to_string()))?;
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .map_err(|e| refused(e.to_string()))?;
@@ -482,7 +498,8 @@ impl WorkloadClusters {
                 config.write_timeout = Some(self.options.request_timeout);
             }
             config.default_retry = retries;
-            crate::leader::fenced_client(config, fence, None).map_err(|e: Error| refused(e.to_string()))
+            crate::leader::fenced_client(config, fence, None)
+                .map_err(|e: Error| refused(e.to_string()))
         };
         let requests = client(config.clone(), true, true)?;
         let evictions = client(config.clone(), true, false)?;

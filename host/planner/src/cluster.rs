@@ -63,7 +63,11 @@ pub fn conditions(view: &ClusterView) -> Vec<PlannedCondition> {
         Connection::Unusable(reason, message) => ("False", reason.clone(), message.clone()),
     };
     let (available, available_reason, available_message) = if view.deleting {
-        ("False", "Deleting", "the Cluster is being deleted".to_string())
+        (
+            "False",
+            "Deleting",
+            "the Cluster is being deleted".to_string(),
+        )
     } else if probe_status == "True" {
         ("True", "Available", String::new())
     } else {
@@ -78,7 +82,11 @@ pub fn conditions(view: &ClusterView) -> Vec<PlannedCondition> {
         )
     };
     let paused = if view.paused {
-        ("True", "Paused", "spec.paused: nothing of the cluster is reconciled".to_string())
+        (
+            "True",
+            "Paused",
+            "spec.paused: nothing of the cluster is reconciled".to_string(),
+        )
     } else {
         ("False", "NotPaused", String::new())
     };
@@ -173,7 +181,10 @@ mod tests {
     fn a_cluster_that_answers_is_available_and_provisioned() {
         let v = view(Connection::Up);
         let c = conditions(&v);
-        assert_eq!(status_of(&c, "RemoteConnectionProbe"), ("True", "ProbeSucceeded"));
+        assert_eq!(
+            status_of(&c, "RemoteConnectionProbe"),
+            ("True", "ProbeSucceeded")
+        );
         assert_eq!(status_of(&c, "Available"), ("True", "Available"));
         assert_eq!(status_of(&c, "Paused"), ("False", "NotPaused"));
         assert_eq!(status_of(&c, "Deleting"), ("False", "NotDeleting"));
@@ -184,10 +195,16 @@ mod tests {
     fn a_cluster_that_stopped_answering_is_not_available_and_says_why() {
         let v = view(Connection::Down("no answer within 1 s".into()));
         let c = conditions(&v);
-        assert_eq!(status_of(&c, "RemoteConnectionProbe"), ("False", "ProbeFailed"));
+        assert_eq!(
+            status_of(&c, "RemoteConnectionProbe"),
+            ("False", "ProbeFailed")
+        );
         assert_eq!(status_of(&c, "Available"), ("False", "NotAvailable"));
         let available = c.iter().find(|c| c.0 == "Available").unwrap();
-        assert!(available.3.contains("no answer within 1 s"), "{available:?}");
+        assert!(
+            available.3.contains("no answer within 1 s"),
+            "{available:?}"
+        );
         assert_eq!(phase(&v), "Provisioning");
     }
 
@@ -215,7 +232,10 @@ mod tests {
         v.descendants.all = 3;
         let c = conditions(&v);
         assert_eq!(status_of(&c, "Paused"), ("True", "Paused"));
-        assert_eq!(status_of(&c, "Deleting"), ("True", "WaitingForWorkersDeletion"));
+        assert_eq!(
+            status_of(&c, "Deleting"),
+            ("True", "WaitingForWorkersDeletion")
+        );
         assert_eq!(status_of(&c, "Available"), ("False", "Deleting"));
         assert_eq!(phase(&v), "Deleting");
     }

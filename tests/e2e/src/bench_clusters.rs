@@ -98,7 +98,11 @@ fn port_of(plane: &ControlPlane) -> anyhow::Result<u16> {
 
 /// Start `count` workload control planes on `env`'s etcd, two at a time
 /// (2 cores), and bind what Capstan needs in each.
-async fn workload_planes(env: &Env, first: usize, count: usize) -> anyhow::Result<Vec<ControlPlane>> {
+async fn workload_planes(
+    env: &Env,
+    first: usize,
+    count: usize,
+) -> anyhow::Result<Vec<ControlPlane>> {
     let capstan = capstan_bin().map_err(anyhow::Error::msg)?;
     let mut planes = vec![];
     for chunk in (first..first + count).collect::<Vec<_>>().chunks(2) {
@@ -119,7 +123,13 @@ async fn workload_planes(env: &Env, first: usize, count: usize) -> anyhow::Resul
     for plane in &planes {
         let kubeconfig = plane.kubeconfig().display().to_string();
         let out = std::process::Command::new(&capstan)
-            .args(["install", "--workload-cluster", "--workload-user", MINIMAL_USER, "--apply"])
+            .args([
+                "install",
+                "--workload-cluster",
+                "--workload-user",
+                MINIMAL_USER,
+                "--apply",
+            ])
             .args(["--kubeconfig", &kubeconfig])
             .output()?;
         if !out.status.success() {
@@ -152,7 +162,11 @@ async fn run(env: &Env, planes: &[ControlPlane], machines: i32, tag: &str) -> an
     }
     let mut controller = ControllerProcess::start(
         env,
-        &["--machine-concurrency=64", "--poll-interval=1s", "--instance-check-interval=5s"],
+        &[
+            "--machine-concurrency=64",
+            "--poll-interval=1s",
+            "--instance-check-interval=5s",
+        ],
         &[],
     )
     .map_err(anyhow::Error::msg)?;
@@ -175,7 +189,8 @@ async fn run(env: &Env, planes: &[ControlPlane], machines: i32, tag: &str) -> an
             "apiVersion": "capstan.dev/v1alpha1", "kind": "Cluster",
             "metadata": {"name": cluster, "namespace": "default"}, "spec": {}}))?;
         clusters.create(&PostParams::default(), &object).await?;
-        let share = machines / planes.len() as i32 + i32::from((i as i32) < machines % planes.len() as i32);
+        let share =
+            machines / planes.len() as i32 + i32::from((i as i32) < machines % planes.len() as i32);
         let name = format!("bench-{cluster}");
         let mut md = sample_deployment(&name, SIM_PLUGIN, &env.cloud.url(), share, "v1.30.0");
         md.spec.cluster_name = Some(cluster);
@@ -258,18 +273,33 @@ fn print(prefix: &str, r: &Run) {
     println!("{prefix}_clusters {}", r.clusters);
     println!("{prefix}_seconds_to_all_ready {:.1}", r.seconds_to_ready);
     println!("{prefix}_controller_cpu_seconds {:.1}", r.cpu_seconds);
-    println!("{prefix}_controller_cpu_seconds_per_cluster {:.2}", r.cpu_seconds / k);
+    println!(
+        "{prefix}_controller_cpu_seconds_per_cluster {:.2}",
+        r.cpu_seconds / k
+    );
     println!("{prefix}_controller_peak_rss_mib {:.0}", r.peak_rss_mib);
-    println!("{prefix}_controller_peak_rss_mib_per_cluster {:.1}", r.peak_rss_mib / k);
-    println!("{prefix}_connections_per_cluster {:.1}", r.connections_per_cluster);
+    println!(
+        "{prefix}_controller_peak_rss_mib_per_cluster {:.1}",
+        r.peak_rss_mib / k
+    );
+    println!(
+        "{prefix}_connections_per_cluster {:.1}",
+        r.connections_per_cluster
+    );
     println!("{prefix}_watches_per_cluster {:.1}", r.watches_per_cluster);
-    println!("{prefix}_seconds_to_all_released {:.1}", r.seconds_to_released);
+    println!(
+        "{prefix}_seconds_to_all_released {:.1}",
+        r.seconds_to_released
+    );
 }
 
 /// `--clusters K --machines N`: N machines in one workload cluster, then
 /// N machines spread over K workload clusters, side by side.
 pub async fn bench(clusters: usize, machines: i32, boot_latency_ms: u64) -> anyhow::Result<()> {
-    anyhow::ensure!(clusters >= 2, "--clusters must be 2 or more (one cluster is the baseline)");
+    anyhow::ensure!(
+        clusters >= 2,
+        "--clusters must be 2 or more (one cluster is the baseline)"
+    );
     let env = Env::start_with(EnvOptions {
         faults: Faults {
             boot_latency_ms,
@@ -294,7 +324,10 @@ pub async fn bench(clusters: usize, machines: i32, boot_latency_ms: u64) -> anyh
     env.control_plane
         .kubectl(&["apply", "-f", "-"], Some(&yaml))
         .map_err(anyhow::Error::msg)?;
-    eprintln!("# starting {} workload API servers on one etcd", clusters + 1);
+    eprintln!(
+        "# starting {} workload API servers on one etcd",
+        clusters + 1
+    );
     let planes = workload_planes(&env, 0, clusters + 1).await?;
     let (one, many) = planes.split_at(1);
     println!(

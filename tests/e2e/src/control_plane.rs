@@ -584,18 +584,18 @@ impl ControlPlane {
             None => (etcd_url, "/registry".to_string()),
         };
         if options.shared_etcd.is_none() {
-        push(spawn(
-            "etcd",
-            Command::new("etcd")
-                .arg("--name=capstan")
-                .arg(format!("--data-dir={}", dir.join("etcd").display()))
-                .arg(format!("--listen-client-urls={etcd_url}"))
-                .arg(format!("--advertise-client-urls={etcd_url}"))
-                .arg(format!("--listen-peer-urls={peer_url}"))
-                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-                .arg(format!("--initial-cluster=capstan={peer_url}")),
-            &dir.join("etcd.log"),
-        )?);
+            push(spawn(
+                "etcd",
+                Command::new("etcd")
+                    .arg("--name=capstan")
+                    .arg(format!("--data-dir={}", dir.join("etcd").display()))
+                    .arg(format!("--listen-client-urls={etcd_url}"))
+                    .arg(format!("--advertise-client-urls={etcd_url}"))
+                    .arg(format!("--listen-peer-urls={peer_url}"))
+                    .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                    .arg(format!("--initial-cluster=capstan={peer_url}")),
+                &dir.join("etcd.log"),
+            )?);
         }
         let (key, public) = (dir.join("sa.key"), dir.join("sa.pub"));
         let certs = dir.join("certs");

@@ -62,7 +62,11 @@ pub fn cluster_row(
     let set_uids: Vec<String> = sets.iter().filter_map(|s| s.uid()).collect();
     children.extend(
         sets.iter()
-            .filter(|s| s.owner_references().iter().all(|o| o.controller != Some(true)))
+            .filter(|s| {
+                s.owner_references()
+                    .iter()
+                    .all(|o| o.controller != Some(true))
+            })
             .map(|s| set_row(s, &machines, grouping, now)),
     );
     children.extend(
@@ -73,4 +77,97 @@ pub fn cluster_row(
     );
     r.children = children;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capstan_api::{ClusterStatus, Condition, MachineSetSpec, MachineSpec, WorkersStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn probe(status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: "RemoteConnectionProbe".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: "no answer within 5 s".into(),
+            observed_generation: None,
+            last_transition_time: capstan_api::Time(Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    fn machine(name: &str, cluster: Option<&str>, owner: Option<&MachineSet>) -> Machine {
+        let mut m = Machine::new(
+            name,
+            MachineSpec {
+                cluster_name: cluster.map(str::to_string),
+                ..Default::default()
+            },
+        );
+        m.metadata.uid = Some(format!("uid-{name}"));
+        m.metadata.owner_references = owner.map(|s| {
+            vec![OwnerReference {
+                kind: "MachineSet".into(),
+                name: s.name_any(),
+                uid: s.uid().unwrap(),
+                controller: Some(true),
+                ..Default::default()
+            }]
+        });
+        m
+    }
+
+    #[test]
+    fn a_clusters_tree_holds_its_own_sets_and_machines_and_says_why_it_is_unreachable() {
+        let mut cluster = Cluster::new("prod", Default::default());
+        cluster.status = Some(ClusterStatus {
+            conditions: vec![probe("False", "ProbeFailed")],
+            workers: Some(WorkersStatus {
+                desired_replicas: 3,
+                ready_replicas: 1,
+                ..Default::default()
+            }),
+            phase: Some("Provisioned".into()),
+            ..Default::default()
+        });
+        let mut set = MachineSet::new(
+            "solo",
+            MachineSetSpec {
+                cluster_name: Some("prod".into()),
+                replicas: 1,
+                ..Default::default()
+            },
+        );
+        set.metadata.uid = Some("uid-solo".into());
+        let other = MachineSet::new(
+            "elsewhere",
+            MachineSetSpec {
+                cluster_name: Some("dev".into()),
+                ..Default::default()
+            },
+        );
+        let machines = [
+            machine("in-set", Some("prod"), Some(&set)),
+            machine("by-hand", Some("prod"), None),
+            machine("of-dev", Some("dev"), None),
+            machine("of-none", None, None),
+        ];
+        let row = cluster_row(
+            &cluster,
+            &[],
+            &[set, other],
+            &machines,
+            false,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(row.name, "Cluster/prod");
+        assert_eq!(row.ready, "1/3");
+        assert_eq!(row.reason, "RemoteConnectionProbe: ProbeFailed");
+        assert!(
+            row.details[0].contains("prod-kubeconfig") && row.details[0].contains("not answering")
+        );
+        let children: Vec<&str> = row.children.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(children, ["MachineSet/solo", "Machine/by-hand"]);
+        assert_eq!(row.children[0].children[0].name, "Machine/in-set");
+    }
 }

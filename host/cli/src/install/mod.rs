@@ -15,10 +15,10 @@
 
 mod deployment;
 mod roles;
-mod workload;
 #[cfg(test)]
 mod tests;
 mod uninstall;
+mod workload;
 
 use deployment::{TRUST_POLICY_CONFIG_MAP, controller_deployment};
 use roles::{machine_namespaces, policy_rules};

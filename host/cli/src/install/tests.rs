@@ -404,3 +404,48 @@ fn a_trust_policy_travels_in_a_config_map_mounted_read_only() {
             .any(|a| a.starts_with("--trust-policy"))
     );
 }
+
+#[test]
+fn a_workload_cluster_gets_the_node_side_rules_bound_to_its_kubeconfigs_user() {
+    let m = workload::manifests(Some("capstan"));
+    assert!(m.service_account.is_none());
+    let subjects = m.cluster_role_binding.subjects.clone().unwrap();
+    assert_eq!(
+        (subjects[0].kind.as_str(), subjects[0].name.as_str()),
+        ("User", "capstan")
+    );
+    let rules = m.cluster_role.rules.clone().unwrap();
+    let resources: Vec<String> = rules
+        .iter()
+        .flat_map(|r| r.resources.clone().unwrap())
+        .collect();
+    assert!(resources.contains(&"nodes".to_string()), "{resources:?}");
+    assert!(
+        !resources.iter().any(|r| r.starts_with("machine")),
+        "{resources:?}"
+    );
+    assert!(
+        rules
+            .iter()
+            .all(|r| r.api_groups.as_ref().unwrap()[0] != "capstan.dev")
+    );
+    let namespaces: Vec<String> = m
+        .roles
+        .iter()
+        .map(|(r, _)| r.namespace().unwrap())
+        .collect();
+    assert_eq!(namespaces, ["kube-system", "kube-public"]);
+    assert_eq!(
+        m.machine_bootstrappers.subjects.clone().unwrap()[0].name,
+        capstan_controllers::MACHINE_BOOTSTRAPPERS
+    );
+    // Without a user: a ServiceAccount of its own in kube-system.
+    let m = workload::manifests(None);
+    let sa = m.service_account.clone().unwrap();
+    assert_eq!(sa.namespace().as_deref(), Some("kube-system"));
+    let yaml = workload::render(&m).unwrap();
+    assert!(
+        yaml.contains("kind: ServiceAccount") && yaml.contains("name: capstan-workload"),
+        "{yaml}"
+    );
+}

@@ -40,9 +40,9 @@ impl Reach {
     /// The Eviction API of its cluster, when it is a workload cluster's.
     pub(crate) fn evictions(&self) -> Option<crate::nodedrain::Evictions> {
         match self {
-            Reach::Workload(handle) => Some(crate::nodedrain::Evictions::new(
-                handle.evictions.clone(),
-            )),
+            Reach::Workload(handle) => {
+                Some(crate::nodedrain::Evictions::new(handle.evictions.clone()))
+            }
             _ => None,
         }
     }

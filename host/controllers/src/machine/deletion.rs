@@ -101,8 +101,7 @@ impl Pass<'_> {
             .wait_for_node_volume_detach_start_time
             .get_or_insert_with(|| self.t.clone())
             .clone();
-        let attached =
-            crate::nodedrain::attached_volumes(&nodes, self.machine, &node).await?;
+        let attached = crate::nodedrain::attached_volumes(&nodes, self.machine, &node).await?;
         self.view.volumes = Some(if attached.is_empty() {
             Volumes::Detached
         } else {

@@ -24,31 +24,30 @@ mod deletion;
 mod node;
 mod observe;
 mod status;
+mod steps;
+mod triggers;
 pub(crate) mod update;
 
 pub(crate) use bootstrap::token_id;
 pub(crate) use cluster::placement_named;
+use node::node_is_ready;
 pub(crate) use node::own_node;
-use node::{
-    annotate_node, carry_labels_to_node, carry_taints_to_node, claimed_node, node_is_ready,
-};
 use observe::{call_error, deletion_view, instance_state, plugin_state};
 use status::settle;
+pub(crate) use triggers::{controller, machines_of_event};
 
 use capstan_api::machine_conditions::{CONFIG_VALID, OWNED_BY_MACHINE_CONTROLLER, UPDATING};
 use capstan_api::{
     ANNOTATION_EXCLUDE_NODE_DRAINING, ANNOTATION_EXCLUDE_NODE_DRAINING_CAPI,
     ANNOTATION_EXCLUDE_WAIT_FOR_VOLUME_DETACH, ANNOTATION_IN_PLACE_FROM, ANNOTATION_PAUSED,
-    LABEL_DEPLOYMENT_NAME, MACHINE_FINALIZER, Machine, MachineDeployment, MachineStatus,
-    PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX, Plugin, status as cond,
+    MACHINE_FINALIZER, Machine, MachineStatus, PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX,
+    status as cond,
 };
-use capstan_kit::controller::Spec;
-use capstan_kit::objects::machines_of_node;
 use capstan_kit::provider::{
     MachineProvider, ProviderError, Providers, timed_as, to_plugin_machine,
 };
 use capstan_kit::registry::Availability;
-use capstan_kit::write::{add_finalizer, apply_status, record_event, remove_finalizer};
+use capstan_kit::write::{add_finalizer, apply_status, record_event};
 use capstan_kit::{Error, Kube, key_of, kube_err, now};
 use capstan_planner::deletion::DeletionView;
 use capstan_planner::machine::{
@@ -57,16 +56,14 @@ use capstan_planner::machine::{
     Requeue, next_step,
 };
 use capstan_runtime::types::{InstanceState, MachineStatus as PluginStatus};
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
-use update::Advance;
 
 const CONTROLLER: &str = "machine";
 
@@ -135,117 +132,6 @@ impl AsRef<Kube> for Context {
     fn as_ref(&self) -> &Kube {
         &self.kube
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn controller(
-    machines: ReflectHandle<Machine>,
-    plugins: ReflectHandle<Plugin>,
-    nodes: ReflectHandle<Node>,
-    deleted_nodes: impl futures::Stream<Item = Arc<Node>> + Send + 'static,
-    deployments: ReflectHandle<MachineDeployment>,
-    ctx: Arc<Context>,
-    concurrency: u16,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    let store = ctx.kube.stores.machines.clone();
-    let (by_plugin, by_node, by_deleted_node) = (store.clone(), store.clone(), store.clone());
-    let by_deployment = store.clone();
-    let ids = ctx.kube.stores.machine_ids.clone();
-    let ids_of_deleted = ids.clone();
-    // A deployment's spec change (a new generation) reaches its machines'
-    // `UpToDate` at once; its status changes do not wake them.
-    let generations = std::sync::Mutex::new(std::collections::HashMap::<String, i64>::new());
-    // A deleted Node reaches its machine at once: its instance may be gone.
-    let node_deletions = deleted_nodes.flat_map(move |node| {
-        futures::stream::iter(
-            machines_of_node(&by_deleted_node, &ids_of_deleted, &node)
-                .iter()
-                .map(|m| ObjectRef::from_obj(m.as_ref()))
-                .collect::<Vec<_>>(),
-        )
-    });
-    // A workload cluster's Node changes reach its machines, and its
-    // reachability changes reach every machine of it.
-    let by_cluster = (store.clone(), ctx.kube.stores.machine_ids.clone());
-    let workload = ctx.clusters.events().flat_map(move |event| {
-        let (machines, ids) = &by_cluster;
-        futures::stream::iter(machines_of_event(machines, ids, &event))
-    });
-    let node_deletions = futures::stream::select(node_deletions, workload);
-    let watches = move |controller: Controller<Machine>| {
-        controller
-            .watches_shared_stream(plugins, move |plugin: Arc<Plugin>| {
-                let name = plugin.name_any();
-                machines_where(&by_plugin, |m| {
-                    m.spec.provider.plugin == name || m.instance_plugin() == name
-                })
-            })
-            .watches_shared_stream(nodes, move |node: Arc<Node>| {
-                machines_of_node(&by_node, &ids, &node)
-                    .iter()
-                    .map(|m| ObjectRef::from_obj(m.as_ref()))
-                    .collect::<Vec<_>>()
-            })
-            .watches_shared_stream(deployments, move |md: Arc<MachineDeployment>| {
-                let generation = md.metadata.generation.unwrap_or(0);
-                let uid = md.uid().unwrap_or_default();
-                let mut seen = generations.lock().unwrap_or_else(|p| p.into_inner());
-                if seen.insert(uid, generation) == Some(generation) {
-                    return vec![];
-                }
-                let (namespace, name) = (md.namespace(), md.name_any());
-                machines_where(&by_deployment, |m| {
-                    m.namespace() == namespace
-                        && m.labels().get(LABEL_DEPLOYMENT_NAME) == Some(&name)
-                })
-            })
-            .reconcile_on(node_deletions)
-    };
-    // Queued per namespace (and workload cluster) and per provider Plugin:
-    // a hanging provider or a stopped workload API server holds at most
-    // its share of the workers.
-    let spec = Spec::new(CONTROLLER, machines, store, concurrency).with_flow(|m| {
-        capstan_kit::fair::Flow::of(
-            m.metadata.namespace.as_deref().unwrap_or_default(),
-            m.spec.cluster_name.as_deref(),
-            Some(&m.spec.provider.plugin),
-        )
-    });
-    capstan_kit::controller::run(spec, ctx, shutdown, watches, reconcile).await;
-}
-
-/// The machines a workload cluster's event concerns.
-pub(crate) fn machines_of_event(
-    machines: &Store<Machine>,
-    ids: &capstan_kit::claims::ProviderIds,
-    event: &capstan_kit::workload::ClusterEvent,
-) -> Vec<ObjectRef<Machine>> {
-    use capstan_kit::workload::ClusterEvent;
-    let in_cluster = |key: &capstan_kit::workload::ClusterKey, m: &Machine| {
-        m.spec.cluster_name.as_deref() == Some(key.name.as_str())
-            && m.namespace().as_deref() == Some(key.namespace.as_str())
-    };
-    match event {
-        ClusterEvent::Node(key, node) => machines_of_node(machines, ids, node)
-            .iter()
-            .filter(|m| in_cluster(key, m))
-            .map(|m| ObjectRef::from_obj(m.as_ref()))
-            .collect(),
-        ClusterEvent::Reach(key) => machines_where(machines, |m| in_cluster(key, m)),
-    }
-}
-
-fn machines_where(
-    store: &Store<Machine>,
-    keep: impl Fn(&Machine) -> bool,
-) -> Vec<ObjectRef<Machine>> {
-    store
-        .state()
-        .iter()
-        .filter(|m| keep(m))
-        .map(|m| ObjectRef::from_obj(m.as_ref()))
-        .collect()
 }
 
 /// One pass over a Machine: observe it, run the planner's steps
@@ -392,18 +278,6 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// The cluster of the machine's Node, when it can be reached.
-    fn nodes(&self) -> Option<Kube> {
-        self.placement.reach.kube(&self.ctx.kube).cloned()
-    }
-
-    /// The Eviction API of that cluster.
-    fn evictions(&self) -> &crate::nodedrain::Evictions {
-        self.workload_evictions
-            .as_ref()
-            .unwrap_or(&self.ctx.evictions)
-    }
-
     /// The provider for a call. The planner asks for calls only when the
     /// plugin is ready, which is when this pass found its provider; were it
     /// missing, the plugin counts as still loading.
@@ -440,71 +314,11 @@ impl<'a> Pass<'a> {
                     Err(e) => self.view.call_error = Some((Call::Validate, call_error(e))),
                 }
             }
-            MachineStep::PrepareBootstrap => {
-                let takes_data = self
-                    .provider
-                    .as_ref()
-                    .is_some_and(|p| p.takes_bootstrap_data());
-                // The planner prepares only for a cluster that answers.
-                let Some(nodes) = self.nodes() else {
-                    return Ok(());
-                };
-                let cluster = machine.spec.cluster_name.as_deref().and_then(|name| {
-                    ctx.kube.stores.clusters.get(
-                        &ObjectRef::new(name).within(&machine.namespace().unwrap_or_default()),
-                    )
-                });
-                let target = bootstrap::JoinTarget {
-                    kube: &nodes,
-                    endpoint: cluster
-                        .as_ref()
-                        .and_then(|c| c.spec.control_plane_endpoint.as_ref()),
-                };
-                let (state, data) =
-                    bootstrap::prepare(ctx, &target, machine, takes_data, &mut self.draft).await;
-                self.view.bootstrap = state;
-                self.bootstrap_data = data;
-            }
+            MachineStep::PrepareBootstrap => self.prepare_bootstrap().await,
             MachineStep::FindInstance => self.find_instance(plugin_name).await,
             MachineStep::Create => self.instance(Call::Create, plugin_name).await,
             MachineStep::Get => self.instance(Call::Get, plugin_name).await,
-            MachineStep::AdvanceInPlace => {
-                // An update that may drain waits for the Node's cluster.
-                let Some(nodes) = self.nodes() else {
-                    self.view.in_place = Some(InPlace::Wait(10_000));
-                    return Ok(());
-                };
-                let node = match (self.node.clone(), self.draft.provider_id.as_deref()) {
-                    (Some(node), _) => Some(node),
-                    (None, Some(id)) => {
-                        let prefix = self.provider.as_ref().and_then(|p| p.provider_id_prefix());
-                        claimed_node(&nodes, machine, prefix, id)
-                            .await
-                            .ok()
-                            .flatten()
-                    }
-                    (None, None) => None,
-                };
-                let drain = update::Drainer {
-                    kube: &nodes,
-                    evictions: self.workload_evictions.as_ref().unwrap_or(&ctx.evictions),
-                    node,
-                };
-                let advance = update::advance(
-                    &ctx.kube,
-                    &ctx.updaters,
-                    &drain,
-                    machine,
-                    &mut self.draft,
-                    &self.t,
-                )
-                .await;
-                self.view.in_place = Some(match advance {
-                    Advance::Wait(wait) => InPlace::Wait(wait.as_millis() as u64),
-                    Advance::Failed => InPlace::Failed,
-                    Advance::Done => InPlace::Done,
-                });
-            }
+            MachineStep::AdvanceInPlace => self.advance_in_place().await,
             MachineStep::DrainNode(_) => self.drain().await?,
             MachineStep::CheckVolumes(_) => self.check_volumes().await?,
             MachineStep::ReleaseInstance { drain_skipped } => {
@@ -517,28 +331,7 @@ impl<'a> Pass<'a> {
                 }
                 self.view.node_deleted = true;
             }
-            MachineStep::RemoveFinalizer => {
-                // No token outlives its machine, joined or not (one in a
-                // cluster being deleted goes with it).
-                match (self.nodes(), self.placement.reach.down()) {
-                    (Some(nodes), _) => bootstrap::release_token(&nodes, machine)
-                        .await
-                        .map_err(kube_err("deleting the machine's bootstrap token"))?,
-                    (None, Some((_, why))) if !self.placement.cluster_gone => {
-                        return Err(Error::Unavailable(format!(
-                            "the machine's bootstrap token cannot be deleted yet: {why}"
-                        )));
-                    }
-                    (None, _) => {}
-                }
-                remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
-                ctx.unseen_writes.forget(machine);
-                ctx.nothing_to_adopt
-                    .lock()
-                    .expect("adoption lock")
-                    .remove(machine.uid().as_deref().unwrap_or_default());
-                self.view.has_finalizer = false;
-            }
+            MachineStep::RemoveFinalizer => self.remove_finalizer().await?,
             MachineStep::End(_) => {}
         }
         Ok(())
@@ -606,30 +399,6 @@ impl<'a> Pass<'a> {
                 }
             }
             Err(e) => self.view.call_error = Some((call, call_error(e))),
-        }
-    }
-
-    /// Find the machine's Node in `nodes` (if the claim holds) and keep
-    /// Cluster API's annotations, the granted labels and the taints on it.
-    async fn tend_node(&mut self, nodes: &Kube, prefix: Option<&str>, provider_id: &str) {
-        let machine = self.machine;
-        (self.node, self.refused) = match claimed_node(nodes, machine, prefix, provider_id).await
-        {
-            Ok(node) => (node, None),
-            Err(refused) => (None, Some(refused)),
-        };
-        let Some(node) = &self.node else {
-            return;
-        };
-        // The next pass tries again; the instance is what this pass is about.
-        if let Err(error) = annotate_node(nodes, machine, node).await {
-            tracing::warn!(machine = %key_of(machine), %error, "node not annotated");
-        }
-        if let Err(error) = carry_labels_to_node(nodes, machine, node).await {
-            tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
-        }
-        if let Err(error) = carry_taints_to_node(nodes, machine, node).await {
-            tracing::warn!(machine = %key_of(machine), %error, "node taints not carried");
         }
     }
 

@@ -48,7 +48,14 @@ pub(super) fn settle(
     let generation = machine.metadata.generation;
     let set = condition_setter(generation, t);
     if *outcome == Outcome::Paused {
-        let message = format!("the {ANNOTATION_PAUSED} annotation holds the machine");
+        let message = if machine.annotations().contains_key(ANNOTATION_PAUSED) {
+            format!("the {ANNOTATION_PAUSED} annotation holds the machine")
+        } else {
+            format!(
+                "Cluster {} is paused (spec.paused): every object of it holds still",
+                machine.spec.cluster_name.as_deref().unwrap_or_default()
+            )
+        };
         set(&mut status, PAUSED, cond::TRUE, "Paused", message);
         return Some(status);
     }

@@ -724,8 +724,12 @@ async fn create_machines(
     let mut labels = template.metadata.labels.clone();
     labels.insert(LABEL_SET_NAME.to_string(), set.name_any());
     let mut spec = template.spec.clone();
-    if let Ok(Some(cluster)) = crate::template::cluster_of(set.spec.cluster_name.as_deref(), &spec) {
-        labels.insert(capstan_api::LABEL_CLUSTER_NAME.to_string(), cluster.to_string());
+    if let Ok(Some(cluster)) = crate::template::cluster_of(set.spec.cluster_name.as_deref(), &spec)
+    {
+        labels.insert(
+            capstan_api::LABEL_CLUSTER_NAME.to_string(),
+            cluster.to_string(),
+        );
         spec.cluster_name = Some(cluster.to_string());
     }
     let mut annotations = template.metadata.annotations.clone();

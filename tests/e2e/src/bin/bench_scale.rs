@@ -32,8 +32,8 @@
 //! what heartbeats of N Nodes cost the API server.
 
 use anyhow::{Context, bail};
-use capstan_e2e::bench_clusters::{cpu_seconds, peak_rss_mib};
 use capstan_api::MachineDeployment;
+use capstan_e2e::bench_clusters::{cpu_seconds, peak_rss_mib};
 use capstan_e2e::control_plane::ControlPlaneOptions;
 use capstan_e2e::env::{
     CLOUD_TOKEN, ControllerProcess, Env, EnvOptions, SIM_PLUGIN, capstan_bin, sample_deployment,
@@ -624,7 +624,8 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     if args.clusters > 0 {
         for &machines in &args.machines {
-            capstan_e2e::bench_clusters::bench(args.clusters, machines, args.boot_latency_ms).await?;
+            capstan_e2e::bench_clusters::bench(args.clusters, machines, args.boot_latency_ms)
+                .await?;
         }
         return Ok(());
     }

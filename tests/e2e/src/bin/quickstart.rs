@@ -133,7 +133,9 @@ async fn start_workload_cluster(
         plane.url,
         plane.kubeconfig().display()
     );
-    step("binding, in the workload cluster, only what Capstan needs there (Nodes, drains, tokens, CSRs)");
+    step(
+        "binding, in the workload cluster, only what Capstan needs there (Nodes, drains, tokens, CSRs)",
+    );
     let workload_kubeconfig = plane.kubeconfig().display().to_string();
     run(
         capstan,
@@ -178,7 +180,9 @@ spec: {{}}
         let cluster = clusters.get(WORKLOAD_CLUSTER).await?;
         let conditions = cluster.status.unwrap_or_default().conditions;
         if capstan_api::is_true(&conditions, "Available") {
-            step(&format!("Cluster/{WORKLOAD_CLUSTER} Available: its API server answers the probes"));
+            step(&format!(
+                "Cluster/{WORKLOAD_CLUSTER} Available: its API server answers the probes"
+            ));
             return Ok(plane);
         }
         if Instant::now() > deadline {
@@ -665,12 +669,19 @@ spec:
         ));
         print!(
             "{}",
-            plane.kubectl(&["get", "nodes"], None).map_err(anyhow::Error::msg)?
+            plane
+                .kubectl(&["get", "nodes"], None)
+                .map_err(anyhow::Error::msg)?
         );
         let kc = env.control_plane.kubeconfig().display().to_string();
         run(
             &capstan,
-            &["describe", &format!("cluster/{WORKLOAD_CLUSTER}"), "--kubeconfig", &kc],
+            &[
+                "describe",
+                &format!("cluster/{WORKLOAD_CLUSTER}"),
+                "--kubeconfig",
+                &kc,
+            ],
             None,
         )?;
     } else {

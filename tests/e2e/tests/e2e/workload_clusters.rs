@@ -35,19 +35,44 @@ fn prepare_workload(plane: &ControlPlane) {
     let capstan = capstan_e2e::env::capstan_bin().expect("the capstan binary");
     let kubeconfig = plane.kubeconfig().display().to_string();
     let printed = std::process::Command::new(&capstan)
-        .args(["install", "--workload-cluster", "--workload-user", MINIMAL_USER])
+        .args([
+            "install",
+            "--workload-cluster",
+            "--workload-user",
+            MINIMAL_USER,
+        ])
         .output()
         .expect("capstan install --workload-cluster");
-    assert!(printed.status.success(), "{}", String::from_utf8_lossy(&printed.stderr));
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
     let yaml = String::from_utf8(printed.stdout).unwrap();
-    assert!(yaml.contains("kind: ClusterRole") && yaml.contains("capstan-workload"), "{yaml}");
-    assert!(!yaml.contains("machinedeployments"), "no management rule in a workload cluster: {yaml}");
+    assert!(
+        yaml.contains("kind: ClusterRole") && yaml.contains("capstan-workload"),
+        "{yaml}"
+    );
+    assert!(
+        !yaml.contains("machinedeployments"),
+        "no management rule in a workload cluster: {yaml}"
+    );
     let applied = std::process::Command::new(&capstan)
-        .args(["install", "--workload-cluster", "--workload-user", MINIMAL_USER, "--apply"])
+        .args([
+            "install",
+            "--workload-cluster",
+            "--workload-user",
+            MINIMAL_USER,
+            "--apply",
+        ])
         .args(["--kubeconfig", &kubeconfig])
         .output()
         .expect("capstan install --workload-cluster --apply");
-    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
 }
 
 async fn put_kubeconfig(env: &Env, namespace: &str, name: &str, kubeconfig: &str) {
@@ -79,7 +104,12 @@ async fn create_cluster(env: &Env, namespace: &str, name: &str, spec: Value) {
 
 /// The Cluster's condition `type_` as (status, reason, message), once it
 /// has one.
-async fn condition(env: &Env, namespace: &str, name: &str, type_: &str) -> Option<(String, String, String)> {
+async fn condition(
+    env: &Env,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
     let cluster = Api::<Cluster>::namespaced(env.client.clone(), namespace)
         .get(name)
         .await
@@ -88,11 +118,21 @@ async fn condition(env: &Env, namespace: &str, name: &str, type_: &str) -> Optio
     Some((c.status, c.reason, c.message))
 }
 
-async fn wait_condition(env: &Env, name: &str, type_: &str, status: &str, within: Duration) -> (String, String) {
-    env.eventually(&format!("Cluster {name} {type_}={status}"), within, async || {
-        let (s, reason, message) = condition(env, NS, name, type_).await?;
-        (s == status).then_some((reason, message))
-    })
+async fn wait_condition(
+    env: &Env,
+    name: &str,
+    type_: &str,
+    status: &str,
+    within: Duration,
+) -> (String, String) {
+    env.eventually(
+        &format!("Cluster {name} {type_}={status}"),
+        within,
+        async || {
+            let (s, reason, message) = condition(env, NS, name, type_).await?;
+            (s == status).then_some((reason, message))
+        },
+    )
     .await
 }
 
@@ -158,9 +198,16 @@ fn writes_by_capstan(plane: &ControlPlane) -> Vec<(String, String, String)> {
         .into_iter()
         .filter(|w| w["user"]["username"] == MINIMAL_USER)
         .map(|w| {
-            let resource = w["objectRef"]["resource"].as_str().unwrap_or("").to_string();
+            let resource = w["objectRef"]["resource"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
             let sub = w["objectRef"]["subresource"].as_str().unwrap_or("");
-            let resource = if sub.is_empty() { resource } else { format!("{resource}/{sub}") };
+            let resource = if sub.is_empty() {
+                resource
+            } else {
+                format!("{resource}/{sub}")
+            };
             (
                 resource,
                 w["objectRef"]["name"].as_str().unwrap_or("").to_string(),
@@ -207,15 +254,35 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
 
     // Tenancy first: nothing is contacted for a refused kubeconfig.
     let exec = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\nusers:\n- name: u\n  user:\n    exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: /bin/sh, args: ['-c', 'touch /tmp/capstan-exec-ran']}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n";
-    let link_local = plane_a.kubeconfig_inline().replace(&plane_a_url(&plane_a), "https://169.254.169.254:443");
+    let link_local = plane_a
+        .kubeconfig_inline()
+        .replace(&plane_a_url(&plane_a), "https://169.254.169.254:443");
     put_kubeconfig(&env, NS, "exec-kubeconfig", exec).await;
     put_kubeconfig(&env, NS, "metadata-kubeconfig", &link_local).await;
-    create_cluster(&env, NS, "exec", json!({"kubeconfigSecretRef": {"name": "exec-kubeconfig"}})).await;
-    create_cluster(&env, NS, "metadata", json!({"kubeconfigSecretRef": {"name": "metadata-kubeconfig"}})).await;
+    create_cluster(
+        &env,
+        NS,
+        "exec",
+        json!({"kubeconfigSecretRef": {"name": "exec-kubeconfig"}}),
+    )
+    .await;
+    create_cluster(
+        &env,
+        NS,
+        "metadata",
+        json!({"kubeconfigSecretRef": {"name": "metadata-kubeconfig"}}),
+    )
+    .await;
     // A tenant's Cluster cannot reach a Secret of another namespace: the
     // reference names one of its own namespace only.
     capstan_e2e::install::make_tenant(&env, "team-t", "tenant-t");
-    put_kubeconfig(&env, NS, "shared-kubeconfig", &plane_a.minimal_kubeconfig_inline()).await;
+    put_kubeconfig(
+        &env,
+        NS,
+        "shared-kubeconfig",
+        &plane_a.minimal_kubeconfig_inline(),
+    )
+    .await;
     let tenant = capstan_e2e::install::client_as(&env, "tenant-t").await;
     let tenant_cluster: Cluster = serde_json::from_value(json!({
         "apiVersion": "capstan.dev/v1alpha1", "kind": "Cluster",
@@ -228,23 +295,57 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
         .expect("the tenant creates its Cluster");
 
     // The two workload clusters, through their minimal users.
-    put_kubeconfig(&env, NS, "wa-kubeconfig", &plane_a.minimal_kubeconfig_inline()).await;
-    put_kubeconfig(&env, NS, "wb-kubeconfig", &plane_b.minimal_kubeconfig_inline()).await;
+    put_kubeconfig(
+        &env,
+        NS,
+        "wa-kubeconfig",
+        &plane_a.minimal_kubeconfig_inline(),
+    )
+    .await;
+    put_kubeconfig(
+        &env,
+        NS,
+        "wb-kubeconfig",
+        &plane_b.minimal_kubeconfig_inline(),
+    )
+    .await;
     create_cluster(&env, NS, "wa", json!({})).await;
     create_cluster(&env, NS, "wb", json!({})).await;
     for name in ["wa", "wb"] {
-        wait_condition(&env, name, "RemoteConnectionProbe", "True", Duration::from_secs(60)).await;
+        wait_condition(
+            &env,
+            name,
+            "RemoteConnectionProbe",
+            "True",
+            Duration::from_secs(60),
+        )
+        .await;
         wait_condition(&env, name, "Available", "True", Duration::from_secs(10)).await;
     }
-    for (name, reason) in [("exec", "KubeconfigRefused"), ("metadata", "KubeconfigRefused")] {
-        let (got, message) = wait_condition(&env, name, "RemoteConnectionProbe", "False", Duration::from_secs(30)).await;
+    for (name, reason) in [
+        ("exec", "KubeconfigRefused"),
+        ("metadata", "KubeconfigRefused"),
+    ] {
+        let (got, message) = wait_condition(
+            &env,
+            name,
+            "RemoteConnectionProbe",
+            "False",
+            Duration::from_secs(30),
+        )
+        .await;
         assert_eq!(got, reason, "{name}: {message}");
     }
     let (reason, message) = env
-        .eventually("the tenant's Cluster refused", Duration::from_secs(30), async || {
-            let (s, reason, message) = condition(&env, "team-t", "borrowed", "RemoteConnectionProbe").await?;
-            (s == "False").then_some((reason, message))
-        })
+        .eventually(
+            "the tenant's Cluster refused",
+            Duration::from_secs(30),
+            async || {
+                let (s, reason, message) =
+                    condition(&env, "team-t", "borrowed", "RemoteConnectionProbe").await?;
+                (s == "False").then_some((reason, message))
+            },
+        )
         .await;
     // Looked for in the tenant's namespace only (which Capstan is not bound
     // to read in this install), never in the namespace that has it.
@@ -253,46 +354,87 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
         "{reason}: {message}"
     );
     assert!(message.contains("team-t/shared-kubeconfig"), "{message}");
-    assert!(!std::path::Path::new("/tmp/capstan-exec-ran").exists(), "an exec kubeconfig ran a command");
+    assert!(
+        !std::path::Path::new("/tmp/capstan-exec-ran").exists(),
+        "an exec kubeconfig ran a command"
+    );
 
     // A deployment per workload cluster; each Machine's Node joins its own.
     let deployments: Api<MachineDeployment> = Api::namespaced(env.client.clone(), NS);
     let started = Instant::now();
     for (name, cluster) in [("pool-a", "wa"), ("pool-b", "wb")] {
         deployments
-            .create(&PostParams::default(), &deployment_of(&env, name, cluster, 2))
+            .create(
+                &PostParams::default(),
+                &deployment_of(&env, name, cluster, 2),
+            )
             .await
             .expect("create the deployment");
     }
     for name in ["pool-a", "pool-b"] {
-        env.wait_rolled_out(NS, name, Duration::from_secs(120)).await;
+        env.wait_rolled_out(NS, name, Duration::from_secs(120))
+            .await;
     }
-    println!("two workload clusters × 2 machines joined in {:?}", started.elapsed());
+    println!(
+        "two workload clusters × 2 machines joined in {:?}",
+        started.elapsed()
+    );
     let (machines_a, machines_b) = (machines_of(&env, "wa").await, machines_of(&env, "wb").await);
     let names = |ms: &[Machine]| {
         let mut n: Vec<String> = ms.iter().map(|m| m.name_any()).collect();
         n.sort();
         n
     };
-    assert_eq!(node_names(&nodes_in(&plane_a).await), names(&machines_a), "A's Nodes are A's Machines");
-    assert_eq!(node_names(&nodes_in(&plane_b).await), names(&machines_b), "B's Nodes are B's Machines");
-    assert!(nodes_in(&env.control_plane).await.is_empty(), "no Node joined the management cluster");
+    assert_eq!(
+        node_names(&nodes_in(&plane_a).await),
+        names(&machines_a),
+        "A's Nodes are A's Machines"
+    );
+    assert_eq!(
+        node_names(&nodes_in(&plane_b).await),
+        names(&machines_b),
+        "B's Nodes are B's Machines"
+    );
+    assert!(
+        nodes_in(&env.control_plane).await.is_empty(),
+        "no Node joined the management cluster"
+    );
     for m in machines_a.iter().chain(&machines_b) {
         let cluster = m.spec.cluster_name.clone().unwrap();
-        assert_eq!(m.labels().get(capstan_api::LABEL_CLUSTER_NAME), Some(&cluster), "{}", m.name_any());
+        assert_eq!(
+            m.labels().get(capstan_api::LABEL_CLUSTER_NAME),
+            Some(&cluster),
+            "{}",
+            m.name_any()
+        );
     }
     let md_a = env.deployment(NS, "pool-a").await;
-    env.eventually("deployments labelled with their cluster", Duration::from_secs(20), async || {
-        let md = env.deployment(NS, "pool-a").await;
-        (md.labels().get(capstan_api::LABEL_CLUSTER_NAME).map(String::as_str) == Some("wa")).then_some(())
-    })
+    env.eventually(
+        "deployments labelled with their cluster",
+        Duration::from_secs(20),
+        async || {
+            let md = env.deployment(NS, "pool-a").await;
+            (md.labels()
+                .get(capstan_api::LABEL_CLUSTER_NAME)
+                .map(String::as_str)
+                == Some("wa"))
+            .then_some(())
+        },
+    )
     .await;
     drop(md_a);
-    env.eventually("Cluster wa counts its workers", Duration::from_secs(30), async || {
-        let c = Api::<Cluster>::namespaced(env.client.clone(), NS).get("wa").await.ok()?;
-        let w = c.status?.workers?;
-        (w.desired_replicas == 2 && w.replicas == 2 && w.ready_replicas == 2).then_some(())
-    })
+    env.eventually(
+        "Cluster wa counts its workers",
+        Duration::from_secs(30),
+        async || {
+            let c = Api::<Cluster>::namespaced(env.client.clone(), NS)
+                .get("wa")
+                .await
+                .ok()?;
+            let w = c.status?.workers?;
+            (w.desired_replicas == 2 && w.replicas == 2 && w.ready_replicas == 2).then_some(())
+        },
+    )
     .await;
     // Bootstrap tokens were minted in each workload cluster, never in the
     // management cluster, and the CSRs approved there.
@@ -305,15 +447,30 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
                 "Capstan annotated Node {name} in its cluster: {writes:?}"
             );
         }
-        assert!(writes.iter().any(|(r, _, v)| r == "secrets" && v == "create"), "{writes:?}");
         assert!(
-            writes.iter().any(|(r, _, _)| r == "certificatesigningrequests/approval"),
+            writes
+                .iter()
+                .any(|(r, _, v)| r == "secrets" && v == "create"),
+            "{writes:?}"
+        );
+        assert!(
+            writes
+                .iter()
+                .any(|(r, _, _)| r == "certificatesigningrequests/approval"),
             "{writes:?}"
         );
         // Nothing of the other cluster's Machines was written here.
-        let others = if std::ptr::eq(plane, &plane_a) { &machines_b } else { &machines_a };
+        let others = if std::ptr::eq(plane, &plane_a) {
+            &machines_b
+        } else {
+            &machines_a
+        };
         for m in others {
-            assert!(!writes.iter().any(|(_, n, _)| n == &m.name_any()), "{} written in the wrong cluster", m.name_any());
+            assert!(
+                !writes.iter().any(|(_, n, _)| n == &m.name_any()),
+                "{} written in the wrong cluster",
+                m.name_any()
+            );
         }
     }
     let management_tokens = Api::<Secret>::namespaced(env.client.clone(), "kube-system")
@@ -321,7 +478,10 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
         .await
         .unwrap()
         .items;
-    assert!(management_tokens.is_empty(), "no token in the management cluster");
+    assert!(
+        management_tokens.is_empty(),
+        "no token in the management cluster"
+    );
 
     // A health check of B's machines that would remediate a silent Node.
     let mhc: MachineHealthCheck = serde_json::from_value(json!({
@@ -341,45 +501,75 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
     // A's scale-up with B healthy, then with B's API server stopped.
     let started = Instant::now();
     scale(&env, "pool-a", 3).await;
-    env.wait_rolled_out(NS, "pool-a", Duration::from_secs(90)).await;
+    env.wait_rolled_out(NS, "pool-a", Duration::from_secs(90))
+        .await;
     let healthy = started.elapsed();
     let apiserver_b = plane_b.pid("kube-apiserver").expect("B's API server");
     signal(apiserver_b, "STOP");
     let started = Instant::now();
     scale(&env, "pool-a", 4).await;
     scale(&env, "pool-b", 3).await;
-    env.wait_rolled_out(NS, "pool-a", Duration::from_secs(90)).await;
+    env.wait_rolled_out(NS, "pool-a", Duration::from_secs(90))
+        .await;
     let with_b_stopped = started.elapsed();
-    let (reason, message) = wait_condition(&env, "wb", "RemoteConnectionProbe", "False", Duration::from_secs(30)).await;
+    let (reason, message) = wait_condition(
+        &env,
+        "wb",
+        "RemoteConnectionProbe",
+        "False",
+        Duration::from_secs(30),
+    )
+    .await;
     assert_eq!(reason, "ProbeFailed", "{message}");
-    env.eventually("B's Machines NodeHealthy=Unknown", Duration::from_secs(30), async || {
-        let ms = machines_of(&env, "wb").await;
-        ms.iter()
-            .filter(|m| m.status.as_ref().and_then(|s| s.node_ref.as_ref()).is_some())
-            .all(|m| {
-                m.status.as_ref().and_then(|s| capstan_api::condition(&s.conditions, "NodeHealthy")).is_some_and(|c| {
-                    c.status == "Unknown" && c.reason == "ConnectionDown"
+    env.eventually(
+        "B's Machines NodeHealthy=Unknown",
+        Duration::from_secs(30),
+        async || {
+            let ms = machines_of(&env, "wb").await;
+            ms.iter()
+                .filter(|m| {
+                    m.status
+                        .as_ref()
+                        .and_then(|s| s.node_ref.as_ref())
+                        .is_some()
                 })
-            })
-            .then_some(())
-    })
+                .all(|m| {
+                    m.status
+                        .as_ref()
+                        .and_then(|s| capstan_api::condition(&s.conditions, "NodeHealthy"))
+                        .is_some_and(|c| c.status == "Unknown" && c.reason == "ConnectionDown")
+                })
+                .then_some(())
+        },
+    )
     .await;
     println!(
         "cluster A's scale-up by one machine: {healthy:?} with B healthy, {with_b_stopped:?} with B's API server stopped ({:.2}×)",
         with_b_stopped.as_secs_f64() / healthy.as_secs_f64()
     );
-    assert_eq!(wait_condition(&env, "wa", "Available", "True", Duration::from_secs(5)).await.0, "Available");
+    assert_eq!(
+        wait_condition(&env, "wa", "Available", "True", Duration::from_secs(5))
+            .await
+            .0,
+        "Available"
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let remediated: Vec<String> = machines_of(&env, "wb")
         .await
         .iter()
         .filter(|m| {
-            m.status.as_ref().and_then(|s| capstan_api::condition(&s.conditions, "OwnerRemediated")).is_some_and(|c| c.status == "False")
+            m.status
+                .as_ref()
+                .and_then(|s| capstan_api::condition(&s.conditions, "OwnerRemediated"))
+                .is_some_and(|c| c.status == "False")
                 || m.metadata.deletion_timestamp.is_some()
         })
         .map(|m| m.name_any())
         .collect();
-    assert!(remediated.is_empty(), "nothing is remediated in an unreachable cluster: {remediated:?}");
+    assert!(
+        remediated.is_empty(),
+        "nothing is remediated in an unreachable cluster: {remediated:?}"
+    );
     // Its Nodes' heartbeats were lost while it was stopped: whatever B's
     // node lifecycle says after it resumes is not this test's matter.
     Api::<MachineHealthCheck>::namespaced(env.client.clone(), NS)
@@ -387,35 +577,136 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
         .await
         .unwrap();
     signal(apiserver_b, "CONT");
-    wait_condition(&env, "wb", "RemoteConnectionProbe", "True", Duration::from_secs(60)).await;
-    env.wait_rolled_out(NS, "pool-b", Duration::from_secs(120)).await;
+    wait_condition(
+        &env,
+        "wb",
+        "RemoteConnectionProbe",
+        "True",
+        Duration::from_secs(60),
+    )
+    .await;
+    env.wait_rolled_out(NS, "pool-b", Duration::from_secs(120))
+        .await;
     let nodes_b = node_names(&nodes_in(&plane_b).await);
-    assert_eq!(nodes_b, names(&machines_of(&env, "wb").await), "B's third Node joined B after SIGCONT");
+    assert_eq!(
+        nodes_b,
+        names(&machines_of(&env, "wb").await),
+        "B's third Node joined B after SIGCONT"
+    );
 
     // `capstan describe cluster/wb`: the Cluster, its deployment, set and
     // Machines, as clusterctl prints them.
     let kubeconfig = env.control_plane.kubeconfig().display().to_string();
     let described = std::process::Command::new(capstan_e2e::env::capstan_bin().unwrap())
-        .args(["describe", "cluster/wb", "--kubeconfig", &kubeconfig, "-n", NS, "--grouping=false"])
+        .args([
+            "describe",
+            "cluster/wb",
+            "--kubeconfig",
+            &kubeconfig,
+            "-n",
+            NS,
+            "--grouping=false",
+        ])
         .output()
         .expect("capstan describe");
     let text = String::from_utf8_lossy(&described.stdout);
-    assert!(described.status.success(), "{}", String::from_utf8_lossy(&described.stderr));
-    assert!(text.contains("Cluster/wb") && text.contains("MachineDeployment/pool-b"), "{text}");
+    assert!(
+        described.status.success(),
+        "{}",
+        String::from_utf8_lossy(&described.stderr)
+    );
+    assert!(
+        text.contains("Cluster/wb") && text.contains("MachineDeployment/pool-b"),
+        "{text}"
+    );
     for m in machines_of(&env, "wb").await {
-        assert!(text.contains(&m.name_any()), "{} missing from\n{text}", m.name_any());
+        assert!(
+            text.contains(&m.name_any()),
+            "{} missing from\n{text}",
+            m.name_any()
+        );
     }
-    assert!(!text.contains("pool-a"), "another cluster's objects are not in its tree:\n{text}");
+    assert!(
+        !text.contains("pool-a"),
+        "another cluster's objects are not in its tree:\n{text}"
+    );
 
     // The kubeconfig Secret deleted, then restored: no restart needed.
     Api::<Secret>::namespaced(env.client.clone(), NS)
         .delete("wb-kubeconfig", &DeleteParams::default())
         .await
         .unwrap();
-    let (reason, message) = wait_condition(&env, "wb", "RemoteConnectionProbe", "False", Duration::from_secs(30)).await;
+    let (reason, message) = wait_condition(
+        &env,
+        "wb",
+        "RemoteConnectionProbe",
+        "False",
+        Duration::from_secs(30),
+    )
+    .await;
     assert_eq!(reason, "KubeconfigSecretNotFound", "{message}");
-    put_kubeconfig(&env, NS, "wb-kubeconfig", &plane_b.minimal_kubeconfig_inline()).await;
-    wait_condition(&env, "wb", "RemoteConnectionProbe", "True", Duration::from_secs(30)).await;
+    put_kubeconfig(
+        &env,
+        NS,
+        "wb-kubeconfig",
+        &plane_b.minimal_kubeconfig_inline(),
+    )
+    .await;
+    wait_condition(
+        &env,
+        "wb",
+        "RemoteConnectionProbe",
+        "True",
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // A paused Cluster holds every object of it: B's deployment does not
+    // scale, its Machines say why; unpaused, it goes on.
+    let pause = |paused: bool| {
+        let clusters: Api<Cluster> = Api::namespaced(env.client.clone(), NS);
+        async move {
+            clusters
+                .patch(
+                    "wb",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"paused": paused}})),
+                )
+                .await
+                .expect("pause");
+        }
+    };
+    pause(true).await;
+    wait_condition(&env, "wb", "Paused", "True", Duration::from_secs(20)).await;
+    scale(&env, "pool-b", 4).await;
+    env.eventually(
+        "B's Machines paused by their Cluster",
+        Duration::from_secs(30),
+        async || {
+            let ms = machines_of(&env, "wb").await;
+            ms.iter()
+                .all(|m| {
+                    m.status
+                        .as_ref()
+                        .and_then(|s| capstan_api::condition(&s.conditions, "Paused"))
+                        .is_some_and(|c| {
+                            c.status == "True" && c.message.contains("Cluster wb is paused")
+                        })
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        machines_of(&env, "wb").await.len(),
+        3,
+        "a paused cluster's deployment does not scale"
+    );
+    pause(false).await;
+    env.wait_rolled_out(NS, "pool-b", Duration::from_secs(60))
+        .await;
+    assert_eq!(machines_of(&env, "wb").await.len(), 4);
 
     // Deleting Cluster A drains its Nodes in A (a pod there is evicted)
     // and deletes its deployment, sets, Machines and Nodes before it goes;
@@ -436,19 +727,32 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
         .delete("wa", &DeleteParams::default())
         .await
         .unwrap();
-    env.eventually("Cluster wa gone with its Machines", Duration::from_secs(120), async || {
-        let gone = Api::<Cluster>::namespaced(env.client.clone(), NS).get_opt("wa").await.ok()?.is_none();
-        (gone && machines_of(&env, "wa").await.is_empty()).then_some(())
-    })
+    env.eventually(
+        "Cluster wa gone with its Machines",
+        Duration::from_secs(120),
+        async || {
+            let gone = Api::<Cluster>::namespaced(env.client.clone(), NS)
+                .get_opt("wa")
+                .await
+                .ok()?
+                .is_none();
+            (gone && machines_of(&env, "wa").await.is_empty()).then_some(())
+        },
+    )
     .await;
-    assert!(nodes_in(&plane_a).await.is_empty(), "A's Nodes deleted with their Machines");
+    assert!(
+        nodes_in(&plane_a).await.is_empty(),
+        "A's Nodes deleted with their Machines"
+    );
     let writes_a = writes_by_capstan(&plane_a);
     assert!(
-        writes_a.iter().any(|(r, n, _)| r == "pods/eviction" && n == "web"),
+        writes_a
+            .iter()
+            .any(|(r, n, _)| r == "pods/eviction" && n == "web"),
         "the drain evicted A's pod in A: {writes_a:?}"
     );
     assert!(deployments.get_opt("pool-a").await.unwrap().is_none());
-    assert_eq!(machines_of(&env, "wb").await.len(), 3, "B's Machines stay");
+    assert_eq!(machines_of(&env, "wb").await.len(), 4, "B's Machines stay");
     wait_condition(&env, "wb", "Available", "True", Duration::from_secs(10)).await;
     let _ = std::fs::remove_file("/tmp/capstan-exec-ran");
 }

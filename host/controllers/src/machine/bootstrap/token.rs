@@ -5,8 +5,8 @@
 
 use super::{Bootstrap, BootstrapData, Context, failed, kube_retry, retry};
 use super::{LABEL_TOKEN_MACHINE_UID, TOKEN_NAMESPACE, TOKEN_SECRET_TYPE};
-use capstan_kit::Kube;
 use capstan_api::{Machine, MachineInitialization, MachineStatus};
+use capstan_kit::Kube;
 use capstan_planner::bootstrap::{self as plan, TokenAction};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
