@@ -266,6 +266,12 @@ async fn reconcile(check: Arc<MachineHealthCheck>, ctx: Arc<Context>) -> Result<
     if check.metadata.deletion_timestamp.is_some() || capstan_kit::paused(check.as_ref()) {
         return Ok(Action::await_change());
     }
+    // A paused Cluster holds its checks too; its unpausing is seen soon.
+    let namespace = check.namespace().unwrap_or_default();
+    let cluster = check.spec.cluster_name.as_deref();
+    if capstan_kit::objects::cluster_paused(&ctx.stores, &namespace, cluster) {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let generation = check.metadata.generation;
     let current = check.status.clone();
     let mut status = current.clone().unwrap_or_default();

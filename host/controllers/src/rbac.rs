@@ -304,6 +304,7 @@ pub const RULES: &[Rule] = &[
 /// Capstan's stay in the management cluster.
 pub fn workload_rules() -> impl Iterator<Item = &'static Rule> {
     const WORKLOAD_RESOURCES: &[&str] = &[
+        "namespaces",
         "nodes",
         "pods",
         "daemonsets",

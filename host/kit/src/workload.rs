@@ -6,8 +6,9 @@
 //! - its clients: one for requests, with short timeouts (a stopped API
 //!   server holds no worker for long), one without retries for evictions,
 //!   one for watches; all behind the leader's write fence;
-//! - a [`Kube`] view of the workload cluster: its client, and Node, pod,
-//!   DaemonSet and VolumeAttachment caches of *that* cluster beside
+//! - a [`Kube`] view of the workload cluster: its client, and Namespace
+//!   (for MachineDrainRules' namespace selectors), Node, pod, DaemonSet
+//!   and VolumeAttachment caches of *that* cluster beside
 //!   Capstan's own caches of the management cluster, so the Node-side code
 //!   (claims, labels and taints, drains, volume waits, Node deletion,
 //!   bootstrap tokens, CSR answers) runs unchanged against it;
@@ -31,7 +32,7 @@ use crate::{Error, Kube, Stores};
 use capstan_api::Cluster;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
@@ -170,6 +171,7 @@ impl Drop for Handle {
 
 /// The watches of a workload cluster's Node side, until started.
 struct NodeSide {
+    namespaces: Shared<Namespace>,
     nodes: Shared<Node>,
     pods: Shared<Pod>,
     daemon_sets: Shared<DaemonSet>,
@@ -230,7 +232,7 @@ impl Handle {
         else {
             return;
         };
-        let listed = Listed::raising(4, self.synced.clone());
+        let listed = Listed::raising(5, self.synced.clone());
         let key = self.key.clone();
         let events = self.events.clone();
         let nodes = side.nodes.subscribe();
@@ -247,6 +249,7 @@ impl Handle {
             })
             .boxed();
         let reflectors = futures::stream::select_all([
+            side.namespaces.start("namespaces", listed.clone()).boxed(),
             side.nodes.start("nodes", listed.clone()).boxed(),
             side.pods.start("pods", listed.clone()).boxed(),
             side.daemon_sets.start("daemonsets", listed.clone()).boxed(),
@@ -505,6 +508,7 @@ impl WorkloadClusters {
         let evictions = client(config.clone(), true, false)?;
         let watch_client = client(config, false, true)?;
         let side = NodeSide {
+            namespaces: Shared::new(Api::all(watch_client.clone()), None),
             nodes: Shared::new(Api::all(watch_client.clone()), None),
             pods: Shared::with_fields(
                 Api::all(watch_client.clone()),
@@ -515,6 +519,7 @@ impl WorkloadClusters {
             volume_attachments: Shared::new(Api::all(watch_client.clone()), None),
         };
         let stores = Stores {
+            namespaces: side.namespaces.store(),
             nodes: side.nodes.store(),
             pods: side.pods.store(),
             daemon_sets: side.daemon_sets.store(),

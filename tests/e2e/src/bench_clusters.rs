@@ -11,8 +11,8 @@
 //! added there (the API server's `apiserver_registered_watchers`, before
 //! and after).
 
-use crate::control_plane::{ControlPlane, ControlPlaneOptions, MINIMAL_USER};
-use crate::env::{ControllerProcess, Env, EnvOptions, SIM_PLUGIN, capstan_bin, sample_deployment};
+use crate::control_plane::{ControlPlane, ControlPlaneOptions};
+use crate::env::{ControllerProcess, Env, EnvOptions, SIM_PLUGIN, sample_deployment};
 use crate::sim_cloud::{Faults, KubeletConfig};
 use anyhow::{Context, bail};
 use capstan_api::{Cluster, Machine, MachineDeployment};
@@ -103,7 +103,6 @@ async fn workload_planes(
     first: usize,
     count: usize,
 ) -> anyhow::Result<Vec<ControlPlane>> {
-    let capstan = capstan_bin().map_err(anyhow::Error::msg)?;
     let mut planes = vec![];
     for chunk in (first..first + count).collect::<Vec<_>>().chunks(2) {
         let starting: Vec<_> = chunk
@@ -121,23 +120,7 @@ async fn workload_planes(
         }
     }
     for plane in &planes {
-        let kubeconfig = plane.kubeconfig().display().to_string();
-        let out = std::process::Command::new(&capstan)
-            .args([
-                "install",
-                "--workload-cluster",
-                "--workload-user",
-                MINIMAL_USER,
-                "--apply",
-            ])
-            .args(["--kubeconfig", &kubeconfig])
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "capstan install --workload-cluster: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        crate::install::install_workload_cluster(plane).map_err(anyhow::Error::msg)?;
     }
     Ok(planes)
 }

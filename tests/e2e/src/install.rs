@@ -227,3 +227,34 @@ pub fn kubeadm_join_bindings() -> Vec<Value> {
         "subjects": group}));
     docs
 }
+
+/// What a workload cluster's admin runs so Capstan can run Machines for
+/// it, with the real binary: `capstan install --workload-cluster
+/// --workload-user capstan-minimal --apply` against `plane`, so the user
+/// of [`ControlPlane::minimal_kubeconfig_inline`] holds exactly the rules
+/// a workload kubeconfig needs.
+///
+/// [`ControlPlane::minimal_kubeconfig_inline`]: crate::control_plane::ControlPlane::minimal_kubeconfig_inline
+pub fn install_workload_cluster(plane: &crate::control_plane::ControlPlane) -> Result<(), String> {
+    let capstan = crate::env::capstan_bin()?;
+    let kubeconfig = plane.kubeconfig().display().to_string();
+    let user = crate::control_plane::MINIMAL_USER;
+    let out = std::process::Command::new(&capstan)
+        .args([
+            "install",
+            "--workload-cluster",
+            "--workload-user",
+            user,
+            "--apply",
+        ])
+        .args(["--kubeconfig", &kubeconfig])
+        .output()
+        .map_err(|e| format!("{}: {e}", capstan.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "capstan install --workload-cluster: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}

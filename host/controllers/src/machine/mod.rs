@@ -16,6 +16,12 @@
 //! done, the Node object (given up after `nodeDeletionTimeoutSeconds`;
 //! these steps are in `deletion`, the Node handling in `node`),
 //! then the finalizer.
+//!
+//! The Node side of a pass (the claim, labels and taints, bootstrap
+//! tokens and join data, drains, volume waits, Node deletion) acts in the
+//! cluster the Machine's `spec.clusterName` names, through that Cluster's
+//! connection (`cluster`: where the Node is and whether it answers;
+//! `steps`: the steps that act there); `triggers` says what wakes a pass.
 
 mod adoption;
 mod bootstrap;

@@ -33,7 +33,6 @@ const NS: &str = "default";
 /// it) and lets machines' bootstrap tokens ask for node certificates.
 fn prepare_workload(plane: &ControlPlane) {
     let capstan = capstan_e2e::env::capstan_bin().expect("the capstan binary");
-    let kubeconfig = plane.kubeconfig().display().to_string();
     let printed = std::process::Command::new(&capstan)
         .args([
             "install",
@@ -57,22 +56,8 @@ fn prepare_workload(plane: &ControlPlane) {
         !yaml.contains("machinedeployments"),
         "no management rule in a workload cluster: {yaml}"
     );
-    let applied = std::process::Command::new(&capstan)
-        .args([
-            "install",
-            "--workload-cluster",
-            "--workload-user",
-            MINIMAL_USER,
-            "--apply",
-        ])
-        .args(["--kubeconfig", &kubeconfig])
-        .output()
+    capstan_e2e::install::install_workload_cluster(plane)
         .expect("capstan install --workload-cluster --apply");
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
 }
 
 async fn put_kubeconfig(env: &Env, namespace: &str, name: &str, kubeconfig: &str) {
@@ -707,6 +692,54 @@ async fn machines_join_their_own_workload_cluster_and_one_stopped_cluster_holds_
     env.wait_rolled_out(NS, "pool-b", Duration::from_secs(60))
         .await;
     assert_eq!(machines_of(&env, "wb").await.len(), 4);
+
+    // Remediation happens in the right cluster: one of A's Nodes goes
+    // silent; A's health check replaces its Machine, whose Node is
+    // deleted from A, and the replacement joins A.
+    let check_a: MachineHealthCheck = serde_json::from_value(json!({
+        "apiVersion": "capstan.dev/v1alpha1", "kind": "MachineHealthCheck",
+        "metadata": {"name": "pool-a", "namespace": NS},
+        "spec": {"clusterName": "wa",
+            "selector": {"matchLabels": {"capstan.dev/pool": "pool-a"}},
+            "checks": {"unhealthyNodeConditions": [
+                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 1}]}}}))
+    .unwrap();
+    Api::<MachineHealthCheck>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &check_a)
+        .await
+        .expect("A's health check");
+    let silent = node_names(&nodes_in(&plane_a).await)[0].clone();
+    let (code, body) = env
+        .cloud_call(
+            "PUT",
+            &format!("/admin/nodes/{silent}/heartbeats"),
+            Some(json!({"enabled": false})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 204, "{body}");
+    env.eventually(
+        "A's silent Machine replaced, its Node gone from A",
+        Duration::from_secs(90),
+        async || {
+            let machines = names(&machines_of(&env, "wa").await);
+            let nodes = node_names(&nodes_in(&plane_a).await);
+            (!machines.contains(&silent) && machines.len() == 4 && nodes == machines).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        writes_by_capstan(&plane_a)
+            .iter()
+            .any(|(r, n, v)| r == "nodes" && n == &silent && v == "delete"),
+        "the remediated Machine's Node was deleted in A by Capstan"
+    );
+    assert!(
+        !writes_by_capstan(&plane_b)
+            .iter()
+            .any(|(_, n, _)| n == &silent),
+        "nothing of A's remediation reached B"
+    );
 
     // Deleting Cluster A drains its Nodes in A (a pod there is evicted)
     // and deletes its deployment, sets, Machines and Nodes before it goes;
