@@ -24,3 +24,6 @@ export CAPSTAN_NODE_BIN
 export CAPSTAN_PLUGIN_DIR="$PWD/${CARGO_TARGET_DIR:-target}/plugins/wasm32-wasip2/release"
 echo "==> running the test suite"
 cargo test --workspace --no-fail-fast
+# The docs' `capstan` commands against the binary the tests built.
+echo "==> docs: every capstan command shown is one the binary takes (tested blocks run)"
+python3 scripts/check-doc-commands.py "${CARGO_TARGET_DIR:-target}/debug/capstan"
