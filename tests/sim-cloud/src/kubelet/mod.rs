@@ -937,6 +937,8 @@ async fn heartbeat_loop(inner: Arc<Inner>) {
     let report = Duration::from_millis(inner.config.status_report_interval_ms);
     let mut last_beat = Instant::now();
     let mut last_resync = Instant::now();
+    let permits = Arc::new(tokio::sync::Semaphore::new(HEARTBEAT_CONCURRENCY));
+    let in_flight: Arc<std::sync::Mutex<HashSet<String>>> = Arc::default();
     loop {
         tokio::time::sleep(TICK).await;
         let now = Instant::now();
@@ -971,26 +973,28 @@ async fn heartbeat_loop(inner: Arc<Inner>) {
                 })
                 .collect()
         };
-        futures::stream::iter(work)
-            .for_each_concurrent(HEARTBEAT_CONCURRENCY, |(name, renew, post)| {
-                let inner = inner.clone();
-                async move {
+        // Each Node's kubelet is on its own, as on real machines: a beat
+        // still in flight (its API server stopped answering, another
+        // cluster's) holds no other Node's beat, and that Node gets no
+        // second one meanwhile. At most HEARTBEAT_CONCURRENCY at once.
+        for (name, renew, post) in work {
+            if !lock(&in_flight).insert(name.clone()) {
+                continue;
+            }
+            let (inner, permits, in_flight) = (inner.clone(), permits.clone(), in_flight.clone());
+            tokio::spawn(async move {
+                if let Ok(_permit) = permits.acquire_owned().await {
                     // Errors are counted and logged; the next beat retries.
-                    // Each Node's kubelet is on its own, as on real
-                    // machines: an API server that stopped answering
-                    // (another cluster's) holds no other Node's beat.
-                    let beat = async {
-                        if renew {
-                            let _ = inner.renew_lease(&name).await;
-                        }
-                        if post {
-                            let _ = inner.post_status(&name).await;
-                        }
-                    };
-                    let _ = tokio::time::timeout(heartbeat.max(Duration::from_secs(1)), beat).await;
+                    if renew {
+                        let _ = inner.renew_lease(&name).await;
+                    }
+                    if post {
+                        let _ = inner.post_status(&name).await;
+                    }
                 }
-            })
-            .await;
+                lock(&in_flight).remove(&name);
+            });
+        }
         if now >= last_resync + POD_RESYNC {
             last_resync = now;
             inner.resync_pods();
