@@ -231,6 +231,26 @@ pub struct Manifests {
 /// client certificates.
 pub const MACHINE_BOOTSTRAPPERS_BINDING: &str = "capstan-machine-bootstrappers";
 
+/// That binding: Kubernetes' `system:node-bootstrapper` for Capstan's
+/// token group (made in the cluster Capstan runs in, and in each workload
+/// cluster by `--workload-cluster`).
+fn machine_bootstrappers() -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: meta(MACHINE_BOOTSTRAPPERS_BINDING, None),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "system:node-bootstrapper".into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Group".into(),
+            name: capstan_controllers::MACHINE_BOOTSTRAPPERS.into(),
+            namespace: None,
+        }]),
+    }
+}
+
 /// Where the trust policy is mounted in the controller's container.
 const TRUST_POLICY_DIR: &str = "/etc/capstan";
 const TRUST_POLICY_FILE: &str = "trust-policy.yaml";
@@ -369,19 +389,7 @@ pub fn manifests(args: &InstallArgs, image: &str, policy: Option<&TrustPolicy>) 
                 )
             })
             .collect(),
-        machine_bootstrappers: ClusterRoleBinding {
-            metadata: meta(MACHINE_BOOTSTRAPPERS_BINDING, None),
-            role_ref: RoleRef {
-                name: "system:node-bootstrapper".into(),
-                ..role_ref("ClusterRole")
-            },
-            subjects: Some(vec![Subject {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Group".into(),
-                name: capstan_controllers::MACHINE_BOOTSTRAPPERS.into(),
-                namespace: None,
-            }]),
-        },
+        machine_bootstrappers: machine_bootstrappers(),
         deployment: controller_deployment(args, image, policy.is_some()),
         trust_policy: policy.map(|p| ConfigMap {
             metadata: meta(TRUST_POLICY_CONFIG_MAP, Some(ns)),

@@ -53,7 +53,6 @@ pub fn manifests(user: Option<&str>) -> WorkloadManifests {
             .map(policy_rule)
             .collect()
     };
-    let full = manifests_for_bootstrappers();
     WorkloadManifests {
         service_account: user.is_none().then(|| ServiceAccount {
             metadata: meta(WORKLOAD_ROLE, Some("kube-system")),
@@ -85,26 +84,7 @@ pub fn manifests(user: Option<&str>) -> WorkloadManifests {
                 )
             })
             .collect(),
-        machine_bootstrappers: full,
-    }
-}
-
-/// The same bootstrappers' binding `install` makes in the cluster Capstan
-/// runs in.
-fn manifests_for_bootstrappers() -> ClusterRoleBinding {
-    ClusterRoleBinding {
-        metadata: meta(MACHINE_BOOTSTRAPPERS_BINDING, None),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "system:node-bootstrapper".into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "Group".into(),
-            name: capstan_controllers::MACHINE_BOOTSTRAPPERS.into(),
-            namespace: None,
-        }]),
+        machine_bootstrappers: machine_bootstrappers(),
     }
 }
 
