@@ -350,16 +350,6 @@ impl WorkloadClusters {
             .cloned()
     }
 
-    /// Every handle.
-    pub fn all(&self) -> Vec<Arc<Handle>> {
-        self.handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
-    }
-
     /// Drop a Cluster's handle (its watches and probe stop).
     pub fn forget(&self, key: &ClusterKey) {
         self.handles
