@@ -125,6 +125,13 @@ pub struct Args {
     /// executor (Lease renewals, watches); 0 runs calls on that executor.
     #[arg(long, env = "CAPSTAN_PLUGIN_CALL_THREADS", default_value_t = capstan_runtime::default_call_threads())]
     pub plugin_call_threads: usize,
+    /// Plugin instances kept ready before their calls, over all plugin
+    /// revisions: after a call, its revision's next instance is made on the
+    /// same call thread, off the next caller's path. Each holds one call's
+    /// room in the instance pool (on top of the call slots) and its
+    /// plugin's resident memory. 0 instantiates every call when it comes.
+    #[arg(long, env = "CAPSTAN_READY_INSTANCES", default_value_t = capstan_runtime::DEFAULT_READY_INSTANCES)]
+    pub ready_instances: u32,
     /// How often a booting or deleting instance is polled, e.g. `1s`, `500ms`.
     #[arg(long, env = "CAPSTAN_POLL_INTERVAL", default_value = "1s", value_parser = crate::options::parse_duration)]
     pub poll_interval: Duration,
@@ -373,6 +380,7 @@ async fn shutdown_signal() {
 /// then the process exits at once with status 1).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let namespace = own_namespace(args.namespace.as_deref());
+    capstan_runtime::keep_allocator_headroom();
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir: Some(
             args.code_cache
@@ -380,6 +388,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(crate::options::default_code_cache),
         ),
         call_threads: args.plugin_call_threads,
+        ready_instances: args.ready_instances,
         ..RuntimeConfig::default()
     })
     .context("cannot start the plugin runtime")?;

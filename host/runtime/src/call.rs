@@ -128,6 +128,10 @@ pub(crate) struct MemoryLimiter {
     /// Bytes of memories and tables this instance holds now.
     pub(crate) used: usize,
     pub(crate) refused: Option<usize>,
+    /// Set once the instance is made: growth from then on is the call's.
+    pub(crate) instantiated: bool,
+    /// Grows after instantiation (see [`crate::CallProfile::memory_grows`]).
+    pub(crate) grows: u64,
 }
 
 /// What one table element is counted as: a function reference on the host
@@ -141,6 +145,16 @@ pub(crate) const MAX_TABLES_PER_CALL: usize = 32;
 pub(crate) const MAX_INSTANCES_PER_CALL: usize = 64;
 
 impl MemoryLimiter {
+    pub(crate) fn new(limit: usize) -> Self {
+        MemoryLimiter {
+            limit,
+            used: 0,
+            refused: None,
+            instantiated: false,
+            grows: 0,
+        }
+    }
+
     fn grow(&mut self, current: usize, desired: usize) -> bool {
         let total = self.used.saturating_sub(current).saturating_add(desired);
         if total > self.limit {
@@ -148,6 +162,9 @@ impl MemoryLimiter {
             return false;
         }
         self.used = total;
+        if self.instantiated && desired > current {
+            self.grows += 1;
+        }
         true
     }
 }
@@ -328,14 +345,7 @@ pub(crate) mod tests {
         let engine = wasmtime::Engine::default();
         let instantiate = |bytes: Vec<u8>| {
             let module = wasmtime::Module::new(&engine, bytes).expect("a valid module");
-            let mut store = Store::new(
-                &engine,
-                MemoryLimiter {
-                    limit: 64 * 1024 * 1024,
-                    used: 0,
-                    refused: None,
-                },
-            );
+            let mut store = Store::new(&engine, MemoryLimiter::new(64 * 1024 * 1024));
             store.limiter(|l| l);
             let ok = wasmtime::Instance::new(&mut store, &module, &[]).is_ok();
             (ok, store.data().used, store.data().refused)

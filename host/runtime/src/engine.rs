@@ -20,6 +20,11 @@ pub struct RuntimeConfig {
     /// own outbound connection pool (see the `workers` module); 0 runs
     /// calls on the caller's executor.
     pub call_threads: usize,
+    /// Instances the host keeps ready before their calls, over all plugin
+    /// revisions (see the `ready` module): the instance pool holds this
+    /// many on top of `max_concurrent_calls`. 0 instantiates every call on
+    /// its caller's path.
+    pub ready_instances: u32,
 }
 
 /// The default number of call threads: one per core.
@@ -35,9 +40,14 @@ impl Default for RuntimeConfig {
             max_memory_bytes: 1024 * 1024 * 1024,
             epoch_tick: Duration::from_millis(5),
             call_threads: default_call_threads(),
+            ready_instances: DEFAULT_READY_INSTANCES,
         }
     }
 }
+
+/// Instances kept ready when not configured: one per call thread and one
+/// for callers' threads for each of 16 plugin revisions on a 2-core host.
+pub const DEFAULT_READY_INSTANCES: u32 = 48;
 
 /// The plugin host: one engine, one linker, one code cache.
 #[derive(Debug, Clone)]
@@ -56,6 +66,10 @@ pub(crate) struct RuntimeInner {
     pub(crate) http_client: http::PooledClient,
     /// One permit per call that may run at once.
     pub(crate) calls: Arc<tokio::sync::Semaphore>,
+    /// One permit per instance kept ready before its call (or being made).
+    pub(crate) ready_permits: Arc<tokio::sync::Semaphore>,
+    /// Instances ready now.
+    pub(crate) ready_count: Arc<std::sync::atomic::AtomicUsize>,
     /// Where calls spent their time, summed.
     pub(crate) profile: crate::profile::Totals,
     /// Where calls run.
@@ -111,7 +125,10 @@ impl Drop for RuntimeInner {
 /// Dirty bytes of a returned memory slot reset in place rather than
 /// unmapped (see [`Runtime::new`]); at most this much stays resident per
 /// pooled memory.
-const KEEP_RESIDENT_BYTES: usize = 256 * 1024;
+const KEEP_RESIDENT_BYTES: usize = 1024 * 1024;
+
+/// What stays resident of a returned table slot: one host page.
+const TABLE_KEEP_RESIDENT_BYTES: usize = 4096;
 
 /// Whether the kernel has `PAGEMAP_SCAN` (Linux 6.7 and later), with which
 /// wasmtime resets only the pages a call dirtied.
@@ -168,7 +185,11 @@ impl Runtime {
     pub fn new(config: RuntimeConfig) -> Result<Self, Error> {
         let engine_err = |e: wasmtime::Error| Error::Engine(format!("{e:#}"));
         let mut pool = PoolingAllocationConfig::new();
-        let n = config.max_concurrent_calls.max(1);
+        // Every call slot and every ready instance holds room for one call.
+        let n = config
+            .max_concurrent_calls
+            .max(1)
+            .saturating_add(config.ready_instances);
         // Room for every call to hold the most a call may hold, so the calls
         // of one plugin with many memories (or core instances) never leave
         // another plugin's call without a slot: a full pool would fail the
@@ -188,10 +209,15 @@ impl Runtime {
         // --breakdown`: a pure call 27 -> 12 µs. Without PAGEMAP_SCAN
         // (older kernels) wasmtime would memset the whole prefix, which is
         // slower than unmapping, so keep nothing resident there.
+        //
+        // Tables keep one page: a plugin's table fits in it, and wasmtime
+        // resets a table of at most one page kept resident with a plain
+        // memset; a larger keep-resident size makes every reset scan the
+        // page tables instead (a 3 µs ioctl on a host with nested paging).
         pool.pagemap_scan(wasmtime::Enabled::Auto);
         if pagemap_scan_supported() {
             pool.linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
-                .table_keep_resident(KEEP_RESIDENT_BYTES / 16);
+                .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES);
         }
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
@@ -245,7 +271,13 @@ impl Runtime {
                 ticker_stop,
                 ticker: Mutex::new(Some(ticker)),
                 http_client,
-                calls: Arc::new(tokio::sync::Semaphore::new(n as usize)),
+                calls: Arc::new(tokio::sync::Semaphore::new(
+                    config.max_concurrent_calls.max(1) as usize,
+                )),
+                ready_permits: Arc::new(tokio::sync::Semaphore::new(
+                    config.ready_instances as usize,
+                )),
+                ready_count: Arc::default(),
                 profile: Default::default(),
                 call_threads,
                 outbound,
@@ -261,6 +293,12 @@ impl Runtime {
     /// between them.
     pub fn call_profile(&self) -> crate::CallProfile {
         self.inner.profile.snapshot()
+    }
+
+    /// Instances made ready before their calls and not yet taken, over
+    /// all plugin revisions; see the `ready` module.
+    pub fn ready_instances(&self) -> usize {
+        self.inner.ready_count.load(Ordering::Relaxed)
     }
 
     /// The precompiled-code cache, if configured.
@@ -375,6 +413,9 @@ impl Runtime {
                 footprint,
                 tape: None,
                 log_sink: None,
+                ready: Arc::new(crate::ready::ReadyInstances::new(
+                    self.inner.call_threads.count(),
+                )),
             }),
         })
     }

@@ -52,6 +52,7 @@
 //! | [`limits`] | per-plugin limits and their defaults |
 //! | [`cache`] | precompiled code by digest |
 
+mod allocator;
 pub mod cache;
 mod call;
 mod capture;
@@ -67,11 +68,13 @@ pub mod observe;
 mod plugin;
 pub mod profile;
 pub mod quota;
+mod ready;
 mod resolve;
 pub mod tape;
 mod workers;
 mod worlds;
 
+pub use allocator::keep_allocator_headroom;
 pub use cache::CodeCache;
 pub use capstan_manifest::{Footprint, PluginManifest, World};
 pub use capstan_sigv4::{Credentials as AwsCredentials, Scope as AwsScope};
@@ -210,7 +213,8 @@ pub use limits::MAX_RESOURCES_PER_CALL;
 use call::{CallState, MemoryLimiter, ReturnSize};
 use engine::RuntimeInner;
 pub use engine::{
-    LoadPath, Runtime, RuntimeConfig, default_call_threads, digest, over_call_maxima,
+    DEFAULT_READY_INSTANCES, LoadPath, Runtime, RuntimeConfig, default_call_threads, digest,
+    over_call_maxima,
 };
 pub use plugin::Plugin;
 

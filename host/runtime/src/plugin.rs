@@ -35,6 +35,18 @@ pub(crate) struct PluginInner {
     pub(crate) tape: Option<crate::tape::Tape>,
     /// Told its calls' log lines, if set.
     pub(crate) log_sink: Option<crate::LogSink>,
+    /// Instances made ready for its next calls; shared by every variant
+    /// of this revision (quota, label, sink), which arm it when they take it.
+    pub(crate) ready: Arc<crate::ready::ReadyInstances>,
+}
+
+/// What a call holds from admission to release: its quota permit, its
+/// host-wide slot, and the observer's count of running calls.
+/// Held only to be dropped: the fields are what they release.
+struct Admitted {
+    _quota_permit: Option<crate::quota::QuotaPermit>,
+    _slot_permit: tokio::sync::OwnedSemaphorePermit,
+    _running: crate::observe::Running,
 }
 
 impl std::fmt::Debug for PluginInner {
@@ -164,6 +176,18 @@ impl Plugin {
         BootstrapPlugin::new(self)
     }
 
+    /// Whether `call` runs on its caller's thread rather than a call
+    /// thread: a call that makes no outbound request gains nothing there
+    /// but pays two thread hops (tens of µs where a wake-up crosses vCPUs).
+    /// That is `validate`, which the contract says has no side effects,
+    /// any call of a plugin that declares no HTTP destination (it cannot
+    /// send one), and the benchmarks' bare instantiation. The deadline,
+    /// quota, gate and memory limits are the same wherever a call runs; a
+    /// plugin's CPU on the caller's executor yields at every epoch tick.
+    pub(crate) fn runs_inline(&self, call: &str) -> bool {
+        matches!(call, "validate" | "instantiate") || self.inner.declared.is_empty()
+    }
+
     pub(crate) fn expect_world(&self, expected: World) -> Result<(), Error> {
         let actual = self.inner.manifest.world;
         if actual == expected {
@@ -202,6 +226,10 @@ impl Plugin {
                 .insecure_random_seed(taped.insecure_seed);
         }
         let wasi = wasi.build();
+        // What belongs to the call rather than the revision (its name,
+        // budgets, gate, quota, observer, sink, connection pool, deadline)
+        // starts closed here and is set by `arm`, the one place either
+        // kind of instance, fresh or ready, is given to a call.
         let state = CallState {
             wasi,
             table: {
@@ -222,39 +250,55 @@ impl Plugin {
                 denial: Arc::default(),
                 exhausted: Arc::default(),
                 max_in_flight: limits.max_requests_in_flight,
-                max_total: limits.max_requests_per_call,
+                max_total: 0,
                 in_flight: Arc::default(),
                 sent: 0,
-                client: crate::workers::thread_client()
-                    .unwrap_or_else(|| inner.runtime.http_client.clone()),
+                client: inner.runtime.http_client.clone(),
                 waited: Arc::default(),
-                may_send: inner.runtime.outbound.get().cloned(),
-                observer: inner
-                    .runtime
-                    .observer
-                    .get()
-                    .map(|o| (o.clone(), inner.label.clone())),
-                quota: inner.quota.clone(),
+                may_send: None,
+                observer: None,
+                quota: None,
                 quota_hit: Arc::default(),
                 tape,
                 tape_miss: Arc::default(),
             },
-            memory: MemoryLimiter {
-                limit: limits.memory_bytes,
-                used: 0,
-                refused: None,
-            },
+            memory: MemoryLimiter::new(limits.memory_bytes),
             stdout,
             stderr,
             log_left: limits.log_bytes,
             log_overflowed: false,
-            log_sink: inner.log_sink.clone(),
+            log_sink: None,
             plugin: inner.name.clone(),
             call,
             instantiate: std::time::Duration::ZERO,
         };
         let mut store = Store::new(&inner.runtime.engine, state);
         store.limiter(|s| &mut s.memory);
+        self.arm(&mut store, call);
+        store
+    }
+
+    /// Give `store` to the call `call` of this plugin (this variant: its
+    /// label, quota and sink), on this thread, from now: everything a call
+    /// has of its own. Used on fresh stores and on ready instances alike.
+    pub(crate) fn arm(&self, store: &mut Store<CallState>, call: &'static str) {
+        let inner = &self.inner;
+        let limits = inner.limits;
+        let state = store.data_mut();
+        state.call = call;
+        state.log_sink = inner.log_sink.clone();
+        let http = &mut state.http;
+        http.agent = inner.agent.clone();
+        http.max_total = limits.max_requests_per_call;
+        http.client =
+            crate::workers::thread_client().unwrap_or_else(|| inner.runtime.http_client.clone());
+        http.may_send = inner.runtime.outbound.get().cloned();
+        http.observer = inner
+            .runtime
+            .observer
+            .get()
+            .map(|o| (o.clone(), inner.label.clone()));
+        http.quota = inner.quota.clone();
         store.set_hostcall_fuel(limits.hostcall_bytes());
         // Every tick, running Wasm hands its thread back to the executor
         // (tokio's own yield, so the task's budget is honoured too); past
@@ -269,20 +313,137 @@ impl Plugin {
                 wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
             })
         });
-        store
     }
 
-    /// Run one call in a fresh store under the plugin's limits and turn
-    /// whatever happened into a typed result.
+    /// Make an instance ready for this revision's next call at `place` (a
+    /// call thread's, or the callers'), if none is, the host has a ready
+    /// permit free and the plugin is not taped; see [`crate::ready`].
+    pub(crate) async fn prepare(&self, place: usize) {
+        let inner = &self.inner;
+        if inner.tape.is_some() || inner.ready.is_ready(place) {
+            return;
+        }
+        let Ok(permit) = inner.runtime.ready_permits.clone().try_acquire_owned() else {
+            return;
+        };
+        let mut store = self.new_store("instantiate", None);
+        // Nothing leaves an instance before its call.
+        store.data_mut().http.max_total = 0;
+        let instantiated = tokio::time::timeout(
+            inner.limits.call_timeout,
+            inner.pre.instantiate_async(&mut store),
+        )
+        .await;
+        let Ok(Ok(instance)) = instantiated else {
+            return;
+        };
+        // An instantiation that tried a request, logged past its budget or
+        // hit a limit is not handed to a call: that call instantiates
+        // afresh and meets the same limit as its own.
+        let state = store.data();
+        if self.limit_hit("instantiate", state).is_some() || state.http.sent > 0 {
+            return;
+        }
+        inner.ready.put(
+            place,
+            crate::ready::Ready {
+                store,
+                instance,
+                permit,
+                counted: crate::ready::Counted::new(&inner.runtime.ready_count),
+            },
+        );
+    }
+
+    /// Run one call under the plugin's limits, in an instance made ready
+    /// before it or a fresh one, and turn whatever happened into a typed
+    /// result.
     pub(crate) async fn invoke<T: ReturnSize>(
         &self,
         call: &'static str,
-        f: impl AsyncFnOnce(&mut Store<CallState>) -> wasmtime::Result<Result<T, PluginError>>,
+        f: impl AsyncFnOnce(
+            &mut Store<CallState>,
+            &wasmtime::component::Instance,
+        ) -> wasmtime::Result<Result<T, PluginError>>,
     ) -> Result<T, Error> {
         let started = std::time::Instant::now();
         let limit = self.inner.limits.call_timeout;
-        // The plugin's own quota before a host-wide slot: a plugin over its
-        // share waits (briefly) without holding what others need.
+        let admitted = self.admit(call, started).await?;
+        let slot = started.elapsed();
+        let place = self.inner.ready.here();
+        let (mut store, instance) = self.store_for(call, place)?;
+        let prepared = instance.is_some();
+        let stored = started.elapsed();
+        let pre = &self.inner.pre;
+        let outcome = tokio::time::timeout(limit, async {
+            let instance = match instance {
+                Some(instance) => instance,
+                None => {
+                    let instantiating = std::time::Instant::now();
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    store.data_mut().instantiate = instantiating.elapsed();
+                    instance
+                }
+            };
+            store.data_mut().memory.instantiated = true;
+            f(&mut store, &instance).await
+        })
+        .await;
+        let exported = started.elapsed();
+        let state = store.data();
+        let result = match outcome {
+            Err(_) => Err(Error::DeadlineExceeded {
+                plugin: self.name().into(),
+                call,
+                limit,
+            }),
+            Ok(Err(e)) => Err(self.classify(call, &e, state)),
+            Ok(Ok(r)) => self.check_returned(call, r, state),
+        };
+        state.emit_stdio();
+        let runtime = &self.inner.runtime;
+        let mut times = crate::profile::CallTimes {
+            slot,
+            store: stored - slot,
+            instantiate: if prepared {
+                std::time::Duration::ZERO
+            } else {
+                state.instantiate
+            },
+            export: exported - stored,
+            outbound: std::time::Duration::from_nanos(
+                state.http.waited.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            requests: u64::from(state.http.sent),
+            total: std::time::Duration::ZERO,
+            memory_grows: state.memory.grows,
+            prepared,
+            inline: runtime.call_threads.count() > 0 && !crate::workers::on_call_thread(),
+        };
+        times.total = started.elapsed();
+        runtime.profile.add(&times);
+        self.release_later(store, admitted, place);
+        tracing::debug!(
+            plugin = %self.inner.name,
+            call,
+            elapsed_us = times.total.as_micros() as u64,
+            ok = result.is_ok(),
+            prepared,
+            "plugin call"
+        );
+        result
+    }
+
+    /// Admit a call: the plugin's own quota before a host-wide slot (a
+    /// plugin over its share waits, briefly, without holding what others
+    /// need), then a slot, within the call's deadline, which counts from
+    /// when the call may run.
+    async fn admit(
+        &self,
+        call: &'static str,
+        started: std::time::Instant,
+    ) -> Result<Admitted, Error> {
+        let limit = self.inner.limits.call_timeout;
         let observer = self.inner.runtime.observer.get().cloned();
         let quota_permit = match &self.inner.quota {
             Some(quota) => Some(quota.admit_call().await.map_err(|hit| {
@@ -297,11 +458,10 @@ impl Plugin {
         if let Some(observer) = &observer {
             observer.call_started(&self.inner.label, started.elapsed());
         }
-        let _running = crate::observe::Running {
+        let running = crate::observe::Running {
             observer,
             plugin: self.inner.label.clone(),
         };
-        // A slot first: the deadline counts from when the call may run.
         let slot_permit =
             tokio::time::timeout(limit, self.inner.runtime.calls.clone().acquire_owned())
                 .await
@@ -311,76 +471,75 @@ impl Plugin {
                     limit,
                 })?
                 .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
-        let slot = started.elapsed();
-        let tape = match &self.inner.tape {
-            Some(tape) => Some(
-                tape.start_call(&self.inner.name, &self.inner.digest, call)
-                    .map_err(|detail| Error::ReplayMiss {
-                        plugin: self.name().into(),
-                        call,
-                        detail,
-                    })?,
-            ),
-            None => None,
-        };
-        let mut store = self.new_store(call, tape);
-        let stored = started.elapsed();
-        let outcome = tokio::time::timeout(limit, f(&mut store)).await;
-        let exported = started.elapsed();
-        let state = store.data();
-        let result = match outcome {
-            Err(_) => Err(Error::DeadlineExceeded {
-                plugin: self.name().into(),
-                call,
-                limit,
-            }),
-            Ok(Err(e)) => Err(self.classify(call, &e, state)),
-            Ok(Ok(r)) => self.check_returned(call, r, state),
-        };
-        state.emit_stdio();
-        let mut times = crate::profile::CallTimes {
-            slot,
-            store: stored - slot,
-            instantiate: state.instantiate,
-            export: exported - stored,
-            outbound: std::time::Duration::from_nanos(
-                state.http.waited.load(std::sync::atomic::Ordering::Relaxed),
-            ),
-            requests: u64::from(state.http.sent),
-            total: std::time::Duration::ZERO,
-        };
-        times.total = started.elapsed();
-        self.inner.runtime.profile.add(&times);
-        // Dropping the store returns the instance to the pool, resetting
-        // the pages the call dirtied: CPU every call costs, but nothing the
-        // caller needs to wait for. On a call thread it runs as a task of
-        // its own, the next thing the thread does after this call's task
-        // has handed its result back. Elsewhere it stays inline: on a
-        // multi-thread executor the task would move to another worker and
-        // find the instance's pages cold (measured: 34 µs instead of 7).
-        // The host's call slot and the plugin's quota permit go with the
-        // store, so there are never more live instances than slots.
+        Ok(Admitted {
+            _quota_permit: quota_permit,
+            _slot_permit: slot_permit,
+            _running: running,
+        })
+    }
+
+    /// The store a call runs in: the instance ready at `place`, armed for
+    /// this call, or a fresh store (taped calls always: their clocks and
+    /// randomness are the tape's from instantiation on).
+    fn store_for(
+        &self,
+        call: &'static str,
+        place: usize,
+    ) -> Result<(Store<CallState>, Option<wasmtime::component::Instance>), Error> {
+        if let Some(tape) = &self.inner.tape {
+            let tape = tape
+                .start_call(&self.inner.name, &self.inner.digest, call)
+                .map_err(|detail| Error::ReplayMiss {
+                    plugin: self.name().into(),
+                    call,
+                    detail,
+                })?;
+            return Ok((self.new_store(call, Some(tape)), None));
+        }
+        Ok(match self.inner.ready.take(place) {
+            Some(ready) => {
+                // The call's slot now holds the instance's room.
+                drop((ready.permit, ready.counted));
+                let mut store = ready.store;
+                self.arm(&mut store, call);
+                (store, Some(ready.instance))
+            }
+            None => (self.new_store(call, None), None),
+        })
+    }
+
+    /// Release a finished call's store, and make the next instance ready
+    /// at `place`, after the caller has its result.
+    ///
+    /// Dropping the store returns the instance to the pool, resetting the
+    /// pages the call dirtied: CPU every call costs, but nothing the caller
+    /// needs to wait for. It runs as a task of its own on the executor the
+    /// call ran on (a call thread's, or the caller's for a pure call), the
+    /// next thing that executor does once this call's task has handed its
+    /// result back or yields, and the same task then makes the next
+    /// instance. A task spawned from a worker of a multi-thread executor
+    /// starts on that worker, where the instance's pages are warm. With no
+    /// executor (a blocking caller) it runs here and nothing is made ready.
+    /// The call's slot and quota permit go with the store, so there are
+    /// never more live instances than slots and ready permits.
+    fn release_later(&self, store: Store<CallState>, admitted: Admitted, place: usize) {
         let runtime = self.inner.runtime.clone();
         let release = move || {
             let releasing = std::time::Instant::now();
             drop(store);
-            drop((slot_permit, quota_permit));
+            drop(admitted);
             runtime.profile.add_release(releasing.elapsed());
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(executor) if crate::workers::on_call_thread() => {
-                drop(executor.spawn(async move { release() }));
+            Ok(executor) => {
+                let next = self.clone();
+                drop(executor.spawn(async move {
+                    release();
+                    next.prepare(place).await;
+                }));
             }
-            _ => release(),
+            Err(_) => release(),
         }
-        tracing::debug!(
-            plugin = %self.inner.name,
-            call,
-            elapsed_us = times.total.as_micros() as u64,
-            ok = result.is_ok(),
-            "plugin call"
-        );
-        result
     }
 
     fn quota_exceeded(&self, call: &'static str, hit: crate::QuotaHit) -> Error {

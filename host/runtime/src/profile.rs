@@ -35,6 +35,16 @@ pub struct CallProfile {
     pub finish: Duration,
     /// Whole calls, slot to result.
     pub total: Duration,
+    /// Times a call's memories or tables grew after instantiation: each
+    /// grow is page-table work (an `mprotect` now and another when the slot
+    /// is reused), so a plugin whose initial memory fits its calls has none.
+    pub memory_grows: u64,
+    /// Calls served by an instance made ready before the call (see
+    /// `crate::ready`) rather than instantiated on the caller's path.
+    pub prepared: u64,
+    /// Calls run on their caller's thread (pure calls, see
+    /// `crate::workers`) rather than handed to a call thread.
+    pub inline: u64,
     /// Dropping the store, which returns the instance's memories and tables
     /// to the pool (resetting what the call dirtied). CPU every call costs,
     /// but after the caller has its result, so not part of `total`.
@@ -54,6 +64,9 @@ impl CallProfile {
             requests: self.requests - earlier.requests,
             finish: self.finish - earlier.finish,
             total: self.total - earlier.total,
+            memory_grows: self.memory_grows - earlier.memory_grows,
+            prepared: self.prepared - earlier.prepared,
+            inline: self.inline - earlier.inline,
             release: self.release - earlier.release,
         }
     }
@@ -92,6 +105,9 @@ impl std::ops::Add for CallProfile {
             requests: self.requests + o.requests,
             finish: self.finish + o.finish,
             total: self.total + o.total,
+            memory_grows: self.memory_grows + o.memory_grows,
+            prepared: self.prepared + o.prepared,
+            inline: self.inline + o.inline,
             release: self.release + o.release,
         }
     }
@@ -108,6 +124,11 @@ pub(crate) struct CallTimes {
     pub(crate) outbound: Duration,
     pub(crate) requests: u64,
     pub(crate) total: Duration,
+    pub(crate) memory_grows: u64,
+    /// Served by a ready instance.
+    pub(crate) prepared: bool,
+    /// Run on the caller's thread.
+    pub(crate) inline: bool,
 }
 
 /// The runtime's running sums, in nanoseconds.
@@ -122,6 +143,9 @@ pub(crate) struct Totals {
     requests: AtomicU64,
     finish: AtomicU64,
     total: AtomicU64,
+    memory_grows: AtomicU64,
+    prepared: AtomicU64,
+    inline: AtomicU64,
     release: AtomicU64,
 }
 
@@ -145,6 +169,12 @@ impl Totals {
             sum.fetch_add(nanos(d), Ordering::Relaxed);
         }
         self.requests.fetch_add(t.requests, Ordering::Relaxed);
+        self.memory_grows
+            .fetch_add(t.memory_grows, Ordering::Relaxed);
+        self.prepared
+            .fetch_add(u64::from(t.prepared), Ordering::Relaxed);
+        self.inline
+            .fetch_add(u64::from(t.inline), Ordering::Relaxed);
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -165,6 +195,9 @@ impl Totals {
             requests: self.requests.load(Ordering::Relaxed),
             finish: d(&self.finish),
             total: d(&self.total),
+            memory_grows: self.memory_grows.load(Ordering::Relaxed),
+            prepared: self.prepared.load(Ordering::Relaxed),
+            inline: self.inline.load(Ordering::Relaxed),
             release: d(&self.release),
         }
     }
@@ -186,12 +219,16 @@ mod tests {
             outbound: ms(4),
             requests: 1,
             total: ms(14),
+            memory_grows: 2,
+            prepared: true,
+            inline: false,
         });
         let p = totals.snapshot();
         assert_eq!(p.run, ms(3), "export minus instantiation and outbound wait");
         assert_eq!(p.finish, ms(1), "total minus slot, store and export");
         let sum = p.slot + p.store + p.instantiate + p.run + p.outbound + p.finish;
         assert_eq!(sum, p.total);
+        assert_eq!((p.memory_grows, p.prepared, p.inline), (2, 1, 0));
         assert_eq!(p.since(&CallProfile::default()), p);
         assert_eq!((p + p).since(&p), p);
         totals.add_release(ms(2));

@@ -7,10 +7,6 @@
 
 use super::*;
 
-/// Run one contract call on a call thread (`crate::workers`). The call
-/// may run on another thread than its caller's, so it takes owned copies
-/// of the named arguments (a few strings each; cloning is cheap next to a
-/// call) and the body borrows those.
 /// Tell the runtime's input recorder, if any, what this call is given.
 macro_rules! record_inputs {
     ($handle:ident, $name:literal, [$($arg:ident),*]) => {
@@ -24,18 +20,22 @@ macro_rules! record_inputs {
     };
 }
 
+/// Run one contract call on a call thread (`crate::workers`), or on the
+/// caller's own thread if it is pure ([`Plugin::runs_inline`]). The call
+/// may run on another thread than its caller's, so it takes owned copies
+/// of the named arguments (a few strings each; cloning is cheap next to a
+/// call) and the body borrows those.
 macro_rules! on_call_thread {
     ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $body:expr) => {{
         let this = $handle.clone();
         $(let $arg = $arg.to_owned();)*
         record_inputs!($handle, $name, [$($arg),*]);
-        $handle
-            .plugin
-            .inner
-            .runtime
-            .call_threads
-            .run(async move { this.call($name, async |$s, $p| $body).await })
-            .await
+        let call = async move { this.call($name, async |$s, $p| $body).await };
+        if $handle.plugin.runs_inline($name) {
+            call.await
+        } else {
+            $handle.plugin.inner.runtime.call_threads.run(call).await
+        }
     }};
 }
 
@@ -48,7 +48,7 @@ macro_rules! world_handle {
         #[derive(Clone)]
         pub struct $name {
             plugin: Plugin,
-            pre: bindings::$module::$pre<CallState>,
+            exports: bindings::$module::$pre,
         }
 
         impl std::fmt::Debug for $name {
@@ -60,7 +60,7 @@ macro_rules! world_handle {
         impl $name {
             pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
                 plugin.expect_world($world)?;
-                let pre = bindings::$module::$pre::new(plugin.inner.pre.clone()).map_err(|e| Error::Load {
+                let exports = bindings::$module::$pre::new(&plugin.inner.pre).map_err(|e| Error::Load {
                     plugin: plugin.name().to_string(),
                     reason: format!(
                         "its {} exports do not match contract {}: {e:#}",
@@ -68,7 +68,7 @@ macro_rules! world_handle {
                         plugin.manifest().contract
                     ),
                 })?;
-                Ok($name { plugin: plugin.clone(), pre })
+                Ok($name { plugin: plugin.clone(), exports })
             }
 
             /// The underlying plugin.
@@ -81,13 +81,11 @@ macro_rules! world_handle {
                 name: &'static str,
                 f: impl AsyncFnOnce(&mut Store<CallState>, &$guest) -> wasmtime::Result<Result<T, PluginError>>,
             ) -> Result<T, Error> {
-                let pre = &self.pre;
+                let exports = &self.exports;
                 self.plugin
-                    .invoke(name, async |store| {
-                        let started = std::time::Instant::now();
-                        let instance = pre.instantiate_async(&mut *store).await?;
-                        store.data_mut().instantiate = started.elapsed();
-                        f(store, instance.$accessor()).await
+                    .invoke(name, async |store, instance| {
+                        let bound = exports.load(&mut *store, instance)?;
+                        f(store, bound.$accessor()).await
                     })
                     .await
             }
@@ -100,7 +98,7 @@ world_handle!(
     UpdaterPlugin,
     World::Updater,
     updater,
-    UpdaterPluginPre,
+    UpdaterPluginIndices,
     bindings::updater::exports::capstan::plugin0_1_0::updater::Guest,
     capstan_plugin0_1_0_updater
 );
@@ -110,7 +108,7 @@ world_handle!(
     BootstrapPlugin,
     World::Bootstrap,
     bootstrap,
-    BootstrapPluginPre,
+    BootstrapPluginIndices,
     bindings::bootstrap::exports::capstan::plugin0_2_0::bootstrap::Guest,
     capstan_plugin0_2_0_bootstrap
 );
@@ -145,14 +143,14 @@ macro_rules! versioned_handle {
      v1: ($m1:ident, $guest1:ident = $g1:path, $acc1:ident),
      v2: ($m2:ident, $guest2:ident = $g2:path, $acc2:ident),
      $pre:ident) => {
-        /// The pre-instantiated component, bound to the interface of its
-        /// contract version.
+        /// Where the exports of the interface of the component's contract
+        /// version are found in an instance of it.
         #[derive(Clone)]
         enum $pre_enum {
             /// Contract 0.1.0.
-            V1(bindings::$m1::$pre<CallState>),
+            V1(bindings::$m1::$pre),
             /// Contract 0.2.0.
-            V2(bindings::$m2::$pre<CallState>),
+            V2(bindings::$m2::$pre),
         }
 
         type $guest1 = $g1;
@@ -185,11 +183,11 @@ macro_rules! versioned_handle {
                 let export = $world.export_interface(&plugin.manifest().contract);
                 let pre = if export.ends_with(capstan_manifest::PREVIOUS_CONTRACT_VERSION) {
                     $pre_enum::V1(
-                        bindings::$m1::$pre::new(plugin.inner.pre.clone()).map_err(mismatch)?,
+                        bindings::$m1::$pre::new(&plugin.inner.pre).map_err(mismatch)?,
                     )
                 } else {
                     $pre_enum::V2(
-                        bindings::$m2::$pre::new(plugin.inner.pre.clone()).map_err(mismatch)?,
+                        bindings::$m2::$pre::new(&plugin.inner.pre).map_err(mismatch)?,
                     )
                 };
                 Ok($name {
@@ -221,23 +219,19 @@ macro_rules! versioned_handle {
                 ) -> wasmtime::Result<Result<T, PluginError>>,
             ) -> Result<T, Error> {
                 match &self.pre {
-                    $pre_enum::V1(pre) => {
+                    $pre_enum::V1(exports) => {
                         self.plugin
-                            .invoke(name, async |store| {
-                                let started = std::time::Instant::now();
-                                let instance = pre.instantiate_async(&mut *store).await?;
-                                store.data_mut().instantiate = started.elapsed();
-                                v1(store, instance.$acc1()).await
+                            .invoke(name, async |store, instance| {
+                                let bound = exports.load(&mut *store, instance)?;
+                                v1(store, bound.$acc1()).await
                             })
                             .await
                     }
-                    $pre_enum::V2(pre) => {
+                    $pre_enum::V2(exports) => {
                         self.plugin
-                            .invoke(name, async |store| {
-                                let started = std::time::Instant::now();
-                                let instance = pre.instantiate_async(&mut *store).await?;
-                                store.data_mut().instantiate = started.elapsed();
-                                v2(store, instance.$acc2()).await
+                            .invoke(name, async |store, instance| {
+                                let bound = exports.load(&mut *store, instance)?;
+                                v2(store, bound.$acc2()).await
                             })
                             .await
                     }
@@ -254,7 +248,7 @@ versioned_handle!(
     World::Provider,
     v1: (provider, ProviderV1 = bindings::provider::exports::capstan::plugin0_1_0::provider::Guest, capstan_plugin0_1_0_provider),
     v2: (provider_v2, ProviderV2 = bindings::provider_v2::exports::capstan::plugin0_2_0::provider::Guest, capstan_plugin0_2_0_provider),
-    ProviderPluginPre
+    ProviderPluginIndices
 );
 
 versioned_handle!(
@@ -264,7 +258,7 @@ versioned_handle!(
     World::Addon,
     v1: (addon, AddonV1 = bindings::addon::exports::capstan::plugin0_1_0::addon::Guest, capstan_plugin0_1_0_addon),
     v2: (addon_v2, AddonV2 = bindings::addon_v2::exports::capstan::plugin0_2_0::addon::Guest, capstan_plugin0_2_0_addon),
-    AddonPluginPre
+    AddonPluginIndices
 );
 
 /// [`on_call_thread!`] for a [`versioned_handle!`]: `$v1` runs against a
@@ -275,13 +269,12 @@ macro_rules! on_versioned_call {
         let this = $handle.clone();
         $(let $arg = $arg.to_owned();)*
         record_inputs!($handle, $name, [$($arg),*]);
-        $handle
-            .plugin
-            .inner
-            .runtime
-            .call_threads
-            .run(async move { this.call($name, async |$s, $p| $v1, async |$s, $p| $v2).await })
-            .await
+        let call = async move { this.call($name, async |$s, $p| $v1, async |$s, $p| $v2).await };
+        if $handle.plugin.runs_inline($name) {
+            call.await
+        } else {
+            $handle.plugin.inner.runtime.call_threads.run(call).await
+        }
     }};
     ($handle:ident, $name:literal, [$($arg:ident),*], async |$s:ident, $p:ident| $body:expr) => {
         on_versioned_call!($handle, $name, [$($arg),*], async |$s, $p| $body, $body)

@@ -26,6 +26,9 @@
 //! | `trace` | sends a TRACE request to `target` (granted, with a credential) to have its Authorization header echoed back | capability denied: credentials never go with TRACE |
 //! | `claim-node` | reports `target` as its instance's provider ID (create and get) | the Node with that ID is never linked, tainted, drained or deleted |
 //! | `absurd-capacity` | says an instance has 4 million cores and a GPU type with a line break | nothing it says reaches the autoscaler's annotations |
+//! | `stash` | leaves `capstan-secret:<machine uid>` in a static, the heap, a deep stack frame, a freshly grown memory region, stdout and a leaked wasi:http header map, then does what `then` says (`trap`, `deadline`: spin, `memory`: allocate without end; default: return) | the next call finds none of it |
+//! | `peek` | scans all of its linear memory and its static for `capstan-secret:` and fails with what it found (its own `self` marker included, proving the scan works) | only `self` |
+//! | `say` | logs and prints `said <machine uid>` | the line reaches this call's log sink only |
 //! | `none` | behaves (validate/get/delete always work; a modest capacity) | nothing |
 
 // The plugin is only exported (and so only used) in its wasm build.
@@ -45,6 +48,9 @@ struct Config {
     target: Option<String>,
     #[serde(default)]
     endpoint: Option<String>,
+    /// What `stash` does once the secret is left everywhere.
+    #[serde(default)]
+    then: Option<String>,
 }
 
 #[derive(Default)]
@@ -199,6 +205,32 @@ impl Provider for Hostile {
                     format!("sim://{}", instance.id),
                     InstanceState::Running,
                 ));
+            }
+            "stash" => {
+                secrecy::stash(&format!("{}{}", secrecy::marker(), machine.uid));
+                match config.then.as_deref() {
+                    Some("trap") => panic!("hostile plugin trapped after stashing"),
+                    Some("deadline") => {
+                        let mut n: u64 = 0;
+                        loop {
+                            n = std::hint::black_box(n.wrapping_add(1));
+                        }
+                    }
+                    Some("memory") => {
+                        let mut hoard: Vec<Vec<u8>> = Vec::new();
+                        loop {
+                            hoard.push(vec![0xA5; 8 * 1024 * 1024]);
+                            std::hint::black_box(&hoard);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "peek" => return Err(PluginError::terminal(secrecy::peek())),
+            "say" => {
+                let line = format!("said {}", machine.uid);
+                println!("{line}");
+                capstan_sdk::log::info(&line, &[]);
             }
             "request-flood" => return Err(PluginError::terminal(flood(target(config)?))),
             "header-hoard" => return Err(PluginError::terminal(header_hoard())),
@@ -429,6 +461,110 @@ fn header_hoard() -> String {
 #[cfg(not(target_arch = "wasm32"))]
 fn flood(url: &str) -> String {
     format!("flood of {url} needs the sandbox")
+}
+
+/// What one call may leave behind for the next, and how the next looks.
+mod secrecy {
+    use std::sync::Mutex;
+
+    static STASHED: Mutex<String> = Mutex::new(String::new());
+
+    /// `capstan-secret:`, built at run time so the plugin's data segment
+    /// does not hold it and the scan finds only what a call put there.
+    pub(crate) fn marker() -> String {
+        ":terces-natspac".chars().rev().collect()
+    }
+
+    /// Leave `secret` in every place a call can reach.
+    pub(crate) fn stash(secret: &str) {
+        *STASHED.lock().unwrap_or_else(|p| p.into_inner()) = secret.to_string();
+        std::hint::black_box(Box::leak(secret.to_string().into_boxed_str()));
+        deep_frame(secret, 64);
+        // Past the heap's slack: the memory grows for it.
+        let mut grown = vec![0u8; 4 * 1024 * 1024];
+        let end = grown.len() - secret.len();
+        grown[end..].copy_from_slice(secret.as_bytes());
+        std::hint::black_box(grown.leak());
+        println!("{secret}");
+        leak_header_map(secret);
+    }
+
+    #[inline(never)]
+    fn deep_frame(secret: &str, depth: u32) {
+        let mut frame = [0u8; 256];
+        let n = secret.len().min(frame.len());
+        frame[..n].copy_from_slice(&secret.as_bytes()[..n]);
+        std::hint::black_box(&mut frame);
+        if depth > 0 {
+            deep_frame(secret, depth - 1);
+        }
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn leak_header_map(secret: &str) {
+        let fields = wasip2::http::types::Fields::new();
+        let _ = fields.append("x-secret", secret.as_bytes());
+        std::mem::forget(fields);
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn leak_header_map(_secret: &str) {}
+
+    /// Every `capstan-secret:<value>` in linear memory and the static,
+    /// after leaving `self` to find (a scan that finds nothing proves
+    /// nothing).
+    pub(crate) fn peek() -> String {
+        let needle = marker();
+        let own = format!("{needle}self");
+        std::hint::black_box(&own);
+        let mut found = std::collections::BTreeSet::new();
+        for (at, value) in scan(needle.as_bytes()) {
+            // The needle itself, not a stash.
+            if at == needle.as_ptr() as usize {
+                continue;
+            }
+            found.insert(value);
+        }
+        let stashed = STASHED.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        format!("found: {found:?}; static: {stashed:?}")
+    }
+
+    /// Where `needle` occurs in linear memory, with the name-like bytes
+    /// after it.
+    #[cfg(target_arch = "wasm32")]
+    #[allow(unsafe_code)]
+    fn scan(needle: &[u8]) -> Vec<(usize, String)> {
+        let size = core::arch::wasm32::memory_size(0) * 65536;
+        let byte = |at: usize| -> u8 {
+            // SAFETY: every address below the memory's size is readable in
+            // a wasm linear memory; volatile so the reads are not elided.
+            unsafe { std::ptr::read_volatile(at as *const u8) }
+        };
+        let mut hits = Vec::new();
+        let mut at = 1;
+        while at + needle.len() < size {
+            if needle.iter().enumerate().all(|(i, b)| byte(at + i) == *b) {
+                let mut value = String::new();
+                let mut i = at + needle.len();
+                while i < size && value.len() < 64 {
+                    let b = byte(i);
+                    if !(b.is_ascii_alphanumeric() || b == b'-') {
+                        break;
+                    }
+                    value.push(b as char);
+                    i += 1;
+                }
+                hits.push((at, value));
+            }
+            at += 1;
+        }
+        hits
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scan(_needle: &[u8]) -> Vec<(usize, String)> {
+        vec![]
+    }
 }
 
 capstan_sdk::export_provider!(Hostile, manifest: "capstan-plugin.json");

@@ -6,6 +6,7 @@
 //! `capstan controller` carries no benchmark flags).
 
 pub mod languages;
+pub mod syscalls;
 pub mod webhook;
 
 use capstan_sdk::http::{HttpClient, HttpError, Request, Response};

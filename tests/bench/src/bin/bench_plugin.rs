@@ -81,6 +81,12 @@ pub struct Args {
     /// --max-concurrent-calls`); the instance pool is sized from it.
     #[arg(long, default_value_t = 64)]
     pub max_concurrent_calls: u32,
+    /// Busy time before each measured call, in µs, on every path alike:
+    /// the caller spins (its CPU counted apart), as a controller does other
+    /// work between plugin calls; meanwhile the runtime makes the next
+    /// instance ready on a call thread. 0 measures calls back to back.
+    #[arg(long, default_value_t = 300)]
+    pub gap_us: u64,
     /// Skip the second run pinned to one CPU.
     #[arg(long)]
     pub unpinned_only: bool,
@@ -89,9 +95,60 @@ pub struct Args {
     /// scripts/build-polyglot-plugins.sh), `--calls` calls each.
     #[arg(long)]
     pub languages: bool,
+    /// Internal (what `--breakdown` runs under `strace -c`): only warm up,
+    /// then make `--probe-calls` calls of this kind (`validate` or
+    /// `create`) and print the minor faults and memory grows they caused.
+    #[arg(long, hide = true)]
+    pub probe: Option<String>,
+    /// Internal: the calls `--probe` makes after its warm-up.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub probe_calls: usize,
 }
 
 const TOKEN: &str = "bench-token";
+
+/// `--gap-us`, set once at start.
+static GAP: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+/// CPU spent in gaps so far, in ns: not the calls', so [`CpuMeter`]
+/// leaves it out.
+static GAP_CPU_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Be busy elsewhere for the gap before a measured call: spin, as a
+/// controller's thread does its other work between calls (a sleep would
+/// also measure this host's wake-up from an idle vCPU, which every path
+/// pays alike). Its CPU is counted apart.
+fn pause_blocking() {
+    let gap = GAP.get().copied().unwrap_or_default();
+    if gap.is_zero() {
+        return;
+    }
+    let (cpu, started) = (thread_cpu(), Instant::now());
+    while started.elapsed() < gap {
+        std::hint::spin_loop();
+    }
+    let spent = thread_cpu().saturating_sub(cpu);
+    GAP_CPU_NS.fetch_add(
+        spent.as_nanos() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// [`pause_blocking`] on an executor thread: first one turn for what the
+/// executor has queued (the last call's release and the next instance,
+/// which run after a call's result, as they do while a controller's task
+/// awaits), then the same busy wait.
+async fn pause() {
+    if GAP.get().is_none_or(|g| g.is_zero()) {
+        return;
+    }
+    tokio::task::yield_now().await;
+    pause_blocking();
+}
 
 struct Samples(Vec<Duration>);
 
@@ -152,8 +209,19 @@ fn webhook_request(m: &Machine) -> WebhookRequest {
 
 fn main() -> anyhow::Result<ExitCode> {
     let args = Args::parse();
+    // As `capstan controller` starts.
+    capstan_runtime::keep_allocator_headroom();
+    let _ = GAP.set(Duration::from_micros(args.gap_us));
     let unpinned_only = args.unpinned_only;
-    let code = tokio::runtime::Runtime::new()?.block_on(run(args))?;
+    // One worker: the caller's executor turn between calls (`pause`) then
+    // wakes no idle worker, whose wake-up on this kind of host would be
+    // counted as the calls' CPU. Calls still run on the call threads, the
+    // webhook's client on a blocking thread.
+    let code = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?
+        .block_on(run(args))?;
     if unpinned_only {
         return Ok(code);
     }
@@ -204,7 +272,10 @@ impl CpuMeter {
             .cloud
             .spawn(async move { clock(rustix::time::ClockId::ThreadCPUTime) })
             .await?;
-        Ok(clock(rustix::time::ClockId::ProcessCPUTime).saturating_sub(cloud))
+        let gaps = Duration::from_nanos(GAP_CPU_NS.load(std::sync::atomic::Ordering::Relaxed));
+        Ok(clock(rustix::time::ClockId::ProcessCPUTime)
+            .saturating_sub(cloud)
+            .saturating_sub(gaps))
     }
 
     /// Run `calls`; what they returned and the CPU they took.
@@ -227,10 +298,13 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.languages {
         return languages(args.calls).await;
     }
-    let path = match args.plugin {
+    let path = match args.plugin.clone() {
         Some(p) => p,
         None => default_plugin("sim_provider")?,
     };
+    if let Some(kind) = &args.probe {
+        return probe(&args, &path, kind).await;
+    }
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     println!(
         "# capstan-bench-plugin: {} ({} bytes), {} calls per path, {} call threads",
@@ -238,6 +312,11 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         bytes.len(),
         args.calls,
         args.call_threads
+    );
+    println!(
+        "# host: {} cores; virtualization on the kernel command line: {}",
+        capstan_runtime::default_call_threads(),
+        capstan_bench::syscalls::virtualization_flags()
     );
 
     let (cloud_executor, cloud, grants) = start_cloud().await?;
@@ -286,17 +365,42 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let plugin = rt.load("bench", &bytes, Limits::default(), grants.clone())?;
     let provider = plugin.provider()?;
     let provider_on_caller = on_caller
-        .load("bench", &bytes, Limits::default(), grants)?
+        .load("bench", &bytes, Limits::default(), grants.clone())?
         .provider()?;
-    let mut inst = Vec::with_capacity(args.instantiations);
+    // Instantiation as a call's caller sees it: taking the instance made
+    // ready after the previous call; beside it, a runtime that keeps none
+    // ready, and what a fresh instance costs on its own (the phase's mean).
+    let fresh_rt = Runtime::new(RuntimeConfig {
+        cache_dir: Some(cache_dir.clone()),
+        max_concurrent_calls: args.max_concurrent_calls,
+        call_threads: args.call_threads,
+        ready_instances: 0,
+        ..Default::default()
+    })?;
+    let fresh = fresh_rt
+        .load("bench", &bytes, Limits::default(), grants.clone())?
+        .provider()?;
+    let (mut inst, mut inst_fresh) = (Vec::new(), Vec::new());
+    let fresh_before = fresh_rt.call_profile();
     for _ in 0..args.instantiations {
-        let t = Instant::now();
-        provider.instantiate_only().await?;
-        inst.push(t.elapsed());
+        for (handle, times) in [(&provider, &mut inst), (&fresh, &mut inst_fresh)] {
+            pause().await;
+            let t = Instant::now();
+            handle.instantiate_only().await?;
+            times.push(t.elapsed());
+        }
     }
-    let inst = Samples(inst);
+    let fresh_profile = fresh_rt.call_profile().since(&fresh_before);
+    let (inst, inst_fresh) = (Samples(inst), Samples(inst_fresh));
     line("instantiate_us_p50", inst.us(50));
     line("instantiate_us_p99", inst.us(99));
+    line("instantiate_fresh_us_p50", inst_fresh.us(50));
+    line("instantiate_fresh_us_p99", inst_fresh.us(99));
+    line(
+        "instantiate_fresh_own_us",
+        fresh_profile.instantiate.as_secs_f64() * 1e6 / fresh_profile.calls.max(1) as f64,
+    );
+    drop((fresh, fresh_rt));
 
     let webhook = Webhook::start(Some(TOKEN.into())).await?;
     let agent = webhook.client()?;
@@ -426,9 +530,22 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 for (phase, us) in p.mean_us() {
                     line(&format!("breakdown_{kind}_{path}_{phase}_us"), us);
                 }
+                let per_call = |n: u64| n as f64 / p.calls.max(1) as f64;
                 line(
                     &format!("breakdown_{kind}_{path}_requests_per_call"),
-                    p.requests as f64 / p.calls.max(1) as f64,
+                    per_call(p.requests),
+                );
+                line(
+                    &format!("breakdown_{kind}_{path}_memory_grows_per_call"),
+                    per_call(p.memory_grows),
+                );
+                line(
+                    &format!("breakdown_{kind}_{path}_prepared_per_call"),
+                    per_call(p.prepared),
+                );
+                line(
+                    &format!("breakdown_{kind}_{path}_inline_per_call"),
+                    per_call(p.inline),
                 );
             }
         }
@@ -443,7 +560,126 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     cloud_executor.spawn(cloud.shutdown()).await?;
     cloud_executor.shutdown_background();
     let _ = std::fs::remove_dir_all(&cache_dir);
+    if args.breakdown {
+        page_table_work(&args, &path)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--probe`: warm up, then make `--probe-calls` calls of `kind` and print
+/// the minor faults and memory grows they caused (`probe_* value` lines).
+async fn probe(args: &Args, path: &std::path::Path, kind: &str) -> anyhow::Result<ExitCode> {
+    ensure!(
+        kind == "validate" || kind == "create",
+        "--probe takes validate or create, not {kind:?}"
+    );
+    let (cloud_executor, cloud, grants) = start_cloud().await?;
+    let rt = Runtime::new(RuntimeConfig {
+        max_concurrent_calls: args.max_concurrent_calls,
+        call_threads: args.call_threads,
+        ..Default::default()
+    })?;
+    let provider = rt.load_file(path, Limits::default(), grants)?.provider()?;
+    let endpoint = cloud.url();
+    let batch = |label: &str, n: usize| -> Vec<Machine> {
+        (0..n).map(|i| machine(label, i, &endpoint)).collect()
+    };
+    wasm_calls(&provider, kind, &batch("warm", 200)).await?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let faults = capstan_bench::syscalls::minor_faults;
+    let (faults_before, before) = (faults(), rt.call_profile());
+    wasm_calls(&provider, kind, &batch("probe", args.probe_calls)).await?;
+    // Each call's release runs after its result; let the last one finish.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let profile = rt.call_profile().since(&before);
+    if let (Some(a), Some(b)) = (faults_before, faults()) {
+        line("probe_minor_faults", b.saturating_sub(a) as f64);
+    }
+    line("probe_memory_grows", profile.memory_grows as f64);
+    cloud_executor.spawn(cloud.shutdown()).await?;
+    cloud_executor.shutdown_background();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `per_call_<kind>_<what>` lines: page-table system calls (`strace -f
+/// -c`, the difference of a probe with `--calls` calls and one with none),
+/// minor faults and memory grows per Wasm call, for `validate` and
+/// `create`.
+fn page_table_work(args: &Args, path: &std::path::Path) -> anyhow::Result<()> {
+    use capstan_bench::syscalls::{PAGE_TABLE_SYSCALLS, parse_strace_summary};
+    let exe = std::env::current_exe()?;
+    let strace = std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !strace {
+        println!(
+            "# strace not found (apt-get install strace): page-table system calls per call not counted"
+        );
+    }
+    let figures = |out: &[u8]| -> std::collections::HashMap<String, f64> {
+        String::from_utf8_lossy(out)
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect()
+    };
+    let calls = args.calls;
+    for kind in ["validate", "create"] {
+        let probe = |n: usize| -> anyhow::Result<(
+            std::collections::HashMap<String, u64>,
+            std::collections::HashMap<String, f64>,
+        )> {
+            let summary = tempfile::NamedTempFile::new()?;
+            let mut cmd = if strace {
+                let mut c = std::process::Command::new("strace");
+                c.args(["-f", "-c", "-o"])
+                    .arg(summary.path())
+                    .arg("-e")
+                    .arg(format!("trace={}", PAGE_TABLE_SYSCALLS.join(",")))
+                    .arg(&exe);
+                c
+            } else {
+                std::process::Command::new(&exe)
+            };
+            cmd.arg("--plugin")
+                .arg(path)
+                .args(["--unpinned-only", "--probe", kind])
+                .arg(format!("--probe-calls={n}"))
+                .arg(format!("--call-threads={}", args.call_threads))
+                .arg(format!(
+                    "--max-concurrent-calls={}",
+                    args.max_concurrent_calls
+                ));
+            let out = cmd.output().context("cannot run the page-table probe")?;
+            ensure!(
+                out.status.success(),
+                "the page-table probe failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let counts = parse_strace_summary(&std::fs::read_to_string(summary.path())?);
+            Ok((counts, figures(&out.stdout)))
+        };
+        let (base, _) = probe(0)?;
+        let (measured, probed) = probe(calls)?;
+        if strace {
+            for name in PAGE_TABLE_SYSCALLS {
+                let get =
+                    |c: &std::collections::HashMap<String, u64>| c.get(*name).copied().unwrap_or(0);
+                let extra = get(&measured).saturating_sub(get(&base));
+                line(
+                    &format!("per_call_{kind}_{name}"),
+                    extra as f64 / calls as f64,
+                );
+            }
+        }
+        for what in ["minor_faults", "memory_grows"] {
+            if let Some(n) = probed.get(&format!("probe_{what}")) {
+                line(&format!("per_call_{kind}_{what}"), n / calls as f64);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The simulated cloud on a thread and executor of its own (a real cloud
@@ -509,6 +745,7 @@ async fn wasm_calls(
 ) -> anyhow::Result<Vec<Duration>> {
     let mut out = Vec::with_capacity(machines.len());
     for m in machines {
+        pause().await;
         let t = Instant::now();
         match kind {
             "validate" => provider.validate(&m.provider_config).await?,
@@ -533,6 +770,7 @@ async fn native_calls(
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::with_capacity(machines.len());
         for m in &machines {
+            pause_blocking();
             let t = Instant::now();
             match kind.as_str() {
                 "validate" => native_validate(&native, &m.provider_config),
@@ -559,6 +797,7 @@ async fn native_hyper_creates(
         let timed = machines
             .iter()
             .map(|m| {
+                pause_blocking();
                 let t = Instant::now();
                 native_create(&provider, m).map_err(anyhow::Error::msg)?;
                 Ok(t.elapsed())
@@ -582,6 +821,7 @@ async fn webhook_calls(
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::with_capacity(requests.len());
         for r in &requests {
+            pause_blocking();
             let t = Instant::now();
             call_webhook(&agent, &url, &kind, r).map_err(anyhow::Error::msg)?;
             out.push(t.elapsed());

@@ -27,6 +27,7 @@ mod plot;
 mod polyglot;
 mod quickstart;
 mod rbac_floor;
+mod ready_instances;
 mod real_nodes;
 mod restore;
 mod rollback;
