@@ -40,13 +40,11 @@ pub(crate) struct PluginInner {
     pub(crate) ready: Arc<crate::ready::ReadyInstances>,
 }
 
-/// What a call holds from admission to release: its quota permit, its
-/// host-wide slot, and the observer's count of running calls.
-/// Held only to be dropped: the fields are what they release.
+/// What a call holds from admission until its instance is released: its
+/// quota permit and its host-wide slot. Held only to be dropped.
 struct Admitted {
     _quota_permit: Option<crate::quota::QuotaPermit>,
     _slot_permit: tokio::sync::OwnedSemaphorePermit,
-    _running: crate::observe::Running,
 }
 
 impl std::fmt::Debug for PluginInner {
@@ -368,7 +366,7 @@ impl Plugin {
     ) -> Result<T, Error> {
         let started = std::time::Instant::now();
         let limit = self.inner.limits.call_timeout;
-        let admitted = self.admit(call, started).await?;
+        let (admitted, _running) = self.admit(call, started).await?;
         let slot = started.elapsed();
         let place = self.inner.ready.here();
         let (mut store, instance) = self.store_for(call, place)?;
@@ -437,12 +435,13 @@ impl Plugin {
     /// Admit a call: the plugin's own quota before a host-wide slot (a
     /// plugin over its share waits, briefly, without holding what others
     /// need), then a slot, within the call's deadline, which counts from
-    /// when the call may run.
+    /// when the call may run. The observer counts the call as running
+    /// until the returned guard goes, at the end of the call.
     async fn admit(
         &self,
         call: &'static str,
         started: std::time::Instant,
-    ) -> Result<Admitted, Error> {
+    ) -> Result<(Admitted, crate::observe::Running), Error> {
         let limit = self.inner.limits.call_timeout;
         let observer = self.inner.runtime.observer.get().cloned();
         let quota_permit = match &self.inner.quota {
@@ -471,11 +470,13 @@ impl Plugin {
                     limit,
                 })?
                 .map_err(|_| Error::Engine("the runtime is shutting down".into()))?;
-        Ok(Admitted {
-            _quota_permit: quota_permit,
-            _slot_permit: slot_permit,
-            _running: running,
-        })
+        Ok((
+            Admitted {
+                _quota_permit: quota_permit,
+                _slot_permit: slot_permit,
+            },
+            running,
+        ))
     }
 
     /// The store a call runs in: the instance ready at `place`, armed for

@@ -29,6 +29,7 @@
 //! | `stash` | leaves `capstan-secret:<machine uid>` in a static, the heap, a deep stack frame, a freshly grown memory region, stdout and a leaked wasi:http header map, then does what `then` says (`trap`, `deadline`: spin, `memory`: allocate without end; default: return) | the next call finds none of it |
 //! | `peek` | scans all of its linear memory and its static for `capstan-secret:` and fails with what it found (its own `self` marker included, proving the scan works) | only `self` |
 //! | `say` | logs and prints `said <machine uid>` | the line reaches this call's log sink only |
+//! | `validate-loop`, `validate-memory`, `validate-request` | in `validate` (a pure call, run on its caller's thread): spins, allocates without end, or GETs `target` | deadline, memory limit, and the request refused or sent as any call's |
 //! | `none` | behaves (validate/get/delete always work; a modest capacity) | nothing |
 
 // The plugin is only exported (and so only used) in its wasm build.
@@ -78,6 +79,32 @@ struct Instance {
 
 impl Provider for Hostile {
     type Config = Config;
+
+    fn validate(&self, config: &Config) -> Result<(), PluginError> {
+        match config.attack.as_str() {
+            "validate-loop" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "validate-memory" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![0xA5; 8 * 1024 * 1024]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "validate-request" => {
+                let answer = WasiHttp.send(&Request::get(target(config)?));
+                Err(PluginError::terminal(format!(
+                    "validate sent: {:?}",
+                    answer.map(|r| r.status)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
 
     fn create(
         &self,

@@ -4,7 +4,8 @@
 //! hit; and what is the call's own (outbound gate, deadline, quota, log
 //! sink, recording) is its own, whichever variant of the revision made the
 //! instance. The same secrecy holds with no call threads and with no ready
-//! instances at all.
+//! instances at all. Pure calls, which run on their caller's thread, keep
+//! every limit a call-thread call has.
 
 use super::sandbox::{cloud, grants_for, machine};
 use capstan_e2e::plugin;
@@ -286,5 +287,111 @@ async fn a_ready_instance_is_armed_for_the_call_that_takes_it() {
     panic!(
         "{} instances still ready after unloading",
         rt.ready_instances()
+    );
+}
+
+/// Pure calls (`validate`) run on their caller's thread with every limit
+/// a call-thread call has: the deadline, the memory limit, the grants,
+/// the outbound gate and the plugin's quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pure_calls_on_the_callers_thread_keep_every_limit() {
+    let cloud = cloud().await;
+    let rt = runtime(2, 8);
+    let open = Arc::new(AtomicBool::new(true));
+    let gate = open.clone();
+    rt.gate_outbound(move || gate.load(Ordering::SeqCst));
+    let limits = Limits {
+        call_timeout: Duration::from_millis(500),
+        memory_bytes: 64 * 1024 * 1024,
+        ..Default::default()
+    };
+    let hostile = load(&rt, &cloud, "hostile_plugin", limits);
+    let plain = hostile.provider().unwrap();
+    let validate = |p: &ProviderPlugin, attack: &str, target: &str| {
+        let config = serde_json::json!({ "attack": attack, "target": target }).to_string();
+        let p = p.clone();
+        async move { p.validate(&config).await }
+    };
+    let granted = format!("{}/v1/instances", cloud.url());
+    let before = rt.call_profile();
+
+    let looped = validate(&plain, "validate-loop", &granted).await;
+    assert!(
+        matches!(
+            looped,
+            Err(Error::DeadlineExceeded {
+                call: "validate",
+                ..
+            })
+        ),
+        "{looped:?}"
+    );
+    let bombed = validate(&plain, "validate-memory", &granted).await;
+    assert!(
+        matches!(
+            bombed,
+            Err(Error::MemoryLimit {
+                call: "validate",
+                ..
+            })
+        ),
+        "{bombed:?}"
+    );
+    let sent = validate(&plain, "validate-request", &granted).await;
+    assert!(
+        matches!(&sent, Err(Error::Plugin { error: PluginError::Terminal(m), .. }) if m.contains("validate sent: Ok(")),
+        "a granted request leaves a pure call too: {sent:?}"
+    );
+    let denied = validate(&plain, "validate-request", "http://example.invalid/").await;
+    assert!(
+        matches!(
+            denied,
+            Err(Error::CapabilityDenied {
+                call: "validate",
+                ..
+            })
+        ),
+        "{denied:?}"
+    );
+    open.store(false, Ordering::SeqCst);
+    let fenced = validate(&plain, "validate-request", &granted).await;
+    open.store(true, Ordering::SeqCst);
+    assert!(
+        matches!(
+            fenced,
+            Err(Error::Fenced {
+                call: "validate",
+                ..
+            })
+        ),
+        "{fenced:?}"
+    );
+    let quoted = hostile
+        .with_quota(Some(Quota::new(QuotaSpec {
+            calls_per_minute: Some(1),
+            ..Default::default()
+        })))
+        .provider()
+        .unwrap();
+    validate(&quoted, "none", &granted)
+        .await
+        .expect("the first call is within the quota");
+    let held = validate(&quoted, "none", &granted).await;
+    assert!(
+        matches!(
+            held,
+            Err(Error::QuotaExceeded {
+                kind: QuotaKind::CallsPerMinute,
+                ..
+            })
+        ),
+        "{held:?}"
+    );
+
+    let profile = rt.call_profile().since(&before);
+    assert_eq!(
+        (profile.calls, profile.inline),
+        (6, 6),
+        "every admitted validate ran on its caller's thread"
     );
 }
