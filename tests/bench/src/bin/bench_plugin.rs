@@ -161,6 +161,9 @@ impl Samples {
     fn us(&self, p: usize) -> f64 {
         self.percentile(p).as_secs_f64() * 1e6
     }
+    fn mean_us(&self) -> f64 {
+        self.0.iter().sum::<Duration>().as_secs_f64() * 1e6 / self.0.len().max(1) as f64
+    }
 }
 
 fn line(name: &str, value: f64) {
@@ -493,6 +496,8 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         for (i, (path, s)) in paths.into_iter().enumerate() {
             line(&format!("{kind}_{path}_us_p50"), s.us(50));
             line(&format!("{kind}_{path}_us_p99"), s.us(99));
+            // Beside the breakdown's means (`breakdown_*_total_us`).
+            line(&format!("{kind}_{path}_us_mean"), s.mean_us());
             line(&format!("{kind}_{path}_cpu_us"), cpu_us(cpu[op][i]));
         }
         let [wasm_cpu, _, hook_cpu, _] = cpu[op].map(cpu_us);
