@@ -5,8 +5,9 @@
 //! instance, the runtime builds the next one for the same plugin revision
 //! and place (its call thread, or the callers' threads for pure calls)
 //! right away, in a task of its own on the executor the call ran on, off
-//! the caller's path, and the next call there takes it. Isolation is unchanged: a ready instance has served no call,
-//! serves exactly one, and is then dropped like any other.
+//! the caller's path, and the next call there takes it. Isolation is
+//! unchanged: a ready instance has served no call, serves exactly one, and
+//! is then dropped like any other.
 //!
 //! What is the call's, not the instance's, is armed when it is taken
 //! ([`crate::Plugin`]'s `arm`): the call's name, deadline, hostcall

@@ -39,7 +39,7 @@ pub(crate) fn thread_client() -> Option<PooledClient> {
 
 /// Whether this thread is a call thread.
 pub(crate) fn on_call_thread() -> bool {
-    THREAD_CLIENT.with(|c| c.get().is_some())
+    call_thread_index().is_some()
 }
 
 /// The index of the call thread this is (`0..count`), if it is one.

@@ -82,19 +82,8 @@ impl Provider for Hostile {
 
     fn validate(&self, config: &Config) -> Result<(), PluginError> {
         match config.attack.as_str() {
-            "validate-loop" => {
-                let mut n: u64 = 0;
-                loop {
-                    n = std::hint::black_box(n.wrapping_add(1));
-                }
-            }
-            "validate-memory" => {
-                let mut hoard: Vec<Vec<u8>> = Vec::new();
-                loop {
-                    hoard.push(vec![0xA5; 8 * 1024 * 1024]);
-                    std::hint::black_box(&hoard);
-                }
-            }
+            "validate-loop" => spin_forever(),
+            "validate-memory" => allocate_forever(),
             "validate-request" => {
                 let answer = WasiHttp.send(&Request::get(target(config)?));
                 Err(PluginError::terminal(format!(
@@ -118,24 +107,13 @@ impl Provider for Hostile {
             "claim-node" => {
                 return Ok(MachineStatus::new(target(config)?, InstanceState::Running));
             }
-            "infinite-loop" => {
-                let mut n: u64 = 0;
-                loop {
-                    n = std::hint::black_box(n.wrapping_add(1));
-                }
-            }
+            "infinite-loop" => spin_forever(),
             // Waits, costing no CPU, until the host's deadline ends the
             // call: a slow endpoint, or a plugin holding workers on purpose.
             "hang" => {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
-            "memory-bomb" => {
-                let mut hoard: Vec<Vec<u8>> = Vec::new();
-                loop {
-                    hoard.push(vec![0xA5; 8 * 1024 * 1024]);
-                    std::hint::black_box(&hoard);
-                }
-            }
+            "memory-bomb" => allocate_forever(),
             "stdout-flood" => loop {
                 println!("{}", "flood ".repeat(200));
             },
@@ -237,19 +215,8 @@ impl Provider for Hostile {
                 secrecy::stash(&format!("{}{}", secrecy::marker(), machine.uid));
                 match config.then.as_deref() {
                     Some("trap") => panic!("hostile plugin trapped after stashing"),
-                    Some("deadline") => {
-                        let mut n: u64 = 0;
-                        loop {
-                            n = std::hint::black_box(n.wrapping_add(1));
-                        }
-                    }
-                    Some("memory") => {
-                        let mut hoard: Vec<Vec<u8>> = Vec::new();
-                        loop {
-                            hoard.push(vec![0xA5; 8 * 1024 * 1024]);
-                            std::hint::black_box(&hoard);
-                        }
-                    }
+                    Some("deadline") => spin_forever(),
+                    Some("memory") => allocate_forever(),
                     _ => {}
                 }
             }
@@ -591,6 +558,23 @@ mod secrecy {
     #[cfg(not(target_arch = "wasm32"))]
     fn scan(_needle: &[u8]) -> Vec<(usize, String)> {
         vec![]
+    }
+}
+
+/// Spin until the host's deadline ends the call.
+fn spin_forever() -> ! {
+    let mut n: u64 = 0;
+    loop {
+        n = std::hint::black_box(n.wrapping_add(1));
+    }
+}
+
+/// Allocate 8 MiB at a time until the host's memory limit ends the call.
+fn allocate_forever() -> ! {
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        hoard.push(vec![0xA5; 8 * 1024 * 1024]);
+        std::hint::black_box(&hoard);
     }
 }
 
