@@ -22,6 +22,9 @@
 //! node-lifecycle timings are [`ControlPlaneOptions`], short by default so
 //! tests see a silent Node go `Ready=Unknown` in seconds.
 
+pub mod reuse;
+
+pub use reuse::Baseline;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -304,6 +307,8 @@ pub struct ControlPlane {
     dir: PathBuf,
     ports: Ports,
     children: Mutex<Vec<(&'static str, Child)>>,
+    /// What a reset puts back when it is dropped ([`reuse`]); `None` stops it.
+    baseline: Mutex<Option<(reuse::Snapshot, Baseline)>>,
 }
 
 /// The loopback ports it listens on, kept across [`ControlPlane::restart_empty`].
@@ -468,7 +473,13 @@ impl ControlPlane {
     /// Ports are picked free, then released for the process to bind; a test
     /// running in parallel can take one in between, so a start that fails
     /// with "address already in use" is tried again with new ports.
+    ///
+    /// An idle control plane a test before left with the same options is
+    /// taken instead, if there is one ([`reuse`]).
     pub fn start_with(options: ControlPlaneOptions) -> Result<ControlPlane, String> {
+        if let Some(plane) = ControlPlane::take_idle(&options, Baseline::Bare)? {
+            return Ok(plane);
+        }
         let mut attempt = 1;
         loop {
             match ControlPlane::try_start(options.clone()) {
@@ -511,6 +522,7 @@ impl ControlPlane {
                 secure: free_port(),
             },
             children: Mutex::new(Vec::new()),
+            baseline: Mutex::new(None),
         };
         plane.url = format!("https://127.0.0.1:{}", plane.ports.secure);
 
@@ -657,10 +669,30 @@ impl ControlPlane {
         self.wait_ready(Duration::from_secs(60))?;
         self.write_kubeconfig()?;
         self.publish_cluster_info()?;
+        let baseline = if reuse::reusable(options) {
+            Some((reuse::snapshot(&self.etcd_url())?, Baseline::Bare))
+        } else {
+            None
+        };
+        *self.baseline.lock().unwrap_or_else(|p| p.into_inner()) = baseline;
+        self.start_controllers()
+    }
+
+    /// Start kube-controller-manager and kube-scheduler (unless `api_only`).
+    fn start_controllers(&self) -> Result<(), String> {
+        let (dir, options) = (&self.dir, &self.options);
         if options.api_only {
             return Ok(());
         }
-
+        let bin = bin_dir();
+        let certs = dir.join("certs");
+        let key = dir.join("sa.key");
+        let push = |child| {
+            self.children
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(child)
+        };
         let kubeconfig = format!("--kubeconfig={}", self.kubeconfig().display());
         push(spawn(
             "kube-controller-manager",
@@ -1008,8 +1040,69 @@ impl ControlPlane {
     }
 }
 
+impl ControlPlane {
+    /// An idle control plane with these options that was reset to
+    /// `baseline`, with new controllers; `None` if no test left one.
+    pub fn take_idle(
+        options: &ControlPlaneOptions,
+        baseline: Baseline,
+    ) -> Result<Option<ControlPlane>, String> {
+        let Some(idle) = reuse::take(options, baseline) else {
+            return Ok(None);
+        };
+        let plane = ControlPlane {
+            url: idle.url,
+            token: idle.token,
+            ca_pem: idle.ca_pem,
+            options: idle.options,
+            dir: idle.dir,
+            ports: idle.ports,
+            children: Mutex::new(idle.children),
+            baseline: Mutex::new(Some((idle.snapshot, idle.baseline))),
+        };
+        plane.start_controllers()?;
+        Ok(Some(plane))
+    }
+
+    /// What the control plane holds now becomes what a reset puts back
+    /// ([`reuse`]), taken again as `baseline` (a plane already there
+    /// keeps its snapshot).
+    pub fn keep_as_baseline(&self, baseline: Baseline) -> Result<(), String> {
+        let mut kept = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
+        match kept.as_ref() {
+            Some((_, now)) if *now == baseline => Ok(()),
+            Some(_) => {
+                *kept = Some((reuse::snapshot(&self.etcd_url())?, baseline));
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        let kept = self
+            .baseline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((snapshot, baseline)) = kept {
+            let children =
+                std::mem::take(&mut *self.children.lock().unwrap_or_else(|p| p.into_inner()));
+            reuse::put_back_later(reuse::Idle {
+                url: std::mem::take(&mut self.url),
+                token: std::mem::take(&mut self.token),
+                ca_pem: std::mem::take(&mut self.ca_pem),
+                options: self.options.clone(),
+                dir: std::mem::take(&mut self.dir),
+                ports: self.ports,
+                children,
+                snapshot,
+                baseline,
+            });
+            return;
+        }
         self.stop_processes();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -9,7 +9,7 @@
 //! [`Env::kill_controllers`] run and abruptly stop the controllers (to test
 //! restarts); dropping an `Env` stops everything.
 
-use crate::control_plane::{ControlPlane, ControlPlaneOptions};
+use crate::control_plane::{Baseline, ControlPlane, ControlPlaneOptions};
 use crate::sim_cloud::{Faults, KubeletConfig, SimCloud, SimCloudConfig};
 use capstan_api::{
     DeploymentRollout, IntOrString, LabelSelector, Machine, MachineDeployment,
@@ -171,13 +171,24 @@ impl Env {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             plane_options.egress_socket = Some(dir.join("egress.sock"));
         }
+        // A plane a test before left with the CRDs installed, else a new
+        // one (see `control_plane::reuse`).
         let control_plane = Arc::new(
-            tokio::task::spawn_blocking(move || ControlPlane::start_with(plane_options))
-                .await
-                .map_err(|e| e.to_string())??,
+            tokio::task::spawn_blocking(move || {
+                match ControlPlane::take_idle(&plane_options, Baseline::CapstanCrds)? {
+                    Some(plane) => Ok(plane),
+                    None => ControlPlane::start_with(plane_options),
+                }
+            })
+            .await
+            .map_err(|e| e.to_string())??,
         );
         let client = control_plane.client_without_retries().await?;
         install_crds(&client).await?;
+        let plane = control_plane.clone();
+        tokio::task::spawn_blocking(move || plane.keep_as_baseline(Baseline::CapstanCrds))
+            .await
+            .map_err(|e| e.to_string())??;
         let real_nodes = real_dir.map(|dir| crate::sim_cloud::realnode::RealNodeConfig {
             egress_socket: dir.join("egress.sock"),
             dir,

@@ -187,6 +187,8 @@ async fn run_variant(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    // One run, its own control planes: nothing to hand on.
+    capstan_e2e::control_plane::reuse::disable();
     eprintln!("# starting the control plane and the simulated cloud");
     let env = Env::start_with(EnvOptions {
         faults: Faults {

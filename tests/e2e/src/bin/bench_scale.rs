@@ -622,6 +622,8 @@ async fn run_variant(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    // One run, its own control planes: nothing to hand on.
+    capstan_e2e::control_plane::reuse::disable();
     if args.clusters > 0 {
         for &machines in &args.machines {
             capstan_e2e::bench_clusters::bench(args.clusters, machines, args.boot_latency_ms)

@@ -428,6 +428,8 @@ spec:
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    // One run, its own control planes: nothing to hand on.
+    capstan_e2e::control_plane::reuse::disable();
     // Ctrl-C in a terminal signals the whole foreground group: only this
     // process may get it, so it can release every instance first.
     capstan_e2e::children_in_own_process_groups();

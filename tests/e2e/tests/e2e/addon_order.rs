@@ -124,8 +124,10 @@ async fn a_chain_installs_in_order_as_each_gets_healthy_and_leaves_in_reverse() 
     })
     .await;
     assert!(daemonset(&env, "order-a").await.is_some());
-    let b = wait_status(&env, "b", "waiting for a", |s| {
-        condition_of(s, DEPENDENCIES_READY).0 == "False"
+    // Once b has seen a applied (a's status above), it waits on a's health.
+    let b = wait_status(&env, "b", "waiting for a's health", |s| {
+        let (status, _, message) = condition_of(s, DEPENDENCIES_READY);
+        status == "False" && message.contains("is not healthy")
     })
     .await;
     let (_, reason, message) = condition_of(&b, DEPENDENCIES_READY);

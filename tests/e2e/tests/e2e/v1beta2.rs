@@ -208,6 +208,9 @@ async fn a_deployment_reports_every_v1beta2_condition_through_its_lifecycle() {
     )
     .await;
     let old_set = set_of_version(&env, "v1.31.0").await;
+    // The deployment has seen OnDelete once its new set exists; a Machine
+    // deleted before that is replaced by the old set, as in Cluster API.
+    let new_set = set_of_version(&env, "v1.32.0").await;
     let replaced = env.machines(NS).await[0].name_any();
     machines
         .delete(&replaced, &DeleteParams::default())
@@ -218,7 +221,6 @@ async fn a_deployment_reports_every_v1beta2_condition_through_its_lifecycle() {
         {"version": "v1.32.0", "replicas": 1},
     ]);
     versions(&env, &md_ref, both).await;
-    let new_set = set_of_version(&env, "v1.32.0").await;
     let one_new = json!([{"version": "v1.32.0", "replicas": 1}]);
     versions(&env, &format!("machineset/{new_set}"), one_new).await;
     let one_old = json!([{"version": "v1.31.0", "replicas": 1}]);
