@@ -492,6 +492,21 @@ struct Counted {
     revision: &'static str,
 }
 
+impl Counted {
+    /// `call`, counted under `function` when it ends.
+    fn counted<'a, T: 'a>(
+        &'a self,
+        function: &'static str,
+        call: BoxFuture<'a, Result<T, ProviderError>>,
+    ) -> BoxFuture<'a, Result<T, ProviderError>> {
+        Box::pin(async move {
+            let result = call.await;
+            self.counts.record(function, &result);
+            result
+        })
+    }
+}
+
 impl MachineProvider for Counted {
     fn digest(&self) -> &str {
         self.provider.digest()
@@ -509,62 +524,38 @@ impl MachineProvider for Counted {
         self.provider.takes_bootstrap_data()
     }
     fn validate<'a>(&'a self, config: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let result = self.provider.validate(config).await;
-            self.counts.record("validate", &result);
-            result
-        })
+        self.counted("validate", self.provider.validate(config))
     }
     fn create<'a>(
         &'a self,
         machine: &'a PluginMachine,
         bootstrap: Option<&'a BootstrapData>,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
-        Box::pin(async move {
-            let result = self.provider.create(machine, bootstrap).await;
-            self.counts.record("create", &result);
-            result
-        })
+        self.counted("create", self.provider.create(machine, bootstrap))
     }
     fn get<'a>(
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<MachineStatus, ProviderError>> {
-        Box::pin(async move {
-            let result = self.provider.get(machine).await;
-            self.counts.record("get", &result);
-            result
-        })
+        self.counted("get", self.provider.get(machine))
     }
     fn delete<'a>(
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<Deletion, ProviderError>> {
-        Box::pin(async move {
-            let result = self.provider.delete(machine).await;
-            self.counts.record("delete", &result);
-            result
-        })
+        self.counted("delete", self.provider.delete(machine))
     }
     fn find_instance<'a>(
         &'a self,
         machine: &'a PluginMachine,
     ) -> BoxFuture<'a, Result<Option<FoundInstance>, ProviderError>> {
-        Box::pin(async move {
-            let result = self.provider.find_instance(machine).await;
-            self.counts.record("find-instance", &result);
-            result
-        })
+        self.counted("find-instance", self.provider.find_instance(machine))
     }
     fn capacity<'a>(
         &'a self,
         config: &'a str,
     ) -> BoxFuture<'a, Result<Option<InstanceCapacity>, ProviderError>> {
-        Box::pin(async move {
-            let result = self.provider.capacity(config).await;
-            self.counts.record("capacity", &result);
-            result
-        })
+        self.counted("capacity", self.provider.capacity(config))
     }
 }
 

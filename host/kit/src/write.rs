@@ -123,33 +123,34 @@ pub fn status_merge_patch(old: &Value, new: &Value) -> Option<Value> {
 }
 
 /// Add `finalizer` to `obj` unless it has it. Returns whether it wrote.
-pub async fn add_finalizer<K>(
+pub async fn add_finalizer<K: Kind>(
     kube: &Kube,
     controller: &'static str,
     obj: &K,
     finalizer: &str,
-) -> Result<bool, Error>
-where
-    K: Kind,
-{
-    match finalizer_patch(obj.finalizers(), finalizer, FinalizerChange::Add) {
-        Some(patch) => patch_finalizers(kube, controller, obj, patch).await,
-        None => Ok(false),
-    }
+) -> Result<bool, Error> {
+    change_finalizer(kube, controller, obj, finalizer, FinalizerChange::Add).await
 }
 
 /// Remove `finalizer` from `obj`, keeping everyone else's. Returns whether
 /// it wrote.
-pub async fn remove_finalizer<K>(
+pub async fn remove_finalizer<K: Kind>(
     kube: &Kube,
     controller: &'static str,
     obj: &K,
     finalizer: &str,
-) -> Result<bool, Error>
-where
-    K: Kind,
-{
-    match finalizer_patch(obj.finalizers(), finalizer, FinalizerChange::Remove) {
+) -> Result<bool, Error> {
+    change_finalizer(kube, controller, obj, finalizer, FinalizerChange::Remove).await
+}
+
+async fn change_finalizer<K: Kind>(
+    kube: &Kube,
+    controller: &'static str,
+    obj: &K,
+    finalizer: &str,
+    change: FinalizerChange,
+) -> Result<bool, Error> {
+    match finalizer_patch(obj.finalizers(), finalizer, change) {
         Some(patch) => patch_finalizers(kube, controller, obj, patch).await,
         None => Ok(false),
     }

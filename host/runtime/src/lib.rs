@@ -103,83 +103,58 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 /// interfaces are generated once (in `provider`) and reused.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
 pub mod bindings {
+    /// One world's bindings, generated as every world's are (trappable
+    /// imports, async exports, serializable types); `with` reuses the
+    /// interfaces another module already generated.
+    macro_rules! world {
+        ($world:literal $(, with: { $($with:tt)* })?) => {
+            wasmtime::component::bindgen!({
+                path: "../../wit",
+                world: $world,
+                imports: { default: trappable },
+                exports: { default: async },
+                additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+                $(with: { $($with)* },)?
+            });
+        };
+    }
+
     pub mod provider {
-        wasmtime::component::bindgen!({
-            path: "../../wit",
-            world: "capstan:plugin/provider-plugin@0.1.0",
-            imports: { default: trappable },
-            exports: { default: async },
-            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
-        });
+        world!("capstan:plugin/provider-plugin@0.1.0");
     }
     pub mod updater {
-        wasmtime::component::bindgen!({
-            path: "../../wit",
-            world: "capstan:plugin/updater-plugin@0.1.0",
-            imports: { default: trappable },
-            exports: { default: async },
-            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
-            with: {
-                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
-                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
-            },
+        world!("capstan:plugin/updater-plugin@0.1.0", with: {
+            "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+            "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
         });
     }
     pub mod addon {
-        wasmtime::component::bindgen!({
-            path: "../../wit",
-            world: "capstan:plugin/addon-plugin@0.1.0",
-            imports: { default: trappable },
-            exports: { default: async },
-            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
-            with: {
-                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
-                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
-            },
+        world!("capstan:plugin/addon-plugin@0.1.0", with: {
+            "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+            "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
         });
     }
     /// Contract 0.2.0's provider world: `create` also takes bootstrap data.
     pub mod provider_v2 {
-        wasmtime::component::bindgen!({
-            path: "../../wit",
-            world: "capstan:plugin/provider-plugin@0.2.0",
-            imports: { default: trappable },
-            exports: { default: async },
-            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
-            with: {
-                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
-                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
-            },
+        world!("capstan:plugin/provider-plugin@0.2.0", with: {
+            "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+            "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
         });
     }
     /// Contract 0.2.0's addon world: the cluster's Kubernetes version in,
     /// a Kubernetes range per version out.
     pub mod addon_v2 {
-        wasmtime::component::bindgen!({
-            path: "../../wit",
-            world: "capstan:plugin/addon-plugin@0.2.0",
-            imports: { default: trappable },
-            exports: { default: async },
-            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
-            with: {
-                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
-                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
-            },
+        world!("capstan:plugin/addon-plugin@0.2.0", with: {
+            "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+            "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
         });
     }
     /// Contract 0.2.0's bootstrap world.
     pub mod bootstrap {
-        wasmtime::component::bindgen!({
-            path: "../../wit",
-            world: "capstan:plugin/bootstrap-plugin@0.2.0",
-            imports: { default: trappable },
-            exports: { default: async },
-            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
-            with: {
-                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
-                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
-                "capstan:plugin/bootstrap-types@0.2.0": super::provider_v2::capstan::plugin0_2_0::bootstrap_types,
-            },
+        world!("capstan:plugin/bootstrap-plugin@0.2.0", with: {
+            "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+            "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
+            "capstan:plugin/bootstrap-types@0.2.0": super::provider_v2::capstan::plugin0_2_0::bootstrap_types,
         });
     }
 }

@@ -39,6 +39,18 @@ macro_rules! on_call_thread {
     }};
 }
 
+/// A component whose exports are not the interface of the contract its
+/// manifest names.
+fn exports_mismatch(plugin: &Plugin, world: World, e: wasmtime::Error) -> Error {
+    Error::Load {
+        plugin: plugin.name().to_string(),
+        reason: format!(
+            "its {world} exports do not match contract {}: {e:#}",
+            plugin.manifest().contract
+        ),
+    }
+}
+
 /// A typed handle on a plugin of one world: the struct, its constructor
 /// (world check and export type check) and `call`, which instantiates the
 /// component in a fresh store and runs one export under the plugin's limits.
@@ -60,14 +72,8 @@ macro_rules! world_handle {
         impl $name {
             pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
                 plugin.expect_world($world)?;
-                let exports = bindings::$module::$pre::new(&plugin.inner.pre).map_err(|e| Error::Load {
-                    plugin: plugin.name().to_string(),
-                    reason: format!(
-                        "its {} exports do not match contract {}: {e:#}",
-                        $world,
-                        plugin.manifest().contract
-                    ),
-                })?;
+                let exports = bindings::$module::$pre::new(&plugin.inner.pre)
+                    .map_err(|e| exports_mismatch(plugin, $world, e))?;
                 Ok($name { plugin: plugin.clone(), exports })
             }
 
@@ -172,14 +178,7 @@ macro_rules! versioned_handle {
         impl $name {
             pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
                 plugin.expect_world($world)?;
-                let mismatch = |e: wasmtime::Error| Error::Load {
-                    plugin: plugin.name().to_string(),
-                    reason: format!(
-                        "its {} exports do not match contract {}: {e:#}",
-                        $world,
-                        plugin.manifest().contract
-                    ),
-                };
+                let mismatch = |e| exports_mismatch(plugin, $world, e);
                 let export = $world.export_interface(&plugin.manifest().contract);
                 let pre = if export.ends_with(capstan_manifest::PREVIOUS_CONTRACT_VERSION) {
                     $pre_enum::V1(

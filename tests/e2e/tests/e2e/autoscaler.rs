@@ -440,8 +440,14 @@ async fn the_cluster_autoscalers_clusterapi_provider_scales_capstan_deployments(
             "{bare:?}"
         );
     }
-    // The user's cpu and memory stay theirs; the host adds only the rest.
-    let user = annotations_of("from-zero").await;
+    // The user's cpu and memory stay theirs; the host adds only the rest
+    // (`from-zero` was a node group before it did: wait for it).
+    let user = eventually("the host's capacity on from-zero", LONG, async || {
+        let user = annotations_of("from-zero").await;
+        user.contains_key("capstan.dev/capacity-from")
+            .then_some(user)
+    })
+    .await;
     assert_eq!(user[&capacity("cpu")], "2");
     assert_eq!(user[&capacity("memory")], "4Gi");
     assert_eq!(user[&capacity("maxPods")], "110");
