@@ -241,19 +241,18 @@ fn wait_served(plane: &Idle, within: Duration) -> Result<(), String> {
 }
 
 /// With `CAPSTAN_E2E_REUSE_LOG=FILE`, a line per take and put-back: which
-/// plane, which test (libtest names threads after tests), what was reset.
+/// plane (its API server) and how many keys were put back.
 fn trace(plane: &Idle, what: &str) {
     let Some(path) = std::env::var_os("CAPSTAN_E2E_REUSE_LOG") else {
         return;
     };
     use std::io::Write;
     let line = format!(
-        "{:?} {} {} {what}\n",
+        "{:?} {} {what}\n",
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default(),
         plane.url,
-        std::thread::current().name().unwrap_or("?"),
     );
     if let Ok(mut file) = std::fs::OpenOptions::new()
         .create(true)
