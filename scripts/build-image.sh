@@ -44,6 +44,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# One build at a time per target directory: the test suite builds the image
+# in the background while the image tests call this script too.
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+exec 9>"${CARGO_TARGET_DIR:-target}/.build-image.lock"
+flock 9
+
 target=x86_64-unknown-linux-musl
 profile="${CAPSTAN_IMAGE_PROFILE:-release}"
 binary="${CARGO_TARGET_DIR:-target}/$target/$profile/capstan"

@@ -4,6 +4,22 @@ use capstan_manifest::ObjectPattern;
 use proptest::prelude::*;
 use serde_json::json;
 
+/// `check_grants` under the built-in ClusterRole aggregations.
+fn check_built_in(
+    objects: &[Object],
+    declared: &[ObjectPattern],
+    grants: &AddonGrants,
+    tenant: Option<&str>,
+) -> Result<(), AddonError> {
+    check_grants(
+        objects,
+        declared,
+        grants,
+        tenant,
+        &crate::floor::Aggregators::built_in(),
+    )
+}
+
 fn known() -> Vec<(String, Vec<String>)> {
     vec![
         ("1.10.1".into(), vec!["stable".into()]),
@@ -44,6 +60,11 @@ fn any_patch() -> Vec<PatchRule> {
             paths: vec!["/".into()],
         })
         .collect()
+}
+
+/// A patch of the rendered `coredns` Deployment.
+fn coredns_patch(kind: PatchType, body: serde_json::Value) -> AddonPatch {
+    patch("Deployment", "coredns", kind, body)
 }
 
 fn patch(kind: &str, name: &str, type_: PatchType, patch: Value) -> AddonPatch {
@@ -124,9 +145,7 @@ fn merge_patches_replace_lists_and_strategic_patches_merge_them_by_name() {
     let mut o = objects(vec![deployment()]);
     apply_patches(
         &mut o,
-        &[patch(
-            "Deployment",
-            "coredns",
+        &[coredns_patch(
             PatchType::Strategic,
             json!({"spec": {"replicas": 3, "template": {"spec": {"containers": [
                 {"name": "coredns", "resources": {"limits": {"memory": "170Mi"}}},
@@ -145,10 +164,8 @@ fn merge_patches_replace_lists_and_strategic_patches_merge_them_by_name() {
     let mut o = objects(vec![deployment()]);
     apply_patches(
         &mut o,
-        &[patch(
-            "Deployment",
-            "coredns",
-            PatchType::Merge,
+        &[coredns_patch(
+PatchType::Merge,
             json!({"spec": {"template": {"spec": {"containers": [{"name": "only"}], "initContainers": null}}}}),
         )],
         &any_patch(),
@@ -252,30 +269,14 @@ fn objects_outside_the_declared_or_granted_kinds_refuse_the_whole_render() {
         objects: granted,
         ..Default::default()
     };
-    let e = check_grants(
-        &o,
-        &declared,
-        &granted,
-        None,
-        &crate::floor::Aggregators::built_in(),
-    )
-    .unwrap_err();
+    let e = check_built_in(&o, &declared, &granted, None).unwrap_err();
     assert_eq!(
         e.to_string(),
         "refused the whole render, nothing was applied: \
          Deployment kube-system/coredns is outside spec.grants.objects (it needs a grant covering apps/Deployment@kube-system); \
          ClusterRoleBinding greedy is outside what the plugin declares (capabilities.objects has no rbac.authorization.k8s.io/ClusterRoleBinding), so it cannot be granted"
     );
-    assert!(
-        check_grants(
-            &o[..1],
-            &declared,
-            &granted,
-            None,
-            &crate::floor::Aggregators::built_in()
-        )
-        .is_ok()
-    );
+    assert!(check_built_in(&o[..1], &declared, &granted, None).is_ok());
 }
 
 #[test]
@@ -292,35 +293,10 @@ fn a_tenants_render_stays_in_its_namespace_unless_tenant_objects_cover_it() {
         ..Default::default()
     };
     // The admin's Addon (not a tenant): as granted.
-    assert!(
-        check_grants(
-            &o,
-            &all,
-            &grants,
-            None,
-            &crate::floor::Aggregators::built_in()
-        )
-        .is_ok()
-    );
+    assert!(check_built_in(&o, &all, &grants, None).is_ok());
     // In its own namespace, a tenant gets the same.
-    assert!(
-        check_grants(
-            &o[..1],
-            &all,
-            &grants,
-            Some("kube-system"),
-            &crate::floor::Aggregators::built_in()
-        )
-        .is_ok()
-    );
-    let e = check_grants(
-        &o,
-        &all,
-        &grants,
-        Some("team-a"),
-        &crate::floor::Aggregators::built_in(),
-    )
-    .unwrap_err();
+    assert!(check_built_in(&o[..1], &all, &grants, Some("kube-system")).is_ok());
+    let e = check_built_in(&o, &all, &grants, Some("team-a")).unwrap_err();
     assert_eq!(
         e.to_string(),
         "refused the whole render, nothing was applied: \
@@ -332,14 +308,7 @@ fn a_tenants_render_stays_in_its_namespace_unless_tenant_objects_cover_it() {
             .parse()
             .unwrap(),
     ];
-    let e = check_grants(
-        &o,
-        &all,
-        &grants,
-        Some("team-a"),
-        &crate::floor::Aggregators::built_in(),
-    )
-    .unwrap_err();
+    let e = check_built_in(&o, &all, &grants, Some("team-a")).unwrap_err();
     assert!(!e.to_string().contains("ClusterRole"), "{e}");
 }
 
@@ -355,9 +324,7 @@ fn patches_change_only_granted_paths_and_the_grant_check_sees_the_patched_object
     let mut o = objects(vec![deployment()]);
     apply_patches(
         &mut o,
-        &[patch(
-            "Deployment",
-            "coredns",
+        &[coredns_patch(
             PatchType::Strategic,
             json!({"spec": {"replicas": 5, "template": {"spec": {"containers": [
                 {"name": "coredns", "resources": {"limits": {"memory": "1Gi"}}}]}}}}),
@@ -370,9 +337,7 @@ fn patches_change_only_granted_paths_and_the_grant_check_sees_the_patched_object
 
     // The attack from the review: a tenant's patch turning CoreDNS into a
     // host-root pod with another image.
-    let hostile = patch(
-        "Deployment",
-        "coredns",
+    let hostile = coredns_patch(
         PatchType::Strategic,
         json!({"spec": {"template": {"spec": {
             "hostPID": true,
@@ -408,27 +373,11 @@ fn patches_change_only_granted_paths_and_the_grant_check_sees_the_patched_object
         objects: declared.clone(),
         ..Default::default()
     };
-    let e = check_grants(
-        &o,
-        &declared,
-        &grants,
-        None,
-        &crate::floor::Aggregators::built_in(),
-    )
-    .unwrap_err();
+    let e = check_built_in(&o, &declared, &grants, None).unwrap_err();
     assert!(matches!(e, AddonError::Floor(_)), "{e}");
     assert!(e.to_string().contains("hostPID: true"), "{e}");
     grants.pod_security = PodSecurityLevel::Privileged;
-    assert!(
-        check_grants(
-            &o,
-            &declared,
-            &grants,
-            None,
-            &crate::floor::Aggregators::built_in()
-        )
-        .is_ok()
-    );
+    assert!(check_built_in(&o, &declared, &grants, None).is_ok());
 }
 
 #[test]

@@ -123,6 +123,17 @@ mod tests {
         None
     }
 
+    /// `decide` for an Addon on the `stable` channel.
+    fn on_stable(
+        policy: UpdatePolicy,
+        version: Option<&str>,
+        applied: Option<&str>,
+        known: &[(String, Vec<String>)],
+        misfit: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Decision, AddonError> {
+        decide(policy, version, Some("stable"), applied, known, misfit)
+    }
+
     fn offered(versions: &[(&str, &str)]) -> Vec<(String, Vec<String>)> {
         versions
             .iter()
@@ -133,35 +144,18 @@ mod tests {
     #[test]
     fn notify_keeps_what_is_applied_and_reports_the_channel_newest() {
         let known = offered(&[("1.7.0", "stable"), ("1.8.2", "stable")]);
-        let d = decide(
-            UpdatePolicy::Notify,
-            None,
-            Some("stable"),
-            Some("1.7.0"),
-            &known,
-            &any,
-        )
-        .unwrap();
+        let d = on_stable(UpdatePolicy::Notify, None, Some("1.7.0"), &known, &any).unwrap();
         assert_eq!(d.render.version, "1.7.0");
         assert_eq!(d.available.as_deref(), Some("1.8.2"));
         assert!(d.update_available());
         // First install: the channel's.
-        let d = decide(
-            UpdatePolicy::Manual,
-            None,
-            Some("stable"),
-            None,
-            &known,
-            &any,
-        )
-        .unwrap();
+        let d = on_stable(UpdatePolicy::Manual, None, None, &known, &any).unwrap();
         assert_eq!(d.render.version, "1.8.2");
         assert!(!d.update_available());
         // spec.version wins under every policy.
-        let d = decide(
+        let d = on_stable(
             UpdatePolicy::Manual,
             Some("1.8.2"),
-            Some("stable"),
             Some("1.7.0"),
             &known,
             &any,
@@ -173,15 +167,7 @@ mod tests {
     #[test]
     fn a_kept_version_no_longer_offered_renders_nothing() {
         let known = offered(&[("1.8.2", "stable")]);
-        let e = decide(
-            UpdatePolicy::Notify,
-            None,
-            Some("stable"),
-            Some("1.7.0"),
-            &known,
-            &any,
-        )
-        .unwrap_err();
+        let e = on_stable(UpdatePolicy::Notify, None, Some("1.7.0"), &known, &any).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("version 1.7.0 is applied and kept by spec.updatePolicy"),
@@ -214,35 +200,18 @@ mod tests {
         ]);
         // The cluster fits 1.7.0 and 1.8.2 only.
         let misfit = |v: &str| (v == "1.9.1").then(|| "needs >=1.31".to_string());
-        let d = decide(
-            UpdatePolicy::Auto,
-            None,
-            Some("stable"),
-            None,
-            &known,
-            &misfit,
-        )
-        .unwrap();
+        let d = on_stable(UpdatePolicy::Auto, None, None, &known, &misfit).unwrap();
         assert_eq!(d.render.version, "1.8.2");
         assert_eq!(d.available.as_deref(), Some("1.8.2"));
-        let e = decide(
-            UpdatePolicy::Auto,
-            Some("1.9.1"),
-            Some("stable"),
-            None,
-            &known,
-            &misfit,
-        )
-        .unwrap_err();
+        let e = on_stable(UpdatePolicy::Auto, Some("1.9.1"), None, &known, &misfit).unwrap_err();
         assert_eq!(
             e.to_string(),
             "version 1.9.1 does not fit the target cluster: needs >=1.31; nothing of it was applied; set spec.version to a version that fits, or move the cluster into its range"
         );
         // Applied already, then the cluster moved: it stays.
-        let d = decide(
+        let d = on_stable(
             UpdatePolicy::Notify,
             Some("1.9.1"),
-            Some("stable"),
             Some("1.9.1"),
             &known,
             &misfit,
@@ -251,30 +220,14 @@ mod tests {
         assert_eq!(d.render.version, "1.9.1");
         // Nothing fits and nothing is applied: refused, naming the newest.
         let none = |_: &str| Some("no".to_string());
-        let e = decide(
-            UpdatePolicy::Auto,
-            None,
-            Some("stable"),
-            None,
-            &known,
-            &none,
-        )
-        .unwrap_err();
+        let e = on_stable(UpdatePolicy::Auto, None, None, &known, &none).unwrap_err();
         assert!(
             matches!(e, AddonError::Incompatible { ref version, .. } if version == "1.9.1"),
             "{e}"
         );
         // Auto keeps 1.8.2 when only 1.7.0 fits: never downwards for a misfit.
         let only_old = |v: &str| (v != "1.7.0").then(|| "no".to_string());
-        let d = decide(
-            UpdatePolicy::Auto,
-            None,
-            Some("stable"),
-            Some("1.8.2"),
-            &known,
-            &only_old,
-        )
-        .unwrap();
+        let d = on_stable(UpdatePolicy::Auto, None, Some("1.8.2"), &known, &only_old).unwrap();
         assert_eq!(d.render.version, "1.8.2");
         assert_eq!(d.available.as_deref(), Some("1.7.0"));
         assert!(!d.update_available());

@@ -268,17 +268,27 @@ pub fn selector_matches(
         .flatten()
         .all(|(k, v)| labels.get(k) == Some(v));
     labels_ok
-        && expressions.iter().all(|e| {
-            let value = labels.get(&e.key);
-            let values = e.values.as_deref().unwrap_or_default();
-            match e.operator.as_str() {
-                "In" => value.is_some_and(|v| values.contains(v)),
-                "NotIn" => value.is_none_or(|v| !values.contains(v)),
-                "Exists" => value.is_some(),
-                "DoesNotExist" => value.is_none(),
-                _ => false,
-            }
-        })
+        && expressions
+            .iter()
+            .all(|e| requirement_holds(e, labels).unwrap_or(false))
+}
+
+/// Whether `labels` satisfy one of a selector's `matchExpressions`; `None`
+/// for an operator other than `In`, `NotIn`, `Exists` and `DoesNotExist`
+/// (the caller decides what an unknown operator means).
+pub fn requirement_holds(
+    e: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<bool> {
+    let value = labels.get(&e.key);
+    let values = e.values.as_deref().unwrap_or_default();
+    Some(match e.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        _ => return None,
+    })
 }
 
 /// Why a set's or deployment's selector is unusable with its template, if
@@ -576,35 +586,13 @@ mod tests {
         let t1 = Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap());
         let t2 = Time(k8s_openapi::jiff::Timestamp::from_second(2).unwrap());
         let mut conditions = vec![];
-        set_condition(
-            &mut conditions,
-            "Ready",
-            "False",
-            "Booting",
-            "",
-            Some(1),
-            &t1,
-        );
-        let before = conditions.clone();
-        set_condition(
-            &mut conditions,
-            "Ready",
-            "False",
-            "Booting",
-            "",
-            Some(1),
-            &t2,
-        );
-        assert_eq!(conditions, before);
-        set_condition(
-            &mut conditions,
-            "Ready",
-            "True",
-            "Running",
-            "",
-            Some(1),
-            &t2,
-        );
+        let mut ready = |status: &str, reason: &str, t: &Time| {
+            set_condition(&mut conditions, "Ready", status, reason, "", Some(1), t);
+            conditions.clone()
+        };
+        let before = ready("False", "Booting", &t1);
+        assert_eq!(ready("False", "Booting", &t2), before);
+        ready("True", "Running", &t2);
         assert_eq!(conditions[0].last_transition_time, t2);
         assert!(is_true(&conditions, "Ready"));
     }

@@ -117,19 +117,14 @@ fn report(
 fn render(r: &Report) -> String {
     let m = &r.manifest;
     let mut out = format!(
-        "Annotated {} ({} bytes)\nDigest:     {}\nPlugin:     {} {} (world {}, contract {}; exports {})\nPer call:   {} core instances, {} memories, {} tables\n",
-        r.path,
-        r.size_bytes,
-        r.digest,
-        m.name,
-        m.version,
-        m.world,
-        m.contract,
-        r.export,
+        "Annotated {} ({} bytes)\nDigest:     {}\nPlugin:     {} {} (world {}, contract {}; exports {})\n",
+        r.path, r.size_bytes, r.digest, m.name, m.version, m.world, m.contract, r.export,
+    );
+    out.push_str(&crate::inspect::render_per_call(
         r.core_instances,
         r.memories,
         r.tables,
-    );
+    ));
     out.push_str(&crate::inspect::render_capabilities(m));
     if r.sandbox.is_empty() {
         out.push_str("Sandbox:    imports nothing beyond the contract\n");

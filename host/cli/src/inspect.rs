@@ -89,6 +89,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The `Per call:` line: what one call instantiates.
+pub(crate) fn render_per_call(core_instances: usize, memories: usize, tables: usize) -> String {
+    format!("Per call:   {core_instances} core instances, {memories} memories, {tables} tables\n")
+}
+
 fn render(i: &Inspection) -> String {
     let m = &i.manifest;
     let mut out = format!(
@@ -114,9 +119,10 @@ fn render(i: &Inspection) -> String {
         i.host_bytes_per_call,
         i.host_bytes_per_call as f64 / (1024.0 * 1024.0),
     ));
-    out.push_str(&format!(
-        "Per call:   {} core instances, {} memories, {} tables\n",
-        i.core_instances_per_call, i.memories_per_call, i.tables_per_call
+    out.push_str(&render_per_call(
+        i.core_instances_per_call,
+        i.memories_per_call,
+        i.tables_per_call,
     ));
     out.push_str("Exports:\n");
     for e in &i.exports {

@@ -20,6 +20,16 @@ async fn run(mut cmd: Command) -> Output {
         .unwrap()
 }
 
+/// Run `capstan ARGS`, expect exit `code`, and return its stderr.
+fn fails_with(args: &[&str], code: i32) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(code), "capstan {args:?}");
+    text(&out.stderr)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -36,12 +46,15 @@ async fn cloud(faults: Faults) -> SimCloud {
 }
 
 fn conformance_args<'a>(path: &'a str, config: &'a str, host: &'a str) -> Vec<&'a str> {
-    vec![
-        "plugin",
-        "conformance",
-        path,
-        "--world",
-        "provider",
+    let mut args = vec!["plugin", "conformance", path, "--world", "provider"];
+    args.extend(against_sim_cloud(config, host));
+    args
+}
+
+/// Conformance's flags for a sample plugin against the test's sim cloud:
+/// `config`, the cloud's `host` allowed, its token from `SIM_TOKEN`.
+fn against_sim_cloud<'a>(config: &'a str, host: &'a str) -> [&'a str; 8] {
+    [
         "--config",
         config,
         "--allow-host",
@@ -164,23 +177,10 @@ fn updater_args<'a>(
     config: &'a str,
     host: &'a str,
 ) -> Vec<&'a str> {
-    vec![
-        "plugin",
-        "conformance",
-        path,
-        "--world",
-        "updater",
-        "--provider",
-        provider,
-        "--config",
-        config,
-        "--allow-host",
-        host,
-        "--bearer-from-env",
-        "sim-cloud=SIM_TOKEN",
-        "--timeout",
-        "60s",
-    ]
+    let mut args = vec!["plugin", "conformance", path, "--world", "updater"];
+    args.extend(["--provider", provider]);
+    args.extend(against_sim_cloud(config, host));
+    args
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -441,12 +441,10 @@ fn crds_print_every_kind_for_kubectl_apply() {
 
 #[test]
 fn controller_explains_an_unusable_kubeconfig() {
-    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
-        .args(["controller", "--kubeconfig", "/nonexistent/kubeconfig"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = fails_with(
+        &["controller", "--kubeconfig", "/nonexistent/kubeconfig"],
+        1,
+    );
     assert!(
         stderr.contains("cannot read kubeconfig /nonexistent/kubeconfig"),
         "{stderr}"
@@ -457,25 +455,19 @@ fn controller_explains_an_unusable_kubeconfig() {
 /// contacted, with what to write instead.
 #[test]
 fn rollout_rejects_other_kinds() {
-    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
-        .args([
-            "rollout",
-            "history",
-            "deploy/web",
-            "--kubeconfig",
-            "/nonexistent",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let history = [
+        "rollout",
+        "history",
+        "deploy/web",
+        "--kubeconfig",
+        "/nonexistent",
+    ];
+    let stderr = fails_with(&history, 2);
     assert!(stderr.contains("write md/NAME"), "{stderr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
-        .args(["describe", "deploy/web", "--kubeconfig", "/nonexistent"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = fails_with(
+        &["describe", "deploy/web", "--kubeconfig", "/nonexistent"],
+        2,
+    );
     assert!(
         stderr.contains("write md/NAME, ms/NAME, ma/NAME, addon/NAME"),
         "{stderr}"

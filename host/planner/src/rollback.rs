@@ -207,6 +207,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Three machines remediated, the policy's limit.
+    const THREE_REMEDIATED: Trigger = Trigger::MachinesRemediated {
+        remediated: 3,
+        limit: 3,
+    };
+
     fn view<'a>(current: &'a str, earlier: Vec<&'a str>) -> View<'a> {
         View {
             policy: Policy {
@@ -227,10 +233,7 @@ mod tests {
         assert_eq!(
             decide(&v),
             Decision::Held {
-                trigger: Trigger::MachinesRemediated {
-                    remediated: 3,
-                    limit: 3
-                },
+                trigger: THREE_REMEDIATED,
                 held: Held::EarlierRevisionRefused,
             }
         );
@@ -294,10 +297,7 @@ mod tests {
         assert_eq!(
             decide(&v),
             Decision::Held {
-                trigger: Trigger::MachinesRemediated {
-                    remediated: 3,
-                    limit: 3
-                },
+                trigger: THREE_REMEDIATED,
                 held: Held::RestoredByRollback
             },
             "no way back to the failed template"
@@ -317,10 +317,7 @@ mod tests {
             decide(&v),
             Decision::RollBack {
                 to: "a".into(),
-                trigger: Trigger::MachinesRemediated {
-                    remediated: 3,
-                    limit: 3
-                }
+                trigger: THREE_REMEDIATED
             }
         );
         let mut v = view("c", vec![]);

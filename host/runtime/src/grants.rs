@@ -194,8 +194,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn needs_both_declaration_and_grant() {
+    /// Loopback declared with credential slot `cloud`; port 9000 granted
+    /// with a bearer `token` in that slot.
+    fn loopback_with_credential(token: &str) -> ([HttpCapability; 1], Grants) {
         let declared = [cap("http://127.0.0.1:*", Some("cloud"))];
         let mut grants = Grants {
             http: vec!["http://127.0.0.1:9000".parse().unwrap()],
@@ -203,7 +204,13 @@ mod tests {
         };
         grants
             .credentials
-            .insert("cloud".into(), Credential::Bearer("s3cret".into()));
+            .insert("cloud".into(), Credential::Bearer(token.into()));
+        (declared, grants)
+    }
+
+    #[test]
+    fn needs_both_declaration_and_grant() {
+        let (declared, grants) = loopback_with_credential("s3cret");
 
         let ok = Destination::new("http", "127.0.0.1:9000").unwrap();
         assert_eq!(
@@ -236,14 +243,7 @@ mod tests {
 
     #[test]
     fn a_credential_goes_only_with_the_methods_its_grant_allows() {
-        let declared = [cap("http://127.0.0.1:*", Some("cloud"))];
-        let mut grants = Grants {
-            http: vec!["http://127.0.0.1:9000".parse().unwrap()],
-            ..Default::default()
-        };
-        grants
-            .credentials
-            .insert("cloud".into(), Credential::Bearer("t".into()));
+        let (declared, mut grants) = loopback_with_credential("t");
         let dest = Destination::new("http", "127.0.0.1:9000").unwrap();
         let carries = |grants: &Grants, method: &str| {
             matches!(

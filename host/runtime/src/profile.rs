@@ -51,24 +51,22 @@ pub struct CallProfile {
     pub release: Duration,
 }
 
+/// Every field of two [`CallProfile`]s combined by `$op` (a struct
+/// literal, so a new field is a compile error until it is listed here).
+macro_rules! fieldwise {
+    ($a:expr, $op:tt, $b:expr) => {
+        fieldwise!($a, $op, $b; calls, slot, store, instantiate, run, outbound, requests, finish,
+            total, memory_grows, prepared, inline, release)
+    };
+    ($a:expr, $op:tt, $b:expr; $($field:ident),*) => {
+        CallProfile { $($field: $a.$field $op $b.$field),* }
+    };
+}
+
 impl CallProfile {
     /// What happened between `earlier` and this snapshot.
     pub fn since(&self, earlier: &CallProfile) -> CallProfile {
-        CallProfile {
-            calls: self.calls - earlier.calls,
-            slot: self.slot - earlier.slot,
-            store: self.store - earlier.store,
-            instantiate: self.instantiate - earlier.instantiate,
-            run: self.run - earlier.run,
-            outbound: self.outbound - earlier.outbound,
-            requests: self.requests - earlier.requests,
-            finish: self.finish - earlier.finish,
-            total: self.total - earlier.total,
-            memory_grows: self.memory_grows - earlier.memory_grows,
-            prepared: self.prepared - earlier.prepared,
-            inline: self.inline - earlier.inline,
-            release: self.release - earlier.release,
-        }
+        fieldwise!(self, -, earlier)
     }
 
     /// Each phase's mean per call in µs, named, in call order (`total`,
@@ -95,21 +93,7 @@ impl CallProfile {
 impl std::ops::Add for CallProfile {
     type Output = CallProfile;
     fn add(self, o: CallProfile) -> CallProfile {
-        CallProfile {
-            calls: self.calls + o.calls,
-            slot: self.slot + o.slot,
-            store: self.store + o.store,
-            instantiate: self.instantiate + o.instantiate,
-            run: self.run + o.run,
-            outbound: self.outbound + o.outbound,
-            requests: self.requests + o.requests,
-            finish: self.finish + o.finish,
-            total: self.total + o.total,
-            memory_grows: self.memory_grows + o.memory_grows,
-            prepared: self.prepared + o.prepared,
-            inline: self.inline + o.inline,
-            release: self.release + o.release,
-        }
+        fieldwise!(self, +, o)
     }
 }
 

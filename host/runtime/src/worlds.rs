@@ -51,6 +51,41 @@ fn exports_mismatch(plugin: &Plugin, world: World, e: wasmtime::Error) -> Error 
     }
 }
 
+/// Run export `$accessor` of a component bound by `$exports` in a fresh
+/// instance under the plugin's limits (`Plugin::invoke`), giving `$f` the
+/// store and the bound interface.
+macro_rules! invoke_export {
+    ($plugin:expr, $name:expr, $exports:expr, $accessor:ident, $f:expr) => {
+        $plugin
+            .invoke($name, async |store, instance| {
+                let bound = $exports.load(&mut *store, instance)?;
+                $f(store, bound.$accessor()).await
+            })
+            .await
+    };
+}
+
+/// What every typed handle has: a `Debug` that names its plugin, and
+/// `plugin()`.
+macro_rules! handle_basics {
+    ($name:ident) => {
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("plugin", &self.plugin)
+                    .finish()
+            }
+        }
+
+        impl $name {
+            /// The underlying plugin.
+            pub fn plugin(&self) -> &Plugin {
+                &self.plugin
+            }
+        }
+    };
+}
+
 /// A typed handle on a plugin of one world: the struct, its constructor
 /// (world check and export type check) and `call`, which instantiates the
 /// component in a fresh store and runs one export under the plugin's limits.
@@ -63,11 +98,7 @@ macro_rules! world_handle {
             exports: bindings::$module::$pre,
         }
 
-        impl std::fmt::Debug for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($name)).field("plugin", &self.plugin).finish()
-            }
-        }
+        handle_basics!($name);
 
         impl $name {
             pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
@@ -77,23 +108,12 @@ macro_rules! world_handle {
                 Ok($name { plugin: plugin.clone(), exports })
             }
 
-            /// The underlying plugin.
-            pub fn plugin(&self) -> &Plugin {
-                &self.plugin
-            }
-
             async fn call<T: ReturnSize>(
                 &self,
                 name: &'static str,
                 f: impl AsyncFnOnce(&mut Store<CallState>, &$guest) -> wasmtime::Result<Result<T, PluginError>>,
             ) -> Result<T, Error> {
-                let exports = &self.exports;
-                self.plugin
-                    .invoke(name, async |store, instance| {
-                        let bound = exports.load(&mut *store, instance)?;
-                        f(store, bound.$accessor()).await
-                    })
-                    .await
+                invoke_export!(self.plugin, name, self.exports, $accessor, f)
             }
         }
     };
@@ -169,11 +189,7 @@ macro_rules! versioned_handle {
             pre: $pre_enum,
         }
 
-        impl std::fmt::Debug for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($name)).field("plugin", &self.plugin).finish()
-            }
-        }
+        handle_basics!($name);
 
         impl $name {
             pub(crate) fn new(plugin: &Plugin) -> Result<Self, Error> {
@@ -195,11 +211,6 @@ macro_rules! versioned_handle {
                 })
             }
 
-            /// The underlying plugin.
-            pub fn plugin(&self) -> &Plugin {
-                &self.plugin
-            }
-
             /// Whether the plugin implements contract 0.2.0's interface.
             fn is_v2(&self) -> bool {
                 matches!(self.pre, $pre_enum::V2(_))
@@ -219,20 +230,10 @@ macro_rules! versioned_handle {
             ) -> Result<T, Error> {
                 match &self.pre {
                     $pre_enum::V1(exports) => {
-                        self.plugin
-                            .invoke(name, async |store, instance| {
-                                let bound = exports.load(&mut *store, instance)?;
-                                v1(store, bound.$acc1()).await
-                            })
-                            .await
+                        invoke_export!(self.plugin, name, exports, $acc1, v1)
                     }
                     $pre_enum::V2(exports) => {
-                        self.plugin
-                            .invoke(name, async |store, instance| {
-                                let bound = exports.load(&mut *store, instance)?;
-                                v2(store, bound.$acc2()).await
-                            })
-                            .await
+                        invoke_export!(self.plugin, name, exports, $acc2, v2)
                     }
                 }
             }

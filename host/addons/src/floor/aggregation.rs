@@ -14,7 +14,7 @@
 //! ([`Aggregators::Unknown`]).
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::BTreeMap;
 
 const AGGREGATE_TO: &str = "rbac.authorization.k8s.io/aggregate-to-";
@@ -123,19 +123,7 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
             .match_expressions
             .iter()
             .flatten()
-            .all(|e| requirement_holds(e, labels))
-}
-
-fn requirement_holds(e: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let value = labels.get(&e.key);
-    let values = e.values.as_deref().unwrap_or_default();
-    match e.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        _ => true,
-    }
+            .all(|e| capstan_api::requirement_holds(e, labels).unwrap_or(true))
 }
 
 /// The aggregators that (directly or in turn) aggregate `start`.
@@ -180,6 +168,7 @@ fn built_in() -> Vec<Aggregator> {
 mod tests {
     use super::*;
     use k8s_openapi::api::rbac::v1::AggregationRule;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
     use kube::api::ObjectMeta;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -44,12 +44,7 @@ impl Pass<'_> {
             });
             return Ok(());
         }
-        let Some(nodes) = self.nodes() else {
-            return Ok(());
-        };
-        let Some(node) = self.node.clone() else {
-            // The planner drains only the Node this pass found.
-            self.view.deletion.node = None;
+        let Some((nodes, node)) = self.found_node() else {
             return Ok(());
         };
         self.draft
@@ -79,6 +74,18 @@ impl Pass<'_> {
         Ok(())
     }
 
+    /// The Node's cluster and the Node this pass found. Without a Node
+    /// there is nothing to drain or wait for: the planner acts only on the
+    /// Node this pass found.
+    fn found_node(&mut self) -> Option<(capstan_kit::Kube, Arc<Node>)> {
+        let nodes = self.nodes()?;
+        let Some(node) = self.node.clone() else {
+            self.view.deletion.node = None;
+            return None;
+        };
+        Some((nodes, node))
+    }
+
     /// Look at the volumes still attached to the machine's Node.
     pub(super) async fn check_volumes(&mut self) -> Result<(), Error> {
         if let Some((_, why)) = self.placement.reach.down() {
@@ -87,11 +94,7 @@ impl Pass<'_> {
             )));
             return Ok(());
         }
-        let Some(nodes) = self.nodes() else {
-            return Ok(());
-        };
-        let Some(node) = self.node.clone() else {
-            self.view.deletion.node = None;
+        let Some((nodes, node)) = self.found_node() else {
             return Ok(());
         };
         let start = self

@@ -114,13 +114,7 @@ fn settle_alive(
     match outcome {
         Outcome::Unchanged | Outcome::Deleting { .. } | Outcome::Paused => {}
         Outcome::Held { reason, message } => {
-            set(
-                status,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                reason,
-                message.clone(),
-            );
+            not_provisioned(&set, status, reason, message);
             status.phase.get_or_insert(MachinePhase::Pending);
         }
         Outcome::ProviderChanged(message) => set(
@@ -145,23 +139,11 @@ fn settle_alive(
             // A failure of the instance itself: it is no longer provisioned
             // (a config refused before any instance says so in ConfigValid).
             if INSTANCE_FAILURES.contains(&reason.as_str()) {
-                set(
-                    status,
-                    INSTANCE_PROVISIONED,
-                    cond::FALSE,
-                    reason,
-                    message.clone(),
-                );
+                not_provisioned(&set, status, reason, message);
             }
         }
         Outcome::Retrying { reason, message } => {
-            set(
-                status,
-                INSTANCE_PROVISIONED,
-                cond::FALSE,
-                reason,
-                message.clone(),
-            );
+            not_provisioned(&set, status, reason, message);
             if matches!(view.call_error, Some((Call::Create, _))) {
                 status.phase = Some(MachinePhase::Provisioning);
             } else {
@@ -213,13 +195,7 @@ fn settle_deleting(
     status.phase = Some(MachinePhase::Deleting);
     set(status, DELETING, cond::TRUE, reason, message.clone());
     if let Some((reason, message)) = instance {
-        set(
-            status,
-            INSTANCE_PROVISIONED,
-            cond::FALSE,
-            reason,
-            message.clone(),
-        );
+        not_provisioned(&set, status, reason, message);
     }
     if *drain_ended {
         status
@@ -383,6 +359,22 @@ fn node_conditions(
             String::new(),
         );
     }
+}
+
+/// `InstanceProvisioned=False` with `reason` and `message`.
+fn not_provisioned(
+    set: &impl Fn(&mut MachineStatus, &str, &str, &str, String),
+    status: &mut MachineStatus,
+    reason: &str,
+    message: &str,
+) {
+    set(
+        status,
+        INSTANCE_PROVISIONED,
+        cond::FALSE,
+        reason,
+        message.to_string(),
+    );
 }
 
 /// Sets one of the Machine controller's conditions, at this generation and

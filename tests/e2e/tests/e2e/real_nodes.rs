@@ -26,7 +26,9 @@ use std::time::Duration;
 const KUBEADM: &str = "kubeadm";
 const NS: &str = "default";
 const CONTROLLER: &str = "system:serviceaccount:capstan-system:capstan-controller";
-const LONG: Duration = Duration::from_secs(180);
+// Generous: cloud-init, `kubeadm join` and a kubelet start share 2 cores
+// with two other tests.
+const LONG: Duration = Duration::from_secs(300);
 
 /// An audited environment whose instances are real nodes, the kubeadm
 /// bootstrap Plugin, the token group bound to kubeadm's join roles, and

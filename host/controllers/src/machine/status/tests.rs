@@ -35,6 +35,17 @@ fn condition<'s>(s: &'s MachineStatus, kind: &str) -> (&'s str, &'s str) {
     (c.status.as_str(), c.reason.as_str())
 }
 
+/// A validated machine's running instance, its Node seen as `node`.
+fn validated_and_running(node: NodeSeen) -> (PluginStatus, MachineView) {
+    let (observed, instance) = running(node);
+    let view = MachineView {
+        validated: true,
+        instance: Some(instance),
+        ..Default::default()
+    };
+    (observed, view)
+}
+
 /// A Ready-Node machine's status after one observed pass from `before`.
 fn observed_pass(
     m: &Machine,
@@ -42,12 +53,7 @@ fn observed_pass(
     owners: &Owners,
     t: &capstan_api::Time,
 ) -> MachineStatus {
-    let (observed, instance) = running(NodeSeen::Ready("n1".into()));
-    let view = MachineView {
-        validated: true,
-        instance: Some(instance),
-        ..Default::default()
-    };
+    let (observed, view) = validated_and_running(NodeSeen::Ready("n1".into()));
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": { "name": "n1" },
         "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
@@ -62,6 +68,49 @@ fn observed_pass(
         &Outcome::Observed,
         owners,
         t,
+    )
+    .unwrap()
+}
+
+/// One observed pass from `before`, with nothing from the machine's owners.
+fn observed_alone(
+    m: &Machine,
+    before: MachineStatus,
+    view: &MachineView,
+    observed: &PluginStatus,
+    node: Option<&Node>,
+    t: &capstan_api::Time,
+) -> MachineStatus {
+    let owners = Owners::default();
+    settle(
+        m,
+        before,
+        view,
+        Some(observed),
+        node,
+        &Outcome::Observed,
+        &owners,
+        t,
+    )
+    .unwrap()
+}
+
+/// A pass that observed no instance and no Node, ending in `outcome`.
+fn unobserved(
+    m: &Machine,
+    before: MachineStatus,
+    view: &MachineView,
+    outcome: &Outcome,
+) -> MachineStatus {
+    settle(
+        m,
+        before,
+        view,
+        None,
+        None,
+        outcome,
+        &Owners::default(),
+        &now(),
     )
     .unwrap()
 }
@@ -167,12 +216,7 @@ fn the_machines_own_min_ready_seconds_wins_over_its_sets() {
 
 #[test]
 fn cluster_api_conditions_follow_the_node_and_min_ready_seconds() {
-    let (observed, instance) = running(NodeSeen::Ready("n1".into()));
-    let view = MachineView {
-        validated: true,
-        instance: Some(instance),
-        ..Default::default()
-    };
+    let (observed, view) = validated_and_running(NodeSeen::Ready("n1".into()));
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": { "name": "n1" },
         "status": { "conditions": [
@@ -181,21 +225,26 @@ fn cluster_api_conditions_follow_the_node_and_min_ready_seconds() {
         ] },
     }))
     .unwrap();
+    let owners = Owners {
+        min_ready_seconds: 30,
+        up_to_date: None,
+    };
+    let pass = |m: &Machine, before: MachineStatus, t: &capstan_api::Time| {
+        let outcome = Outcome::Observed;
+        settle(
+            m,
+            before,
+            &view,
+            Some(&observed),
+            Some(&node),
+            &outcome,
+            &owners,
+            t,
+        )
+        .unwrap()
+    };
     let t = now();
-    let s = settle(
-        &machine(1),
-        MachineStatus::default(),
-        &view,
-        Some(&observed),
-        Some(&node),
-        &Outcome::Observed,
-        &Owners {
-            min_ready_seconds: 30,
-            up_to_date: None,
-        },
-        &t,
-    )
-    .unwrap();
+    let s = pass(&machine(1), MachineStatus::default(), &t);
     assert_eq!(condition(&s, INFRASTRUCTURE_READY), ("True", "Running"));
     assert_eq!(condition(&s, NODE_READY), ("True", "NodeReady"));
     assert_eq!(
@@ -211,20 +260,7 @@ fn cluster_api_conditions_follow_the_node_and_min_ready_seconds() {
         Some(std::time::Duration::from_secs(30))
     );
     let later = capstan_api::Time(t.0 + k8s_openapi::jiff::SignedDuration::from_secs(31));
-    let s = settle(
-        &machine(1),
-        s,
-        &view,
-        Some(&observed),
-        Some(&node),
-        &Outcome::Observed,
-        &Owners {
-            min_ready_seconds: 30,
-            up_to_date: None,
-        },
-        &later,
-    )
-    .unwrap();
+    let s = pass(&machine(1), s, &later);
     assert_eq!(condition(&s, AVAILABLE), ("True", "Available"));
     // No Node yet: the node conditions are Unknown.
     let (observed, instance) = running(NodeSeen::Missing);
@@ -232,32 +268,21 @@ fn cluster_api_conditions_follow_the_node_and_min_ready_seconds() {
         instance: Some(instance),
         ..view
     };
-    let s = settle(
+    let s = observed_alone(
         &machine(1),
         MachineStatus::default(),
         &view,
-        Some(&observed),
+        &observed,
         None,
-        &Outcome::Observed,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
         &t,
-    )
-    .unwrap();
+    );
     assert_eq!(condition(&s, NODE_READY), ("Unknown", "NodeDoesNotExist"));
     assert_eq!(condition(&s, AVAILABLE), ("False", "NotReady"));
 }
 
 #[test]
 fn up_to_date_follows_the_owning_set_unless_an_in_place_update_speaks() {
-    let (observed, instance) = running(NodeSeen::Ready("n1".into()));
-    let view = MachineView {
-        validated: true,
-        instance: Some(instance),
-        ..Default::default()
-    };
+    let (observed, view) = validated_and_running(NodeSeen::Ready("n1".into()));
     let stale = Owners {
         min_ready_seconds: 0,
         up_to_date: Some(Err("MachineSet web-1 is not the current template".into())),
@@ -299,27 +324,16 @@ fn up_to_date_follows_the_owning_set_unless_an_in_place_update_speaks() {
 
 #[test]
 fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
-    let (observed, instance) = running(NodeSeen::Ready("n1".into()));
-    let view = MachineView {
-        validated: true,
-        instance: Some(instance),
-        ..Default::default()
-    };
+    let (observed, view) = validated_and_running(NodeSeen::Ready("n1".into()));
     let t = now();
-    let s = settle(
+    let s = observed_alone(
         &machine(3),
         MachineStatus::default(),
         &view,
-        Some(&observed),
+        &observed,
         None,
-        &Outcome::Observed,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
         &t,
-    )
-    .unwrap();
+    );
     assert_eq!(s.phase, Some(MachinePhase::Running));
     assert_eq!(s.observed_generation, Some(3));
     assert_eq!(condition(&s, READY), ("True", "NodeReady"));
@@ -328,77 +342,32 @@ fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
     assert_eq!(s.addresses[0].type_, "InternalIP");
     assert_eq!(s.version.as_deref(), Some("v1.30.0"));
     // The same pass again changes nothing: no second write.
-    let again = settle(
-        &machine(3),
-        s.clone(),
-        &view,
-        Some(&observed),
-        None,
-        &Outcome::Observed,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
-        &t,
-    )
-    .unwrap();
+    let again = observed_alone(&machine(3), s.clone(), &view, &observed, None, &t);
     assert_eq!(again, s);
 }
 
 #[test]
 fn a_deleted_node_stays_referenced_and_an_update_shows_in_the_phase() {
-    let (observed, instance) = running(NodeSeen::Deleted("n1".into()));
-    let mut view = MachineView {
-        validated: true,
-        instance: Some(instance),
-        ..Default::default()
-    };
-    let s = settle(
+    let (observed, mut view) = validated_and_running(NodeSeen::Deleted("n1".into()));
+    let s = observed_alone(
         &machine(1),
         MachineStatus::default(),
         &view,
-        Some(&observed),
+        &observed,
         None,
-        &Outcome::Observed,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
         &now(),
-    )
-    .unwrap();
+    );
     assert_eq!(condition(&s, READY), ("False", "NodeDeleted"));
     assert_eq!(s.phase, Some(MachinePhase::Provisioned));
     view.in_place = Some(InPlace::Wait(1000));
-    let s = settle(
-        &machine(1),
-        s,
-        &view,
-        Some(&observed),
-        None,
-        &Outcome::Observed,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
-        &now(),
-    )
-    .unwrap();
+    let s = observed_alone(&machine(1), s, &view, &observed, None, &now());
     assert_eq!(s.phase, Some(MachinePhase::Updating));
 }
 
 #[test]
 fn an_instance_failed_outside_capstan_is_no_longer_provisioned() {
-    let (observed, instance) = running(NodeSeen::Ready("n1".into()));
-    let view = MachineView {
-        validated: true,
-        instance: Some(instance),
-        ..Default::default()
-    };
-    let owners = Owners {
-        min_ready_seconds: 0,
-        up_to_date: None,
-    };
+    let (observed, view) = validated_and_running(NodeSeen::Ready("n1".into()));
+    let owners = Owners::default();
     let settled = |s, outcome: &Outcome| {
         settle(
             &machine(1),
@@ -437,20 +406,7 @@ fn failures_are_recorded_and_cleared_by_the_next_generation() {
         reason: "InvalidConfiguration".into(),
         message: "spec.provider.config: size".into(),
     };
-    let s = settle(
-        &machine(1),
-        MachineStatus::default(),
-        &view,
-        None,
-        None,
-        &failed,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
-        &now(),
-    )
-    .unwrap();
+    let s = unobserved(&machine(1), MachineStatus::default(), &view, &failed);
     assert_eq!(s.failure_reason.as_deref(), Some("InvalidConfiguration"));
     assert_eq!(s.phase, Some(MachinePhase::Pending));
     assert_eq!(condition(&s, CONFIG_VALID), ("False", "InvalidConfig"));
@@ -463,17 +419,7 @@ fn failures_are_recorded_and_cleared_by_the_next_generation() {
         reason: "ProviderRetrying".into(),
         message: "busy".into(),
     };
-    let s = settle(
-        &machine(2),
-        s,
-        &view,
-        None,
-        None,
-        &retrying,
-        &Owners::default(),
-        &now(),
-    )
-    .unwrap();
+    let s = unobserved(&machine(2), s, &view, &retrying);
     assert_eq!(
         (s.failure_reason.as_deref(), s.observed_generation),
         (None, Some(2))
@@ -499,20 +445,7 @@ fn deletion_records_where_the_drain_is_and_nothing_is_written_for_an_unchanged_p
         deleting: true,
         ..Default::default()
     };
-    let s = settle(
-        &machine(1),
-        MachineStatus::default(),
-        &view,
-        None,
-        None,
-        &holding,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
-        &now(),
-    )
-    .unwrap();
+    let s = unobserved(&machine(1), MachineStatus::default(), &view, &holding);
     assert_eq!(s.phase, Some(MachinePhase::Deleting));
     assert_eq!(condition(&s, DELETING), ("True", "DrainingNode"));
     assert!(s.deletion.is_none_or(|d| d.node_drain_end_time.is_none()));
@@ -524,20 +457,7 @@ fn deletion_records_where_the_drain_is_and_nothing_is_written_for_an_unchanged_p
         volumes_ended: true,
         drain_skipped: None,
     };
-    let s = settle(
-        &machine(1),
-        MachineStatus::default(),
-        &view,
-        None,
-        None,
-        &past,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
-        &now(),
-    )
-    .unwrap();
+    let s = unobserved(&machine(1), MachineStatus::default(), &view, &past);
     let recorded = s.deletion.unwrap();
     assert!(recorded.node_drain_end_time.is_some());
     assert!(recorded.node_volume_detach_end_time.is_some());
@@ -552,10 +472,7 @@ fn condition_of_none(view: &MachineView) -> Option<MachineStatus> {
         None,
         None,
         &Outcome::Unchanged,
-        &Owners {
-            min_ready_seconds: 0,
-            up_to_date: None,
-        },
+        &Owners::default(),
         &now(),
     )
 }
