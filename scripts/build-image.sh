@@ -44,8 +44,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-# One build at a time per target directory: the test suite builds the image
-# in the background while the image tests call this script too.
+# One build at a time per target directory: two test processes (or a
+# test and a developer) may call this at once, and the layout is rewritten.
 mkdir -p "${CARGO_TARGET_DIR:-target}"
 exec 9>"${CARGO_TARGET_DIR:-target}/.build-image.lock"
 flock 9

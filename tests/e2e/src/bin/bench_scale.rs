@@ -261,6 +261,19 @@ fn kubelet_writes(env: &Env) -> u64 {
     s.lease_renewals + s.node_status_posts
 }
 
+/// Events recorded so far, by `reason` (a repeated Event counts each time).
+async fn event_reasons(env: &Env) -> anyhow::Result<std::collections::BTreeMap<String, i64>> {
+    let events = Api::<k8s_openapi::api::core::v1::Event>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    let mut by_reason = std::collections::BTreeMap::new();
+    for e in events.items {
+        let reason = e.reason.unwrap_or_default();
+        *by_reason.entry(reason).or_insert(0) += i64::from(e.count.unwrap_or(1).max(1));
+    }
+    Ok(by_reason)
+}
+
 /// Start the controller of one variant; `watch_filter` makes it a shard.
 fn start_controller(
     env: &Env,
@@ -459,6 +472,7 @@ async fn run_variant(
     let writes_before = controllers.writes()?;
     let kinds_before = controllers.writes_by_kind()?;
     let calls_before = controllers.provider_calls()?;
+    let events_before = event_reasons(env).await?;
     let mut most_instances = 0;
     eprintln!("# {label}: scaling from 0 to {machines} machines");
     let started = Instant::now();
@@ -509,6 +523,18 @@ async fn run_variant(
     let writes = controllers.writes()? - writes_before;
     let per_machine = f64::from(machines.max(1));
     let writes_by_kind = controllers.writes_by_kind_since(&kinds_before, per_machine)?;
+    let events: Vec<String> = event_reasons(env)
+        .await?
+        .into_iter()
+        .filter_map(|(reason, n)| {
+            let new = n - events_before.get(&reason).copied().unwrap_or(0);
+            (new > 0).then(|| format!("{reason} {:.2}", new as f64 / per_machine))
+        })
+        .collect();
+    eprintln!(
+        "# {label}: Events per machine by reason: {}",
+        events.join(", ")
+    );
     eprintln!(
         "# {label}: all Ready after {seconds_to_ready:.1}s; idle for {}s",
         args.idle.as_secs()

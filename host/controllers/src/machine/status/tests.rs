@@ -74,7 +74,7 @@ fn observed_pass(
 
 /// One observed pass from `before`, with nothing from the machine's owners.
 fn observed_alone(
-    m: &Machine,
+    generation: i64,
     before: MachineStatus,
     view: &MachineView,
     observed: &PluginStatus,
@@ -83,7 +83,7 @@ fn observed_alone(
 ) -> MachineStatus {
     let owners = Owners::default();
     settle(
-        m,
+        &machine(generation),
         before,
         view,
         Some(observed),
@@ -268,14 +268,7 @@ fn cluster_api_conditions_follow_the_node_and_min_ready_seconds() {
         instance: Some(instance),
         ..view
     };
-    let s = observed_alone(
-        &machine(1),
-        MachineStatus::default(),
-        &view,
-        &observed,
-        None,
-        &t,
-    );
+    let s = observed_alone(1, Default::default(), &view, &observed, None, &t);
     assert_eq!(condition(&s, NODE_READY), ("Unknown", "NodeDoesNotExist"));
     assert_eq!(condition(&s, AVAILABLE), ("False", "NotReady"));
 }
@@ -326,14 +319,7 @@ fn up_to_date_follows_the_owning_set_unless_an_in_place_update_speaks() {
 fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
     let (observed, view) = validated_and_running(NodeSeen::Ready("n1".into()));
     let t = now();
-    let s = observed_alone(
-        &machine(3),
-        MachineStatus::default(),
-        &view,
-        &observed,
-        None,
-        &t,
-    );
+    let s = observed_alone(3, Default::default(), &view, &observed, None, &t);
     assert_eq!(s.phase, Some(MachinePhase::Running));
     assert_eq!(s.observed_generation, Some(3));
     assert_eq!(condition(&s, READY), ("True", "NodeReady"));
@@ -342,25 +328,18 @@ fn an_observed_running_instance_with_a_ready_node_is_running_and_ready() {
     assert_eq!(s.addresses[0].type_, "InternalIP");
     assert_eq!(s.version.as_deref(), Some("v1.30.0"));
     // The same pass again changes nothing: no second write.
-    let again = observed_alone(&machine(3), s.clone(), &view, &observed, None, &t);
+    let again = observed_alone(3, s.clone(), &view, &observed, None, &t);
     assert_eq!(again, s);
 }
 
 #[test]
 fn a_deleted_node_stays_referenced_and_an_update_shows_in_the_phase() {
     let (observed, mut view) = validated_and_running(NodeSeen::Deleted("n1".into()));
-    let s = observed_alone(
-        &machine(1),
-        MachineStatus::default(),
-        &view,
-        &observed,
-        None,
-        &now(),
-    );
+    let s = observed_alone(1, Default::default(), &view, &observed, None, &now());
     assert_eq!(condition(&s, READY), ("False", "NodeDeleted"));
     assert_eq!(s.phase, Some(MachinePhase::Provisioned));
     view.in_place = Some(InPlace::Wait(1000));
-    let s = observed_alone(&machine(1), s, &view, &observed, None, &now());
+    let s = observed_alone(1, s, &view, &observed, None, &now());
     assert_eq!(s.phase, Some(MachinePhase::Updating));
 }
 
