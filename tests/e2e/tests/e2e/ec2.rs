@@ -596,9 +596,12 @@ async fn lost_answers_duplicates_not_found_and_quotas_end_with_one_instance_per_
     )
     .await;
     mds.delete("flaky", &DeleteParams::default()).await.unwrap();
+    // The sets and machines go by the garbage collector of a
+    // controller-manager that may have just started (background
+    // propagation), so the delete can take a while to reach EC2.
     env.eventually(
         "the young instance's NotFound answered to the delete",
-        Duration::from_secs(60),
+        Duration::from_secs(150),
         async || (faults.hidden.load(Ordering::SeqCst) > hidden_before).then_some(()),
     )
     .await;
