@@ -25,7 +25,7 @@ export CAPSTAN_PLUGIN_DIR="$PWD/${CARGO_TARGET_DIR:-target}/plugins/wasm32-wasip
 echo "==> running the test suite"
 # Two tests at a time (libtest's default on two cores). Tried and measured
 # slower: three at a time with the image built in the background (a cold
-# run took 50.6 minutes against 47.9): the end-to-end tests are CPU-bound
+# run took 50.6 minutes against 41.2): the end-to-end tests are CPU-bound
 # in a fresh clone (the scaffolded plugins compile there), and more at once
 # only added CPU.
 cargo test --workspace --no-fail-fast
