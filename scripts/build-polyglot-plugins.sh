@@ -88,24 +88,13 @@ for dir in plugins/*-py; do
         | sed -n '1,4p'
 done
 
-for dir in plugins/*-js; do
-    [ -f "$dir/package.json" ] || continue
-    name="$(basename "$dir")"
-    stem="$(echo "$name" | tr - _)"
-    world="$(scripts/plugin-world.sh "$dir" js)"
-    entry="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("main","index.js"))' "$dir/package.json")"
-    key="$(build_key "$dir" sdk/js wit -- "$world" "$entry")"
-    if take_kept "$stem" "$key" "$work/$stem.component.wasm"; then
-        echo "==> $dir: kept build $key ($world)"
-        "$capstan" plugin annotate "$work/$stem.component.wasm" -m "$dir/capstan-plugin.json" -o "$out/$stem.wasm" \
-            | sed -n '1,4p'
-        continue
-    fi
-    echo "==> $dir: rolldown + componentize-js ($world)"
-    build="$work/$name"
+# Bundle the JavaScript plugin in DIR (with the packed SDK, as a user's
+# `npm install` gets it) and componentize it as STEM for WORLD from ENTRY.
+componentize_js() {
+    local dir="$1" stem="$2" world="$3" entry="$4"
+    local build="$work/$(basename "$dir")"
     rm -rf "$build" && mkdir -p "$build"
     cp -r "$dir"/*.js "$build/"
-    # The SDK from its packed tarball, as a user's `npm install` gets it.
     echo '{"private":true,"type":"module"}' > "$build/package.json"
     (cd "$build" && npm install --silent --no-audit --no-fund --no-save "$work"/dist/capstan-plugin-*.tgz)
     # WIT imports (`capstan:plugin/log@0.1.0`) stay imports; the rest is bundled.
@@ -119,7 +108,21 @@ CONFIG
     (cd "$build" && "$POLYGLOT/js/node_modules/.bin/rolldown" -c rolldown.config.mjs >/dev/null)
     "$POLYGLOT/js/node_modules/.bin/componentize-js" "$build/bundle.js" --wit wit --world-name "$world" \
         -o "$work/$stem.component.wasm" >/dev/null
-    keep "$stem" "$key" "$work/$stem.component.wasm"
+}
+
+for dir in plugins/*-js; do
+    [ -f "$dir/package.json" ] || continue
+    stem="$(basename "$dir" | tr - _)"
+    world="$(scripts/plugin-world.sh "$dir" js)"
+    entry="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("main","index.js"))' "$dir/package.json")"
+    key="$(build_key "$dir" sdk/js wit -- "$world" "$entry")"
+    if take_kept "$stem" "$key" "$work/$stem.component.wasm"; then
+        echo "==> $dir: kept build $key ($world)"
+    else
+        echo "==> $dir: rolldown + componentize-js ($world)"
+        componentize_js "$dir" "$stem" "$world" "$entry"
+        keep "$stem" "$key" "$work/$stem.component.wasm"
+    fi
     "$capstan" plugin annotate "$work/$stem.component.wasm" -m "$dir/capstan-plugin.json" -o "$out/$stem.wasm" \
         | sed -n '1,4p'
 done
