@@ -437,29 +437,31 @@ async fn cordon(kube: &Kube, node: &Node) -> Result<(), Error> {
         return Ok(());
     }
     let patch = serde_json::json!({ "spec": { "unschedulable": true } });
-    patch_node(kube, node, &patch, "cordon", "cannot cordon").await
+    patch_node(kube, node, &patch, "cordon", "cannot cordon").await?;
+    Ok(())
 }
 
 /// Merge-patch a Node for the Machine controller (`what` names the write
 /// in metrics; `failing` opens the error). A Node already gone is fine.
+/// Returns the Node as written, `None` when it is gone.
 pub(crate) async fn patch_node(
     kube: &Kube,
     node: &Node,
     patch: &serde_json::Value,
     what: &'static str,
     failing: &str,
-) -> Result<(), Error> {
+) -> Result<Option<Node>, Error> {
     let api: Api<Node> = Api::all(kube.client.clone());
     let name = node.name_any();
     match api
         .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
-        Ok(_) => {
+        Ok(written) => {
             kube.metrics.wrote("machine", what);
-            Ok(())
+            Ok(Some(written))
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(e) => Err(kube_err(format!("{failing} Node {name}"))(e)),
     }
 }

@@ -8,10 +8,15 @@
 //! records (a drain's Event, a provider call, the same status write again).
 //! Measured with `capstan-bench-scale`: 1.9 Events per deleting machine
 //! where one was due. So a pass that wrote remembers the resourceVersion
-//! it read; a later pass that finds the cache still at that version waits
-//! for the write's own watch event instead, for at most [`UNSEEN_WAIT`]
-//! (a watch that lost the event recovers by relisting; past the wait the
-//! cache is trusted again).
+//! it read, and those its own earlier writes in the pass produced (a
+//! finalizer, `spec.providerID`: the cache may show any of them before
+//! the last write); a later pass that finds the cache still at one of
+//! them waits for the last write's own watch event instead, for at most
+//! [`UNSEEN_WAIT`] (a watch that lost the event recovers by relisting;
+//! past the wait the cache is trusted again). Holding back only on the
+//! version read let a pass run on the version of a pass's `spec.providerID`
+//! patch: it saw no instance recorded and adopted the one it had just
+//! created (`InstanceAdopted` for 0.43 of 200 new machines).
 //!
 //! Versions are only compared for equality, as the API asks.
 
@@ -23,16 +28,46 @@ use std::time::{Duration, Instant};
 /// How long a write the cache has not shown holds back further passes.
 pub const UNSEEN_WAIT: Duration = Duration::from_secs(5);
 
-/// Per object uid: the resourceVersion a writing pass read, and when.
+/// Per object uid: the resourceVersions a writing pass read or passed
+/// through, and when it wrote last.
 #[derive(Debug, Default)]
 pub struct UnseenWrites {
-    read: Mutex<HashMap<String, (String, Instant)>>,
+    read: Mutex<HashMap<String, (Vec<String>, Instant)>>,
 }
 
 impl UnseenWrites {
     /// A pass that read `obj` (at its resourceVersion) wrote it.
     pub fn wrote(&self, obj: &impl Resource) {
-        self.record(&uid(obj), &version(obj));
+        self.wrote_through(obj, &[]);
+    }
+
+    /// A pass that read `obj` wrote it, its own earlier writes having left
+    /// it at the resourceVersions `through` first.
+    pub fn wrote_through(&self, obj: &impl Resource, through: &[String]) {
+        let mut stale = vec![version(obj)];
+        stale.extend(through.iter().cloned());
+        let now = Instant::now();
+        let mut read = self.lock();
+        forget_old(&mut read, now);
+        read.insert(uid(obj), (stale, now));
+    }
+
+    /// `by` (a Machine, say) wrote `obj` (its Node), having read it at its
+    /// resourceVersion. Successive writes of one pass each add the version
+    /// they started from. Held per writer: another writer's view of `obj`
+    /// is not affected.
+    pub fn wrote_for(&self, by: &impl Resource, obj: &impl Resource) {
+        let now = Instant::now();
+        let mut read = self.lock();
+        forget_old(&mut read, now);
+        let (stale, at) = read.entry(pair(by, obj)).or_insert((Vec::new(), now));
+        stale.push(version(obj));
+        *at = now;
+    }
+
+    /// [`wait`](Self::wait) for what `by` wrote to `obj`.
+    pub fn wait_for(&self, by: &impl Resource, obj: &impl Resource) -> Option<Duration> {
+        self.wait_at(&pair(by, obj), &version(obj), Instant::now())
     }
 
     /// How long to wait before reconciling `obj` as the cache has it:
@@ -47,31 +82,40 @@ impl UnseenWrites {
         self.lock().remove(&uid(obj));
     }
 
-    fn record(&self, uid: &str, resource_version: &str) {
-        self.lock().insert(
-            uid.to_string(),
-            (resource_version.to_string(), Instant::now()),
-        );
+    #[cfg(test)]
+    fn record(&self, uid: &str, resource_versions: &[&str]) {
+        let stale = resource_versions.iter().map(|v| v.to_string()).collect();
+        self.lock().insert(uid.to_string(), (stale, Instant::now()));
     }
 
     fn wait_at(&self, uid: &str, resource_version: &str, now: Instant) -> Option<Duration> {
         let mut read = self.lock();
-        let (version, at) = read.get(uid)?;
+        let (stale, at) = read.get(uid)?;
         let left = UNSEEN_WAIT.saturating_sub(now.saturating_duration_since(*at));
-        if version == resource_version && !left.is_zero() {
+        if stale.iter().any(|v| v == resource_version) && !left.is_zero() {
             return Some(left);
         }
         read.remove(uid);
         None
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Vec<String>, Instant)>> {
         self.read.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 fn uid(obj: &impl Resource) -> String {
     obj.meta().uid.clone().unwrap_or_default()
+}
+
+/// Entries past their wait are dropped as new ones come (a Machine
+/// deleted before its next pass never asks again).
+fn forget_old(read: &mut HashMap<String, (Vec<String>, Instant)>, now: Instant) {
+    read.retain(|_, (_, at)| now.saturating_duration_since(*at) < UNSEEN_WAIT);
+}
+
+fn pair(by: &impl Resource, obj: &impl Resource) -> String {
+    format!("{}/{}", uid(by), uid(obj))
 }
 
 fn version(obj: &impl Resource) -> String {
@@ -94,7 +138,7 @@ mod tests {
     fn a_pass_on_the_version_it_wrote_from_waits_and_a_newer_one_goes_on() {
         let w = UnseenWrites::default();
         assert_eq!(wait(&w, "u1", "10"), None, "nothing written");
-        w.record("u1", "10");
+        w.record("u1", &["10"]);
         let left = wait(&w, "u1", "10").expect("cache still at the read version");
         assert!(left <= UNSEEN_WAIT && left > Duration::from_secs(4));
         assert_eq!(wait(&w, "u2", "10"), None, "other objects are not held");
@@ -108,9 +152,43 @@ mod tests {
     }
 
     #[test]
+    fn every_version_the_pass_passed_through_waits_for_its_last_write() {
+        let w = UnseenWrites::default();
+        let mut read = k8s_openapi::api::core::v1::ConfigMap::default();
+        read.metadata.uid = Some("u1".into());
+        read.metadata.resource_version = Some("10".into());
+        // Read at 10; a spec patch made 11, the status write 12.
+        w.wrote_through(&read, &["11".into()]);
+        assert!(wait(&w, "u1", "10").is_some(), "the version read");
+        assert!(wait(&w, "u1", "11").is_some(), "the pass's own spec patch");
+        assert_eq!(wait(&w, "u1", "12"), None, "the last write is seen");
+        assert!(is_empty(&w));
+    }
+
+    #[test]
+    fn a_write_for_one_writer_holds_back_only_that_writer() {
+        let w = UnseenWrites::default();
+        let object = |uid: &str, version: &str| {
+            let mut o = k8s_openapi::api::core::v1::ConfigMap::default();
+            o.metadata.uid = Some(uid.into());
+            o.metadata.resource_version = Some(version.into());
+            o
+        };
+        let (a, b, node) = (object("a", "1"), object("b", "1"), object("n", "5"));
+        // a claims the Node at 5 (making 6), then carries labels (7).
+        w.wrote_for(&a, &node);
+        w.wrote_for(&a, &object("n", "6"));
+        assert!(w.wait_for(&a, &node).is_some(), "a's write is unseen");
+        assert!(w.wait_for(&a, &object("n", "6")).is_some());
+        assert_eq!(w.wait_for(&b, &node), None, "b never wrote it");
+        assert_eq!(w.wait(&node), None, "nor did the Node's own writer");
+        assert_eq!(w.wait_for(&a, &object("n", "7")), None, "seen");
+    }
+
+    #[test]
     fn the_wait_is_bounded_and_a_gone_object_is_forgotten() {
         let w = UnseenWrites::default();
-        w.record("u1", "10");
+        w.record("u1", &["10"]);
         let later = Instant::now() + UNSEEN_WAIT;
         assert_eq!(
             w.wait_at("u1", "10", later),

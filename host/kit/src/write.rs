@@ -122,24 +122,25 @@ pub fn status_merge_patch(old: &Value, new: &Value) -> Option<Value> {
     container_dropped.then_some(patch)
 }
 
-/// Add `finalizer` to `obj` unless it has it. Returns whether it wrote.
+/// Add `finalizer` to `obj` unless it has it. Returns the object as
+/// written, `None` when nothing was.
 pub async fn add_finalizer<K: Kind>(
     kube: &Kube,
     controller: &'static str,
     obj: &K,
     finalizer: &str,
-) -> Result<bool, Error> {
+) -> Result<Option<K>, Error> {
     change_finalizer(kube, controller, obj, finalizer, FinalizerChange::Add).await
 }
 
-/// Remove `finalizer` from `obj`, keeping everyone else's. Returns whether
-/// it wrote.
+/// Remove `finalizer` from `obj`, keeping everyone else's. Returns the
+/// object as written, `None` when nothing was (or it is gone).
 pub async fn remove_finalizer<K: Kind>(
     kube: &Kube,
     controller: &'static str,
     obj: &K,
     finalizer: &str,
-) -> Result<bool, Error> {
+) -> Result<Option<K>, Error> {
     change_finalizer(kube, controller, obj, finalizer, FinalizerChange::Remove).await
 }
 
@@ -149,10 +150,10 @@ async fn change_finalizer<K: Kind>(
     obj: &K,
     finalizer: &str,
     change: FinalizerChange,
-) -> Result<bool, Error> {
+) -> Result<Option<K>, Error> {
     match finalizer_patch(obj.finalizers(), finalizer, change) {
         Some(patch) => patch_finalizers(kube, controller, obj, patch).await,
-        None => Ok(false),
+        None => Ok(None),
     }
 }
 
@@ -203,12 +204,12 @@ async fn patch_finalizers<K>(
     controller: &'static str,
     obj: &K,
     patch: json_patch::Patch,
-) -> Result<bool, Error>
+) -> Result<Option<K>, Error>
 where
     K: Kind,
 {
     let api: Api<K> = K::Scope::api(kube.client.clone(), obj.namespace().as_deref());
-    match api
+    let written = match api
         .patch(
             &obj.name_any(),
             &PatchParams::default(),
@@ -216,8 +217,8 @@ where
         )
         .await
     {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
+        Ok(written) => written,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
         Err(e) => {
             return Err(kube_err(format!(
                 "cannot update the finalizers of {} {}",
@@ -225,9 +226,9 @@ where
                 key_of(obj)
             ))(e));
         }
-    }
+    };
     kube.metrics.wrote(controller, "patch_finalizers");
-    Ok(true)
+    Ok(Some(written))
 }
 
 /// The longest Event note the API server accepts (events.k8s.io: 1 kB).

@@ -359,7 +359,10 @@ async fn reconcile(addon: Arc<Addon>, ctx: Arc<Context>) -> Result<Action, Error
         return finalize::finalize(&addon, &ctx).await;
     }
     ctx.dependents.record(&addon);
-    if add_finalizer(&ctx.kube, CONTROLLER, addon.as_ref(), ADDON_FINALIZER).await? {
+    if add_finalizer(&ctx.kube, CONTROLLER, addon.as_ref(), ADDON_FINALIZER)
+        .await?
+        .is_some()
+    {
         // The update comes back through the watch.
         return Ok(Action::await_change());
     }

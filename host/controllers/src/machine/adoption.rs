@@ -140,10 +140,13 @@ impl Pass<'_> {
 /// Machine controller sets it (the autoscaler and other tools read it
 /// there). Unset: written. Another value (written after the instance was
 /// recorded) is a claim the recorded instance outranks: set back, with a
-/// Warning Event. Returns the patched Machine, `None` when nothing changed.
+/// Warning Event. `latest` is the resourceVersion the pass's own writes
+/// left the Machine at, if it wrote. Returns the patched Machine, `None`
+/// when nothing changed.
 pub(super) async fn write_provider_id(
     ctx: &super::Context,
     machine: &capstan_api::Machine,
+    latest: Option<&str>,
     id: &str,
 ) -> Result<Option<capstan_api::Machine>, capstan_kit::Error> {
     let written = machine.spec.provider_id.as_deref();
@@ -156,8 +159,9 @@ pub(super) async fn write_provider_id(
     );
     // The resourceVersion makes a stale view fail rather than overwrite a
     // newer spec; the next pass looks again.
+    let version = latest.map(str::to_string).or(machine.resource_version());
     let patch = serde_json::json!({
-        "metadata": {"resourceVersion": machine.resource_version()},
+        "metadata": {"resourceVersion": version},
         "spec": {"providerID": id},
     });
     let params = kube::api::PatchParams::default();

@@ -95,6 +95,9 @@ pub(crate) struct Context {
     pub(crate) instance_check: Duration,
     /// Machines whose status a pass wrote and the cache has not shown yet.
     pub(crate) unseen_writes: capstan_kit::unseen::UnseenWrites,
+    /// Nodes a Machine's pass wrote (its claim, annotations, labels,
+    /// taints) and the cache has not shown yet, per Machine.
+    pub(crate) node_writes: capstan_kit::unseen::UnseenWrites,
     /// Machines (by uid) whose provider found no instance to adopt: their
     /// next passes go straight to `create` (idempotent by the uid), so a
     /// create the quota held back does not need the lookup again. In
@@ -128,6 +131,7 @@ impl Context {
             poll: options.poll,
             instance_check: options.instance_check,
             unseen_writes: Default::default(),
+            node_writes: Default::default(),
             nothing_to_adopt: Default::default(),
             clusters,
         }
@@ -193,6 +197,9 @@ struct Pass<'a> {
     /// The Eviction API of a workload cluster (the management cluster's
     /// is the context's).
     workload_evictions: Option<crate::nodedrain::Evictions>,
+    /// The resourceVersions this pass's own writes left the Machine at
+    /// (its finalizer, `spec.providerID`), oldest first.
+    own_versions: Vec<String>,
     t: capstan_api::Time,
 }
 
@@ -280,6 +287,7 @@ impl<'a> Pass<'a> {
             refused: None,
             workload_evictions: placement.reach.evictions(),
             placement,
+            own_versions: Vec::new(),
             t,
         }
     }
@@ -300,7 +308,11 @@ impl<'a> Pass<'a> {
         let plugin_name = self.plugin_name;
         match step {
             MachineStep::AddFinalizer => {
-                add_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
+                if let Some(written) =
+                    add_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?
+                {
+                    self.own_versions.extend(written.resource_version());
+                }
                 self.view.has_finalizer = true;
             }
             MachineStep::Validate => {
@@ -491,10 +503,15 @@ impl<'a> Pass<'a> {
                 if machine.metadata.deletion_timestamp.is_none()
                     && end.outcome != Outcome::Paused =>
             {
-                adoption::write_provider_id(ctx, machine, id).await?
+                let latest = self.own_versions.last().map(String::as_str);
+                adoption::write_provider_id(ctx, machine, latest, id).await?
             }
             _ => None,
         };
+        if let Some(patched) = &patched {
+            self.own_versions.extend(patched.resource_version());
+        }
+        let read = machine;
         let machine = patched.as_ref().unwrap_or(machine);
         let status = settle(
             machine,
@@ -514,7 +531,7 @@ impl<'a> Pass<'a> {
             None => false,
         };
         if changed {
-            ctx.unseen_writes.wrote(machine);
+            ctx.unseen_writes.wrote_through(read, &self.own_versions);
         }
         match &end.outcome {
             Outcome::Failed { reason, message } if changed => {

@@ -9,6 +9,7 @@ use capstan_api::{
     ANNOTATION_LABELS_FROM_MACHINE, ANNOTATION_TAINTS_FROM_MACHINE, ANNOTATION_TAINTS_INITIALIZED,
     AdoptedBy, Machine, MachineStatus,
 };
+use capstan_kit::unseen::UnseenWrites;
 use capstan_kit::{Error, Kube, key_of, kube_err};
 use capstan_planner::metadata::carry_to_node;
 use capstan_planner::node_claim;
@@ -24,14 +25,15 @@ use std::sync::Arc;
 /// Node, recording which ones in `cluster.x-k8s.io/labels-from-machine` so
 /// one removed from the machine leaves the Node and others' labels stay.
 /// Put Cluster API's annotations that point from the Node to its Machine on
-/// the Node, when it lacks them (one patch, once).
+/// the Node, when it lacks them (one patch, once). Returns the Node as
+/// written, `None` when nothing was.
 pub(super) async fn annotate_node(
     kube: &Kube,
     machine: &Machine,
     node: &Node,
-) -> Result<(), Error> {
+) -> Result<Option<Node>, Error> {
     let Some(missing) = wanted_annotations(machine, node) else {
-        return Ok(());
+        return Ok(None);
     };
     let patch = serde_json::json!({ "metadata": { "annotations": missing } });
     let failing = format!("cannot annotate, for machine {},", key_of(machine));
@@ -62,7 +64,7 @@ pub(super) async fn carry_labels_to_node(
     kube: &Kube,
     machine: &Machine,
     node: &Node,
-) -> Result<(), Error> {
+) -> Result<Option<Node>, Error> {
     let recorded = node.annotations().get(ANNOTATION_LABELS_FROM_MACHINE);
     // What the admin granted the Plugin that runs the machine.
     let granted = kube
@@ -77,7 +79,7 @@ pub(super) async fn carry_labels_to_node(
         recorded.map(String::as_str),
         &granted,
     ) else {
-        return Ok(());
+        return Ok(None);
     };
     let patch = serde_json::json!({
         "metadata": {
@@ -100,34 +102,34 @@ pub(super) async fn carry_taints_to_node(
     kube: &Kube,
     machine: &Machine,
     node: &Node,
-) -> Result<(), Error> {
+) -> Result<Option<Node>, Error> {
     let wanted = crate::template::wanted_taints(&machine.spec);
     if let Err(why) = taints::check(&wanted) {
         // A MachineDeployment refuses these; a Machine made by hand says
         // it in the log and carries none.
         tracing::warn!(machine = %key_of(machine), "spec.{why}");
-        return Ok(());
+        return Ok(None);
     }
     let api: Api<Node> = Api::all(kube.client.clone());
     let mut node = node.clone();
     for attempt in 1..=3 {
         let Some(patch) = taints_patch(&node, &wanted) else {
-            return Ok(());
+            return Ok(None);
         };
         let name = node.name_any();
         match api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {
+            Ok(written) => {
                 kube.metrics.wrote(CONTROLLER, "node_taints");
-                return Ok(());
+                return Ok(Some(written));
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
             Err(kube::Error::Api(e)) if e.code == 409 && attempt < 3 => {
                 match api.get_opt(&name).await {
                     Ok(Some(fresh)) => node = fresh,
-                    Ok(None) => return Ok(()),
+                    Ok(None) => return Ok(None),
                     Err(e) => {
                         return Err(kube_err(format!("cannot read Node {name}"))(e));
                     }
@@ -141,7 +143,7 @@ pub(super) async fn carry_taints_to_node(
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Taints the node lifecycle controller keeps on a Node that has not
@@ -287,6 +289,7 @@ pub(super) async fn claimed_node(
     machine: &Machine,
     prefix: Option<&str>,
     provider_id: &str,
+    written: &UnseenWrites,
 ) -> Result<Option<Arc<Node>>, (String, String)> {
     let identity = join_identity(machine);
     let nodes = &kube.stores.nodes;
@@ -338,11 +341,19 @@ pub(super) async fn claimed_node(
         adopted_node: adopted_node(machine, &node),
     };
     node_claim::check(&claim).map_err(|r| refused(r.to_string()))?;
-    if identity.is_none() && !linked {
+    // A cache that has not shown this Machine's own last write to the Node
+    // (its claim, above all) shows it unclaimed: taking it again would
+    // fail the claim's test.
+    let unseen = written.wait_for(machine, node.as_ref()).is_some();
+    if identity.is_none() && !linked && !unseen {
         held_elsewhere(kube, machine, &node)
             .await
             .map_err(refused)?;
-        take(kube, machine, &node).await.map_err(refused)?;
+        // The Node as the claim left it, for the steps after this one.
+        if let Some(taken) = take(kube, machine, &node).await.map_err(refused)? {
+            written.wrote_for(machine, node.as_ref());
+            return Ok(Some(Arc::new(taken)));
+        }
     }
     Ok(Some(node))
 }
@@ -418,18 +429,19 @@ async fn machine_exists(kube: &Kube, namespace: &str, name: &str) -> Result<bool
 /// Machine's are there (a JSON patch that tests the claim's keys are
 /// absent, or still name the stale holder that was checked), so two
 /// Machines of different shards cannot both take it. Already this
-/// Machine's: nothing to write.
-async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String> {
+/// Machine's: nothing to write. Returns the Node as written, `None` when
+/// nothing was.
+async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<Option<Node>, String> {
     let annotations = node.annotations();
     let name = machine.name_any();
     let namespace = machine.namespace().unwrap_or_default();
     if annotations.get("cluster.x-k8s.io/machine") == Some(&name)
         && annotations.get("cluster.x-k8s.io/cluster-namespace") == Some(&namespace)
     {
-        return Ok(());
+        return Ok(None);
     }
     let Some(missing) = wanted_annotations(machine, node) else {
-        return Ok(());
+        return Ok(None);
     };
     let pointer = |key: &str| format!("/metadata/annotations/{}", key.replace('/', "~1"));
     let mut ops = Vec::new();
@@ -460,9 +472,9 @@ async fn take(kube: &Kube, machine: &Machine, node: &Node) -> Result<(), String>
         )
         .await
     {
-        Ok(_) => {
+        Ok(taken) => {
             kube.metrics.wrote(CONTROLLER, "node_annotations");
-            Ok(())
+            Ok(Some(taken))
         }
         Err(kube::Error::Api(e)) if e.code == 422 || e.code == 409 => Err(
             "another Machine claimed it first (its annotations changed while this Machine took it); the next pass looks again"

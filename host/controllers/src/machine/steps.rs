@@ -7,12 +7,15 @@
 use super::node::{annotate_node, carry_labels_to_node, carry_taints_to_node, claimed_node};
 use super::update::{self, Advance};
 use super::{CONTROLLER, Pass, bootstrap};
-use capstan_api::MACHINE_FINALIZER;
+use capstan_api::{MACHINE_FINALIZER, Machine};
+use capstan_kit::unseen::UnseenWrites;
 use capstan_kit::write::remove_finalizer;
 use capstan_kit::{Error, Kube, key_of, kube_err};
 use capstan_planner::machine::InPlace;
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
+use std::sync::Arc;
 
 impl Pass<'_> {
     /// The cluster of the machine's Node, when it can be reached.
@@ -70,7 +73,7 @@ impl Pass<'_> {
             (Some(node), _) => Some(node),
             (None, Some(id)) => {
                 let prefix = self.provider.as_ref().and_then(|p| p.provider_id_prefix());
-                claimed_node(&nodes, machine, prefix, id)
+                claimed_node(&nodes, machine, prefix, id, &ctx.node_writes)
                     .await
                     .ok()
                     .flatten()
@@ -106,24 +109,41 @@ impl Pass<'_> {
         prefix: Option<&str>,
         provider_id: &str,
     ) {
-        let machine = self.machine;
-        (self.node, self.refused) = match claimed_node(nodes, machine, prefix, provider_id).await {
+        let (machine, written) = (self.machine, &self.ctx.node_writes);
+        let claimed = claimed_node(nodes, machine, prefix, provider_id, written).await;
+        (self.node, self.refused) = match claimed {
             Ok(node) => (node, None),
             Err(refused) => (None, Some(refused)),
         };
         let Some(node) = &self.node else {
             return;
         };
+        // Annotations, labels and taints worked out from a Node older than
+        // this Machine's own last write to it would be written again.
+        if written.wait_for(machine, node.as_ref()).is_some() {
+            return;
+        }
         // The next pass tries again; the instance is what this pass is about.
-        if let Err(error) = annotate_node(nodes, machine, node).await {
-            tracing::warn!(machine = %key_of(machine), %error, "node not annotated");
-        }
-        if let Err(error) = carry_labels_to_node(nodes, machine, node).await {
-            tracing::warn!(machine = %key_of(machine), %error, "node labels not carried");
-        }
-        if let Err(error) = carry_taints_to_node(nodes, machine, node).await {
-            tracing::warn!(machine = %key_of(machine), %error, "node taints not carried");
-        }
+        let mut node = node.clone();
+        let annotated = annotate_node(nodes, machine, &node).await;
+        tend_result(machine, written, &mut node, annotated, "node not annotated");
+        let labels = carry_labels_to_node(nodes, machine, &node).await;
+        tend_result(
+            machine,
+            written,
+            &mut node,
+            labels,
+            "node labels not carried",
+        );
+        let taints = carry_taints_to_node(nodes, machine, &node).await;
+        tend_result(
+            machine,
+            written,
+            &mut node,
+            taints,
+            "node taints not carried",
+        );
+        self.node = Some(node);
     }
 
     /// The last step: the bootstrap token goes, then the finalizer.
@@ -150,5 +170,25 @@ impl Pass<'_> {
             .remove(machine.uid().as_deref().unwrap_or_default());
         self.view.has_finalizer = false;
         Ok(())
+    }
+}
+
+/// Go on from the Node as `result` wrote it, remembering that `machine`
+/// wrote it from the version it had (the cache may still show that one);
+/// a failed write is logged and left to the next pass.
+fn tend_result(
+    machine: &Machine,
+    written: &UnseenWrites,
+    node: &mut Arc<Node>,
+    result: Result<Option<Node>, Error>,
+    failed: &str,
+) {
+    match result {
+        Ok(Some(after)) => {
+            written.wrote_for(machine, node.as_ref());
+            *node = Arc::new(after);
+        }
+        Ok(None) => {}
+        Err(error) => tracing::warn!(machine = %key_of(machine), %error, "{failed}"),
     }
 }

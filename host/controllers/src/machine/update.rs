@@ -438,6 +438,7 @@ impl Drainer<'_> {
         let patch = serde_json::json!({ "spec": { "unschedulable": null } });
         crate::nodedrain::patch_node(self.kube, node, &patch, "uncordon", "cannot uncordon")
             .await
+            .map(drop)
             .map_err(|e| e.to_string())
     }
 }

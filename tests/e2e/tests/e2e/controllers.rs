@@ -104,6 +104,16 @@ fn versions(machines: &[Machine]) -> BTreeSet<String> {
         .collect()
 }
 
+/// The API writes `controller` counted as `verb`, from the metrics text.
+fn writes_of(metrics: &str, controller: &str, verb: &str) -> u64 {
+    let sample =
+        format!("capstan_api_writes_total{{controller=\"{controller}\",verb=\"{verb}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&sample)?.parse().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn scale_roll_back_and_delete_a_deployment() {
     let mut env = Env::start(faults(300)).await.expect("environment starts");
@@ -113,6 +123,20 @@ async fn scale_roll_back_and_delete_a_deployment() {
     apply(&env, &md).await;
     env.wait_rolled_out(NS, "web", LONG).await;
     assert_cloud_matches(&env).await;
+    // On the way to Ready each machine wrote its Node once (the claim,
+    // with Cluster API's annotations) and its spec.providerID once, and
+    // did not adopt the instance it had just created (a pass on a cache
+    // that had not shown its own writes once did all three).
+    let metrics = env.metrics.encode();
+    for verb in ["node_annotations", "patch"] {
+        assert_eq!(
+            writes_of(&metrics, "machine", verb),
+            3,
+            "machine {verb} writes for 3 machines:\n{metrics}"
+        );
+    }
+    let reasons = env.event_reasons(NS);
+    assert!(!reasons.contains("InstanceAdopted"), "{reasons}");
     // Each Ready machine is linked to the Node with its provider ID.
     for m in env.machines(NS).await {
         let status = m.status.unwrap();
