@@ -65,9 +65,20 @@ impl UnseenWrites {
         *at = now;
     }
 
-    /// [`wait`](Self::wait) for what `by` wrote to `obj`.
+    /// [`wait`](Self::wait) for what `by` wrote to `obj` (`obj` as the
+    /// cache has it: a version the cache has moved past ends the wait).
     pub fn wait_for(&self, by: &impl Resource, obj: &impl Resource) -> Option<Duration> {
         self.wait_at(&pair(by, obj), &version(obj), Instant::now())
+    }
+
+    /// Whether `obj` is at a version `by`'s own writes have since moved
+    /// past (within the wait). Unlike [`wait_for`](Self::wait_for) it ends
+    /// nothing, so it may be asked of an object a write returned, which
+    /// says nothing about the cache.
+    pub fn superseded_for(&self, by: &impl Resource, obj: &impl Resource) -> bool {
+        let read = self.lock();
+        read.get(&pair(by, obj))
+            .is_some_and(|(stale, at)| at.elapsed() < UNSEEN_WAIT && stale.contains(&version(obj)))
     }
 
     /// How long to wait before reconciling `obj` as the cache has it:
@@ -178,6 +189,11 @@ mod tests {
         // a claims the Node at 5 (making 6), then carries labels (7).
         w.wrote_for(&a, &node);
         w.wrote_for(&a, &object("n", "6"));
+        // The Node the last write returned is not superseded, and asking
+        // about it does not end the wait for the versions before.
+        assert!(!w.superseded_for(&a, &object("n", "7")));
+        assert!(w.superseded_for(&a, &node));
+        assert!(!w.superseded_for(&b, &node));
         assert!(w.wait_for(&a, &node).is_some(), "a's write is unseen");
         assert!(w.wait_for(&a, &object("n", "6")).is_some());
         assert_eq!(w.wait_for(&b, &node), None, "b never wrote it");

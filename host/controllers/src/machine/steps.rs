@@ -119,8 +119,10 @@ impl Pass<'_> {
             return;
         };
         // Annotations, labels and taints worked out from a Node older than
-        // this Machine's own last write to it would be written again.
-        if written.wait_for(machine, node.as_ref()).is_some() {
+        // this Machine's own last write to it would be written again. (The
+        // Node may be the one the claim just wrote, not the cache's: only
+        // asked, the wait is not ended by it.)
+        if written.superseded_for(machine, node.as_ref()) {
             return;
         }
         // The next pass tries again; the instance is what this pass is about.
