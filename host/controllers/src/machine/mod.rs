@@ -103,6 +103,13 @@ pub(crate) struct Context {
     /// create the quota held back does not need the lookup again. In
     /// memory only: after a restart, each looks once more.
     pub(crate) nothing_to_adopt: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Instances this process created (Machine uid → provider ID and
+    /// Plugin) whose record the cache has not shown yet. A pass on an
+    /// older status (its write failed, or its watch event came after the
+    /// unseen-write wait) knows the instance from here rather than asking
+    /// `find-instance` and "adopting" the one it made (measured: 0.55
+    /// `InstanceAdopted` per new machine in one run of 1,000).
+    pub(crate) created_here: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
     /// The workload clusters Machines with `spec.clusterName` live in.
     pub(crate) clusters: capstan_kit::workload::WorkloadClusters,
 }
@@ -133,6 +140,7 @@ impl Context {
             unseen_writes: Default::default(),
             node_writes: Default::default(),
             nothing_to_adopt: Default::default(),
+            created_here: Default::default(),
             clusters,
         }
     }
@@ -206,7 +214,7 @@ struct Pass<'a> {
 impl<'a> Pass<'a> {
     fn observe(machine: &'a Machine, ctx: &'a Context) -> Pass<'a> {
         let generation = machine.metadata.generation.unwrap_or(0);
-        let status = machine.status.clone().unwrap_or_default();
+        let status = with_created_here(ctx, machine);
         let deleting = machine.metadata.deletion_timestamp.is_some();
         // Released through the Plugin that created it, whatever the spec
         // says now.
@@ -385,10 +393,15 @@ impl<'a> Pass<'a> {
         match result {
             Ok(observed) => {
                 if call == Call::Create {
+                    let uid = machine.uid().unwrap_or_default();
                     ctx.nothing_to_adopt
                         .lock()
                         .expect("adoption lock")
-                        .remove(machine.uid().as_deref().unwrap_or_default());
+                        .remove(&uid);
+                    ctx.created_here
+                        .lock()
+                        .expect("created lock")
+                        .insert(uid, (observed.provider_id.clone(), plugin_name.to_string()));
                     // Recorded now so this pass's status write (the
                     // next API call) persists it.
                     self.draft.provider_id = Some(observed.provider_id.clone());
@@ -597,6 +610,22 @@ impl<'a> Pass<'a> {
             (None, None) => Action::await_change(),
         })
     }
+}
+
+/// The machine's status as the cache has it, with the instance this
+/// process created for it when the cache does not show that yet (an entry
+/// the cache has caught up with is dropped).
+fn with_created_here(ctx: &Context, machine: &Machine) -> MachineStatus {
+    let mut status = machine.status.clone().unwrap_or_default();
+    let uid = machine.uid().unwrap_or_default();
+    let mut created = ctx.created_here.lock().expect("created lock");
+    if status.provider_id.is_some() {
+        created.remove(&uid);
+    } else if let Some((id, plugin)) = created.get(&uid) {
+        status.provider_id = Some(id.clone());
+        status.provider_plugin = Some(plugin.clone());
+    }
+    status
 }
 
 /// `interval` plus or minus up to a tenth, so a fleet created together

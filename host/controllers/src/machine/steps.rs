@@ -166,10 +166,12 @@ impl Pass<'_> {
         }
         remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
         ctx.unseen_writes.forget(machine);
+        let uid = machine.uid().unwrap_or_default();
         ctx.nothing_to_adopt
             .lock()
             .expect("adoption lock")
-            .remove(machine.uid().as_deref().unwrap_or_default());
+            .remove(&uid);
+        ctx.created_here.lock().expect("created lock").remove(&uid);
         self.view.has_finalizer = false;
         Ok(())
     }
