@@ -84,10 +84,7 @@ impl Pass<'_> {
         let (kind, reason, note) = match decide(&asking, claim.as_ref()) {
             Decision::Create => {
                 self.view.adoption = Adoption::NothingFound;
-                ctx.nothing_to_adopt
-                    .lock()
-                    .expect("adoption lock")
-                    .insert(machine.uid().unwrap_or_default());
+                ctx.instance_here(machine, Some(super::InstanceHere::NothingToAdopt));
                 return;
             }
             Decision::Adopt => {

@@ -98,18 +98,10 @@ pub(crate) struct Context {
     /// Nodes a Machine's pass wrote (its claim, annotations, labels,
     /// taints) and the cache has not shown yet, per Machine.
     pub(crate) node_writes: capstan_kit::unseen::UnseenWrites,
-    /// Machines (by uid) whose provider found no instance to adopt: their
-    /// next passes go straight to `create` (idempotent by the uid), so a
-    /// create the quota held back does not need the lookup again. In
-    /// memory only: after a restart, each looks once more.
-    pub(crate) nothing_to_adopt: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Instances this process created (Machine uid → provider ID and
-    /// Plugin) whose record the cache has not shown yet. A pass on an
-    /// older status (its write failed, or its watch event came after the
-    /// unseen-write wait) knows the instance from here rather than asking
-    /// `find-instance` and "adopting" the one it made (measured: 0.55
-    /// `InstanceAdopted` per new machine in one run of 1,000).
-    pub(crate) created_here: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
+    /// What this process learned of each Machine's instance (by uid) that
+    /// its status may not show yet. In memory only: after a restart, each
+    /// Machine looks once more.
+    pub(crate) instances_here: std::sync::Mutex<std::collections::HashMap<String, InstanceHere>>,
     /// The workload clusters Machines with `spec.clusterName` live in.
     pub(crate) clusters: capstan_kit::workload::WorkloadClusters,
 }
@@ -139,8 +131,7 @@ impl Context {
             instance_check: options.instance_check,
             unseen_writes: Default::default(),
             node_writes: Default::default(),
-            nothing_to_adopt: Default::default(),
-            created_here: Default::default(),
+            instances_here: Default::default(),
             clusters,
         }
     }
@@ -214,7 +205,7 @@ struct Pass<'a> {
 impl<'a> Pass<'a> {
     fn observe(machine: &'a Machine, ctx: &'a Context) -> Pass<'a> {
         let generation = machine.metadata.generation.unwrap_or(0);
-        let status = with_created_here(ctx, machine);
+        let (status, nothing_found) = with_instance_here(ctx, machine);
         let deleting = machine.metadata.deletion_timestamp.is_some();
         // Released through the Plugin that created it, whatever the spec
         // says now.
@@ -269,12 +260,7 @@ impl<'a> Pass<'a> {
             } else {
                 Bootstrap::Ready
             },
-            adoption: if ctx
-                .nothing_to_adopt
-                .lock()
-                .expect("adoption lock")
-                .contains(machine.uid().as_deref().unwrap_or_default())
-            {
+            adoption: if nothing_found {
                 Adoption::NothingFound
             } else {
                 Adoption::NotAsked
@@ -393,15 +379,11 @@ impl<'a> Pass<'a> {
         match result {
             Ok(observed) => {
                 if call == Call::Create {
-                    let uid = machine.uid().unwrap_or_default();
-                    ctx.nothing_to_adopt
-                        .lock()
-                        .expect("adoption lock")
-                        .remove(&uid);
-                    ctx.created_here
-                        .lock()
-                        .expect("created lock")
-                        .insert(uid, (observed.provider_id.clone(), plugin_name.to_string()));
+                    let created = InstanceHere::Created {
+                        provider_id: observed.provider_id.clone(),
+                        plugin: plugin_name.to_string(),
+                    };
+                    ctx.instance_here(machine, Some(created));
                     // Recorded now so this pass's status write (the
                     // next API call) persists it.
                     self.draft.provider_id = Some(observed.provider_id.clone());
@@ -612,20 +594,58 @@ impl<'a> Pass<'a> {
     }
 }
 
+/// What the Machine controller learned of a Machine's instance that the
+/// Machine's status may not show yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum InstanceHere {
+    /// Its provider found no instance to adopt: the next passes go
+    /// straight to `create` (idempotent by the uid), so a create the quota
+    /// held back does not need the lookup again.
+    NothingToAdopt,
+    /// This process created it. A pass on an older status (its write
+    /// failed, or its watch event came after the unseen-write wait) knows
+    /// the instance from here rather than asking `find-instance` and
+    /// "adopting" the one it made (measured: 0.55 `InstanceAdopted` per new
+    /// machine in one run of 1,000).
+    Created { provider_id: String, plugin: String },
+}
+
+impl Context {
+    /// Record (or, with `None`, forget) what was learned of `machine`'s
+    /// instance.
+    pub(crate) fn instance_here(&self, machine: &Machine, learned: Option<InstanceHere>) {
+        let uid = machine.uid().unwrap_or_default();
+        let mut here = self.instances_here.lock().expect("instances lock");
+        match learned {
+            Some(learned) => here.insert(uid, learned),
+            None => here.remove(&uid),
+        };
+    }
+}
+
 /// The machine's status as the cache has it, with the instance this
 /// process created for it when the cache does not show that yet (an entry
-/// the cache has caught up with is dropped).
-fn with_created_here(ctx: &Context, machine: &Machine) -> MachineStatus {
+/// the cache has caught up with is dropped); and whether its provider
+/// found nothing to adopt.
+fn with_instance_here(ctx: &Context, machine: &Machine) -> (MachineStatus, bool) {
     let mut status = machine.status.clone().unwrap_or_default();
     let uid = machine.uid().unwrap_or_default();
-    let mut created = ctx.created_here.lock().expect("created lock");
-    if status.provider_id.is_some() {
-        created.remove(&uid);
-    } else if let Some((id, plugin)) = created.get(&uid) {
-        status.provider_id = Some(id.clone());
-        status.provider_plugin = Some(plugin.clone());
+    let mut here = ctx.instances_here.lock().expect("instances lock");
+    match here.get(&uid) {
+        Some(InstanceHere::NothingToAdopt) => return (status, true),
+        Some(InstanceHere::Created { .. }) if status.provider_id.is_some() => {
+            here.remove(&uid);
+        }
+        Some(InstanceHere::Created {
+            provider_id,
+            plugin,
+        }) => {
+            status.provider_id = Some(provider_id.clone());
+            status.provider_plugin = Some(plugin.clone());
+        }
+        None => {}
     }
-    status
+    (status, false)
 }
 
 /// `interval` plus or minus up to a tenth, so a fleet created together

@@ -166,12 +166,7 @@ impl Pass<'_> {
         }
         remove_finalizer(&ctx.kube, CONTROLLER, machine, MACHINE_FINALIZER).await?;
         ctx.unseen_writes.forget(machine);
-        let uid = machine.uid().unwrap_or_default();
-        ctx.nothing_to_adopt
-            .lock()
-            .expect("adoption lock")
-            .remove(&uid);
-        ctx.created_here.lock().expect("created lock").remove(&uid);
+        ctx.instance_here(machine, None);
         self.view.has_finalizer = false;
         Ok(())
     }
