@@ -73,9 +73,11 @@ if want interop; then
         mkdir -p /etc/cloud && touch /etc/cloud/cloud-init.disabled
     fi
     # An independent Sigstore implementation for the interoperability tests:
-    # sigstore-js (@sigstore/sign, @sigstore/verify), cached outside the repo.
+    # sigstore-js (@sigstore/sign, @sigstore/verify), and its mock Fulcio,
+    # Rekor and timestamp authority (@sigstore/mock) for keyless signing,
+    # cached outside the repo.
     SIGSTORE_JS="${CAPSTAN_SIGSTORE_JS:-$HOME/.cache/capstan/sigstore-js}"
-    if [ ! -d "$SIGSTORE_JS/node_modules/@sigstore/verify" ]; then
+    if [ ! -d "$SIGSTORE_JS/node_modules/@sigstore/verify" ] || [ ! -d "$SIGSTORE_JS/node_modules/@sigstore/mock" ]; then
         if ! command -v npm >/dev/null 2>&1; then
             echo "==> installing Node.js and npm (sigstore-js interop tests)"
             apt_install nodejs npm
@@ -83,7 +85,7 @@ if want interop; then
         echo "==> installing sigstore-js into $SIGSTORE_JS"
         mkdir -p "$SIGSTORE_JS"
         (cd "$SIGSTORE_JS" && { [ -f package.json ] || echo '{"private":true}' > package.json; } \
-            && npm install --no-audit --no-fund --silent @sigstore/sign@4 @sigstore/verify@3 @sigstore/bundle@4 @sigstore/core@3)
+            && npm install --no-audit --no-fund --silent @sigstore/sign@4 @sigstore/verify@3 @sigstore/bundle@4 @sigstore/core@3 @sigstore/mock@0.13)
     fi
     # Independent crypto (OpenSSL scrypt, libsodium secretbox, pyca/cryptography)
     # to cross-check the cosign private-key format, in a venv outside the repo.

@@ -459,6 +459,7 @@ impl Layout {
     /// were checked when the archive was read).
     pub fn verify(&self, policy: &TrustPolicy) -> Result<Verified, Error> {
         let bundled = self.policy()?;
+        bundled_roots_only_narrow(policy, &bundled)?;
         let mut verified = Verified::default();
         for (source, descriptor) in self.plugins() {
             let reference = Reference::parse(source)?;
@@ -748,4 +749,39 @@ pub fn create(
     layout.index.manifests.push(descriptor);
     let reports = layout.verify(&policy)?;
     Ok((layout, reports))
+}
+
+/// A bundle's own policy may name keyless identities, with the trusted
+/// roots it was made under. Both policies must hold anyway, but a bundled
+/// root is checked up front so the refusal says what is wrong: the site
+/// must have its own trusted root, and every authority and log a bundled
+/// root names must be one a root of the site already trusts (a bundle can
+/// narrow the site's trust, never add to it).
+fn bundled_roots_only_narrow(site: &TrustPolicy, bundled: &TrustPolicy) -> Result<(), Error> {
+    let ours = site.trusted_roots();
+    for theirs in bundled.trusted_roots() {
+        if ours.is_empty() {
+            return Err(Error::config(
+                "the bundle's trust policy",
+                "names keyless identities, but the site's policy has no trusted root; add an identities entry with trustedRoot: FILE (your own copy of Sigstore's trusted_root.json) to your policy",
+            ));
+        }
+        let mut refusals = Vec::new();
+        for root in &ours {
+            match root.narrowed_by(theirs) {
+                Ok(_) => {
+                    refusals.clear();
+                    break;
+                }
+                Err(e) => refusals.push(e.to_string()),
+            }
+        }
+        if let Some(first) = refusals.into_iter().next() {
+            return Err(Error::config(
+                "the bundle's trust policy",
+                format!("its trusted root is not within the site's: {first}"),
+            ));
+        }
+    }
+    Ok(())
 }

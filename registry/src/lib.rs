@@ -27,6 +27,7 @@ mod cache;
 mod client;
 mod digest;
 mod error;
+pub mod keyless;
 pub mod keys;
 pub mod layout;
 mod mirror;

@@ -1,4 +1,5 @@
-//! Trust policy: which keys must have signed a plugin, per source prefix.
+//! Trust policy: which keys or keyless identities must have signed a
+//! plugin, per source prefix.
 //!
 //! ```yaml
 //! apiVersion: capstan.dev/v1alpha1
@@ -8,10 +9,16 @@
 //!     path: publisher.pub          # relative to the policy file, or
 //!     # publicKey: |               # the PEM inline
 //!     #   -----BEGIN PUBLIC KEY-----
+//! identities:                      # keyless (Fulcio) signers
+//!   - name: release-ci
+//!     issuer: https://token.actions.githubusercontent.com
+//!     subject: https://github.com/example/plugins/.github/workflows/release.yml@refs/heads/main
+//!     # subjectRegExp: https://github.com/example/.*   (the whole subject must match)
+//!     trustedRoot: trusted_root.json   # Sigstore's trusted root, relative to the policy file
 //! sources:
 //!   - prefix: oci://registry.example.com/capstan/
 //!     allOf: [publisher]           # every one of these must have signed
-//!     anyOf: [ops-a, ops-b]        # and at least one of these
+//!     anyOf: [ops-a, release-ci]   # and at least one of these
 //! ```
 //!
 //! Prefixes are parsed and normalised like sources ([`Scope`]): they match
@@ -22,6 +29,7 @@
 //! source no rule covers is refused. [`evaluate`] is the pure decision over
 //! the signatures found.
 
+use crate::keyless::{IdentityRule, Subject, TrustedRoot};
 use crate::keys::PublicKey;
 use crate::signature::Candidate;
 use crate::{Error, Scope, Source};
@@ -41,6 +49,9 @@ pub struct PolicyFile {
     /// Named public keys.
     #[serde(default)]
     pub keys: Vec<KeySpec>,
+    /// Named keyless identities.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<IdentitySpec>,
     /// Rules per source prefix.
     #[serde(default)]
     pub sources: Vec<RuleSpec>,
@@ -60,6 +71,33 @@ pub struct KeySpec {
     pub path: Option<String>,
 }
 
+/// One keyless identity: a Fulcio certificate's subject and OIDC issuer,
+/// under a Sigstore trusted root.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IdentitySpec {
+    /// How rules refer to it.
+    pub name: String,
+    /// The OIDC issuer, exactly.
+    pub issuer: String,
+    /// The certificate subject (e-mail or URI), exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// Or a regular expression the whole subject must match.
+    #[serde(
+        default,
+        rename = "subjectRegExp",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub subject_reg_exp: Option<String>,
+    /// The trusted root file, relative to the policy file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_root: Option<String>,
+    /// Or the trusted root's JSON inline (what an air-gap bundle carries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_root_json: Option<String>,
+}
+
 /// One rule.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -67,10 +105,10 @@ pub struct RuleSpec {
     /// Source prefix, like `oci://registry.example.com/capstan/`.
     #[serde(default)]
     pub prefix: String,
-    /// Keys that must all have signed.
+    /// Keys or identities that must all have signed.
     #[serde(default)]
     pub all_of: Vec<String>,
-    /// Keys of which at least one must have signed.
+    /// Keys or identities of which at least one must have signed.
     #[serde(default)]
     pub any_of: Vec<String>,
 }
@@ -79,19 +117,39 @@ pub struct RuleSpec {
 #[derive(Debug, Clone)]
 pub struct TrustPolicy {
     keys: BTreeMap<String, PublicKey>,
+    identities: BTreeMap<String, IdentityRule>,
     rules: Vec<RuleSpec>,
     scopes: Vec<Scope>,
 }
 
-/// A rule with its keys resolved, ready to evaluate.
+/// One signer a rule asks for: a key, or a keyless identity.
+#[derive(Debug, Clone)]
+pub enum Requirement {
+    /// A signature by this key.
+    Key(PublicKey),
+    /// A keyless signature by this identity.
+    Identity(IdentityRule),
+}
+
+impl Requirement {
+    /// What it asks for, for messages: a key id, or `SUBJECT from ISSUER`.
+    pub fn describe(&self) -> String {
+        match self {
+            Requirement::Key(key) => key.id(),
+            Requirement::Identity(rule) => rule.describe(),
+        }
+    }
+}
+
+/// A rule with its keys and identities resolved, ready to evaluate.
 #[derive(Debug, Clone)]
 pub struct Rule {
     /// The prefix that selected it.
     pub prefix: String,
-    /// `(name, key)` that must all have signed.
-    pub all_of: Vec<(String, PublicKey)>,
-    /// `(name, key)` of which one must have signed.
-    pub any_of: Vec<(String, PublicKey)>,
+    /// `(name, signer)` that must all have signed.
+    pub all_of: Vec<(String, Requirement)>,
+    /// `(name, signer)` of which one must have signed.
+    pub any_of: Vec<(String, Requirement)>,
 }
 
 impl TrustPolicy {
@@ -138,8 +196,21 @@ impl TrustPolicy {
                 return Err(Error::config(field, "duplicate key name"));
             }
         }
+        let mut identities = BTreeMap::new();
+        for (i, spec) in file.identities.iter().enumerate() {
+            let field = format!("{what}: identities[{i}] ({:?})", spec.name);
+            let rule = identity_rule(&field, spec, base)?;
+            if keys.contains_key(&spec.name) || identities.insert(spec.name.clone(), rule).is_some()
+            {
+                return Err(Error::config(
+                    field,
+                    "duplicate name (keys and identities share one namespace)",
+                ));
+            }
+        }
         let mut policy = TrustPolicy {
             keys,
+            identities,
             rules: file.sources,
             scopes: Vec::new(),
         };
@@ -163,18 +234,25 @@ impl TrustPolicy {
         if rule.all_of.is_empty() && rule.any_of.is_empty() {
             return Err(Error::config(
                 field,
-                "needs at least one key in allOf or anyOf",
+                "needs at least one key or identity in allOf or anyOf",
             ));
         }
         for name in rule.all_of.iter().chain(&rule.any_of) {
-            if !self.keys.contains_key(name) {
+            if !self.keys.contains_key(name) && !self.identities.contains_key(name) {
                 return Err(Error::config(
                     field,
-                    format!("names key {name:?}, which keys does not define"),
+                    format!("names {name:?}, which neither keys nor identities define"),
                 ));
             }
         }
         Ok(())
+    }
+
+    fn requirement(&self, name: &str) -> Requirement {
+        match self.keys.get(name) {
+            Some(key) => Requirement::Key(key.clone()),
+            None => Requirement::Identity(self.identities[name].clone()),
+        }
     }
 
     /// A one-rule policy covering every source (for `--key` and a `Plugin`'s
@@ -184,8 +262,19 @@ impl TrustPolicy {
         all_of: Vec<String>,
         any_of: Vec<String>,
     ) -> Result<TrustPolicy, Error> {
+        Self::single_with(keys, Vec::new(), all_of, any_of)
+    }
+
+    /// [`TrustPolicy::single`] with keyless identities too (`--identity`).
+    pub fn single_with(
+        keys: Vec<(String, PublicKey)>,
+        identities: Vec<(String, IdentityRule)>,
+        all_of: Vec<String>,
+        any_of: Vec<String>,
+    ) -> Result<TrustPolicy, Error> {
         let policy = TrustPolicy {
             keys: keys.into_iter().collect(),
+            identities: identities.into_iter().collect(),
             rules: vec![RuleSpec {
                 prefix: String::new(),
                 all_of,
@@ -208,7 +297,7 @@ impl TrustPolicy {
         let resolve = |names: &[String]| {
             names
                 .iter()
-                .map(|n| (n.clone(), self.keys[n].clone()))
+                .map(|n| (n.clone(), self.requirement(n)))
                 .collect()
         };
         Some(Rule {
@@ -232,6 +321,24 @@ impl TrustPolicy {
                     path: None,
                 })
                 .collect(),
+            identities: self
+                .identities
+                .iter()
+                .map(|(name, rule)| IdentitySpec {
+                    name: name.clone(),
+                    issuer: rule.issuer.clone(),
+                    subject: match &rule.subject {
+                        Subject::Exact(s) => Some(s.clone()),
+                        Subject::Pattern { .. } => None,
+                    },
+                    subject_reg_exp: match &rule.subject {
+                        Subject::Exact(_) => None,
+                        Subject::Pattern { text, .. } => Some(text.clone()),
+                    },
+                    trusted_root: None,
+                    trusted_root_json: Some(rule.root.json().to_string()),
+                })
+                .collect(),
             sources: self.rules.clone(),
         };
         serde_yaml::to_string(&file).expect("a policy always serializes")
@@ -241,32 +348,105 @@ impl TrustPolicy {
     pub fn keys(&self) -> impl Iterator<Item = (&str, &PublicKey)> {
         self.keys.iter().map(|(n, k)| (n.as_str(), k))
     }
+
+    /// The named keyless identities.
+    pub fn identities(&self) -> impl Iterator<Item = (&str, &IdentityRule)> {
+        self.identities.iter().map(|(n, r)| (n.as_str(), r))
+    }
+
+    /// The distinct trusted roots the identities name.
+    pub fn trusted_roots(&self) -> Vec<&TrustedRoot> {
+        let mut roots: Vec<&TrustedRoot> = Vec::new();
+        for rule in self.identities.values() {
+            if !roots.contains(&&rule.root) {
+                roots.push(&rule.root);
+            }
+        }
+        roots
+    }
+}
+
+fn identity_rule(
+    field: &str,
+    spec: &IdentitySpec,
+    base: Option<&Path>,
+) -> Result<IdentityRule, Error> {
+    if spec.issuer.is_empty() {
+        return Err(Error::config(
+            field,
+            "issuer is empty; give the OIDC issuer URL exactly (for GitHub Actions, https://token.actions.githubusercontent.com)",
+        ));
+    }
+    let subject = match (&spec.subject, &spec.subject_reg_exp) {
+        (Some(s), None) if !s.is_empty() => Subject::Exact(s.clone()),
+        (None, Some(re)) => Subject::pattern(re).map_err(|e| Error::config(field, e))?,
+        _ => {
+            return Err(Error::config(
+                field,
+                "give exactly one of subject or subjectRegExp",
+            ));
+        }
+    };
+    let root = match (&spec.trusted_root, &spec.trusted_root_json) {
+        (Some(path), None) => {
+            let Some(base) = base else {
+                return Err(Error::config(
+                    field,
+                    "trustedRoot is a file, which is not allowed here; give trustedRootJson inline",
+                ));
+            };
+            TrustedRoot::load(&base.join(path))?
+        }
+        (None, Some(json)) => TrustedRoot::parse(&format!("{field}.trustedRootJson"), json)?,
+        _ => {
+            return Err(Error::config(
+                field,
+                "give the Sigstore trusted root as trustedRoot: FILE (Sigstore's trusted_root.json, or your private instance's)",
+            ));
+        }
+    };
+    Ok(IdentityRule {
+        issuer: spec.issuer.clone(),
+        subject,
+        root,
+    })
 }
 
 impl Rule {
     /// A stable fingerprint of what this rule demands (cache key part).
     pub fn fingerprint(&self) -> String {
         let mut h = Sha256::new();
-        for (tag, keys) in [("all", &self.all_of), ("any", &self.any_of)] {
+        for (tag, entries) in [("all", &self.all_of), ("any", &self.any_of)] {
             h.update(tag);
-            for (name, key) in keys {
+            for (name, requirement) in entries {
                 h.update(name);
-                h.update(key.to_der());
+                match requirement {
+                    Requirement::Key(key) => h.update(key.to_der()),
+                    Requirement::Identity(rule) => {
+                        h.update(&rule.issuer);
+                        h.update(rule.subject.to_string());
+                        h.update(rule.root.fingerprint());
+                    }
+                }
             }
         }
         hex::encode(&h.finalize()[..8])
     }
 }
 
-/// Which keys signed, by name (what status shows).
+/// Which keys or identities signed, by name (what status shows).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Signer {
-    /// The key's name in the policy.
+    /// The key's or identity's name in the policy.
     pub name: String,
-    /// The key id.
+    /// The key id; for a keyless signature, who signed:
+    /// `SUBJECT from ISSUER`, as the verified certificate says.
     pub key_id: String,
     /// Where the signature was found.
     pub origin: String,
+    /// The Rekor log index of a keyless signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_index: Option<u64>,
 }
 
 /// Decide whether `candidates` satisfy `rule`. `Ok` lists the signers that
@@ -275,34 +455,37 @@ pub fn evaluate(rule: &Rule, candidates: &[Candidate]) -> Result<Vec<Signer>, St
     if candidates.is_empty() {
         return Err("no signatures found: the artifact is unsigned (no cosign .sig tag and no Sigstore bundle referrer); sign it with `capstan plugin sign`".into());
     }
-    let signer = |(name, key): &(String, PublicKey)| {
-        candidates
-            .iter()
-            .find(|c| c.verified_by(key))
-            .map(|c| Signer {
-                name: name.clone(),
-                key_id: key.id(),
-                origin: c.origin.clone(),
-            })
-    };
     let mut signers = Vec::new();
     let mut missing = Vec::new();
-    for entry in &rule.all_of {
-        match signer(entry) {
-            Some(s) => signers.push(s),
-            None => missing.push(format!(
-                "allOf key {:?} ({}) has no valid signature",
-                entry.0,
-                entry.1.id()
+    for (name, requirement) in &rule.all_of {
+        match signed_by(name, requirement, candidates) {
+            Ok(s) => signers.push(s),
+            Err(why) => missing.push(format!(
+                "allOf {} {name:?} ({}) has no valid signature{why}",
+                kind(requirement),
+                requirement.describe()
             )),
         }
     }
     if !rule.any_of.is_empty() {
-        let any: Vec<Signer> = rule.any_of.iter().filter_map(signer).collect();
+        let mut any = Vec::new();
+        let mut why_not = Vec::new();
+        for (name, requirement) in &rule.any_of {
+            match signed_by(name, requirement, candidates) {
+                Ok(s) => any.push(s),
+                Err(why) if !why.is_empty() => why_not.push(format!("{name:?}{why}")),
+                Err(_) => {}
+            }
+        }
         if any.is_empty() {
             let names: Vec<&str> = rule.any_of.iter().map(|(n, _)| n.as_str()).collect();
+            let why = if why_not.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", why_not.join("; "))
+            };
             missing.push(format!(
-                "none of the anyOf keys {names:?} has a valid signature"
+                "none of the anyOf keys or identities {names:?} has a valid signature{why}"
             ));
         }
         for s in any {
@@ -314,19 +497,15 @@ pub fn evaluate(rule: &Rule, candidates: &[Candidate]) -> Result<Vec<Signer>, St
     if missing.is_empty() {
         return Ok(signers);
     }
-    let keys: Vec<&PublicKey> = rule
+    let requirements: Vec<&Requirement> = rule
         .all_of
         .iter()
         .chain(&rule.any_of)
-        .map(|(_, k)| k)
+        .map(|(_, r)| r)
         .collect();
     let found: Vec<String> = candidates
         .iter()
-        .map(|c| match &c.claim {
-            Err(reason) => format!("{}: {reason}", c.origin),
-            Ok(()) if keys.iter().any(|k| c.verified_by(k)) => format!("{}: valid", c.origin),
-            Ok(()) => format!("{}: not made by any key this rule names (wrong key, or the signature does not match its payload)", c.origin),
-        })
+        .map(|c| describe_candidate(c, &requirements))
         .collect();
     Err(format!(
         "{}; found {} signature(s): {}",
@@ -334,6 +513,81 @@ pub fn evaluate(rule: &Rule, candidates: &[Candidate]) -> Result<Vec<Signer>, St
         found.len(),
         found.join("; ")
     ))
+}
+
+fn kind(requirement: &Requirement) -> &'static str {
+    match requirement {
+        Requirement::Key(_) => "key",
+        Requirement::Identity(_) => "identity",
+    }
+}
+
+/// The first candidate `requirement` accepts, as a [`Signer`]; `Err` holds
+/// why the keyless candidates did not count (empty for a key: the list of
+/// signatures found says it).
+fn signed_by(
+    name: &str,
+    requirement: &Requirement,
+    candidates: &[Candidate],
+) -> Result<Signer, String> {
+    match requirement {
+        Requirement::Key(key) => candidates
+            .iter()
+            .find(|c| c.verified_by(key))
+            .map(|c| Signer {
+                name: name.to_string(),
+                key_id: key.id(),
+                origin: c.origin.clone(),
+                log_index: None,
+            })
+            .ok_or_else(String::new),
+        Requirement::Identity(rule) => {
+            let mut reasons = Vec::new();
+            for c in candidates {
+                let (Ok(()), Some(keyless)) = (&c.claim, &c.keyless) else {
+                    continue;
+                };
+                match rule.check(keyless) {
+                    Ok(signed) => {
+                        return Ok(Signer {
+                            name: name.to_string(),
+                            key_id: format!("{} from {}", signed.subject, signed.issuer),
+                            origin: c.origin.clone(),
+                            log_index: signed.log_index,
+                        });
+                    }
+                    Err(reason) => reasons.push(format!("{}: {reason}", c.origin)),
+                }
+            }
+            Err(if reasons.is_empty() {
+                ": no keyless signature was found".into()
+            } else {
+                format!(": {}", reasons.join("; "))
+            })
+        }
+    }
+}
+
+fn describe_candidate(c: &Candidate, requirements: &[&Requirement]) -> String {
+    let accepted = requirements.iter().any(|r| match r {
+        Requirement::Key(k) => c.verified_by(k),
+        Requirement::Identity(rule) => c.keyless.as_ref().is_some_and(|k| rule.check(k).is_ok()),
+    });
+    match (&c.claim, &c.keyless) {
+        (Err(reason), _) => format!("{}: {reason}", c.origin),
+        (Ok(()), _) if accepted => format!("{}: valid", c.origin),
+        (Ok(()), Some(keyless)) => match keyless.claimed() {
+            Some(who) => format!(
+                "{}: keyless, certificate for {:?} from {:?}, not an identity this rule accepts",
+                c.origin, who.subject, who.issuer
+            ),
+            None => format!("{}: keyless, with no readable identity", c.origin),
+        },
+        (Ok(()), None) => format!(
+            "{}: not made by any key this rule names (wrong key, or the signature does not match its payload)",
+            c.origin
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +604,7 @@ mod tests {
             signature: key.sign(&payload),
             claim: check_simple_signing(&payload, expected_repo, digest),
             message: payload,
+            keyless: None,
         }
     }
 
@@ -383,7 +638,7 @@ mod tests {
         );
         let err = evaluate(&rule, std::slice::from_ref(&sig_a)).unwrap_err();
         assert!(
-            err.contains("none of the anyOf keys [\"b\", \"c\"]"),
+            err.contains("none of the anyOf keys or identities [\"b\", \"c\"]"),
             "{err}"
         );
         let err = evaluate(&rule, &[sig_c]).unwrap_err();
@@ -437,12 +692,64 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("p.yaml: sources[0]: names key \"zz\""),
+            err.contains(
+                "p.yaml: sources[0]: names \"zz\", which neither keys nor identities define"
+            ),
             "{err}"
         );
         let err = TrustPolicy::parse("p.yaml", "apiVersion: v1\nkind: X\n", None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("kind: TrustPolicy"), "{err}");
+    }
+
+    #[test]
+    fn identity_entries_name_what_is_wrong() {
+        let policy = |identity: &str| {
+            format!(
+                "apiVersion: capstan.dev/v1alpha1\nkind: TrustPolicy\nidentities:\n  - name: ci\n{identity}\nsources:\n  - prefix: oci://r.io/\n    anyOf: [ci]\n"
+            )
+        };
+        let cases = [
+            (
+                "    issuer: ''\n    subject: a@b\n    trustedRoot: root.json",
+                "identities[0] (\"ci\"): issuer is empty",
+            ),
+            (
+                "    issuer: https://i\n    subject: a@b\n    subjectRegExp: a.*\n    trustedRoot: root.json",
+                "give exactly one of subject or subjectRegExp",
+            ),
+            (
+                "    issuer: https://i\n    subjectRegExp: '('\n    trustedRoot: root.json",
+                "is not a regular expression",
+            ),
+            (
+                "    issuer: https://i\n    subject: a@b",
+                "give the Sigstore trusted root as trustedRoot: FILE",
+            ),
+            (
+                "    issuer: https://i\n    subject: a@b\n    trustedRoot: root.json",
+                "trustedRoot is a file, which is not allowed here",
+            ),
+            (
+                "    issuer: https://i\n    subject: a@b\n    trustedRootJson: '{}'",
+                "not a Sigstore trusted root",
+            ),
+        ];
+        for (identity, expected) in cases {
+            let err = TrustPolicy::parse("p.yaml", &policy(identity), None)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{identity}: {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let err = TrustPolicy::parse(
+            "p.yaml",
+            &policy("    issuer: https://i\n    subject: a@b\n    trustedRoot: missing.json"),
+            Some(dir.path()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("missing.json"), "{err}");
     }
 }

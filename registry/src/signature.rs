@@ -16,6 +16,7 @@
 //! [`crate::policy`] decides which keys must have signed.
 
 use crate::client::NoProgress;
+use crate::keyless::Keyless;
 use crate::keys::{PrivateKey, PublicKey};
 use crate::oci::{self, Descriptor, Index, Manifest};
 use crate::{Client, Digest, Error, Reference};
@@ -43,6 +44,9 @@ pub struct Candidate {
     /// `Err(reason)` when the signed payload does not name this artifact
     /// (another digest, another repository): such a signature never counts.
     pub claim: Result<(), String>,
+    /// A keyless signature's bundle (certificate, log entry, timestamps),
+    /// for [`crate::keyless::IdentityRule::check`].
+    pub keyless: Option<Keyless>,
 }
 
 impl Candidate {
@@ -162,6 +166,8 @@ fn candidates_from_bundle(
             format!("mediaType {media_type:?} is not a Sigstore bundle"),
         ));
     }
+    let keyless =
+        Keyless::from_bundle(bundle, manifest).map_err(|reason| Error::malformed(&what, reason))?;
     let b64 = |field: &Value, name: &str| -> Result<Vec<u8>, Error> {
         STANDARD
             .decode(field.as_str().unwrap_or(""))
@@ -188,6 +194,12 @@ fn candidates_from_bundle(
                 "the DSSE envelope has no signatures",
             ));
         }
+        if keyless.is_some() && signatures.len() != 1 {
+            return Err(Error::malformed(
+                &what,
+                "a keyless bundle's DSSE envelope must hold exactly one signature (its certificate's)",
+            ));
+        }
         return signatures
             .iter()
             .enumerate()
@@ -201,6 +213,7 @@ fn candidates_from_bundle(
                     message: message.clone(),
                     signature: b64(&s["sig"], "dsseEnvelope.signatures[].sig")?,
                     claim: claim.clone(),
+                    keyless: keyless.clone(),
                 })
             })
             .collect();
@@ -228,6 +241,7 @@ fn candidates_from_bundle(
             message: manifest.to_vec(),
             signature: b64(&ms["signature"], "messageSignature.signature")?,
             claim,
+            keyless,
         }]);
     }
     Err(Error::malformed(
@@ -354,6 +368,7 @@ pub fn find(
                 origin,
                 message: payload,
                 signature,
+                keyless: None,
             });
         }
     }

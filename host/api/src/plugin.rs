@@ -231,18 +231,44 @@ impl Plugin {
     }
 }
 
-/// Which keys must have signed the plugin.
+/// Which keys or keyless identities must have signed the plugin (in
+/// addition to the host policy's rule for its source).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginVerification {
     /// Named public keys (cosign `.pub` PEM).
+    #[serde(default)]
     pub public_keys: Vec<NamedPublicKey>,
-    /// Names of keys that must all have signed.
+    /// Named keyless identities, verified against the host policy's
+    /// Sigstore trusted root (a Plugin cannot bring its own root).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<NamedIdentity>,
+    /// Names of keys or identities that must all have signed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub all_of: Vec<String>,
-    /// Names of keys of which at least one must have signed.
+    /// Names of keys or identities of which at least one must have signed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub any_of: Vec<String>,
+}
+
+/// A keyless signer: a Fulcio certificate's OIDC issuer and subject.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedIdentity {
+    /// How `allOf`/`anyOf` refer to it.
+    pub name: String,
+    /// The OIDC issuer, exactly (`https://token.actions.githubusercontent.com`).
+    pub issuer: String,
+    /// The certificate subject (e-mail or URI), exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// Or a regular expression the whole subject must match.
+    #[serde(
+        default,
+        rename = "subjectRegExp",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub subject_reg_exp: Option<String>,
 }
 
 /// A public key with a name.

@@ -211,8 +211,12 @@ fn print_signers(signers: &[Signer], verified: bool) {
         println!("NOT VERIFIED (--skip-verify)");
     }
     for s in signers {
+        let logged = s
+            .log_index
+            .map(|i| format!(", Rekor log index {i}"))
+            .unwrap_or_default();
         println!(
-            "verified: signed by {} ({}) in {}",
+            "verified: signed by {} ({}) in {}{logged}",
             s.name, s.key_id, s.origin
         );
     }

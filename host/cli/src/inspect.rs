@@ -162,10 +162,17 @@ pub(crate) fn render_capabilities(m: &capstan_runtime::PluginManifest) -> String
 #[serde(rename_all = "camelCase")]
 struct SignatureReport {
     origin: String,
-    /// The policy key that made it, if any.
+    /// The policy key or identity that made it, if any.
     signed_by: Option<String>,
     /// Why it does not count, if it does not.
     problem: Option<String>,
+    /// A keyless signature's signer as its certificate names it
+    /// (`SUBJECT from ISSUER`; verified only if `signedBy` is set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    identity: Option<String>,
+    /// A keyless signature's Rekor log index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_index: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -208,22 +215,17 @@ pub fn inspect_remote(
         .as_ref()
         .map(|p: &TrustPolicy| p.keys().map(|(n, k)| (n.to_string(), k.clone())).collect())
         .unwrap_or_default();
+    let identities: Vec<(String, capstan_registry::keyless::IdentityRule)> = policy
+        .as_ref()
+        .map(|p: &TrustPolicy| {
+            p.identities()
+                .map(|(n, r)| (n.to_string(), r.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
     let signatures = candidates
         .iter()
-        .map(|c| SignatureReport {
-            origin: c.origin.clone(),
-            signed_by: keys
-                .iter()
-                .find(|(_, k)| c.verified_by(k))
-                .map(|(n, _)| n.clone()),
-            problem: match &c.claim {
-                Err(reason) => Some(reason.clone()),
-                Ok(()) if policy.is_some() && !keys.iter().any(|(_, k)| c.verified_by(k)) => {
-                    Some("not made by any key of the policy".into())
-                }
-                Ok(()) => None,
-            },
-        })
+        .map(|c| report(c, policy.is_some(), &keys, &identities))
         .collect();
     let verdict = policy.as_ref().map(|p| {
         capstan_registry::verify::rule_for(p, &source)
@@ -256,6 +258,51 @@ pub fn inspect_remote(
     Ok(ExitCode::SUCCESS)
 }
 
+/// One signature as inspect shows it: which of the policy's keys or
+/// identities made it, or why none did.
+fn report(
+    c: &capstan_registry::signature::Candidate,
+    judged: bool,
+    keys: &[(String, capstan_registry::keys::PublicKey)],
+    identities: &[(String, capstan_registry::keyless::IdentityRule)],
+) -> SignatureReport {
+    let claimed = c.keyless.as_ref().and_then(|k| k.claimed());
+    let mut signed_by = keys
+        .iter()
+        .find(|(_, k)| c.verified_by(k))
+        .map(|(n, _)| n.clone());
+    let mut refusals = Vec::new();
+    if let (Ok(()), Some(keyless), None) = (&c.claim, &c.keyless, &signed_by) {
+        for (name, rule) in identities {
+            match rule.check(keyless) {
+                Ok(_) => {
+                    signed_by = Some(name.clone());
+                    break;
+                }
+                Err(reason) => refusals.push(format!("{name}: {reason}")),
+            }
+        }
+    }
+    let problem = match &c.claim {
+        Err(reason) => Some(reason.clone()),
+        Ok(()) if judged && signed_by.is_none() => Some(if refusals.is_empty() {
+            "not made by any key or identity of the policy".into()
+        } else {
+            refusals.join("; ")
+        }),
+        Ok(()) => None,
+    };
+    SignatureReport {
+        origin: c.origin.clone(),
+        signed_by,
+        problem,
+        identity: claimed
+            .as_ref()
+            .map(|s| format!("{} from {}", s.subject, s.issuer)),
+        log_index: claimed.and_then(|s| s.log_index),
+    }
+}
+
 fn render_remote(i: &RemoteInspection) -> String {
     let m = &i.plugin;
     let layer = &i.manifest.layers[0];
@@ -270,11 +317,19 @@ fn render_remote(i: &RemoteInspection) -> String {
     }
     for s in &i.signatures {
         let status = match (&s.signed_by, &s.problem) {
+            (Some(name), _) if s.identity.is_some() => format!("verifies as identity {name}"),
             (Some(name), _) => format!("verifies with key {name}"),
             (None, Some(problem)) => format!("does not count: {problem}"),
-            (None, None) => "not checked (no --key or --policy)".to_string(),
+            (None, None) => "not checked (no --key, --identity or --policy)".to_string(),
         };
         out.push_str(&format!("  {}: {status}\n", s.origin));
+        if let Some(identity) = &s.identity {
+            let logged = s
+                .log_index
+                .map(|i| format!(", Rekor log index {i}"))
+                .unwrap_or_default();
+            out.push_str(&format!("    keyless: {identity}{logged}\n"));
+        }
     }
     match &i.policy {
         None => out.push_str("Policy:     none given (--key PUB or --policy FILE)\n"),

@@ -4,6 +4,7 @@
 //! which keys or policy to trust, and progress bars.
 
 use anyhow::{Context, bail};
+use capstan_registry::keyless::{IdentityRule, Subject, TrustedRoot};
 use capstan_registry::keys::PublicKey;
 use capstan_registry::policy::TrustPolicy;
 use capstan_registry::verify::Puller;
@@ -82,7 +83,25 @@ pub struct TrustArgs {
     /// of them must have signed.
     #[arg(long = "key", value_name = "PUB", conflicts_with = "policy")]
     pub keys: Vec<PathBuf>,
-    /// Trust policy file (per-source allOf/anyOf rules over named keys).
+    /// A keyless signer that must have signed: the OIDC issuer and the
+    /// certificate subject, `ISSUER=SUBJECT` (for example
+    /// `https://token.actions.githubusercontent.com=https://github.com/ORG/REPO/.github/workflows/release.yml@refs/heads/main`).
+    /// Repeatable: all of them (and every --key) must have signed. Needs
+    /// --trusted-root.
+    #[arg(
+        long = "identity",
+        value_name = "ISSUER=SUBJECT",
+        conflicts_with = "policy",
+        requires = "trusted_root"
+    )]
+    pub identities: Vec<String>,
+    /// Sigstore's trusted root (`trusted_root.json`: Fulcio CAs, Rekor, CT
+    /// log and timestamp authority keys) that --identity signatures are
+    /// verified against, offline.
+    #[arg(long = "trusted-root", value_name = "FILE", conflicts_with = "policy")]
+    pub trusted_root: Option<PathBuf>,
+    /// Trust policy file (per-source allOf/anyOf rules over named keys and
+    /// keyless identities).
     #[arg(long, env = "CAPSTAN_TRUST_POLICY", value_name = "FILE")]
     pub policy: Option<PathBuf>,
 }
@@ -93,15 +112,36 @@ impl TrustArgs {
         if let Some(path) = &self.policy {
             return Ok(Some(TrustPolicy::load(path)?));
         }
-        if self.keys.is_empty() {
+        if self.keys.is_empty() && self.identities.is_empty() {
+            if self.trusted_root.is_some() {
+                bail!(
+                    "--trusted-root needs at least one --identity ISSUER=SUBJECT to verify against it"
+                );
+            }
             return Ok(None);
         }
         let mut keys = Vec::new();
         for path in &self.keys {
             keys.push((key_name(path), read_public_key(path)?));
         }
-        let names = keys.iter().map(|(n, _)| n.clone()).collect();
-        Ok(Some(TrustPolicy::single(keys, names, Vec::new())?))
+        let mut identities = Vec::new();
+        if let Some(path) = &self.trusted_root {
+            let root = TrustedRoot::load(path)?;
+            for (i, text) in self.identities.iter().enumerate() {
+                identities.push((format!("identity-{}", i + 1), identity(text, &root)?));
+            }
+        }
+        let names = keys
+            .iter()
+            .map(|(n, _)| n.clone())
+            .chain(identities.iter().map(|(n, _)| n.clone()))
+            .collect();
+        Ok(Some(TrustPolicy::single_with(
+            keys,
+            identities,
+            names,
+            Vec::new(),
+        )?))
     }
 
     /// The host's policy for `bundle verify|push`: required, because the
@@ -122,6 +162,24 @@ impl TrustArgs {
             None => bail!("say whom to trust: --key PUB (repeatable) or --policy FILE"),
         }
     }
+}
+
+/// `--identity ISSUER=SUBJECT`, split at the first `=` (an issuer is a
+/// plain URL; a subject URI may carry `=` in its query).
+fn identity(text: &str, root: &TrustedRoot) -> anyhow::Result<IdentityRule> {
+    let Some((issuer, subject)) = text.split_once('=') else {
+        bail!(
+            "--identity {text:?}: expected ISSUER=SUBJECT (the OIDC issuer URL, then the certificate subject)"
+        );
+    };
+    if issuer.is_empty() || subject.is_empty() {
+        bail!("--identity {text:?}: both the issuer and the subject are needed (ISSUER=SUBJECT)");
+    }
+    Ok(IdentityRule {
+        issuer: issuer.to_string(),
+        subject: Subject::Exact(subject.to_string()),
+        root: root.clone(),
+    })
 }
 
 /// `keys/publisher.pub` is called `publisher`.

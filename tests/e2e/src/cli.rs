@@ -65,6 +65,7 @@ pub fn publisher_verification(public: &Path) -> capstan_api::PluginVerification 
             name: "publisher".into(),
             public_key: std::fs::read_to_string(public).expect("the public key"),
         }],
+        identities: vec![],
         all_of: vec!["publisher".into()],
         any_of: vec![],
     }

@@ -5,6 +5,7 @@
 
 use super::{Context, Failure, Revision, Supply, blocking};
 use capstan_api::Plugin;
+use capstan_registry::keyless::{IdentityRule, Subject};
 use capstan_registry::keys::PublicKey;
 use capstan_registry::policy::TrustPolicy;
 use capstan_registry::{Reference, Source};
@@ -130,11 +131,71 @@ pub(super) fn policies(
             .map_err(|e| ("InvalidVerification", e.to_string()))?;
             keys.push((k.name.clone(), key));
         }
-        let policy = TrustPolicy::single(keys, v.all_of.clone(), v.any_of.clone())
+        let identities = spec_identities(&v.identities, host)?;
+        let policy = TrustPolicy::single_with(keys, identities, v.all_of.clone(), v.any_of.clone())
             .map_err(|e| ("InvalidVerification", format!("spec.{e}")))?;
         policies.push(policy);
     }
     Ok(policies)
+}
+
+/// A Plugin's keyless identities, under the host policy's trusted root: a
+/// Plugin may ask for more signers, never bring the root they chain to.
+fn spec_identities(
+    identities: &[capstan_api::NamedIdentity],
+    host: &TrustPolicy,
+) -> Result<Vec<(String, IdentityRule)>, Failure> {
+    if identities.is_empty() {
+        return Ok(Vec::new());
+    }
+    let root = match host.trusted_roots().as_slice() {
+        [root] => (*root).clone(),
+        [] => {
+            return Err((
+                "InvalidVerification",
+                "spec.verification.identities needs the host's Sigstore trusted root, and the host's trust policy names none; ask the cluster admin to add an identities entry with trustedRoot to it".into(),
+            ));
+        }
+        roots => {
+            return Err((
+                "InvalidVerification",
+                format!(
+                    "spec.verification.identities are verified against the host's trusted root, and the host's trust policy names {} of them; name the identity in the host's policy instead",
+                    roots.len()
+                ),
+            ));
+        }
+    };
+    identities
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let field = format!("spec.verification.identities[{i}] ({:?})", id.name);
+            let subject = match (&id.subject, &id.subject_reg_exp) {
+                (Some(s), None) if !s.is_empty() => Subject::Exact(s.clone()),
+                (None, Some(re)) => Subject::pattern(re)
+                    .map_err(|e| ("InvalidVerification", format!("{field}: {e}")))?,
+                _ => {
+                    return Err((
+                        "InvalidVerification",
+                        format!("{field}: give exactly one of subject or subjectRegExp"),
+                    ));
+                }
+            };
+            if id.issuer.is_empty() {
+                return Err((
+                    "InvalidVerification",
+                    format!("{field}: issuer is empty; give the OIDC issuer URL exactly"),
+                ));
+            }
+            let rule = IdentityRule {
+                issuer: id.issuer.clone(),
+                subject,
+                root: root.clone(),
+            };
+            Ok((id.name.clone(), rule))
+        })
+        .collect()
 }
 
 /// What a `file://` source must satisfy: `None` when it is in a directory

@@ -13,6 +13,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn sigstore_js(args: &[&str]) -> std::process::Output {
+    node_script("sigstore-js.cjs", args)
+}
+
+/// Run `tests/e2e/interop/SCRIPT` with sigstore-js's modules on its path.
+pub(crate) fn node_script(script: &str, args: &[&str]) -> std::process::Output {
     let modules = std::env::var_os("CAPSTAN_SIGSTORE_JS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -20,11 +25,13 @@ fn sigstore_js(args: &[&str]) -> std::process::Output {
         })
         .join("node_modules");
     assert!(
-        modules.join("@sigstore/verify").exists(),
+        modules.join("@sigstore/verify").exists() && modules.join("@sigstore/mock").exists(),
         "sigstore-js is not installed in {}; run scripts/setup.sh",
         modules.display()
     );
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("interop/sigstore-js.cjs");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("interop")
+        .join(script);
     Command::new("node")
         .arg(script)
         .args(args)

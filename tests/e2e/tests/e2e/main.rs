@@ -20,6 +20,7 @@ mod in_cluster;
 mod in_place;
 mod interop;
 mod join_identity;
+mod keyless;
 mod node_claims;
 mod nodes;
 mod oci_plugins;

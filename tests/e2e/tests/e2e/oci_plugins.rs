@@ -42,7 +42,7 @@ async fn plugin_status(env: &Env, name: &str) -> Plugin {
         .unwrap()
 }
 
-fn condition(p: &Plugin, kind: &str) -> Option<(String, String, String)> {
+pub(crate) fn condition(p: &Plugin, kind: &str) -> Option<(String, String, String)> {
     let s = p.status.as_ref()?;
     capstan_api::condition(&s.conditions, kind)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
@@ -59,7 +59,13 @@ async fn set_spec(env: &Env, name: &str, spec: serde_json::Value) {
         .unwrap();
 }
 
-async fn wait_condition(env: &Env, name: &str, kind: &str, status: &str, reason: &str) -> Plugin {
+pub(crate) async fn wait_condition(
+    env: &Env,
+    name: &str,
+    kind: &str,
+    status: &str,
+    reason: &str,
+) -> Plugin {
     let last = std::sync::Mutex::new(String::new());
     let found = capstan_e2e::env::poll_until(LONG, async || {
         let p = plugin_status(env, name).await;
