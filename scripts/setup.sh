@@ -7,7 +7,8 @@
 #   build     a C compiler and the wasm32-wasip2 target (everything needs it)
 #   registry  Debian's docker-registry and htpasswd (the supply-chain tests,
 #             `quickstart.sh --oci`)
-#   interop   sigstore-js and a Python venv with PyNaCl/cryptography, cached
+#   interop   sigstore-js (with @sigstore/mock) and a Python venv with
+#             PyNaCl/cryptography and sigstore-python, cached
 #             outside the repo (the interoperability tests only), and
 #             cloud-init's schema validator (the kubeadm bootstrap plugin's
 #             output is checked with it)
@@ -88,15 +89,18 @@ if want interop; then
             && npm install --no-audit --no-fund --silent @sigstore/sign@4 @sigstore/verify@3 @sigstore/bundle@4 @sigstore/core@3 @sigstore/mock@0.13)
     fi
     # Independent crypto (OpenSSL scrypt, libsodium secretbox, pyca/cryptography)
-    # to cross-check the cosign private-key format, in a venv outside the repo.
+    # to cross-check the cosign private-key format, and the Sigstore Python
+    # client (a second verifier for keyless bundles), in a venv outside the repo.
     CAPSTAN_PY="${CAPSTAN_PYTHON_ENV:-$HOME/.cache/capstan/python}"
-    if ! "$CAPSTAN_PY/bin/python" -c "import nacl.secret, cryptography" >/dev/null 2>&1; then
-        echo "==> installing PyNaCl and cryptography into $CAPSTAN_PY (key-format interop test)"
+    SIGSTORE_PY=4.5.1
+    if ! "$CAPSTAN_PY/bin/python" -c "import nacl.secret, cryptography" >/dev/null 2>&1 \
+        || [ "$("$CAPSTAN_PY/bin/sigstore" --version 2>/dev/null)" != "sigstore $SIGSTORE_PY" ]; then
+        echo "==> installing PyNaCl, cryptography and sigstore $SIGSTORE_PY into $CAPSTAN_PY (key-format and keyless interop tests)"
         if ! python3 -m venv "$CAPSTAN_PY" >/dev/null 2>&1; then
             apt_install python3-venv
             python3 -m venv "$CAPSTAN_PY"
         fi
-        "$CAPSTAN_PY/bin/pip" install -q pynacl cryptography
+        "$CAPSTAN_PY/bin/pip" install -q pynacl cryptography "sigstore==$SIGSTORE_PY"
     fi
 fi
 

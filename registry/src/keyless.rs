@@ -278,6 +278,14 @@ impl Keyless {
     /// material is a certificate (v0.3) or a certificate chain (v0.1, v0.2).
     /// `artifact` is what the signature must cover (the manifest, or the file).
     pub fn from_bundle(bundle: &[u8], artifact: &[u8]) -> Result<Option<Keyless>, String> {
+        // Keyed bundles are read by `crate::signature` alone: whether this
+        // crate's stricter reader takes them must not decide if they count.
+        let raw: serde_json::Value =
+            serde_json::from_slice(bundle).map_err(|e| format!("not JSON: {e}"))?;
+        let material = &raw["verificationMaterial"];
+        if material.get("certificate").is_none() && material.get("x509CertificateChain").is_none() {
+            return Ok(None);
+        }
         let text =
             std::str::from_utf8(bundle).map_err(|_| "the bundle is not UTF-8".to_string())?;
         let parsed =

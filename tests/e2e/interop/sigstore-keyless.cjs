@@ -13,13 +13,17 @@
 //   trusted_root.json        the mock instance's trusted root (Fulcio CA,
 //                            Rekor key, CT log key, timestamp authority)
 //   root-adds-ca.json        the same root plus a CA the site does not trust
-//   good.json                DSSE (in-toto statement naming REPO@sha256(FILE)),
+//   artifact                 the bytes signed
+//   good.json                a message signature over them (v0.3 bundle),
 //                            signed by SUBJECT from ISSUER, logged in Rekor
-//   good-message.json        a message signature over FILE, with a Rekor entry
-//                            and an RFC 3161 timestamp
+//   good-dsse.json           DSSE (in-toto statement naming REPO@sha256),
+//                            logged as an intoto entry
+//   good-v02-timestamp.json  a v0.2 bundle with a Rekor entry and an RFC 3161
+//                            timestamp
 //   other-subject.json, other-issuer.json, untrusted-ca.json, tampered-proof.json,
 //   expired.json (a certificate used after it expired, with no timestamp
-//   inside its validity), missing-sct.json, other-digest.json
+//   inside its validity), missing-sct.json, other-digest.json: message
+//   signatures like good.json, each with one thing wrong
 //   identity.json            {"subject": …, "issuer": …} of good.json
 'use strict';
 const crypto = require('crypto');
@@ -27,6 +31,7 @@ const fs = require('fs');
 const path = require('path');
 const { DSSEBundleBuilder, MessageSignatureBundleBuilder, FulcioSigner, RekorWitness, TSAWitness } = require('@sigstore/sign');
 const { bundleToJSON } = require('@sigstore/bundle');
+const { pem } = require('@sigstore/core');
 const mockLib = require('@sigstore/mock');
 const { mock } = require('@sigstore/mock/dist/mock');
 
@@ -52,9 +57,10 @@ async function instance() {
   const ctlog = await mockLib.initializeCTLog(key());
   const ca = await mockLib.initializeCA(key(), ctlog);
   const tlog = await mockLib.initializeTLog(REKOR, key());
+  const tsa = await mockLib.initializeTSA(key());
   // A whole-second clock: sigstore-verify (Rust) reads genTime as DER
-  // GeneralizedTime without fractions, which RFC 3161 permits.
-  const tsa = await mockLib.initializeTSA(key(), new Date(Math.floor(Date.now() / 1000) * 1000));
+  // GeneralizedTime, without the fractions RFC 3161 permits.
+  tsa.getCurrentTime = () => new Date(Math.floor(Date.now() / 1000) * 1000);
   return { ctlog, ca, tlog, tsa };
 }
 
@@ -92,18 +98,39 @@ function trustedRoot(inst, extraCAs = []) {
   };
 }
 
+// The mock Fulcio writes each certificate's PEM as one base64 line; real
+// Fulcio (Go's encoding/pem) wraps at 64 columns, and the signer copies the
+// PEM into the Rekor entry, where sigstore-python compares it with its own
+// encoding. Re-wrapped here, so the entries are what real Fulcio would yield.
+function fulcio(ca) {
+  const handler = mockLib.fulcioHandler(ca);
+  return {
+    path: handler.path,
+    fn: async (body) => {
+      const reply = await handler.fn(body);
+      if (reply.statusCode !== 201) return reply;
+      const json = JSON.parse(reply.response);
+      const chain = json.signedCertificateEmbeddedSct.chain;
+      chain.certificates = chain.certificates.map((p) => pem.fromDER(pem.toDER(p)));
+      return { ...reply, response: JSON.stringify(json) };
+    },
+  };
+}
+
 // One signature: each mocked service answers one request, so they are
 // armed again for every bundle.
-async function sign(inst, { data, name, sub = SUBJECT, iss = ISSUER, message = false, timestamp = false, ca = inst.ca }) {
-  mock(FULCIO, mockLib.fulcioHandler(ca));
+async function sign(inst, { data, name, sub = SUBJECT, iss = ISSUER, dsse = false, v02 = false, timestamp = false, ca = inst.ca }) {
+  mock(FULCIO, fulcio(ca));
   mock(REKOR, mockLib.rekorHandler(inst.tlog));
   if (timestamp) mock(TSA, mockLib.tsaHandler(inst.tsa));
   const signer = new FulcioSigner({ fulcioBaseURL: FULCIO, identityProvider: { getToken: async () => token(sub, iss) } });
-  const witnesses = [new RekorWitness({ rekorBaseURL: REKOR, fetchOnConflict: false, entryType: 'intoto' })];
+  // DSSE is logged as an intoto entry: the mock logs what it is sent, and
+  // only for intoto is that the shape real Rekor stores.
+  const witnesses = [new RekorWitness({ rekorBaseURL: REKOR, fetchOnConflict: false, entryType: dsse ? 'intoto' : undefined })];
   if (timestamp) witnesses.push(new TSAWitness({ tsaBaseURL: TSA }));
-  if (message) {
-    const bundle = await new MessageSignatureBundleBuilder({ signer, witnesses }).create({ data });
-    return bundleToJSON(bundle);
+  if (!dsse) {
+    const builder = new MessageSignatureBundleBuilder({ signer, witnesses, singleCertificate: !v02 });
+    return bundleToJSON(await builder.create({ data }));
   }
   const digest = crypto.createHash('sha256').update(data).digest('hex');
   const statement = {
@@ -160,9 +187,11 @@ async function cases(a) {
   write('trusted_root.json', trustedRoot(inst));
   write('root-adds-ca.json', trustedRoot(inst, [stranger.ca.rootCertificate]));
   write('identity.json', { subject: SUBJECT, issuer: ISSUER });
+  fs.writeFileSync(path.join(out, 'artifact'), data);
   const good = await sign(inst, { data, name });
   write('good.json', good);
-  write('good-message.json', await sign(inst, { data, name, message: true, timestamp: true }));
+  write('good-dsse.json', await sign(inst, { data, name, dsse: true }));
+  write('good-v02-timestamp.json', await sign(inst, { data, name, v02: true, timestamp: true }));
   write('other-subject.json', await sign(inst, { data, name, sub: 'https://github.com/mallory/plugins/.github/workflows/release.yml@refs/heads/main' }));
   write('other-issuer.json', await sign(inst, { data, name, iss: 'https://accounts.example.com' }));
   // The same Rekor and CT log, but a certificate from a CA the root lacks.

@@ -5,8 +5,9 @@
 //! the mock instance's `trusted_root.json`, and has no route to any Sigstore
 //! service (the mock's URLs are `.invalid`).
 //!
-//! Each refusal names its reason, and sigstore-js's own verifier
-//! (`@sigstore/verify`) is asked the same question about every bundle.
+//! Each refusal names its reason, and two independent verifiers are asked
+//! the same question about every bundle: sigstore-js's (`@sigstore/verify`)
+//! and the Sigstore Python client (`sigstore verify identity --offline`).
 
 use crate::interop::node_script;
 use crate::oci_plugins::wait_condition;
@@ -122,7 +123,7 @@ impl Signed {
     }
 
     /// Whether sigstore-js's verifier accepts `bundle` for this identity.
-    fn sigstore_js_accepts(&self, registry: &Registry, bundle: &str) -> bool {
+    fn sigstore_js_accepts(&self, bundle: &str) -> bool {
         node_script(
             "sigstore-keyless.cjs",
             &[
@@ -135,16 +136,66 @@ impl Signed {
                 SUBJECT,
                 "--issuer",
                 ISSUER,
-                "--registry",
-                &registry.host,
-                "--repository",
-                "capstan/sim-provider",
-                "--digest",
-                &self.digest,
+                "--artifact",
+                &self.file("artifact"),
             ],
         )
         .status
         .success()
+    }
+
+    /// Whether the Sigstore Python client accepts `bundle` for this
+    /// identity, offline, with the same trusted root.
+    fn sigstore_python_accepts(&self, bundle: &str) -> bool {
+        let config = self.cases.join("trust-config.json");
+        if !config.exists() {
+            let root: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(self.file("trusted_root.json")).unwrap())
+                    .unwrap();
+            // Signing endpoints are required by the format; nothing calls them.
+            let service = serde_json::json!([{"url": "https://mock.capstan.invalid", "majorApiVersion": 1, "validFor": {"start": "2020-01-01T00:00:00Z"}, "operator": "mock"}]);
+            let trust = serde_json::json!({
+                "mediaType": "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json",
+                "trustedRoot": root,
+                "signingConfig": {
+                    "mediaType": "application/vnd.dev.sigstore.signingconfig.v0.2+json",
+                    "caUrls": service, "oidcUrls": [], "rekorTlogUrls": service, "tsaUrls": [],
+                    "rekorTlogConfig": {"selector": "ANY"}, "tsaConfig": {"selector": "ANY"},
+                },
+            });
+            std::fs::write(&config, serde_json::to_vec(&trust).unwrap()).unwrap();
+        }
+        // Protobuf's JSON leaves out default values (an inclusion proof's
+        // `logIndex: 0`, empty `hashes`), and sigstore-python's reader wants
+        // them spelled out; filling them in changes nothing the bundle says.
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(bundle).unwrap()).unwrap();
+        if let Some(entries) = json["verificationMaterial"]["tlogEntries"].as_array_mut() {
+            for proof in entries
+                .iter_mut()
+                .filter_map(|e| e.get_mut("inclusionProof"))
+            {
+                let proof = proof.as_object_mut().unwrap();
+                proof.entry("logIndex").or_insert(serde_json::json!("0"));
+                proof.entry("hashes").or_insert(serde_json::json!([]));
+            }
+        }
+        let filled = self.cases.join("python-bundle.json");
+        std::fs::write(&filled, serde_json::to_vec(&json).unwrap()).unwrap();
+        let python = std::env::var_os("CAPSTAN_PYTHON_ENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/capstan/python")
+            });
+        let out = std::process::Command::new(python.join("bin/sigstore"))
+            .args(["--trust-config", config.to_str().unwrap()])
+            .args(["verify", "identity", "--offline", "--bundle"])
+            .arg(&filled)
+            .args(["--cert-identity", SUBJECT, "--cert-oidc-issuer", ISSUER])
+            .arg(self.file("artifact"))
+            .output()
+            .expect("sigstore-python is installed by scripts/setup.sh");
+        out.status.success()
     }
 }
 
@@ -155,9 +206,10 @@ fn keyless_signatures_verify_offline_by_identity_and_each_refusal_says_why() {
     let identity = format!("{ISSUER}={SUBJECT}");
     let root = signed.file("trusted_root.json");
 
-    // Accepted: DSSE in a v0.3 bundle with a Rekor entry, and a message
-    // signature in a v0.2 bundle with a Rekor entry and an RFC 3161 timestamp.
-    for good in ["good.json", "good-message.json"] {
+    // Accepted: a message signature over the manifest in a v0.3 bundle with
+    // a Rekor entry; DSSE (an in-toto statement naming this repository and
+    // digest); a v0.2 bundle with a Rekor entry and an RFC 3161 timestamp.
+    for good in ["good.json", "good-dsse.json", "good-v02-timestamp.json"] {
         let bundle = signed.file(good);
         let out = ok(&signed.verify_args(&identity, &root, &bundle));
         assert!(
@@ -166,9 +218,17 @@ fn keyless_signatures_verify_offline_by_identity_and_each_refusal_says_why() {
             "{good}: {out}"
         );
         assert!(
-            signed.sigstore_js_accepts(&registry, &bundle),
+            signed.sigstore_js_accepts(&bundle),
             "sigstore-js refused {good}"
         );
+        // sigstore-python reads integrated times only from hashedrekord and
+        // dsse entries, not the intoto entry the DSSE bundle has.
+        if good != "good-dsse.json" {
+            assert!(
+                signed.sigstore_python_accepts(&bundle),
+                "sigstore-python refused {good}"
+            );
+        }
     }
 
     // Refused, each naming what did not hold.
@@ -195,7 +255,7 @@ fn keyless_signatures_verify_offline_by_identity_and_each_refusal_says_why() {
         ),
         ("no-time.json", "nothing proves when it was signed"),
         ("missing-sct.json", "missing SCT"),
-        ("other-digest.json", "do not include"),
+        ("other-digest.json", "the bundle signs sha256:"),
     ];
     for (case, reason) in refusals {
         let bundle = signed.file(case);
@@ -204,12 +264,16 @@ fn keyless_signatures_verify_offline_by_identity_and_each_refusal_says_why() {
             err.contains(reason) && err.contains("has no valid signature"),
             "{case}: expected {reason:?} in: {err}"
         );
+        assert!(
+            !signed.sigstore_python_accepts(&bundle),
+            "sigstore-python accepted {case}, which Capstan refuses: {err}"
+        );
         // sigstore-js checks a log entry's signed promise and stops there,
         // so it accepts a bundle whose inclusion proof was tampered with;
-        // on every other case the two verifiers agree.
+        // on every other case the three verifiers agree.
         if case != "tampered-proof.json" {
             assert!(
-                !signed.sigstore_js_accepts(&registry, &bundle),
+                !signed.sigstore_js_accepts(&bundle),
                 "sigstore-js accepted {case}, which Capstan refuses: {err}"
             );
         }
