@@ -5,7 +5,9 @@
 //! sink, recording) is its own, whichever variant of the revision made the
 //! instance. The same secrecy holds with no call threads and with no ready
 //! instances at all. Pure calls, which run on their caller's thread, keep
-//! every limit a call-thread call has.
+//! every limit a call-thread call has. A property test runs random
+//! interleavings of all of it (gate flips between refill and take, reloads
+//! while warm) and checks each call against a model of what it should see.
 
 use super::sandbox::{cloud, grants_for, machine};
 use capstan_e2e::plugin;
@@ -394,4 +396,221 @@ async fn pure_calls_on_the_callers_thread_keep_every_limit() {
         (6, 6),
         "every admitted validate ran on its caller's thread"
     );
+}
+
+/// One step of [`interleaved_calls_each_see_their_own_gate_deadline_quota_and_sink`].
+#[derive(Debug, Clone)]
+enum Step {
+    /// Open or close the host's outbound gate.
+    Gate(bool),
+    /// `create` through one variant of the sim provider.
+    Create(Variant),
+    /// The hostile plugin logs a line naming the Machine, through the
+    /// variant with a log sink or the one without.
+    Say { sunk: bool },
+    /// The hostile plugin hangs, after the instance waited `idle_ms`.
+    Hang { idle_ms: u64 },
+    /// Give the refills a moment, so a later step takes a ready instance.
+    Settle,
+    /// Unload the sim provider while its instances are ready, load it again.
+    Reload,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Variant {
+    Plain,
+    /// One outbound request a minute.
+    Quota,
+    /// Recorded (a taped call never takes a ready instance).
+    Taped,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => any::<bool>().prop_map(Step::Gate),
+        6 => prop_oneof![Just(Variant::Plain), Just(Variant::Quota), Just(Variant::Taped)]
+            .prop_map(Step::Create),
+        3 => any::<bool>().prop_map(|sunk| Step::Say { sunk }),
+        1 => prop_oneof![Just(0u64), Just(300)].prop_map(|idle_ms| Step::Hang { idle_ms }),
+        2 => Just(Step::Settle),
+        1 => Just(Step::Reload),
+    ]
+}
+
+/// Whether the quota variant has spent its one request this minute: a
+/// fenced call may or may not have counted, so after one it is unknown.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Spent {
+    No,
+    Yes,
+    Unknown,
+}
+
+/// Random interleavings of plugins, revisions (a reload while instances
+/// are ready) and variants of one revision (a request quota, a log sink, a
+/// tape), with the outbound gate flipped between one call's release (when
+/// the next instance is made) and the next call's take. Every call must see
+/// its own gate, deadline, quota and sink, whichever variant's release made
+/// the instance it took, and unloading leaves no ready instance behind.
+#[test]
+fn interleaved_calls_each_see_their_own_gate_deadline_quota_and_sink() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let executor = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cloud = executor.block_on(cloud());
+    let rt = executor.block_on(async { runtime(2, 8) });
+    let open = Arc::new(AtomicBool::new(true));
+    let gate = open.clone();
+    rt.gate_outbound(move || gate.load(Ordering::SeqCst));
+    let endpoint = serde_json::json!({ "endpoint": cloud.url() });
+    let hang_limit = Duration::from_millis(200);
+    let hostile = load(
+        &rt,
+        &cloud,
+        "hostile_plugin",
+        Limits {
+            call_timeout: hang_limit,
+            ..Default::default()
+        },
+    );
+    let (log_sink, lines) = sink();
+    let sunk = hostile.with_log_sink(Some(log_sink)).provider().unwrap();
+    let unsunk = hostile.provider().unwrap();
+    let sim = Mutex::new(load(&rt, &cloud, "sim_provider", Limits::default()));
+    let counter = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 16,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&proptest::collection::vec(step(), 1..24), |steps| {
+        executor.block_on(async {
+            open.store(true, Ordering::SeqCst);
+            let variants = |sim: &Plugin| {
+                let quota = Quota::new(QuotaSpec {
+                    requests_per_minute: Some(1),
+                    ..Default::default()
+                });
+                (
+                    sim.provider().unwrap(),
+                    sim.with_quota(Some(quota)).provider().unwrap(),
+                    sim.with_tape(Some(Tape::record())).provider().unwrap(),
+                )
+            };
+            let (mut plain, mut quoted, mut taped) = variants(&sim.lock().unwrap());
+            let mut spent = Spent::No;
+            let (mut said_sunk, mut said_unsunk) = (Vec::new(), Vec::new());
+            for step in steps {
+                let name = format!("m{}", counter.fetch_add(1, Ordering::Relaxed));
+                let is_open = open.load(Ordering::SeqCst);
+                match step {
+                    Step::Gate(to) => open.store(to, Ordering::SeqCst),
+                    Step::Settle => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Step::Reload => {
+                        drop((plain, quoted, taped));
+                        let reloaded = load(&rt, &cloud, "sim_provider", Limits::default());
+                        *sim.lock().unwrap() = reloaded;
+                        (plain, quoted, taped) = variants(&sim.lock().unwrap());
+                        spent = Spent::No;
+                    }
+                    Step::Create(variant) => {
+                        let p = match variant {
+                            Variant::Plain => &plain,
+                            Variant::Quota => &quoted,
+                            Variant::Taped => &taped,
+                        };
+                        let out = p.create(&machine(&name, endpoint.clone()), None).await;
+                        let fenced = matches!(out, Err(Error::Fenced { .. }));
+                        let over = matches!(
+                            out,
+                            Err(Error::QuotaExceeded {
+                                kind: QuotaKind::RequestsPerMinute,
+                                ..
+                            })
+                        );
+                        let fits = match (variant, is_open, spent) {
+                            (Variant::Quota, true, Spent::No) => out.is_ok(),
+                            (Variant::Quota, true, Spent::Yes) => over,
+                            (Variant::Quota, true, Spent::Unknown) => out.is_ok() || over,
+                            (Variant::Quota, false, Spent::No) => fenced,
+                            (Variant::Quota, false, _) => fenced || over,
+                            (_, true, _) => out.is_ok(),
+                            (_, false, _) => fenced,
+                        };
+                        if !fits {
+                            return Err(TestCaseError::fail(format!(
+                                "{variant:?} create {name} with the gate {} (quota spent: {spent:?}): {out:?}",
+                                if is_open { "open" } else { "closed" }
+                            )));
+                        }
+                        if let Variant::Quota = variant {
+                            spent = match (is_open, spent, out.is_ok()) {
+                                (true, _, _) => Spent::Yes,
+                                (false, Spent::No, _) => Spent::Unknown,
+                                (false, other, _) => other,
+                            };
+                        }
+                    }
+                    Step::Say { sunk: to_sink } => {
+                        let p = if to_sink { &sunk } else { &unsunk };
+                        p.create(&attack(&name, "say", None, &cloud), None)
+                            .await
+                            .map_err(|e| TestCaseError::fail(format!("say {name}: {e:?}")))?;
+                        if to_sink {
+                            said_sunk.push(format!("said uid-{name}"));
+                        } else {
+                            said_unsunk.push(format!("said uid-{name}"));
+                        }
+                    }
+                    Step::Hang { idle_ms } => {
+                        tokio::time::sleep(Duration::from_millis(idle_ms)).await;
+                        let started = Instant::now();
+                        let out = unsunk.create(&attack(&name, "hang", None, &cloud), None).await;
+                        let ran = started.elapsed();
+                        if !matches!(out, Err(Error::DeadlineExceeded { .. }))
+                            || ran < hang_limit.mul_f32(0.9)
+                        {
+                            return Err(TestCaseError::fail(format!(
+                                "hang {name} after {idle_ms} ms idle: {out:?} in {ran:?}, not its own {hang_limit:?}"
+                            )));
+                        }
+                    }
+                }
+            }
+            let told = lines.lock().unwrap().clone();
+            for line in &said_sunk {
+                if !told.iter().any(|t| t.contains(line.as_str())) {
+                    return Err(TestCaseError::fail(format!("{line:?} missed its sink")));
+                }
+            }
+            for line in &said_unsunk {
+                if told.iter().any(|t| t.contains(line.as_str())) {
+                    return Err(TestCaseError::fail(format!(
+                        "{line:?}, said without a sink, reached another variant's sink"
+                    )));
+                }
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    drop((sunk, unsunk, hostile, sim));
+    executor.block_on(async {
+        for _ in 0..500 {
+            if rt.ready_instances() == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "{} instances still ready after unloading",
+            rt.ready_instances()
+        );
+    });
 }
