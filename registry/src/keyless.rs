@@ -220,6 +220,16 @@ impl Subject {
             .map_err(|e| format!("subjectRegExp {text:?} is not a regular expression: {e}"))
     }
 
+    /// A subject as a policy names it: exactly one of `subject` and
+    /// `subjectRegExp`.
+    pub fn from_fields(exact: Option<&str>, pattern: Option<&str>) -> Result<Subject, String> {
+        match (exact, pattern) {
+            (Some(s), None) if !s.is_empty() => Ok(Subject::Exact(s.to_string())),
+            (None, Some(re)) => Subject::pattern(re),
+            _ => Err("give exactly one of subject or subjectRegExp".into()),
+        }
+    }
+
     fn matches(&self, value: &str) -> bool {
         match self {
             Subject::Exact(s) => s == value,

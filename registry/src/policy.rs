@@ -377,16 +377,8 @@ fn identity_rule(
             "issuer is empty; give the OIDC issuer URL exactly (for GitHub Actions, https://token.actions.githubusercontent.com)",
         ));
     }
-    let subject = match (&spec.subject, &spec.subject_reg_exp) {
-        (Some(s), None) if !s.is_empty() => Subject::Exact(s.clone()),
-        (None, Some(re)) => Subject::pattern(re).map_err(|e| Error::config(field, e))?,
-        _ => {
-            return Err(Error::config(
-                field,
-                "give exactly one of subject or subjectRegExp",
-            ));
-        }
-    };
+    let subject = Subject::from_fields(spec.subject.as_deref(), spec.subject_reg_exp.as_deref())
+        .map_err(|e| Error::config(field, e))?;
     let root = match (&spec.trusted_root, &spec.trusted_root_json) {
         (Some(path), None) => {
             let Some(base) = base else {

@@ -171,17 +171,9 @@ fn spec_identities(
         .enumerate()
         .map(|(i, id)| {
             let field = format!("spec.verification.identities[{i}] ({:?})", id.name);
-            let subject = match (&id.subject, &id.subject_reg_exp) {
-                (Some(s), None) if !s.is_empty() => Subject::Exact(s.clone()),
-                (None, Some(re)) => Subject::pattern(re)
-                    .map_err(|e| ("InvalidVerification", format!("{field}: {e}")))?,
-                _ => {
-                    return Err((
-                        "InvalidVerification",
-                        format!("{field}: give exactly one of subject or subjectRegExp"),
-                    ));
-                }
-            };
+            let subject =
+                Subject::from_fields(id.subject.as_deref(), id.subject_reg_exp.as_deref())
+                    .map_err(|e| ("InvalidVerification", format!("{field}: {e}")))?;
             if id.issuer.is_empty() {
                 return Err((
                     "InvalidVerification",
