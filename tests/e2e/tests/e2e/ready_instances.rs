@@ -280,6 +280,11 @@ async fn a_ready_instance_is_armed_for_the_call_that_takes_it() {
 
     // Unloaded while warm: every ready instance goes with its revision.
     drop((plain, quoted, taped, sunk, unsunk, sim, hostile));
+    until_none_ready(&rt).await;
+}
+
+/// Wait until no instance is ready (after every revision was unloaded).
+async fn until_none_ready(rt: &Runtime) {
     for _ in 0..500 {
         if rt.ready_instances() == 0 {
             return;
@@ -601,16 +606,5 @@ fn interleaved_calls_each_see_their_own_gate_deadline_quota_and_sink() {
         panic!("{e}");
     }
     drop((sunk, unsunk, hostile, sim));
-    executor.block_on(async {
-        for _ in 0..500 {
-            if rt.ready_instances() == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!(
-            "{} instances still ready after unloading",
-            rt.ready_instances()
-        );
-    });
+    executor.block_on(until_none_ready(&rt));
 }
