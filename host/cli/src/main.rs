@@ -125,11 +125,13 @@ enum PluginCommand {
     /// Push a component to a registry as an OCI artifact (CNCF Wasm layout);
     /// prints the manifest digest.
     Push(distribute::PushArgs),
-    /// Pull a component, verified by --key/--policy before it is downloaded.
+    /// Pull a component, verified by --key/--identity/--policy before it is
+    /// downloaded.
     Pull(distribute::PullArgs),
     /// Sign a plugin in a registry (cosign `.sig`, appended to existing signatures).
     Sign(distribute::SignArgs),
-    /// Check a plugin's signatures against --key or --policy.
+    /// Check a plugin's signatures against --key, --identity (keyless, offline,
+    /// with --trusted-root) or --policy.
     Verify(distribute::VerifyArgs),
     /// Store a Sigstore bundle made by another tool as an OCI referrer of a
     /// plugin, where `verify` and the controller find it.
