@@ -139,8 +139,12 @@ impl TrustedRoot {
                 .any(|s| ca_key(&s.cert_chain) == ca_key(&ca.cert_chain))
             {
                 return refuse(format!(
-                    "certificate authority {i} ({:?}, {})",
-                    ca.subject.common_name, ca.uri
+                    "certificate authority {i} ({}, {})",
+                    ca.subject
+                        .common_name
+                        .as_deref()
+                        .unwrap_or("no common name"),
+                    ca.uri
                 ));
             }
         }
@@ -157,8 +161,11 @@ impl TrustedRoot {
                 .any(|s| ca_key(&s.cert_chain) == ca_key(&tsa.cert_chain))
             {
                 return refuse(format!(
-                    "timestamp authority {i} ({:?})",
-                    tsa.subject.common_name
+                    "timestamp authority {i} ({})",
+                    tsa.subject
+                        .common_name
+                        .as_deref()
+                        .unwrap_or("no common name")
                 ));
             }
         }

@@ -536,9 +536,13 @@ fn signed_by(
         Requirement::Identity(rule) => {
             let mut reasons = Vec::new();
             for c in candidates {
-                let (Ok(()), Some(keyless)) = (&c.claim, &c.keyless) else {
+                let Some(keyless) = &c.keyless else {
                     continue;
                 };
+                if let Err(reason) = &c.claim {
+                    reasons.push(format!("{}: {reason}", c.origin));
+                    continue;
+                }
                 match rule.check(keyless) {
                     Ok(signed) => {
                         return Ok(Signer {
