@@ -219,12 +219,15 @@ fn main() -> anyhow::Result<ExitCode> {
     // One worker: the caller's executor turn between calls (`pause`) then
     // wakes no idle worker, whose wake-up on this kind of host would be
     // counted as the calls' CPU. Calls still run on the call threads, the
-    // webhook's client on a blocking thread.
+    // webhook's client on a blocking thread. The measuring task runs on
+    // that worker, as `capstan controller` runs its controllers: from the
+    // thread blocking on the runtime, every task a call spawns (its
+    // instance's release, the next ready instance) would wake the worker.
     let code = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?
-        .block_on(run(args))?;
+        .block_on(async { tokio::spawn(run(args)).await })??;
     if unpinned_only {
         return Ok(code);
     }
