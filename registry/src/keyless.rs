@@ -103,99 +103,88 @@ impl TrustedRoot {
 
     /// `bundled` (a root that travelled with an air-gap bundle) may only
     /// narrow this one: every authority and log it names must be one this
-    /// root already trusts. Returns the narrowed root (this root's entries,
-    /// with their validity windows, for the authorities `bundled` names);
-    /// refuses, naming the first entry this root does not have.
-    pub fn narrowed_by(&self, bundled: &TrustedRoot) -> Result<TrustedRoot, Error> {
-        let site = &self.root;
-        let theirs = &bundled.root;
-        let refuse = |what: String| {
-            Err(Error::config(
+    /// root already trusts. Refuses, naming the first entry this root does
+    /// not have. (What a bundled root leaves out needs no check: a bundle's
+    /// signatures must satisfy the site's policy, under the site's root, and
+    /// the bundle's own.)
+    pub fn only_narrows(&self, bundled: &TrustedRoot) -> Result<(), Error> {
+        let (site, theirs) = (&self.root, &bundled.root);
+        let chain = |c: &sigstore_verify::trust_root::trusted_root::CertChain| {
+            c.certificates
+                .iter()
+                .map(|e| e.raw_bytes.as_bytes().to_vec())
+                .collect::<Vec<_>>()
+        };
+        let named = |n: &Option<String>| n.as_deref().unwrap_or("no common name").to_string();
+        let added = theirs
+            .certificate_authorities
+            .iter()
+            .enumerate()
+            .find(|(_, ca)| {
+                !site
+                    .certificate_authorities
+                    .iter()
+                    .any(|s| chain(&s.cert_chain) == chain(&ca.cert_chain))
+            })
+            .map(|(i, ca)| {
+                format!(
+                    "certificate authority {i} ({}, {})",
+                    named(&ca.subject.common_name),
+                    ca.uri
+                )
+            })
+            .or_else(|| {
+                theirs
+                    .timestamp_authorities
+                    .iter()
+                    .enumerate()
+                    .find(|(_, tsa)| {
+                        !site
+                            .timestamp_authorities
+                            .iter()
+                            .any(|s| chain(&s.cert_chain) == chain(&tsa.cert_chain))
+                    })
+                    .map(|(i, tsa)| {
+                        format!(
+                            "timestamp authority {i} ({})",
+                            named(&tsa.subject.common_name)
+                        )
+                    })
+            })
+            .or_else(|| {
+                theirs
+                    .tlogs
+                    .iter()
+                    .find(|log| {
+                        !site
+                            .tlogs
+                            .iter()
+                            .any(|s| s.public_key.raw_bytes == log.public_key.raw_bytes)
+                    })
+                    .map(|log| format!("transparency log {}", log.base_url))
+            })
+            .or_else(|| {
+                theirs
+                    .ctlogs
+                    .iter()
+                    .find(|log| {
+                        !site
+                            .ctlogs
+                            .iter()
+                            .any(|s| s.public_key.raw_bytes == log.public_key.raw_bytes)
+                    })
+                    .map(|log| format!("certificate transparency log {}", log.base_url))
+            });
+        match added {
+            None => Ok(()),
+            Some(what) => Err(Error::config(
                 &bundled.origin,
                 format!(
                     "adds {what}, which the site's trusted root {} does not have; a bundled root can only narrow the site's",
                     self.origin
                 ),
-            ))
-        };
-        let ca_key = |chain: &sigstore_verify::trust_root::trusted_root::CertChain| {
-            chain
-                .certificates
-                .iter()
-                .map(|c| c.raw_bytes.as_bytes().to_vec())
-                .collect::<Vec<_>>()
-        };
-        let mut narrowed = (**site).clone();
-        narrowed.certificate_authorities.retain(|ca| {
-            theirs
-                .certificate_authorities
-                .iter()
-                .any(|t| ca_key(&t.cert_chain) == ca_key(&ca.cert_chain))
-        });
-        for (i, ca) in theirs.certificate_authorities.iter().enumerate() {
-            if !site
-                .certificate_authorities
-                .iter()
-                .any(|s| ca_key(&s.cert_chain) == ca_key(&ca.cert_chain))
-            {
-                return refuse(format!(
-                    "certificate authority {i} ({}, {})",
-                    ca.subject
-                        .common_name
-                        .as_deref()
-                        .unwrap_or("no common name"),
-                    ca.uri
-                ));
-            }
+            )),
         }
-        narrowed.timestamp_authorities.retain(|tsa| {
-            theirs
-                .timestamp_authorities
-                .iter()
-                .any(|t| ca_key(&t.cert_chain) == ca_key(&tsa.cert_chain))
-        });
-        for (i, tsa) in theirs.timestamp_authorities.iter().enumerate() {
-            if !site
-                .timestamp_authorities
-                .iter()
-                .any(|s| ca_key(&s.cert_chain) == ca_key(&tsa.cert_chain))
-            {
-                return refuse(format!(
-                    "timestamp authority {i} ({})",
-                    tsa.subject
-                        .common_name
-                        .as_deref()
-                        .unwrap_or("no common name")
-                ));
-            }
-        }
-        macro_rules! narrow_logs {
-            ($field:ident, $what:literal) => {
-                narrowed.$field.retain(|log| {
-                    theirs
-                        .$field
-                        .iter()
-                        .any(|t| t.public_key.raw_bytes == log.public_key.raw_bytes)
-                });
-                for log in &theirs.$field {
-                    if !site
-                        .$field
-                        .iter()
-                        .any(|s| s.public_key.raw_bytes == log.public_key.raw_bytes)
-                    {
-                        return refuse(format!("{} {}", $what, log.base_url));
-                    }
-                }
-            };
-        }
-        narrow_logs!(tlogs, "transparency log");
-        narrow_logs!(ctlogs, "certificate transparency log");
-        let json = serde_json::to_string_pretty(&narrowed)
-            .map_err(|e| Error::config(&bundled.origin, e))?;
-        TrustedRoot::parse(
-            &format!("{} narrowed by {}", self.origin, bundled.origin),
-            &json,
-        )
     }
 }
 
@@ -291,27 +280,30 @@ pub struct Signed {
 }
 
 impl Keyless {
-    /// Read `bundle` (JSON) if it is a keyless bundle: one whose verification
-    /// material is a certificate (v0.3) or a certificate chain (v0.1, v0.2).
-    /// `artifact` is what the signature must cover (the manifest, or the file).
-    pub fn from_bundle(bundle: &[u8], artifact: &[u8]) -> Result<Option<Keyless>, String> {
+    /// Read `bundle` (JSON; `parsed` is the same, as already read) if it is
+    /// a keyless bundle: one whose verification material is a certificate
+    /// (v0.3) or a certificate chain (v0.1, v0.2). `artifact` is what the
+    /// signature must cover (the manifest, or the file).
+    pub fn from_bundle(
+        parsed: &serde_json::Value,
+        bundle: &[u8],
+        artifact: &[u8],
+    ) -> Result<Option<Keyless>, String> {
         // Keyed bundles are read by `crate::signature` alone: whether this
         // crate's stricter reader takes them must not decide if they count.
-        let raw: serde_json::Value =
-            serde_json::from_slice(bundle).map_err(|e| format!("not JSON: {e}"))?;
-        let material = &raw["verificationMaterial"];
+        let material = &parsed["verificationMaterial"];
         if material.get("certificate").is_none() && material.get("x509CertificateChain").is_none() {
             return Ok(None);
         }
         let text =
             std::str::from_utf8(bundle).map_err(|_| "the bundle is not UTF-8".to_string())?;
-        let parsed =
+        let read =
             Bundle::from_json(text).map_err(|e| format!("not a readable Sigstore bundle: {e}"))?;
-        if parsed.signing_certificate().is_none() {
+        if read.signing_certificate().is_none() {
             return Ok(None);
         }
         Ok(Some(Keyless {
-            bundle: Arc::new(parsed),
+            bundle: Arc::new(read),
             artifact: Arc::new(artifact.to_vec()),
         }))
     }
@@ -387,6 +379,25 @@ fn explain(error: &str, root: &TrustedRoot) -> String {
 }
 
 impl IdentityRule {
+    /// An identity as a policy or a Plugin names it: the OIDC issuer
+    /// (exactly, and not empty) and the subject, under `root`.
+    pub fn new(issuer: &str, subject: Subject, root: TrustedRoot) -> Result<IdentityRule, String> {
+        Self::check_issuer(issuer)?;
+        Ok(IdentityRule {
+            issuer: issuer.to_string(),
+            subject,
+            root,
+        })
+    }
+
+    /// An issuer must be named (checked before a root file is read).
+    pub fn check_issuer(issuer: &str) -> Result<(), String> {
+        if issuer.is_empty() {
+            return Err("issuer is empty; give the OIDC issuer URL exactly (for GitHub Actions, https://token.actions.githubusercontent.com)".into());
+        }
+        Ok(())
+    }
+
     /// Whether `signature` was made by this identity under this rule's root.
     pub fn check(&self, signature: &Keyless) -> Result<Signed, String> {
         let signed = signature.verify(&self.root)?;

@@ -766,22 +766,14 @@ fn bundled_roots_only_narrow(site: &TrustPolicy, bundled: &TrustPolicy) -> Resul
                 "names keyless identities, but the site's policy has no trusted root; add an identities entry with trustedRoot: FILE (your own copy of Sigstore's trusted_root.json) to your policy",
             ));
         }
-        let mut refusals = Vec::new();
-        for root in &ours {
-            match root.narrowed_by(theirs) {
-                Ok(_) => {
-                    refusals.clear();
-                    break;
-                }
-                Err(e) => refusals.push(e.to_string()),
-            }
+        if ours.iter().any(|root| root.only_narrows(theirs).is_ok()) {
+            continue;
         }
-        if let Some(first) = refusals.into_iter().next() {
-            return Err(Error::config(
-                "the bundle's trust policy",
-                format!("its trusted root is not within the site's: {first}"),
-            ));
-        }
+        let refusal = ours[0].only_narrows(theirs).unwrap_err();
+        return Err(Error::config(
+            "the bundle's trust policy",
+            format!("its trusted root is not within the site's: {refusal}"),
+        ));
     }
     Ok(())
 }

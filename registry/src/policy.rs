@@ -371,12 +371,7 @@ fn identity_rule(
     spec: &IdentitySpec,
     base: Option<&Path>,
 ) -> Result<IdentityRule, Error> {
-    if spec.issuer.is_empty() {
-        return Err(Error::config(
-            field,
-            "issuer is empty; give the OIDC issuer URL exactly (for GitHub Actions, https://token.actions.githubusercontent.com)",
-        ));
-    }
+    IdentityRule::check_issuer(&spec.issuer).map_err(|e| Error::config(field, e))?;
     let subject = Subject::from_fields(spec.subject.as_deref(), spec.subject_reg_exp.as_deref())
         .map_err(|e| Error::config(field, e))?;
     let root = match (&spec.trusted_root, &spec.trusted_root_json) {
@@ -397,11 +392,7 @@ fn identity_rule(
             ));
         }
     };
-    Ok(IdentityRule {
-        issuer: spec.issuer.clone(),
-        subject,
-        root,
-    })
+    IdentityRule::new(&spec.issuer, subject, root).map_err(|e| Error::config(field, e))
 }
 
 impl Rule {

@@ -166,8 +166,8 @@ fn candidates_from_bundle(
             format!("mediaType {media_type:?} is not a Sigstore bundle"),
         ));
     }
-    let keyless =
-        Keyless::from_bundle(bundle, manifest).map_err(|reason| Error::malformed(&what, reason))?;
+    let keyless = Keyless::from_bundle(&v, bundle, manifest)
+        .map_err(|reason| Error::malformed(&what, reason))?;
     let b64 = |field: &Value, name: &str| -> Result<Vec<u8>, Error> {
         STANDARD
             .decode(field.as_str().unwrap_or(""))

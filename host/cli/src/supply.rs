@@ -175,11 +175,8 @@ fn identity(text: &str, root: &TrustedRoot) -> anyhow::Result<IdentityRule> {
     if issuer.is_empty() || subject.is_empty() {
         bail!("--identity {text:?}: both the issuer and the subject are needed (ISSUER=SUBJECT)");
     }
-    Ok(IdentityRule {
-        issuer: issuer.to_string(),
-        subject: Subject::Exact(subject.to_string()),
-        root: root.clone(),
-    })
+    IdentityRule::new(issuer, Subject::Exact(subject.to_string()), root.clone())
+        .map_err(|e| anyhow::anyhow!("--identity {text:?}: {e}"))
 }
 
 /// `keys/publisher.pub` is called `publisher`.

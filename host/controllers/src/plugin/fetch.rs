@@ -171,21 +171,10 @@ fn spec_identities(
         .enumerate()
         .map(|(i, id)| {
             let field = format!("spec.verification.identities[{i}] ({:?})", id.name);
-            let subject =
-                Subject::from_fields(id.subject.as_deref(), id.subject_reg_exp.as_deref())
-                    .map_err(|e| ("InvalidVerification", format!("{field}: {e}")))?;
-            if id.issuer.is_empty() {
-                return Err((
-                    "InvalidVerification",
-                    format!("{field}: issuer is empty; give the OIDC issuer URL exactly"),
-                ));
-            }
-            let rule = IdentityRule {
-                issuer: id.issuer.clone(),
-                subject,
-                root: root.clone(),
-            };
-            Ok((id.name.clone(), rule))
+            Subject::from_fields(id.subject.as_deref(), id.subject_reg_exp.as_deref())
+                .and_then(|subject| IdentityRule::new(&id.issuer, subject, root.clone()))
+                .map(|rule| (id.name.clone(), rule))
+                .map_err(|e| ("InvalidVerification", format!("{field}: {e}")))
         })
         .collect()
 }
