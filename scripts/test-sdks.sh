@@ -30,7 +30,7 @@ for dir in plugins/*-py; do
     py_tests "$world" "$dir"
 done
 echo "==> JavaScript SDK unit tests (sdk/js/test)"
-node --test --test-reporter=spec sdk/js/test/
+node --import ./sdk/js/testing/register.js --test --test-reporter=spec sdk/js/test/
 for dir in plugins/*-js; do
     [ -d "$dir/test" ] || continue
     echo "==> $dir unit tests"

@@ -54,5 +54,5 @@ export function findObserved(observed: string[], kind: string, name: string): an
 export function deploymentHealth(observed: any | undefined, name: string): Health;
 export function daemonsetHealth(observed: any | undefined, name: string): Health;
 
-// @capstan/plugin/http
+// @capstan/plugin/http (capstan:plugin/http) and @capstan/plugin/http-fetch (fetch): the same functions
 export interface HttpAnswer { status: number; headers: Record<string, string>; text: string }

@@ -1,11 +1,13 @@
 // The Capstan plugin SDK for JavaScript (componentize-js).
 //
 // A JavaScript plugin is a WebAssembly component: componentize-js builds it
-// from your module and a contract world (`wit/`, `capstan:plugin@0.2.0`:
+// from your module and a contract world (`wit/`, `capstan:plugin@0.3.0`:
 // `addon-plugin`, `provider-plugin`, `updater-plugin`), then `capstan
 // plugin annotate` embeds your `capstan-plugin.json`. This module is pure
 // (it imports no WIT interface), so it runs and is tested on Node; logging,
-// which needs the host, is in `@capstan/plugin/log`.
+// which needs the host, is in `@capstan/plugin/log`, and HTTP in
+// `@capstan/plugin/http` (capstan:plugin/http, 0.3.0 hosts) or
+// `@capstan/plugin/http-fetch` (fetch over wasi:http, any host).
 
 /** A contract error to `throw` from an export that returns `result`. */
 export class PluginError extends Error {

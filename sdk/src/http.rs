@@ -1,6 +1,9 @@
-//! Outbound HTTP for plugins, through `wasi:http`.
+//! Outbound HTTP for plugins, through `capstan:plugin/http` or `wasi:http`.
 //!
-//! Inside the sandbox, [`WasiHttp`] sends requests through the host. The host
+//! Inside the sandbox, [`SandboxHttp`] sends requests through the host:
+//! [`CapstanHttp`] (contract 0.3.0, one host call per request) unless the
+//! SDK's default `capstan-http` feature is off, then [`WasiHttp`] (every
+//! host). The host
 //! lets a request through only if its destination (scheme, host, port) is
 //! declared in the plugin manifest *and* granted by the admin; otherwise the
 //! request fails with [`HttpError::Denied`] and the whole call is reported as
@@ -149,7 +152,7 @@ pub enum HttpError {
     InvalidUrl(String),
     /// Connection, TLS or protocol failure.
     Transport(String),
-    /// `wasi:http` is not available (native build without a client).
+    /// The sandbox's HTTP is not available (native build without a client).
     Unavailable,
 }
 
@@ -160,7 +163,7 @@ impl std::fmt::Display for HttpError {
             HttpError::InvalidUrl(m) => write!(f, "invalid URL: {m}"),
             HttpError::Transport(m) => write!(f, "HTTP transport error: {m}"),
             HttpError::Unavailable => {
-                f.write_str("wasi:http is only available inside the Capstan sandbox")
+                f.write_str("the sandbox's HTTP is only available inside the Capstan sandbox")
             }
         }
     }
@@ -189,6 +192,83 @@ impl HttpClient for WasiHttp {
             let _ = request;
             Err(HttpError::Unavailable)
         }
+    }
+}
+
+/// The sandbox's HTTP client on contract 0.3.0 hosts
+/// (`capstan:plugin/http`): one host call per request, where `wasi:http`
+/// takes about a dozen. The host applies the same grants, credentials,
+/// budgets, quota and gate. A component that uses it needs a 0.3.0 host, and
+/// its manifest must say `"contract": "0.3.0"`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CapstanHttp;
+
+impl HttpClient for CapstanHttp {
+    fn send(&self, request: &Request) -> Result<Response, HttpError> {
+        #[cfg(target_arch = "wasm32")]
+        {
+            capstan_send(request)
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let _ = request;
+            Err(HttpError::Unavailable)
+        }
+    }
+}
+
+/// The sandbox's client this SDK was built for: [`CapstanHttp`] with the
+/// default `capstan-http` feature (contract 0.3.0 hosts), [`WasiHttp`]
+/// without it (hosts of every contract version). Plugins name this, so
+/// the choice is one line in their `Cargo.toml`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SandboxHttp;
+
+impl HttpClient for SandboxHttp {
+    fn send(&self, request: &Request) -> Result<Response, HttpError> {
+        #[cfg(feature = "capstan-http")]
+        {
+            CapstanHttp.send(request)
+        }
+        #[cfg(not(feature = "capstan-http"))]
+        {
+            WasiHttp.send(request)
+        }
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+fn capstan_send(request: &Request) -> Result<Response, HttpError> {
+    use crate::bindings::http_v3::capstan::plugin0_3_0::http as host;
+    let sent = host::send(&host::Request {
+        method: request.method.as_str().to_string(),
+        url: request.url.clone(),
+        headers: request.headers.clone(),
+        body: request.body.clone(),
+    });
+    match sent {
+        Ok(response) => Ok(Response {
+            status: response.status,
+            headers: response.headers,
+            body: response.body,
+        }),
+        Err(host::Error::Denied) => Err(HttpError::Denied(format!(
+            "{} is not a destination this plugin may reach",
+            request.url
+        ))),
+        Err(host::Error::InvalidRequest(why)) => Err(HttpError::InvalidUrl(why)),
+        Err(host::Error::LimitReached) => Err(HttpError::Transport(
+            "this call's outbound request budget is spent".into(),
+        )),
+        Err(host::Error::TooLarge) => Err(HttpError::Transport(format!(
+            "the request headers or the response body of {} are larger than the host takes",
+            request.url
+        ))),
+        Err(host::Error::ConnectionRefused) => Err(HttpError::Transport(format!(
+            "connection to {} refused",
+            request.url
+        ))),
+        Err(host::Error::Transport(why)) => Err(HttpError::Transport(why)),
     }
 }
 

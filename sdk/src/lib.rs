@@ -4,7 +4,8 @@
 //! wasm32-wasip2`. This crate gives you:
 //!
 //! - the contract's types ([`Machine`], [`MachineStatus`], [`PluginError`], …)
-//!   generated from `wit/` (`capstan:plugin@0.2.0`);
+//!   generated from `wit/` (`capstan:plugin@0.3.0`; its worlds export
+//!   0.2.0's interfaces, bound here);
 //! - a trait per world ([`Provider`], [`Bootstrap`], and the raw [`updater`]
 //!   / [`addon`] guest traits) and an export macro per world
 //!   ([`export_provider!`], [`export_bootstrap!`], [`export_updater!`],
@@ -14,9 +15,12 @@
 //!   an `invalid-config` error naming the field when it does not fit;
 //! - [`workload_health`] (also under [`addon`]): judge a Deployment or
 //!   DaemonSet in an addon plugin's `assess` as `kubectl rollout status` does;
-//! - [`http`]: outbound HTTP through `wasi:http` (the host only lets through
-//!   destinations your manifest declares and the admin grants, and attaches
-//!   credentials itself), and [`log`]: structured logs into the host's logs.
+//! - [`http`]: outbound HTTP, [`http::SandboxHttp`]: through
+//!   `capstan:plugin/http` (contract 0.3.0, one host call per request) or,
+//!   with the default `capstan-http` feature off, `wasi:http` (any host);
+//!   the host only lets through destinations your manifest declares and the
+//!   admin grants, and attaches credentials itself; and [`log`]: structured
+//!   logs into the host's logs.
 //!
 //! # A minimal provider
 //!
@@ -24,7 +28,7 @@
 //! plugin asks for (see `capstan_manifest` in the host for the format):
 //!
 //! ```json
-//! {"name": "example", "version": "0.1.0", "world": "provider", "contract": "0.2.0",
+//! {"name": "example", "version": "0.1.0", "world": "provider", "contract": "0.3.0",
 //!  "capabilities": {"http": [{"destination": "https://api.example.com", "credential": "api"}]}}
 //! ```
 //!
@@ -122,6 +126,18 @@ pub mod bindings {
                 "capstan:plugin/types@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::types,
                 "capstan:plugin/log@0.1.0": crate::bindings::provider::capstan::plugin0_1_0::log,
             },
+        });
+    }
+    /// Contract 0.3.0's `capstan:plugin/http` import (one host call per
+    /// request), used by [`crate::http::CapstanHttp`]. Only that import:
+    /// the worlds' exports are 0.2.0's, bound above.
+    pub mod http_v3 {
+        wit_bindgen::generate!({
+            path: "../wit",
+            inline: "package capstan:sdk; world http-client { import capstan:plugin/http@0.3.0; }",
+            world: "capstan:sdk/http-client",
+            generate_all,
+            default_bindings_module: "capstan_sdk::bindings::http_v3",
         });
     }
     /// The `bootstrap` world (new in 0.2.0).

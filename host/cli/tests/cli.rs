@@ -331,11 +331,11 @@ async fn inspect_shows_manifest_world_imports_exports_and_digest() {
     for needle in [
         "Plugin:     sim-provider 0.1.0",
         "World:      provider",
-        "Contract:   0.2.0",
+        "Contract:   0.3.0",
         &digest,
         "http  http://127.0.0.1:*  credential slot `sim-cloud`",
         "capstan:plugin/provider@0.2.0",
-        "wasi:http/outgoing-handler",
+        "capstan:plugin/http@0.3.0",
     ] {
         assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
     }
@@ -357,7 +357,7 @@ async fn inspect_shows_manifest_world_imports_exports_and_digest() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e.as_str().unwrap().starts_with("wasi:http/"))
+            .any(|e| e == "capstan:plugin/http@0.3.0")
     );
 
     // A provider built against 0.1.0 (before bootstrap data) still loads,

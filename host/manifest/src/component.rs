@@ -7,7 +7,9 @@
 //! (componentize-py) and JavaScript (componentize-js) components are
 //! annotated after they are built. Everything here is pure byte work.
 
-use crate::{CUSTOM_SECTION, ManifestError, PluginManifest};
+use crate::{
+    CONTRACT_VERSION, CUSTOM_SECTION, HTTP_IMPORT, ManifestError, PluginManifest, contract_minor,
+};
 use wasmparser::{ComponentAlias, ComponentOuterAliasKind, Encoding, Instance, Parser, Payload};
 
 /// What one instantiation of a component holds: every core module it
@@ -196,6 +198,9 @@ pub fn host_provides(import: &str) -> Option<&'static str> {
     let unversioned = import.split('@').next().unwrap_or(import);
     Some(match unversioned {
         "capstan:plugin/log" => "the host's log, tagged with the plugin; volume limited per call",
+        "capstan:plugin/http" => {
+            "one request per host call, to destinations the manifest declares and an admin grants; credentials attached by the host (contract 0.3.0)"
+        }
         "capstan:plugin/types" | "capstan:plugin/bootstrap-types" => "contract types",
         "wasi:http/outgoing-handler" => {
             "requests to destinations the manifest declares and an admin grants; credentials attached by the host"
@@ -267,6 +272,17 @@ pub fn check_fits(manifest: &PluginManifest, found: &Interfaces) -> Result<(), M
                 } else {
                     found.exports.join(", ")
                 }
+            ),
+        });
+    }
+    if found.imports.iter().any(|i| i == HTTP_IMPORT)
+        && contract_minor(&manifest.contract) < contract_minor(CONTRACT_VERSION)
+    {
+        return Err(ManifestError::Invalid {
+            field: "contract".into(),
+            reason: format!(
+                "the component imports {HTTP_IMPORT}, new in contract {CONTRACT_VERSION}, but the manifest says {}; say {CONTRACT_VERSION} (so older hosts refuse it by its manifest), or build against the {} worlds, which use wasi:http",
+                manifest.contract, manifest.contract
             ),
         });
     }

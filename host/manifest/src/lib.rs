@@ -31,11 +31,23 @@ use std::str::FromStr;
 pub const CUSTOM_SECTION: &str = "capstan-manifest";
 
 /// The contract version this host implements (`capstan:plugin@…`).
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.3.0";
 
-/// The previous minor version, which this host still loads (its provider
-/// interface is `provider@0.1.0`; its other interfaces are unchanged in 0.2.0).
-pub const PREVIOUS_CONTRACT_VERSION: &str = "0.1.0";
+/// Every contract version this host loads, newest first. 0.3.0 added one
+/// import (`capstan:plugin/http`) and exports 0.2.0's interfaces; 0.2.0
+/// changed `provider` and `addon` and added `bootstrap`; 0.1.0 is the first.
+pub const SUPPORTED_CONTRACTS: [&str; 3] = [CONTRACT_VERSION, "0.2.0", FIRST_CONTRACT_VERSION];
+
+/// The first contract version (its `provider` and `addon` interfaces are
+/// `@0.1.0`; `updater` is the same under every version).
+pub const FIRST_CONTRACT_VERSION: &str = "0.1.0";
+
+/// The contract version whose interfaces a plugin of 0.2.0 or later
+/// exports (0.3.0 added an import, no export).
+pub const EXPORTS_VERSION: &str = "0.2.0";
+
+/// The import new in contract 0.3.0; a component with it needs a 0.3.0 host.
+pub const HTTP_IMPORT: &str = "capstan:plugin/http@0.3.0";
 
 /// Upper bound on the manifest's size; anything larger is refused unread.
 pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
@@ -83,17 +95,14 @@ impl World {
 
     /// The fully qualified interface a component built against `contract`
     /// (a supported version) must export. 0.2.0 changed `provider` and
-    /// `addon` and added `bootstrap`; updaters export the 0.1.0 interface
-    /// under either version.
+    /// `addon` and added `bootstrap`, and 0.3.0 exports those unchanged;
+    /// updaters export the 0.1.0 interface under every version.
     pub fn export_interface(self, contract: &str) -> String {
+        let changed_in_0_2 = contract_minor(contract) >= contract_minor(EXPORTS_VERSION);
         let version = match self {
-            World::Provider | World::Addon
-                if contract_minor(contract) == contract_minor(CONTRACT_VERSION) =>
-            {
-                CONTRACT_VERSION
-            }
-            World::Bootstrap => CONTRACT_VERSION,
-            _ => PREVIOUS_CONTRACT_VERSION,
+            World::Provider | World::Addon if changed_in_0_2 => EXPORTS_VERSION,
+            World::Bootstrap => EXPORTS_VERSION,
+            _ => FIRST_CONTRACT_VERSION,
         };
         format!("capstan:plugin/{}@{version}", self.as_str())
     }
@@ -321,18 +330,19 @@ impl PluginManifest {
             return Err(invalid(
                 "contract",
                 format!(
-                    "contract {} is not supported by this host (it implements {CONTRACT_VERSION} and {PREVIOUS_CONTRACT_VERSION})",
-                    self.contract
+                    "contract {} is not supported by this host (it implements {})",
+                    self.contract,
+                    SUPPORTED_CONTRACTS.join(", ")
                 ),
             ));
         }
         if self.world == World::Bootstrap
-            && contract_minor(&self.contract) < contract_minor(CONTRACT_VERSION)
+            && contract_minor(&self.contract) < contract_minor(EXPORTS_VERSION)
         {
             return Err(invalid(
                 "contract",
                 format!(
-                    "the bootstrap world is new in contract {CONTRACT_VERSION}; this manifest says {}",
+                    "the bootstrap world is new in contract {EXPORTS_VERSION}; this manifest says {}",
                     self.contract
                 ),
             ));
@@ -532,18 +542,18 @@ fn is_semver(v: &str) -> bool {
 }
 
 /// Whether a plugin built against `contract` can run on this host: the same
-/// major and minor version as [`CONTRACT_VERSION`] or
-/// [`PREVIOUS_CONTRACT_VERSION`] (0.x minors are distinct, as in Cargo).
+/// major and minor version as one of [`SUPPORTED_CONTRACTS`] (0.x minors
+/// are distinct, as in Cargo).
 pub fn contract_supported(contract: &str) -> bool {
     let theirs: Vec<_> = contract.split('.').collect();
     theirs.len() == 3
-        && [CONTRACT_VERSION, PREVIOUS_CONTRACT_VERSION]
+        && SUPPORTED_CONTRACTS
             .iter()
             .any(|v| contract_minor(v) == contract_minor(contract))
 }
 
 /// `(major, minor)` of a version; `(u64::MAX, u64::MAX)` when unreadable.
-fn contract_minor(version: &str) -> (u64, u64) {
+pub fn contract_minor(version: &str) -> (u64, u64) {
     let mut parts = version
         .split('.')
         .map(|p| p.parse::<u64>().unwrap_or(u64::MAX));
@@ -622,7 +632,7 @@ mod tests {
         let cases: [(&[u8], &str); 12] = [
             (br#"{"name":"Sim","version":"0.1.0","world":"provider","contract":"0.1.0"}"#, "`name`"),
             (br#"{"name":"sim","version":"1","world":"provider","contract":"0.1.0"}"#, "`version`"),
-            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.3.0"}"#, "not supported"),
+            (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.4.0"}"#, "not supported"),
             (br#"{"name":"boot","version":"0.1.0","world":"bootstrap","contract":"0.1.0"}"#, "new in contract 0.2.0"),
             (br#"{"name":"sim","version":"0.1.0","world":"robot","contract":"0.1.0"}"#, "unknown variant"),
             (br#"{"name":"sim","version":"0.1.0","world":"provider","contract":"0.1.0","extra":1}"#, "unknown field"),

@@ -55,6 +55,7 @@
 mod allocator;
 pub mod cache;
 mod call;
+mod capstan_http;
 mod capture;
 mod credentials;
 mod engine;
@@ -149,6 +150,23 @@ pub mod bindings {
             "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
         });
     }
+    /// Contract 0.3.0's one new import, `capstan:plugin/http` (one host
+    /// call per outbound request). Its worlds export 0.2.0's interfaces,
+    /// bound by the modules above; only the import is used from here.
+    pub mod http_v3 {
+        wasmtime::component::bindgen!({
+            path: "../../wit",
+            world: "capstan:plugin/bootstrap-plugin@0.3.0",
+            imports: { default: trappable, "capstan:plugin/http.send": async | trappable },
+            exports: { default: async },
+            additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+            with: {
+                "capstan:plugin/types@0.1.0": super::provider::capstan::plugin0_1_0::types,
+                "capstan:plugin/log@0.1.0": super::provider::capstan::plugin0_1_0::log,
+                "capstan:plugin/bootstrap-types@0.2.0": super::provider_v2::capstan::plugin0_2_0::bootstrap_types,
+            },
+        });
+    }
     /// Contract 0.2.0's bootstrap world.
     pub mod bootstrap {
         world!("capstan:plugin/bootstrap-plugin@0.2.0", with: {
@@ -177,6 +195,7 @@ pub mod types {
     };
 }
 
+use bindings::http_v3::capstan::plugin0_3_0::http as wit_http;
 use bindings::provider::capstan::plugin0_1_0::log as wit_log;
 use types::{
     AddonSpec, BootstrapData, Deletion, FoundInstance, Health, InstanceCapacity, JoinInfo, Machine,

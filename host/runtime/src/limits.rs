@@ -48,6 +48,11 @@ pub const OUTGOING_BODY_CHUNK_BYTES: usize = 32 * 1024;
 /// Response bodies are bounded by the HTTP gate's response limit.
 pub const HOST_OBJECT_BYTES_PER_CALL: usize = MAX_RESOURCES_PER_CALL * OUTGOING_BODY_CHUNK_BYTES;
 
+/// Most bytes of a response body the host reads for one
+/// `capstan:plugin/http` request (larger answers are `too-large`); a call
+/// makes one such request at a time, so one body is buffered at most.
+pub const MAX_RESPONSE_BODY_BYTES: usize = 8 * 1024 * 1024;
+
 /// Which outbound-request budget a call ran out of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestLimit {
@@ -93,9 +98,10 @@ impl Limits {
     /// memories and tables (`memory_bytes`), its host-side objects
     /// ([`HOST_OBJECT_BYTES_PER_CALL`]), one crossing's data
     /// ([`Self::hostcall_bytes`]), its captured output (stdout, stderr and
-    /// log) and the request bodies the host buffers to sign, one per request
-    /// in flight. A Plugin's `spec.quota.hostBytes` must hold
-    /// `concurrentCalls` of these; `capstan plugin inspect` prints it.
+    /// log), the request bodies the host buffers to sign, one per request
+    /// in flight, and one `capstan:plugin/http` response body. A Plugin's
+    /// `spec.quota.hostBytes` must hold `concurrentCalls` of these;
+    /// `capstan plugin inspect` prints it.
     pub fn host_bytes_per_call(&self) -> u64 {
         let signed = (self.max_requests_in_flight as usize)
             .saturating_mul(crate::credentials::MAX_SIGNED_BODY_BYTES);
@@ -106,6 +112,7 @@ impl Limits {
             self.stdio_bytes.saturating_mul(2),
             self.log_bytes,
             signed,
+            MAX_RESPONSE_BODY_BYTES,
         ]
         .into_iter()
         .fold(0u64, |sum, b| sum.saturating_add(b as u64))

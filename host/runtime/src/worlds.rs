@@ -196,7 +196,7 @@ macro_rules! versioned_handle {
                 plugin.expect_world($world)?;
                 let mismatch = |e| exports_mismatch(plugin, $world, e);
                 let export = $world.export_interface(&plugin.manifest().contract);
-                let pre = if export.ends_with(capstan_manifest::PREVIOUS_CONTRACT_VERSION) {
+                let pre = if export.ends_with(capstan_manifest::FIRST_CONTRACT_VERSION) {
                     $pre_enum::V1(
                         bindings::$m1::$pre::new(&plugin.inner.pre).map_err(mismatch)?,
                     )

@@ -13,7 +13,7 @@
 // The updater is only exported (and so only used) in its wasm build.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
-use capstan_sdk::http::{HttpClient, Method, Request, WasiHttp};
+use capstan_sdk::http::{HttpClient, Method, Request, SandboxHttp};
 use capstan_sdk::updater::{Guest, UpdateInProgress, UpdateProgress};
 use capstan_sdk::{Machine, PluginError};
 use serde::Deserialize;
@@ -82,7 +82,7 @@ impl Guest for BrokenUpdater {
             "{}/v1/instances/{id}",
             config.endpoint.trim_end_matches('/')
         );
-        let resp = WasiHttp.send(&Request::get(&url)).map_err(transient)?;
+        let resp = SandboxHttp.send(&Request::get(&url)).map_err(transient)?;
         let instance: Instance = resp.json().map_err(transient)?;
         if instance.tags.contains_key(DONE_TAG) {
             return Ok(in_progress(0));
@@ -92,13 +92,13 @@ impl Guest for BrokenUpdater {
         }
         if instance.version == desired.version {
             let body = serde_json::json!({ DONE_TAG: "1" });
-            WasiHttp
+            SandboxHttp
                 .send(&Request::json(Method::Patch, format!("{url}/tags"), &body))
                 .map_err(transient)?;
             return Ok(UpdateProgress::Done);
         }
         let body = serde_json::json!({ "version": desired.version });
-        WasiHttp
+        SandboxHttp
             .send(&Request::json(Method::Post, format!("{url}/update"), &body))
             .map_err(transient)?;
         Ok(in_progress(1))

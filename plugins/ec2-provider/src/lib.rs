@@ -40,7 +40,7 @@
 //!
 //! The logic is generic over [`HttpClient`], so it is unit-tested natively.
 
-use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
+use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, SandboxHttp};
 use capstan_sdk::{
     AddressKind, BootstrapData, Deletion, FoundInstance, InstanceCapacity, InstanceState, Machine,
     MachineAddress, MachineStatus, PluginError, Provider,
@@ -105,7 +105,7 @@ impl Ec2Config {
 
 /// The provider, over any HTTP client.
 #[derive(Debug, Default, Clone)]
-pub struct Ec2Provider<C = WasiHttp> {
+pub struct Ec2Provider<C = SandboxHttp> {
     http: C,
 }
 

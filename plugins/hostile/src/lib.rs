@@ -1,7 +1,10 @@
 //! `hostile`: a deliberately misbehaving provider plugin, used only as a test
 //! fixture to prove the sandbox's limits. Never deploy it.
 //!
-//! The provider config picks the attack that `create` performs:
+//! The provider config picks the attack that `create` performs, and
+//! `transport` how its requests leave: `wasi` (`wasi:http`, the default) or
+//! `capstan` (`capstan:plugin/http`), so one table of refusals runs
+//! through both:
 //!
 //! | `attack` | what it does | what the host must report |
 //! |---|---|---|
@@ -30,12 +33,13 @@
 //! | `peek` | scans all of its linear memory and its static for `capstan-secret:` and fails with what it found (its own `self` marker included, proving the scan works) | only `self` |
 //! | `say` | logs and prints `said <machine uid>` | the line reaches this call's log sink only |
 //! | `validate-loop`, `validate-memory`, `validate-request` | in `validate` (a pure call, run on its caller's thread): spins, allocates without end, or GETs `target` | deadline, memory limit, and the request refused or sent as any call's |
+//! | `send` | sends one `method` request to `target` with `headerBytes` of headers and a `bodyBytes` body | whatever the host's rules say of it |
 //! | `none` | behaves (validate/get/delete always work; a modest capacity) | nothing |
 
 // The plugin is only exported (and so only used) in its wasm build.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
-use capstan_sdk::http::{HttpClient, Method, Request, WasiHttp};
+use capstan_sdk::http::{CapstanHttp, HttpClient, Method, Request, WasiHttp};
 use capstan_sdk::{
     Deletion, InstanceCapacity, InstanceState, Machine, MachineStatus, PluginError, Provider,
 };
@@ -52,6 +56,30 @@ struct Config {
     /// What `stash` does once the secret is left everywhere.
     #[serde(default)]
     then: Option<String>,
+    /// How requests leave: `wasi` (`wasi:http`, the default) or `capstan`
+    /// (`capstan:plugin/http`, contract 0.3.0).
+    #[serde(default)]
+    transport: Option<String>,
+    /// `send`: the method (default `GET`).
+    #[serde(default)]
+    method: Option<String>,
+    /// `send`: this many bytes of `x-filler` header values.
+    #[serde(default)]
+    header_bytes: usize,
+    /// `send`: a body of this many bytes.
+    #[serde(default)]
+    body_bytes: usize,
+}
+
+/// The client `config.transport` names.
+fn client(config: &Config) -> Result<&'static dyn HttpClient, PluginError> {
+    match config.transport.as_deref() {
+        None | Some("wasi") => Ok(&WasiHttp),
+        Some("capstan") => Ok(&CapstanHttp),
+        Some(other) => Err(PluginError::invalid_config(format!(
+            "transport: `{other}` is not wasi or capstan"
+        ))),
+    }
 }
 
 #[derive(Default)]
@@ -85,7 +113,7 @@ impl Provider for Hostile {
             "validate-loop" => spin_forever(),
             "validate-memory" => allocate_forever(),
             "validate-request" => {
-                let answer = WasiHttp.send(&Request::get(target(config)?));
+                let answer = client(config)?.send(&Request::get(target(config)?));
                 Err(PluginError::terminal(format!(
                     "validate sent: {:?}",
                     answer.map(|r| r.status)
@@ -101,7 +129,7 @@ impl Provider for Hostile {
         config: &Config,
         _bootstrap: Option<&capstan_sdk::BootstrapData>,
     ) -> Result<MachineStatus, PluginError> {
-        let http = WasiHttp;
+        let http = client(config)?;
         match config.attack.as_str() {
             "none" => {}
             "claim-node" => {
@@ -163,7 +191,14 @@ impl Provider for Hostile {
                 )));
             }
             "trace" => {
+                if config.transport.as_deref() == Some("capstan") {
+                    return Err(PluginError::terminal(capstan_send(config, "TRACE")?));
+                }
                 return Err(PluginError::terminal(trace(target(config)?)));
+            }
+            "send" => {
+                let method = config.method.as_deref().unwrap_or("GET");
+                return Err(PluginError::terminal(capstan_send(config, method)?));
             }
             "trap" => panic!("hostile plugin panicked on purpose"),
             "entropy" => {
@@ -175,7 +210,7 @@ impl Provider for Hostile {
                     "clientToken": hex_of(&random),
                     "name": format!("t{}-{}", now.seconds, now.nanoseconds),
                 });
-                let resp = post_instance(&http, config, &body)?;
+                let resp = post_instance(http, config, &body)?;
                 capstan_sdk::log::info("entropy sent", &[("status", &resp.status.to_string())]);
                 let mut status = MachineStatus::new("hostile://entropy", InstanceState::Running);
                 status.message = Some(resp.text());
@@ -202,7 +237,7 @@ impl Provider for Hostile {
                     wasip2::random::random::get_random_u64()
                 );
                 let body = serde_json::json!({ "clientToken": token, "name": machine.name });
-                let resp = post_instance(&http, config, &body)?;
+                let resp = post_instance(http, config, &body)?;
                 let instance: Instance = resp
                     .json()
                     .map_err(|e| PluginError::transient(e.to_string(), 1_000))?;
@@ -300,7 +335,7 @@ impl Provider for Hostile {
             .as_deref()
             .and_then(|p| p.strip_prefix("sim://"))
             .ok_or_else(|| PluginError::not_found("no provider ID"))?;
-        let resp = WasiHttp
+        let resp = client(config)?
             .send(&Request::get(format!(
                 "{}/v1/instances/{id}",
                 endpoint(config)?
@@ -327,7 +362,7 @@ impl Provider for Hostile {
         else {
             return Ok(Deletion::Done);
         };
-        let resp = WasiHttp
+        let resp = client(config)?
             .send(&Request::delete(format!(
                 "{}/v1/instances/{id}",
                 endpoint(config)?
@@ -336,6 +371,54 @@ impl Provider for Hostile {
         match resp.status {
             404 => Ok(Deletion::Done),
             _ => Ok(Deletion::InProgress(100)),
+        }
+    }
+}
+
+/// Send one request to `target` with any method (the SDK's `Method` has
+/// five), `header_bytes` of headers and a `body_bytes` body, through
+/// `config.transport`, and report what came back.
+fn capstan_send(config: &Config, method: &str) -> Result<String, PluginError> {
+    let url = target(config)?.to_string();
+    let mut headers = Vec::new();
+    let mut left = config.header_bytes;
+    while left > 0 {
+        let value = "f".repeat(left.min(4096));
+        left -= value.len();
+        headers.push(("x-filler".to_string(), value));
+    }
+    let body = vec![b'b'; config.body_bytes];
+    match config.transport.as_deref() {
+        Some("capstan") => {
+            use capstan_sdk::bindings::http_v3::capstan::plugin0_3_0::http as host;
+            #[cfg(target_arch = "wasm32")]
+            let sent = host::send(&host::Request {
+                method: method.to_string(),
+                url,
+                headers,
+                body,
+            })
+            .map(|r| r.status);
+            #[cfg(not(target_arch = "wasm32"))]
+            let sent: Result<u16, host::Error> = {
+                let _ = (method, url, headers, body);
+                Err(host::Error::Transport("needs the sandbox".into()))
+            };
+            Ok(format!("send outcome: {sent:?}"))
+        }
+        _ => {
+            let mut request = Request::new(Method::Get, url);
+            if method != "GET" {
+                let known = [Method::Post, Method::Put, Method::Patch, Method::Delete];
+                request.method = *known
+                    .iter()
+                    .find(|m| m.as_str() == method)
+                    .ok_or_else(|| PluginError::invalid_config(format!("method: {method}")))?;
+            }
+            request.headers = headers;
+            request.body = body;
+            let sent = WasiHttp.send(&request).map(|r| r.status);
+            Ok(format!("send outcome: {sent:?}"))
         }
     }
 }
@@ -586,7 +669,7 @@ fn hex_of(bytes: &[u8]) -> String {
 
 /// POST `body` to the cloud's `/v1/instances` at `endpoint`.
 fn post_instance(
-    http: &WasiHttp,
+    http: &dyn HttpClient,
     config: &Config,
     body: &serde_json::Value,
 ) -> Result<capstan_sdk::http::Response, PluginError> {

@@ -12,9 +12,10 @@
 //! credential slot `sim-cloud` is filled by the host (bearer token).
 //!
 //! The logic is generic over [`HttpClient`], so the same code runs inside the
-//! sandbox (through `wasi:http`) and natively (benchmarks).
+//! sandbox (through `capstan:plugin/http`, the SDK's `SandboxHttp`) and
+//! natively (benchmarks).
 
-use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, WasiHttp};
+use capstan_sdk::http::{HttpClient, HttpError, Method, Request, Response, SandboxHttp};
 use capstan_sdk::{
     AddressKind, BootstrapData, BootstrapFormat, Deletion, FoundInstance, InstanceCapacity,
     InstanceState, Machine, MachineAddress, MachineStatus, PluginError, Provider,
@@ -42,7 +43,7 @@ pub struct SimConfig {
 
 /// The provider, over any HTTP client.
 #[derive(Debug, Default, Clone)]
-pub struct SimProvider<C = WasiHttp> {
+pub struct SimProvider<C = SandboxHttp> {
     http: C,
 }
 
@@ -445,7 +446,7 @@ mod tests {
 
     #[test]
     fn config_validation_names_the_field() {
-        let p = SimProvider::<WasiHttp>::default();
+        let p = SimProvider::<SandboxHttp>::default();
         let bad = SimConfig {
             tags: BTreeMap::new(),
             endpoint: "127.0.0.1:1".into(),

@@ -8,7 +8,7 @@
 // The updater is only exported (and so only used) in its wasm build.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
-use capstan_sdk::http::{HttpClient, Method, Request, Response, WasiHttp};
+use capstan_sdk::http::{HttpClient, Method, Request, Response, SandboxHttp};
 use capstan_sdk::updater::{Guest, UpdateInProgress, UpdateProgress};
 use capstan_sdk::{Machine, PluginError, parse_config};
 use serde::Deserialize;
@@ -38,7 +38,7 @@ struct UpdateStatus {
 }
 
 fn send(request: Request) -> Result<Response, PluginError> {
-    WasiHttp
+    SandboxHttp
         .send(&request)
         .map_err(|e| PluginError::transient(e.to_string(), 1_000))
 }

@@ -2,6 +2,7 @@
 // stand-ins in this folder.
 const STANDINS = {
   'capstan:plugin/log@0.1.0': new URL('./log.js', import.meta.url).href,
+  'capstan:plugin/http@0.3.0': new URL('./http.js', import.meta.url).href,
 };
 
 export async function resolve(specifier, context, next) {

@@ -2,14 +2,16 @@
 
 A Python plugin is a WebAssembly component: `componentize-py` builds it from
 your module and the bindings of a contract world (`wit/`,
-`capstan:plugin@0.2.0`: `provider-http-plugin`, `updater-http-plugin`,
+`capstan:plugin@0.3.0`: `provider-http-plugin`, `updater-http-plugin`,
 `addon-plugin`), then `capstan plugin annotate` embeds your
 `capstan-plugin.json`. This package gives what the Rust SDK gives:
 
 - `errors`: the contract's errors to `raise` (`invalid_config`, `transient`, ...);
 - `config`: JSON configuration into your dataclass, errors naming the field;
-- `http`: requests through `wasi:http` with an exact `content-length`, and
-  the usual mapping of HTTP answers to contract errors;
+- `http`: requests through `capstan:plugin/http` (0.3.0 worlds, one host
+  call each) or `wasi:http` (0.2.0 worlds, with an exact
+  `content-length`), and the usual mapping of HTTP answers to contract
+  errors;
 - `log`: structured logs into the host's logs;
 - `provider.ConfigProvider`: a provider base that parses the configuration
   before your code runs;

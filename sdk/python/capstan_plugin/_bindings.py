@@ -29,6 +29,10 @@ def _first(*names: str) -> Optional[ModuleType]:
 TYPES = _first("wit_world.imports.capstan_plugin_types", "wit_world.imports.types")
 LOG = _first("wit_world.imports.log")
 RESULTS = _first("componentize_py_types")
+# `capstan:plugin/http` (contract 0.3.0): in every 0.3.0 world; absent when
+# the plugin is built for a 0.2.0 world (`-w capstan:plugin/WORLD@0.2.0`),
+# and then `http.send` uses wasi:http.
+CAPSTAN_HTTP = _first("wit_world.imports.http")
 # Only in the worlds that name wasi:http (provider-http-plugin, updater-http-plugin).
 HTTP_TYPES = _first("wit_world.imports.wasi_http_types")
 OUTGOING_HANDLER = _first("wit_world.imports.outgoing_handler")

@@ -1,4 +1,7 @@
-"""Outbound HTTP from a plugin, through `wasi:http/outgoing-handler`.
+"""Outbound HTTP from a plugin: through `capstan:plugin/http` (contract
+0.3.0, one host call per request) when the plugin is built for a 0.3.0
+world, else through `wasi:http/outgoing-handler` (hosts of every version).
+The choice is made at build time, by the world the bindings come from.
 
 The host lets a request through only to a destination the manifest declares
 and an admin grants, and attaches the credential itself: never put one in a
@@ -17,7 +20,8 @@ from typing import Any, Optional
 
 from . import _bindings, errors
 
-#: Largest response body read; more fails the request.
+#: Largest response body read through wasi:http; more fails the request
+#: (through capstan:plugin/http the host's limit, 8 MiB, applies).
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 #: `blocking-write-and-flush` takes at most this much per call.
 WRITE_CHUNK_BYTES = 4096
@@ -145,6 +149,35 @@ def api_error(response: Response, doing: str) -> Exception:
 def send(request: Request) -> Response:
     """Send `request` through the sandbox and read the whole answer.
     Raises HttpError when there is no answer."""
+    if _bindings.CAPSTAN_HTTP is not None:
+        return _send_capstan(request)
+    return _send_wasi(request)
+
+
+def _send_capstan(request: Request) -> Response:
+    """One host call: `capstan:plugin/http.send`."""
+    host = _bindings.CAPSTAN_HTTP
+    Err = _bindings.need(_bindings.RESULTS, "componentize_py_types").Err
+    method = request.method.upper()
+    if method not in METHODS:
+        raise HttpError("invalid-url", f"`{request.method}` is not an HTTP method this SDK sends")
+    split_url(request.url)
+    headers = [(k.lower(), v) for k, v in request.headers if k.lower() != "content-length"]
+    try:
+        answer = host.send(host.Request(method, request.url, headers, bytes(request.body)))
+    except Err as e:
+        kind = type(e.value).__name__
+        if kind == "Error_Denied":
+            raise HttpError("denied", f"{request.url} is not a destination this plugin may reach") from None
+        if kind == "Error_InvalidRequest":
+            raise HttpError("invalid-url", f"{request.url}: {e.value.value}") from None
+        detail = getattr(e.value, "value", None) or kind.removeprefix("Error_")
+        raise HttpError("transport", f"{request.method} {request.url}: {detail}") from None
+    return Response(answer.status, list(answer.headers), bytes(answer.body))
+
+
+def _send_wasi(request: Request) -> Response:
+    """wasi:http: a request, its body stream, a future and the response's."""
     what = "wasi:http (build a provider or updater for `provider-http-plugin` or `updater-http-plugin`)"
     t = _bindings.need(_bindings.HTTP_TYPES, what)
     outgoing_handler = _bindings.need(_bindings.OUTGOING_HANDLER, what)

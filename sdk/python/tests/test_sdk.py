@@ -76,6 +76,48 @@ class HttpTest(unittest.TestCase):
         self.assertEqual(headers["content-length"], str(len(r.body)).encode())
         self.assertEqual(dict(wire_headers(Request.delete("http://h/x")))["content-length"], b"0")
 
+    def test_capstan_http_is_used_when_the_world_has_it_and_its_errors_map(self):
+        import componentize_py_types
+        from capstan_plugin import _bindings, http as sdk_http
+        from wit_world.imports import http as host
+
+        sent = []
+
+        class Host:
+            Request = host.Request
+
+            def __init__(self, answer):
+                self.answer = answer
+
+            def send(self, request):
+                sent.append(request)
+                if isinstance(self.answer, Exception):
+                    raise self.answer
+                return self.answer
+
+        self.assertIsNotNone(_bindings.CAPSTAN_HTTP, "0.3.0 worlds import capstan:plugin/http")
+        real = _bindings.CAPSTAN_HTTP
+        try:
+            _bindings.CAPSTAN_HTTP = Host(host.Response(201, [("content-type", "application/json")], b'{"id":"i-1"}'))
+            answer = sdk_http.send(
+                Request("POST", "http://h:1/v1", [("Content-Length", "999"), ("X-A", "b")], b'{"a":1}')
+            )
+            self.assertEqual((answer.status, answer.json()), (201, {"id": "i-1"}))
+            # The host frames the body itself: no content-length goes in.
+            self.assertEqual(sent[0], host.Request("POST", "http://h:1/v1", [("x-a", "b")], b'{"a":1}'))
+            for error, kind in [
+                (host.Error_Denied(), "denied"),
+                (host.Error_InvalidRequest("headers: `host` is set by the host"), "invalid-url"),
+                (host.Error_LimitReached(), "transport"),
+                (host.Error_Transport("reset"), "transport"),
+            ]:
+                _bindings.CAPSTAN_HTTP = Host(componentize_py_types.Err(error))
+                with self.assertRaises(HttpError) as caught:
+                    sdk_http.send(Request.get("http://h:1/x"))
+                self.assertEqual(caught.exception.kind, kind, error)
+        finally:
+            _bindings.CAPSTAN_HTTP = real
+
     def test_answers_map_to_contract_errors(self):
         def answer(status, body=b'{"code":"Throttling","message":"slow down"}', headers=()):
             return describe(api_error(Response(status, list(headers), body), "creating"))

@@ -218,7 +218,7 @@ pub struct Stats {
     pub pods_started: u64,
     /// Pods the kubelet removed after their grace period.
     pub pods_removed: u64,
-    /// Requests to `/debug/echo` and `/debug/slow`.
+    /// Requests to `/debug/echo`, `/debug/slow` and `/debug/bytes`.
     pub debug_requests: u64,
     /// The most `/debug/slow` requests open at once.
     pub max_slow_in_flight: u64,
@@ -698,6 +698,7 @@ struct ListQuery {
 /// | `PUT /admin/pods/{namespace}/{name}/readiness` (`{"ready": false}`) | 204; the pod fails (or passes) readiness |
 /// | `GET /debug/redirect?to=URL` | 302 to `URL` (for redirect-escape tests) |
 /// | `ANY /debug/echo` | 200 [`Echoed`]: the request as received (for credential tests) |
+/// | `GET /debug/bytes?n=N` | 200, `N` bytes (at most 64 MiB): an answer of a chosen size |
 /// | `GET /debug/slow?ms=N` | 200 after `N` ms; counts how many are open at once (for request-budget tests) |
 ///
 /// The kubelet routes answer 409 `NoKubernetes` when the cloud was started
@@ -740,6 +741,7 @@ fn router(state: Shared) -> Router {
         .route("/debug/redirect", get(redirect))
         .route("/debug/echo", axum::routing::any(echo))
         .route("/debug/slow", get(slow))
+        .route("/debug/bytes", get(bytes_of))
         .with_state(state)
 }
 
@@ -1386,6 +1388,17 @@ async fn slow(State(state): State<Shared>, Query(q): Query<SlowQuery>) -> Respon
     let _open = Open(state);
     tokio::time::sleep(Duration::from_millis(q.ms.min(60_000))).await;
     StatusCode::OK.into_response()
+}
+
+#[derive(Deserialize)]
+struct BytesQuery {
+    n: usize,
+}
+
+/// `n` bytes (at most 64 MiB): an answer of a chosen size.
+async fn bytes_of(State(state): State<Shared>, Query(q): Query<BytesQuery>) -> Response {
+    lock(&state).stats.debug_requests += 1;
+    vec![b'x'; q.n.min(64 * 1024 * 1024)].into_response()
 }
 
 async fn redirect(Query(q): Query<RedirectQuery>) -> Response {

@@ -529,6 +529,16 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "ratio_create_cpu_wasm_vs_native_hyper",
                 wasm_cpu / hyper_create_cpu_us,
             );
+            // What the sandbox adds to one create over the same hyper
+            // client natively: latency at p50 and CPU per call, in µs.
+            line(
+                "create_sandbox_overhead_us_p50",
+                wasm.us(50) - hyper_create.us(50),
+            );
+            line(
+                "create_sandbox_overhead_cpu_us",
+                wasm_cpu - hyper_create_cpu_us,
+            );
         }
     }
     if args.breakdown {

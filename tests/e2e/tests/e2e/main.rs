@@ -15,6 +15,7 @@ mod day_two;
 mod drain;
 mod ec2;
 mod healthchecks;
+mod http_refusals;
 mod image;
 mod in_cluster;
 mod in_place;

@@ -125,7 +125,7 @@ async fn oci_revisions_are_verified_granted_switched_and_rolled_back_without_a_r
     let v1_bytes = std::fs::read(plugin("sim_provider")).unwrap();
     let v2_bytes = with_manifest(
         &v1_bytes,
-        r#"{"name":"sim-provider","version":"0.2.0","world":"provider","contract":"0.2.0","capabilities":{"http":[{"destination":"http://127.0.0.1:*","credential":"sim-cloud"},{"destination":"http://localhost:*","credential":"sim-cloud"},{"destination":"https://api.example.com:443"}]}}"#,
+        r#"{"name":"sim-provider","version":"0.2.0","world":"provider","contract":"0.3.0","capabilities":{"http":[{"destination":"http://127.0.0.1:*","credential":"sim-cloud"},{"destination":"http://localhost:*","credential":"sim-cloud"},{"destination":"https://api.example.com:443"}]}}"#,
     );
     let (v1_path, v2_path) = (dir.join("v1.wasm"), dir.join("v2.wasm"));
     std::fs::write(&v1_path, &v1_bytes).unwrap();

@@ -65,7 +65,7 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
     };
     let renamed = write(
         "renamed.json",
-        r#"{"name":"renamed-js","version":"0.3.0","world":"addon","contract":"0.2.0","capabilities":{"objects":["Namespace"]}}"#,
+        r#"{"name":"renamed-js","version":"0.3.0","world":"addon","contract":"0.3.0","capabilities":{"objects":["Namespace"]}}"#,
     );
     let out = dir.path().join("renamed.wasm");
     let report = ok(&[
@@ -107,9 +107,29 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
     let rust_manifest = write(
         "rust.json",
-        r#"{"name":"sim-provider","version":"9.9.9","world":"provider","contract":"0.2.0","capabilities":{"http":[{"destination":"http://127.0.0.1:*","credential":"sim-cloud"}]}}"#,
+        r#"{"name":"sim-provider","version":"9.9.9","world":"provider","contract":"0.3.0","capabilities":{"http":[{"destination":"http://127.0.0.1:*","credential":"sim-cloud"}]}}"#,
     );
     let rust_out = dir.path().join("rust.wasm");
+    // It calls capstan:plugin/http (0.3.0): a manifest naming an older
+    // contract would let an older host try it and fail to link.
+    let older = write(
+        "older.json",
+        r#"{"name":"sim-provider","version":"9.9.9","world":"provider","contract":"0.2.0"}"#,
+    );
+    let err = fails(&[
+        "plugin",
+        "annotate",
+        rust.to_str().unwrap(),
+        "-m",
+        &older,
+        "-o",
+        rust_out.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("imports capstan:plugin/http@0.3.0, new in contract 0.3.0")
+            && err.contains("manifest says 0.2.0"),
+        "{err}"
+    );
     ok(&[
         "plugin",
         "annotate",
@@ -125,7 +145,7 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
     // A manifest for another world: the component does not export it.
     let provider = write(
         "provider.json",
-        r#"{"name":"js","version":"0.1.0","world":"provider","contract":"0.2.0"}"#,
+        r#"{"name":"js","version":"0.1.0","world":"provider","contract":"0.3.0"}"#,
     );
     let refused = dir.path().join("refused.wasm");
     let err = fails(&[
@@ -145,7 +165,7 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
     assert!(!refused.exists(), "nothing is written after a refusal");
     let bad = write(
         "bad.json",
-        r#"{"name":"Bad Name","version":"0.1.0","world":"addon","contract":"0.2.0"}"#,
+        r#"{"name":"Bad Name","version":"0.1.0","world":"addon","contract":"0.3.0"}"#,
     );
     let err = fails(&[
         "plugin",
@@ -752,4 +772,64 @@ async fn new_plugins_in_each_language_test_build_and_pass_conformance() {
         rust.to_str().unwrap(),
     ]);
     assert!(err.contains("already exists"), "{err}");
+}
+
+/// The Python and JavaScript SDKs send through `capstan:plugin/http` (the
+/// plugins are built for contract 0.3.0's worlds) and pass the host's
+/// error kind on: a granted destination where nothing listens comes back
+/// as the host's `connection-refused`, a transient error naming it.
+#[tokio::test]
+async fn python_and_javascript_plugins_send_through_capstan_http_and_read_its_errors() {
+    let cloud = cloud().await;
+    let rt = eight_slots();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody = format!("http://127.0.0.1:{}", closed.local_addr().unwrap().port());
+    drop(closed);
+    for (stem, kind) in [
+        ("sim_provider_py", "ConnectionRefused"),
+        ("sim_provider_js", "connection-refused"),
+    ] {
+        let path = built(stem);
+        let imports = inspect_json(&path)["imports"].clone();
+        assert!(
+            imports
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i == "capstan:plugin/http@0.3.0"),
+            "{stem} imports {imports}"
+        );
+        let mut grants = grants_for(&cloud);
+        grants.http.push(nobody.parse().unwrap());
+        let provider = rt
+            .load_file(&path, Limits::default(), grants)
+            .unwrap()
+            .provider()
+            .unwrap();
+        let launched = cloud.stats().instances_launched;
+        provider
+            .create(
+                &machine(stem, serde_json::json!({ "endpoint": cloud.url() })),
+                None,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{stem}: {e}"));
+        assert_eq!(cloud.stats().instances_launched, launched + 1, "{stem}");
+        let err = provider
+            .create(
+                &machine(
+                    &format!("{stem}-nobody"),
+                    serde_json::json!({ "endpoint": nobody }),
+                ),
+                None,
+            )
+            .await
+            .unwrap_err();
+        match err.plugin_error() {
+            Some(PluginError::Transient(t)) => {
+                assert!(t.message.contains(kind), "{stem}: {}", t.message)
+            }
+            _ => panic!("{stem}: expected a transient error naming {kind}, got {err}"),
+        }
+    }
 }

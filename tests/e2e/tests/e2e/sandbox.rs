@@ -923,11 +923,7 @@ async fn inspection_reports_manifest_imports_and_exports() {
             .iter()
             .any(|e| e == "capstan:plugin/provider@0.2.0")
     );
-    assert!(
-        p.imports()
-            .iter()
-            .any(|i| i.starts_with("wasi:http/outgoing-handler"))
-    );
+    assert!(p.imports().iter().any(|i| i == "capstan:plugin/http@0.3.0"));
     assert!(p.digest().starts_with("sha256:") && p.digest().len() == 71);
     let err = rt
         .load(
