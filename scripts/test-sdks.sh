@@ -10,12 +10,11 @@ cd "$(dirname "$0")/.."
 POLYGLOT="${CAPSTAN_POLYGLOT:-$HOME/.cache/capstan/polyglot}"
 bindings="$(mktemp -d)"
 trap 'rm -rf "$bindings"' EXIT
-# Bindings for each world a Python plugin is built for: a plugin's tests
-# run against its own world's.
-for world in provider-http-plugin updater-http-plugin addon-plugin; do
-    "$POLYGLOT/python/bin/componentize-py" -d wit -w "$world" bindings "$bindings/$world" >/dev/null
-done
+# Bindings for each world a Python plugin is built for, made when first
+# needed: a plugin's tests run against its own world's.
 py_tests() { # WORLD DIR [PATTERN]
+    [ -d "$bindings/$1" ] ||
+        "$POLYGLOT/python/bin/componentize-py" -d wit -w "$1" bindings "$bindings/$1" >/dev/null
     PYTHONPATH="$bindings/$1:sdk/python:$2" PYTHONDONTWRITEBYTECODE=1 \
         "$POLYGLOT/python/bin/python" -m unittest discover -s "$2" -p "${3:-test_*.py}"
 }

@@ -2,6 +2,10 @@
 proving that a Python plugin is held by the same limits as a Rust one.
 Never deploy it.
 
+Its manifest names contract 0.2.0, so it is built for the frozen 0.2.0 world
+(scripts/plugin-world.sh): it proves a plugin for older hosts still loads and
+that the Python SDK's `send` then goes through `wasi:http`.
+
 The provider config's `attack` picks what `create` does:
 
 | attack | what it does | what the host must report |
@@ -11,6 +15,7 @@ The provider config's `attack` picks what `create` does:
 | `stdout-flood` | prints without end | output limit (stdout) |
 | `exception` | raises ValueError with a message | a trap quoting the exception |
 | `escape` | opens `/etc/passwd`, lists `/`, reads the environment, connects a socket to `target` | all four find nothing |
+| `request` | GETs `url` with the SDK's `send` and reports the answer | the host's rules, as for a Rust plugin |
 | `none` | behaves | nothing |
 """
 
@@ -19,7 +24,7 @@ import socket
 from dataclasses import dataclass
 from typing import Optional
 
-from capstan_plugin import ConfigProvider, terminal
+from capstan_plugin import ConfigProvider, HttpError, Request, send, terminal
 from wit_world import exports
 from wit_world.exports import provider
 from wit_world.imports import capstan_plugin_types as types
@@ -29,6 +34,7 @@ from wit_world.imports import capstan_plugin_types as types
 class Config:
     attack: str = "none"
     target: Optional[str] = None
+    url: Optional[str] = None
 
 
 def escape(target: Optional[str]) -> str:
@@ -75,6 +81,12 @@ class Provider(ConfigProvider, exports.Provider):
             raise ValueError(f"hostile-py could not create {machine.name}: on purpose")
         if attack == "escape":
             raise terminal(escape(config.target))
+        if attack == "request":
+            try:
+                answer = send(Request.get(config.url or ""))
+            except HttpError as e:
+                raise terminal(f"request outcome: {e.kind}: {e}") from None
+            raise terminal(f"request outcome: HTTP {answer.status}")
         return types.MachineStatus(f"hostile://{machine.uid}", types.InstanceState.RUNNING, [], None, None, None)
 
     def get_instance(self, machine, config: Config):

@@ -379,6 +379,46 @@ async fn a_hostile_python_plugin_is_held_by_the_same_limits_as_a_rust_one() {
     }
     assert_eq!(cloud.stats().requests, 0, "no attack reached the cloud");
 
+    // Built for the frozen 0.2.0 world (its manifest says 0.2.0), it
+    // imports no capstan:plugin/http, and the SDK's `send` goes through
+    // wasi:http, under the same grants.
+    let imports = inspect_json(&built("hostile_py"))["imports"].clone();
+    let names: Vec<&str> = imports
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i.as_str())
+        .collect();
+    assert!(
+        names.contains(&"wasi:http/outgoing-handler@0.2.12")
+            && !names.iter().any(|i| i.starts_with("capstan:plugin/http")),
+        "{names:?}"
+    );
+    let request = |name: &str, url: String| {
+        machine(name, serde_json::json!({ "attack": "request", "url": url }))
+    };
+    let err = hostile
+        .create(
+            &request("echo", format!("{}/debug/echo", cloud.url())),
+            None,
+        )
+        .await
+        .unwrap_err();
+    match err.plugin_error() {
+        Some(PluginError::Terminal(m)) => assert!(m.contains("request outcome: HTTP 200"), "{m}"),
+        _ => panic!("expected the plugin's report, got {err}"),
+    }
+    assert_eq!(cloud.stats().debug_requests, 1);
+    let undeclared = format!("http://127.0.0.2:{}/debug/echo", cloud.addr().port());
+    let err = hostile
+        .create(&request("undeclared", undeclared), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::CapabilityDenied { detail, .. } if detail.contains("not declared")),
+        "{err}"
+    );
+
     // The same host still serves a well-behaved Python plugin.
     let sim = rt
         .load_file(
