@@ -7,9 +7,7 @@
 //! (componentize-py) and JavaScript (componentize-js) components are
 //! annotated after they are built. Everything here is pure byte work.
 
-use crate::{
-    CONTRACT_VERSION, CUSTOM_SECTION, HTTP_IMPORT, ManifestError, PluginManifest, contract_minor,
-};
+use crate::{CUSTOM_SECTION, ManifestError, PluginManifest};
 use wasmparser::{ComponentAlias, ComponentOuterAliasKind, Encoding, Instance, Parser, Payload};
 
 /// What one instantiation of a component holds: every core module it
@@ -275,17 +273,11 @@ pub fn check_fits(manifest: &PluginManifest, found: &Interfaces) -> Result<(), M
             ),
         });
     }
-    if found.imports.iter().any(|i| i == HTTP_IMPORT)
-        && contract_minor(&manifest.contract) < contract_minor(CONTRACT_VERSION)
-    {
-        return Err(ManifestError::Invalid {
+    crate::contract_covers_imports(&manifest.contract, found.imports.iter().map(String::as_str))
+        .map_err(|reason| ManifestError::Invalid {
             field: "contract".into(),
-            reason: format!(
-                "the component imports {HTTP_IMPORT}, new in contract {CONTRACT_VERSION}, but the manifest says {}; say {CONTRACT_VERSION} (so older hosts refuse it by its manifest), or build against the {} worlds, which use wasi:http",
-                manifest.contract, manifest.contract
-            ),
-        });
-    }
+            reason,
+        })?;
     let missing: Vec<&str> = found
         .imports
         .iter()

@@ -552,8 +552,26 @@ pub fn contract_supported(contract: &str) -> bool {
             .any(|v| contract_minor(v) == contract_minor(contract))
 }
 
+/// Whether a plugin's `contract` covers what its component imports: one
+/// that imports [`HTTP_IMPORT`] must say contract 0.3.0 or later, since an
+/// older host would accept its manifest and then fail to link it. `Err`
+/// says why, naming both versions.
+pub fn contract_covers_imports<'a>(
+    contract: &str,
+    mut imports: impl Iterator<Item = &'a str>,
+) -> Result<(), String> {
+    if imports.any(|i| i == HTTP_IMPORT)
+        && contract_minor(contract) < contract_minor(CONTRACT_VERSION)
+    {
+        return Err(format!(
+            "the component imports {HTTP_IMPORT}, new in contract {CONTRACT_VERSION}, but the manifest says contract {contract}; say {CONTRACT_VERSION} (so older hosts refuse it by its manifest), or build against the {contract} worlds, which use wasi:http"
+        ));
+    }
+    Ok(())
+}
+
 /// `(major, minor)` of a version; `(u64::MAX, u64::MAX)` when unreadable.
-pub fn contract_minor(version: &str) -> (u64, u64) {
+fn contract_minor(version: &str) -> (u64, u64) {
     let mut parts = version
         .split('.')
         .map(|p| p.parse::<u64>().unwrap_or(u64::MAX));

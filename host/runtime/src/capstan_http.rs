@@ -65,7 +65,7 @@ impl CallState {
                     )
                 })
                 .collect(),
-            body: body.to_vec(),
+            body: Vec::from(body),
         })
     }
 }

@@ -388,7 +388,11 @@ impl Runtime {
                 ),
             });
         }
-        contract_covers_imports(&manifest, &component, engine).map_err(|reason| Error::Load {
+        capstan_manifest::contract_covers_imports(
+            &manifest.contract,
+            component.component_type().imports(engine).map(|(n, _)| n),
+        )
+        .map_err(|reason| Error::Load {
             plugin: name.clone(),
             reason,
         })?;
@@ -497,28 +501,6 @@ pub fn over_call_maxima(f: capstan_manifest::Footprint) -> Option<String> {
 /// `sha256:<hex>` of some bytes: how plugins are identified.
 pub fn digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
-}
-
-/// A component that calls `capstan:plugin/http` but names an older
-/// contract would load here and fail to link on an older host with an
-/// unknown import; it is refused by its manifest instead.
-fn contract_covers_imports(
-    manifest: &PluginManifest,
-    component: &Component,
-    engine: &Engine,
-) -> Result<(), String> {
-    use capstan_manifest::{CONTRACT_VERSION, HTTP_IMPORT, contract_minor};
-    let imports_http = component
-        .component_type()
-        .imports(engine)
-        .any(|(n, _)| n == HTTP_IMPORT);
-    if imports_http && contract_minor(&manifest.contract) < contract_minor(CONTRACT_VERSION) {
-        return Err(format!(
-            "the component imports {HTTP_IMPORT}, new in contract {CONTRACT_VERSION}, but its manifest says contract {}; build it with the manifest saying {CONTRACT_VERSION}",
-            manifest.contract
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -192,13 +192,13 @@ impl Provider for Hostile {
             }
             "trace" => {
                 if config.transport.as_deref() == Some("capstan") {
-                    return Err(PluginError::terminal(capstan_send(config, "TRACE")?));
+                    return Err(PluginError::terminal(send_once(config, "TRACE")?));
                 }
                 return Err(PluginError::terminal(trace(target(config)?)));
             }
             "send" => {
                 let method = config.method.as_deref().unwrap_or("GET");
-                return Err(PluginError::terminal(capstan_send(config, method)?));
+                return Err(PluginError::terminal(send_once(config, method)?));
             }
             "trap" => panic!("hostile plugin panicked on purpose"),
             "entropy" => {
@@ -378,7 +378,7 @@ impl Provider for Hostile {
 /// Send one request to `target` with any method (the SDK's `Method` has
 /// five), `header_bytes` of headers and a `body_bytes` body, through
 /// `config.transport`, and report what came back.
-fn capstan_send(config: &Config, method: &str) -> Result<String, PluginError> {
+fn send_once(config: &Config, method: &str) -> Result<String, PluginError> {
     let url = target(config)?.to_string();
     let mut headers = Vec::new();
     let mut left = config.header_bytes;

@@ -127,7 +127,7 @@ fn annotate_embeds_replaces_and_refuses_a_manifest_the_component_does_not_fit() 
     ]);
     assert!(
         err.contains("imports capstan:plugin/http@0.3.0, new in contract 0.3.0")
-            && err.contains("manifest says 0.2.0"),
+            && err.contains("manifest says contract 0.2.0"),
         "{err}"
     );
     ok(&[
